@@ -1,0 +1,514 @@
+//! The daemon's TOML configuration: parsed strictly (unknown keys are errors) and validated
+//! before anything starts. Every error is one line that names the problem.
+//!
+//! ```toml
+//! [switch]
+//! workers = "0-1"                  # CPUs for datapath workers: "0-3", "2-14:2", "1,3"
+//! control = "/run/qswitch/control.sock"
+//! fdb_aging = 300                  # seconds a learned MAC lives without traffic
+//!
+//! [[port]]
+//! name = "a"
+//! type = "tap"
+//! ifname = "qs-a"                  # created, or attached if a persistent TAP exists
+//! queues = 2                       # IFF_MULTI_QUEUE
+//! vlan = 10                        # optional access VLAN
+//!
+//! [[port]]
+//! name = "g"
+//! type = "gen"                     # internal generator/sink
+//! mac = "02:00:00:00:00:01"
+//! generate = { dst = "02:00:00:00:00:02", size = 64, rate = 0, flows = 4, count = 0 }
+//! ```
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpulist::{CpuList, CpuListError};
+
+/// Where the control socket lives unless the config says otherwise.
+pub const DEFAULT_CONTROL: &str = "/run/qswitch/control.sock";
+/// Most queues a port may have (the kernel's TAP limit).
+pub const MAX_QUEUES: u16 = 256;
+/// Longest Linux interface name.
+pub const MAX_IFNAME: usize = 15;
+/// Smallest frame a gen port builds: Ethernet + IPv4 + UDP + the 16-byte sequence trailer.
+pub const GEN_MIN_SIZE: u16 = 60;
+/// Largest frame a gen port builds (a jumbo frame without FCS).
+pub const GEN_MAX_SIZE: u16 = 9018;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub switch: SwitchConfig,
+    #[serde(default, rename = "port")]
+    pub ports: Vec<PortConfig>,
+}
+
+/// `[switch]`: switch-wide settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchConfig {
+    /// CPUs for datapath workers, one pinned worker per CPU.
+    #[serde(default = "default_workers")]
+    pub workers: String,
+    /// The control socket's path.
+    #[serde(default = "default_control")]
+    pub control: PathBuf,
+    /// Seconds a learned MAC address lives without being seen.
+    #[serde(default = "default_fdb_aging")]
+    pub fdb_aging: u64,
+}
+
+fn default_workers() -> String {
+    "0".to_string()
+}
+fn default_control() -> PathBuf {
+    PathBuf::from(DEFAULT_CONTROL)
+}
+fn default_fdb_aging() -> u64 {
+    300
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        SwitchConfig {
+            workers: default_workers(),
+            control: default_control(),
+            fdb_aging: default_fdb_aging(),
+        }
+    }
+}
+
+/// The kinds of port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PortType {
+    /// A kernel TAP interface (namespaces, containers, the host stack).
+    Tap,
+    /// An internal frame generator and sink, for tests and benchmarks.
+    Gen,
+}
+
+impl fmt::Display for PortType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PortType::Tap => "tap",
+            PortType::Gen => "gen",
+        })
+    }
+}
+
+impl FromStr for PortType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tap" => Ok(PortType::Tap),
+            "gen" => Ok(PortType::Gen),
+            other => Err(format!("unknown port type '{other}' (expected tap or gen)")),
+        }
+    }
+}
+
+/// `[[port]]`: one port. Keys that do not apply to the port's type are rejected by
+/// [`PortConfig::validate`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortConfig {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: PortType,
+    /// TAP: interface name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ifname: Option<String>,
+    /// Number of queues (TAP: IFF_MULTI_QUEUE queues; gen: generator/sink queues).
+    #[serde(default = "default_queues")]
+    pub queues: u16,
+    /// Access VLAN (1..=4094); untagged when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    /// gen: the port's own MAC address (the source of what it generates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// gen: what to generate; a gen port without it only sinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate: Option<GenConfig>,
+}
+
+fn default_queues() -> u16 {
+    1
+}
+
+/// `generate = { ... }` of a gen port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenConfig {
+    /// Destination MAC of the generated frames.
+    pub dst: String,
+    /// Frame size in bytes without FCS (60..=9018).
+    #[serde(default = "default_gen_size")]
+    pub size: u16,
+    /// Frames per second over the whole port; 0 = as fast as possible.
+    #[serde(default)]
+    pub rate: u64,
+    /// Number of distinct UDP flows (source ports) to cycle through.
+    #[serde(default = "default_flows")]
+    pub flows: u16,
+    /// Frames to send in total; 0 = unlimited.
+    #[serde(default)]
+    pub count: u64,
+}
+
+fn default_gen_size() -> u16 {
+    GEN_MIN_SIZE
+}
+fn default_flows() -> u16 {
+    1
+}
+
+/// A configuration that failed to load or validate. The message is one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {reason}")]
+    Read { path: String, reason: String },
+    #[error("config line {line}: {message}")]
+    Syntax { line: usize, message: String },
+    #[error("[switch] workers = \"{value}\": {source}")]
+    Workers {
+        value: String,
+        #[source]
+        source: CpuListError,
+    },
+    #[error("[switch] workers: CPU {cpu} is not present (online CPUs: {online})")]
+    CpuNotPresent { cpu: usize, online: String },
+    #[error("[switch] fdb_aging must be at least 1 second")]
+    FdbAging,
+    #[error("[switch] control must be an absolute path, got '{0}'")]
+    Control(String),
+    #[error("port '{name}': {message}")]
+    Port { name: String, message: String },
+    #[error("duplicate port name '{0}'")]
+    DuplicateName(String),
+    #[error("duplicate ifname '{ifname}' (ports '{first}' and '{second}')")]
+    DuplicateIfname { ifname: String, first: String, second: String },
+}
+
+impl Config {
+    /// Parses TOML text. Unknown keys and wrong types are errors naming the line.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text.as_bytes()[..s.start.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1);
+            ConfigError::Syntax {
+                line: line.unwrap_or(1),
+                message: e.message().replace('\n', " ").trim().to_string(),
+            }
+        })
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Config::from_toml(&text)
+    }
+
+    /// Checks everything that can be checked before starting, against the machine's online
+    /// CPUs. Returns the worker CPUs.
+    pub fn validate(&self, online: &[usize]) -> Result<CpuList, ConfigError> {
+        let workers = self.switch.workers_list()?;
+        if let Some(&cpu) = workers.cpus().iter().find(|c| !online.contains(c)) {
+            let online = CpuList::from_cpus(online.iter().copied())
+                .map(|l| l.to_string())
+                .unwrap_or_default();
+            return Err(ConfigError::CpuNotPresent { cpu, online });
+        }
+        if self.switch.fdb_aging == 0 {
+            return Err(ConfigError::FdbAging);
+        }
+        if !self.switch.control.is_absolute() {
+            return Err(ConfigError::Control(self.switch.control.display().to_string()));
+        }
+        let mut names = HashSet::new();
+        for p in &self.ports {
+            p.validate()?;
+            if !names.insert(p.name.as_str()) {
+                return Err(ConfigError::DuplicateName(p.name.clone()));
+            }
+        }
+        check_ifnames(&self.ports)?;
+        Ok(workers)
+    }
+}
+
+impl SwitchConfig {
+    /// The worker CPUs as a parsed list.
+    pub fn workers_list(&self) -> Result<CpuList, ConfigError> {
+        self.workers.parse().map_err(|source| ConfigError::Workers {
+            value: self.workers.clone(),
+            source,
+        })
+    }
+}
+
+/// Fails if two ports name the same TAP interface.
+pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    for p in ports {
+        if let Some(ifname) = p.ifname.as_deref() {
+            if let Some((_, first)) = seen.iter().find(|(i, _)| *i == ifname) {
+                return Err(ConfigError::DuplicateIfname {
+                    ifname: ifname.to_string(),
+                    first: first.to_string(),
+                    second: p.name.clone(),
+                });
+            }
+            seen.push((ifname, &p.name));
+        }
+    }
+    Ok(())
+}
+
+impl PortConfig {
+    /// A TAP port with defaults.
+    pub fn tap(name: &str, ifname: &str) -> PortConfig {
+        PortConfig {
+            name: name.to_string(),
+            kind: PortType::Tap,
+            ifname: Some(ifname.to_string()),
+            queues: 1,
+            vlan: None,
+            mac: None,
+            generate: None,
+        }
+    }
+
+    /// A gen port that only sinks.
+    pub fn gen(name: &str) -> PortConfig {
+        PortConfig {
+            name: name.to_string(),
+            kind: PortType::Gen,
+            ifname: None,
+            queues: 1,
+            vlan: None,
+            mac: None,
+            generate: None,
+        }
+    }
+
+    /// Validates one port on its own (used for the config file and for live `port add`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |message: String| ConfigError::Port { name: self.name.clone(), message };
+        if self.name.is_empty()
+            || self.name.len() > 32
+            || !self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return Err(ConfigError::Port {
+                name: self.name.clone(),
+                message: "name must be 1..=32 characters of [A-Za-z0-9._-]".into(),
+            });
+        }
+        if self.queues == 0 || self.queues > MAX_QUEUES {
+            return Err(err(format!("queues = {} is out of range 1..={MAX_QUEUES}", self.queues)));
+        }
+        if let Some(v) = self.vlan {
+            if !(1..=4094).contains(&v) {
+                return Err(err(format!("vlan = {v} is out of range 1..=4094")));
+            }
+        }
+        match self.kind {
+            PortType::Tap => {
+                let ifname = self.ifname.as_deref().ok_or_else(|| err("type tap needs ifname".into()))?;
+                if ifname.is_empty()
+                    || ifname.len() > MAX_IFNAME
+                    || ifname.bytes().any(|b| b == b'/' || b.is_ascii_whitespace() || b == b':')
+                    || ifname == "."
+                    || ifname == ".."
+                {
+                    return Err(err(format!(
+                        "ifname '{ifname}' is not a valid interface name (1..={MAX_IFNAME} characters, no '/', ':' or spaces)"
+                    )));
+                }
+                if self.mac.is_some() {
+                    return Err(err("key 'mac' does not apply to type tap".into()));
+                }
+                if self.generate.is_some() {
+                    return Err(err("key 'generate' does not apply to type tap".into()));
+                }
+            }
+            PortType::Gen => {
+                if self.ifname.is_some() {
+                    return Err(err("key 'ifname' does not apply to type gen".into()));
+                }
+                if let Some(mac) = &self.mac {
+                    parse_unicast_mac(mac).map_err(|m| err(format!("mac: {m}")))?;
+                }
+                if let Some(g) = &self.generate {
+                    parse_mac(&g.dst).map_err(|m| err(format!("generate.dst: {m}")))?;
+                    if !(GEN_MIN_SIZE..=GEN_MAX_SIZE).contains(&g.size) {
+                        return Err(err(format!(
+                            "generate.size = {} is out of range {GEN_MIN_SIZE}..={GEN_MAX_SIZE}",
+                            g.size
+                        )));
+                    }
+                    if g.flows == 0 {
+                        return Err(err("generate.flows must be at least 1".into()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in out.iter_mut() {
+        let p = parts.next().ok_or_else(|| format!("'{s}' is not a MAC address"))?;
+        if p.len() != 2 {
+            return Err(format!("'{s}' is not a MAC address"));
+        }
+        *b = u8::from_str_radix(p, 16).map_err(|_| format!("'{s}' is not a MAC address"))?;
+    }
+    if parts.next().is_some() {
+        return Err(format!("'{s}' is not a MAC address"));
+    }
+    Ok(out)
+}
+
+/// Parses a MAC address that may be a frame's source (not multicast or broadcast).
+pub fn parse_unicast_mac(s: &str) -> Result<[u8; 6], String> {
+    let m = parse_mac(s)?;
+    if m[0] & 1 != 0 {
+        return Err(format!("'{s}' is a multicast address"));
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONLINE: &[usize] = &[0, 1];
+
+    fn check(text: &str) -> Result<CpuList, ConfigError> {
+        Config::from_toml(text)?.validate(ONLINE)
+    }
+
+    #[test]
+    fn issue_example_is_valid() {
+        let text = r#"
+[switch]
+workers = "0-1"
+control = "/run/qswitch/control.sock"
+[[port]]
+name = "a"
+type = "tap"
+ifname = "qs-a"
+queues = 2
+vlan = 10
+"#;
+        let cfg = Config::from_toml(text).unwrap();
+        assert_eq!(cfg.validate(ONLINE).unwrap().cpus(), &[0, 1]);
+        assert_eq!(cfg.ports[0].queues, 2);
+        assert_eq!(cfg.ports[0].vlan, Some(10));
+        assert_eq!(cfg.switch.fdb_aging, 300);
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_key() {
+        let e = check("[switch]\nworkers = \"0\"\nwrokers = \"1\"\n").unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("config line 3:"), "{s}");
+        assert!(s.contains("wrokers"), "{s}");
+        assert!(!s.contains('\n'));
+        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\ncolour='red'\n").unwrap_err();
+        assert!(e.to_string().contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn bad_cpu_lists() {
+        let e = check("[switch]\nworkers = \"1-0\"\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Workers { .. }), "{e}");
+        let e = check("[switch]\nworkers = \"0-3\"\n").unwrap_err();
+        assert_eq!(e, ConfigError::CpuNotPresent { cpu: 2, online: "0-1".into() });
+        assert!(e.to_string().contains("CPU 2 is not present"));
+    }
+
+    #[test]
+    fn duplicates() {
+        let e = check(
+            "[[port]]\nname='a'\ntype='tap'\nifname='x'\n[[port]]\nname='a'\ntype='tap'\nifname='y'\n",
+        )
+        .unwrap_err();
+        assert_eq!(e, ConfigError::DuplicateName("a".into()));
+        let e = check(
+            "[[port]]\nname='a'\ntype='tap'\nifname='x'\n[[port]]\nname='b'\ntype='tap'\nifname='x'\n",
+        )
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::DuplicateIfname { .. }), "{e}");
+    }
+
+    #[test]
+    fn queue_and_vlan_ranges() {
+        for q in [0, 257] {
+            let e = check(&format!("[[port]]\nname='a'\ntype='tap'\nifname='x'\nqueues={q}\n"))
+                .unwrap_err();
+            assert!(e.to_string().contains("queues"), "{e}");
+        }
+        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\nvlan=4095\n").unwrap_err();
+        assert!(e.to_string().contains("vlan"), "{e}");
+        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\nqueues=-1\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
+    }
+
+    #[test]
+    fn type_specific_keys() {
+        let e = check("[[port]]\nname='a'\ntype='tap'\n").unwrap_err();
+        assert!(e.to_string().contains("needs ifname"), "{e}");
+        let e = check("[[port]]\nname='a'\ntype='gen'\nifname='x'\n").unwrap_err();
+        assert!(e.to_string().contains("does not apply"), "{e}");
+        let e = check("[[port]]\nname='a'\ntype='vxlan'\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
+        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='this-name-is-too-long'\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("not a valid interface name"), "{e}");
+        let e =
+            check("[[port]]\nname='g'\ntype='gen'\ngenerate={dst='ff:ff:ff:ff:ff:ff', size=20}\n")
+                .unwrap_err();
+        assert!(e.to_string().contains("generate.size"), "{e}");
+        let e = check("[[port]]\nname='g'\ntype='gen'\nmac='01:00:5e:00:00:01'\n").unwrap_err();
+        assert!(e.to_string().contains("multicast"), "{e}");
+    }
+
+    #[test]
+    fn gen_port_parses() {
+        let cfg = Config::from_toml(
+            "[[port]]\nname='g'\ntype='gen'\nqueues=2\nmac='02:00:00:00:00:01'\ngenerate={dst='02:00:00:00:00:02', size=64, rate=1000, flows=4}\n",
+        )
+        .unwrap();
+        cfg.validate(ONLINE).unwrap();
+        let g = cfg.ports[0].generate.as_ref().unwrap();
+        assert_eq!((g.size, g.rate, g.flows, g.count), (64, 1000, 4, 0));
+    }
+
+    #[test]
+    fn mac_parsing() {
+        assert_eq!(parse_mac("02:00:00:00:00:ff").unwrap(), [2, 0, 0, 0, 0, 0xff]);
+        assert!(parse_mac("02:00:00:00:00").is_err());
+        assert!(parse_mac("02:00:00:00:00:00:00").is_err());
+        assert!(parse_mac("2:00:00:00:00:00").is_err());
+        assert!(parse_mac("zz:00:00:00:00:00").is_err());
+    }
+}

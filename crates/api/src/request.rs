@@ -1,0 +1,219 @@
+//! The control protocol: one JSON [`Request`] per line from the CLI, one JSON [`Response`] per
+//! line back from the daemon, over the Unix control socket (mode 0600).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::PortConfig;
+
+/// Everything the CLI can ask of the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Is the daemon there? Answered with [`Response::Pong`].
+    Ping,
+    /// The ports and their queues.
+    PortList,
+    /// Add a port live.
+    PortAdd { port: PortConfig },
+    /// Remove a port live.
+    PortDel { name: String },
+    /// The MAC learning table.
+    Fdb,
+    /// Counters, and rates over the last second.
+    Stats,
+}
+
+/// The daemon's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "response", rename_all = "kebab-case")]
+pub enum Response {
+    Ok,
+    /// The request failed and changed nothing.
+    Error { message: String },
+    Pong { version: String, pid: u32 },
+    Ports { ports: Vec<PortInfo> },
+    Fdb { entries: Vec<FdbEntry> },
+    Stats(Box<StatsReport>),
+}
+
+/// One port as `port list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PortInfo {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ifname: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// For TAP ports: whether qswitch created the interface (and so removes it on exit).
+    pub created: bool,
+    /// Offloads in effect, e.g. `["csum", "tso4", "tso6"]`.
+    pub offloads: Vec<String>,
+    /// One entry per queue: which worker polls it.
+    pub queues: Vec<QueueInfo>,
+}
+
+/// Which worker polls a queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueInfo {
+    pub queue: u16,
+    pub worker: usize,
+    pub cpu: usize,
+}
+
+/// One learned MAC address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FdbEntry {
+    pub mac: String,
+    /// VLAN id; 0 for untagged ports.
+    pub vlan: u16,
+    pub port: String,
+    /// Milliseconds since the address was last seen.
+    pub age_ms: u64,
+}
+
+/// Counters since start, plus per-second rates from the daemon's last two 1-second samples.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatsReport {
+    pub uptime_ms: u64,
+    /// CPU time of the whole daemon process since start, in nanoseconds.
+    pub process_cpu_ns: u64,
+    pub ports: Vec<PortStats>,
+    pub workers: Vec<WorkerStats>,
+    /// Rates over the most recent complete second (absent during the first second).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rates: Option<Rates>,
+}
+
+/// Counters of one port.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PortStats {
+    pub name: String,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Drops by reason (rx and tx), only reasons with a non-zero count.
+    pub drops: BTreeMap<String, u64>,
+    pub queues: Vec<QueueStats>,
+    /// For gen ports: what the sink saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sink: Option<SinkStats>,
+    /// For gen ports: frames generated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generated: Option<u64>,
+}
+
+/// Counters of one rx queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStats {
+    pub queue: u16,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub drops: BTreeMap<String, u64>,
+}
+
+/// What a gen port's sink validated.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkStats {
+    /// Frames carrying a valid qswitch gen trailer.
+    pub received: u64,
+    /// Frames without one (counted, not validated).
+    pub foreign: u64,
+    /// Sequence numbers skipped (frames that never arrived, so far).
+    pub lost: u64,
+    /// Frames that arrived with a lower sequence number than one already seen in their flow.
+    pub reordered: u64,
+}
+
+/// Counters of one worker thread.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStats {
+    pub id: usize,
+    pub cpu: usize,
+    pub tid: i32,
+    /// The rx queues it polls, as `port/queue`.
+    pub queues: Vec<String>,
+    pub busy_polls: u64,
+    pub idle_polls: u64,
+    /// Nanoseconds in polls that moved at least one frame.
+    pub busy_ns: u64,
+    /// Nanoseconds polling without finding anything (spinning before sleeping).
+    pub idle_ns: u64,
+    pub sleeps: u64,
+    pub wakeups: u64,
+    pub voluntary_ctx_switches: u64,
+    pub involuntary_ctx_switches: u64,
+    /// CPU time of the thread (user + system) in nanoseconds.
+    pub cpu_ns: u64,
+}
+
+/// Per-second rates.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    /// Length of the interval the rates were measured over, in milliseconds (about 1000).
+    pub interval_ms: u64,
+    pub process_cpu_pct: f64,
+    pub ports: Vec<PortRate>,
+    pub workers: Vec<WorkerRate>,
+}
+
+/// Rates of one port.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PortRate {
+    pub name: String,
+    pub rx_pps: f64,
+    pub rx_bps: f64,
+    pub tx_pps: f64,
+    pub tx_bps: f64,
+    pub drops_ps: f64,
+}
+
+/// Rates of one worker.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerRate {
+    pub id: usize,
+    /// Share of wall time spent in polls that moved frames.
+    pub busy_pct: f64,
+    /// CPU time used by the thread, as a share of wall time.
+    pub cpu_pct: f64,
+    pub ctx_switches_ps: f64,
+    pub wakeups_ps: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip() {
+        for r in [
+            Request::Ping,
+            Request::PortList,
+            Request::PortDel { name: "a".into() },
+            Request::PortAdd { port: PortConfig::tap("a", "qs-a") },
+            Request::Fdb,
+            Request::Stats,
+        ] {
+            let s = serde_json::to_string(&r).unwrap();
+            assert!(!s.contains('\n'));
+            assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn wire_form_is_stable() {
+        assert_eq!(serde_json::to_string(&Request::Ping).unwrap(), r#"{"request":"ping"}"#);
+        let r: Request = serde_json::from_str(r#"{"request":"port-del","name":"x"}"#).unwrap();
+        assert_eq!(r, Request::PortDel { name: "x".into() });
+        assert!(serde_json::from_str::<Request>(r#"{"request":"port-del","nme":"x"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"request":"reboot"}"#).is_err());
+        let s = serde_json::to_string(&Response::Error { message: "no".into() }).unwrap();
+        assert_eq!(s, r#"{"response":"error","message":"no"}"#);
+    }
+}

@@ -1,0 +1,135 @@
+//! Packet buffers and bursts.
+//!
+//! A [`Pkt`] is one frame in a worker-owned buffer, preceded by [`HEADROOM`] bytes where the
+//! 12-byte virtio-net header lives, so a TAP read or write is one syscall with no copy:
+//!
+//! ```text
+//!  0            12                                   12 + len          BUF_SIZE
+//!  | vnet hdr   | Ethernet frame ...                 |   unused ...     |
+//! ```
+//!
+//! The offload metadata ([`Pkt::hdr`]) travels with the frame: a TSO super-frame read from a
+//! TAP keeps its GSO type and size until it is written out whole to the destination.
+//! A [`Burst`] is a worker's fixed set of [`BURST`] buffers, allocated once at start.
+
+use qswitch_wire::l2::MAX_FRAME_LEN;
+use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr};
+
+/// Most frames moved per rx poll (BESS `kMaxBurst`, DPDK's usual burst).
+pub const BURST: usize = 32;
+/// Bytes before the frame, for the virtio-net header.
+pub const HEADROOM: usize = virtio_net_hdr::LEN;
+/// Buffer size: headroom, the largest frame, and one spare byte so a read that fills the
+/// buffer is recognisably truncated.
+pub const BUF_SIZE: usize = HEADROOM + MAX_FRAME_LEN + 1;
+
+/// One frame and its offload metadata.
+pub struct Pkt {
+    buf: Box<[u8]>,
+    len: usize,
+    /// Offload metadata (GSO, partial checksum) of the frame.
+    pub hdr: VirtioNetHdr,
+}
+
+impl Pkt {
+    /// An empty packet with a full-size buffer.
+    pub fn new() -> Pkt {
+        Pkt { buf: vec![0u8; BUF_SIZE].into_boxed_slice(), len: 0, hdr: VirtioNetHdr::default() }
+    }
+
+    /// The frame.
+    #[inline]
+    pub fn frame(&self) -> &[u8] {
+        &self.buf[HEADROOM..HEADROOM + self.len]
+    }
+
+    /// Frame length in bytes.
+    #[inline]
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The whole buffer including headroom, for a read that brings its own virtio-net header.
+    #[inline]
+    pub fn raw_buf_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+
+    /// Space for a frame of up to [`MAX_FRAME_LEN`] bytes; call [`Pkt::set_len`] after writing.
+    #[inline]
+    pub fn frame_buf_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[HEADROOM..]
+    }
+
+    /// Sets the frame length (clamped to the buffer).
+    #[inline]
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(BUF_SIZE - HEADROOM);
+    }
+
+    /// Copies `frame` in, with no offloads. Frames longer than the buffer are truncated
+    /// (and then fail the oversize check).
+    pub fn fill(&mut self, frame: &[u8]) {
+        let n = frame.len().min(BUF_SIZE - HEADROOM);
+        self.buf[HEADROOM..HEADROOM + n].copy_from_slice(&frame[..n]);
+        self.len = n;
+        self.hdr = VirtioNetHdr::default();
+    }
+
+    /// Writes [`Pkt::hdr`] into the headroom and returns header + frame as one slice,
+    /// ready for a TAP write.
+    #[inline]
+    pub fn with_vnet_hdr(&mut self) -> &[u8] {
+        self.hdr.emit(&mut self.buf[..HEADROOM]);
+        &self.buf[..HEADROOM + self.len]
+    }
+}
+
+impl Default for Pkt {
+    fn default() -> Self {
+        Pkt::new()
+    }
+}
+
+/// A worker's [`BURST`] packet buffers.
+pub struct Burst {
+    pub pkts: Vec<Pkt>,
+}
+
+impl Burst {
+    pub fn new() -> Burst {
+        Burst { pkts: (0..BURST).map(|_| Pkt::new()).collect() }
+    }
+}
+
+impl Default for Burst {
+    fn default() -> Self {
+        Burst::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_sits_in_headroom() {
+        let mut p = Pkt::new();
+        p.fill(&[0xaa; 60]);
+        p.hdr.gso_size = 1448;
+        p.hdr.gso_type = virtio_net_hdr::GSO_TCPV4;
+        let out = p.with_vnet_hdr().to_vec();
+        assert_eq!(out.len(), HEADROOM + 60);
+        assert_eq!(VirtioNetHdr::parse(&out).unwrap().gso_size, 1448);
+        assert_eq!(&out[HEADROOM..], &[0xaa; 60]);
+    }
+
+    #[test]
+    fn fill_truncates_instead_of_panicking() {
+        let mut p = Pkt::new();
+        p.fill(&vec![1u8; BUF_SIZE * 2]);
+        assert_eq!(p.len(), BUF_SIZE - HEADROOM);
+        assert!(p.len() > MAX_FRAME_LEN);
+    }
+}

@@ -1,0 +1,343 @@
+//! The internal generator/sink port (VPP's `pg`, Snabb's Synth/Match).
+//!
+//! As a **generator** (rx side), each queue synthesises IPv4/UDP frames of a fixed size to a
+//! configured destination MAC, at a configured rate or as fast as the worker polls, cycling
+//! through `flows` UDP source ports. Flow *f* is always generated on queue *f mod queues*, so
+//! each flow's frames leave in sequence. Each frame carries a 16-byte trailer after the UDP
+//! header:
+//!
+//! ```text
+//!  42      46        48      50             58
+//!  | magic | src id  | flow  | sequence (u64) |      (big-endian; magic = "QSGN")
+//! ```
+//!
+//! As a **sink** (tx side), it counts what arrives and, for frames with the trailer, checks
+//! the sequence of each (source, flow): a gap counts as lost, a step back as reordered.
+//! Generating costs no syscall, so a gen → switch → gen pipeline measures the switch itself.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+use qswitch_api::config::{parse_mac, parse_unicast_mac, GenConfig};
+use qswitch_api::request::SinkStats;
+use qswitch_wire::checksum;
+use qswitch_wire::virtio_net_hdr::VirtioNetHdr;
+use qswitch_wire::MacAddr;
+
+use super::{Port, TxDone};
+use crate::ids::PortId;
+use crate::packet::Pkt;
+use crate::stats::{Counter, DropTally};
+
+/// Trailer magic, "QSGN".
+pub const MAGIC: u32 = 0x5153_474e;
+const TRAILER: usize = 42;
+const SEC: u128 = 1_000_000_000;
+/// UDP destination port of generated frames.
+pub const UDP_DST_PORT: u16 = 5001;
+/// UDP source port of flow 0.
+pub const UDP_SRC_BASE: u16 = 1024;
+
+/// The MAC a gen port uses when none is configured: locally administered, from the name.
+pub fn default_mac(name: &str) -> MacAddr {
+    // FNV-1a: stable across runs and platforms.
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let b = h.to_be_bytes();
+    MacAddr([0x02, 0x71, 0x73, b[5], b[6], b[7]])
+}
+
+#[derive(Debug)]
+struct GenQueue {
+    template: Vec<u8>,
+    /// Flows this queue generates, and the next sequence number of each.
+    flows: Vec<(u16, u64)>,
+    next_flow: usize,
+    rate: u64,
+    limit: Option<u64>,
+    sent: u64,
+    start: Option<u64>,
+}
+
+impl GenQueue {
+    /// Frames due at `now` (at most `max`).
+    fn due(&mut self, now: u64, max: usize) -> usize {
+        let start = *self.start.get_or_insert(now);
+        let mut due = if self.rate == 0 {
+            max as u64
+        } else {
+            let allowed = (u128::from(now - start) * u128::from(self.rate) / SEC) as u64 + 1;
+            allowed.saturating_sub(self.sent).min(max as u64)
+        };
+        if let Some(limit) = self.limit {
+            due = due.min(limit - self.sent);
+        }
+        due as usize
+    }
+
+    fn due_in(&self, now: u64) -> Option<u64> {
+        if self.flows.is_empty() || self.limit.is_some_and(|l| self.sent >= l) {
+            return None;
+        }
+        match (self.rate, self.start) {
+            (0, _) | (_, None) => Some(0),
+            (rate, Some(start)) => {
+                let next = start + (u128::from(self.sent) * SEC / u128::from(rate)) as u64;
+                Some(next.saturating_sub(now))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Sink {
+    stats: SinkStats,
+    next_seq: HashMap<(u16, u16), u64>,
+}
+
+/// A generator/sink port.
+#[derive(Debug)]
+pub struct GenPort {
+    mac: MacAddr,
+    queues: Vec<Mutex<GenQueue>>,
+    generated: Vec<Counter>,
+    sink: Mutex<Sink>,
+}
+
+impl GenPort {
+    /// A gen port with `queues` queues; `gen` says what to generate (None: sink only).
+    /// `mac` and `gen.dst` must already be validated ([`qswitch_api::PortConfig::validate`]).
+    pub fn new(id: PortId, name: &str, mac: Option<&str>, queues: u16, gen: Option<&GenConfig>) -> GenPort {
+        let mac = mac
+            .and_then(|m| parse_unicast_mac(m).ok())
+            .map(MacAddr)
+            .unwrap_or_else(|| default_mac(name));
+        let nq = u64::from(queues.max(1));
+        let queues = (0..nq)
+            .map(|q| {
+                let Some(g) = gen else {
+                    return Mutex::new(GenQueue {
+                        template: Vec::new(),
+                        flows: Vec::new(),
+                        next_flow: 0,
+                        rate: 0,
+                        limit: Some(0),
+                        sent: 0,
+                        start: None,
+                    });
+                };
+                let dst = MacAddr(parse_mac(&g.dst).unwrap_or([0xff; 6]));
+                let flows = (0..g.flows).filter(|f| u64::from(*f) % nq == q).map(|f| (f, 0)).collect();
+                let share = |total: u64| total / nq + u64::from(q < total % nq);
+                Mutex::new(GenQueue {
+                    template: template(id, mac, dst, usize::from(g.size)),
+                    flows,
+                    next_flow: 0,
+                    rate: share(g.rate),
+                    limit: (g.count > 0).then(|| share(g.count)),
+                    sent: 0,
+                    start: None,
+                })
+            })
+            .collect();
+        GenPort {
+            mac,
+            generated: (0..nq).map(|_| Counter::default()).collect(),
+            queues,
+            sink: Mutex::new(Sink::default()),
+        }
+    }
+
+    /// The port's MAC address.
+    pub fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    /// Frames generated so far.
+    pub fn generated(&self) -> u64 {
+        self.generated.iter().map(Counter::get).sum()
+    }
+
+    /// What the sink has seen so far.
+    pub fn sink_stats(&self) -> SinkStats {
+        self.sink.lock().stats.clone()
+    }
+}
+
+/// An Ethernet/IPv4/UDP frame of `size` bytes with the trailer's magic and source id set.
+fn template(id: PortId, src: MacAddr, dst: MacAddr, size: usize) -> Vec<u8> {
+    let mut f = vec![0u8; size];
+    f[0..6].copy_from_slice(&dst.0);
+    f[6..12].copy_from_slice(&src.0);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip_len = (size - 14) as u16;
+    let [hi, lo] = id.0.to_be_bytes();
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&[198, 18, hi, lo]);
+    ip[16..20].copy_from_slice(&[198, 19, 0, 1]);
+    let csum = checksum::fold(checksum::sum16(ip, 0));
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    f[36..38].copy_from_slice(&UDP_DST_PORT.to_be_bytes());
+    f[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    f[TRAILER..TRAILER + 4].copy_from_slice(&MAGIC.to_be_bytes());
+    f[TRAILER + 4..TRAILER + 6].copy_from_slice(&id.0.to_be_bytes());
+    f
+}
+
+/// The trailer of a frame: (source id, flow, sequence), if it has one.
+pub fn parse_trailer(frame: &[u8]) -> Option<(u16, u16, u64)> {
+    let t = frame.get(TRAILER..TRAILER + 16)?;
+    if frame.get(12..14)? != [0x08, 0x00] || t[0..4] != MAGIC.to_be_bytes() {
+        return None;
+    }
+    let src = u16::from_be_bytes([t[4], t[5]]);
+    let flow = u16::from_be_bytes([t[6], t[7]]);
+    let seq = u64::from_be_bytes(t[8..16].try_into().ok()?);
+    Some((src, flow, seq))
+}
+
+impl Port for GenPort {
+    fn rx_burst(&self, queue: u16, pkts: &mut [Pkt], now: u64, _drops: &mut DropTally) -> usize {
+        let Some(q) = self.queues.get(usize::from(queue)) else {
+            return 0;
+        };
+        let mut q = q.lock();
+        if q.flows.is_empty() {
+            return 0;
+        }
+        let n = q.due(now, pkts.len());
+        let size = q.template.len();
+        for pkt in &mut pkts[..n] {
+            let i = q.next_flow;
+            q.next_flow = if i + 1 == q.flows.len() { 0 } else { i + 1 };
+            let (flow, seq) = q.flows[i];
+            q.flows[i].1 = seq + 1;
+            let buf = pkt.frame_buf_mut();
+            buf[..size].copy_from_slice(&q.template);
+            buf[34..36].copy_from_slice(&(UDP_SRC_BASE.wrapping_add(flow)).to_be_bytes());
+            buf[TRAILER + 6..TRAILER + 8].copy_from_slice(&flow.to_be_bytes());
+            buf[TRAILER + 8..TRAILER + 16].copy_from_slice(&seq.to_be_bytes());
+            pkt.set_len(size);
+            pkt.hdr = VirtioNetHdr::default();
+        }
+        q.sent += n as u64;
+        self.generated[usize::from(queue)].add(n as u64);
+        n
+    }
+
+    fn tx_burst(&self, _worker: usize, pkts: &mut [Pkt], sel: &[u8], _drops: &mut DropTally) -> TxDone {
+        let mut sink = self.sink.lock();
+        let sink = &mut *sink;
+        let mut done = TxDone::default();
+        for &i in sel {
+            let frame = pkts[usize::from(i)].frame();
+            done.packets += 1;
+            done.bytes += frame.len() as u64;
+            let Some((src, flow, seq)) = parse_trailer(frame) else {
+                sink.stats.foreign += 1;
+                continue;
+            };
+            sink.stats.received += 1;
+            let next = sink.next_seq.entry((src, flow)).or_insert(0);
+            if seq >= *next {
+                sink.stats.lost += seq - *next;
+                *next = seq + 1;
+            } else {
+                sink.stats.reordered += 1;
+                sink.stats.lost = sink.stats.lost.saturating_sub(1);
+            }
+        }
+        done
+    }
+
+    fn rx_fd(&self, _queue: u16) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    fn rx_due_in(&self, queue: u16, now: u64) -> Option<u64> {
+        self.queues.get(usize::from(queue))?.lock().due_in(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::Burst;
+
+    fn gen(rate: u64, count: u64, flows: u16, queues: u16) -> GenPort {
+        let g = GenConfig { dst: "02:00:00:00:00:02".into(), size: 64, rate, flows, count };
+        GenPort::new(PortId(7), "g", Some("02:00:00:00:00:01"), queues, Some(&g))
+    }
+
+    #[test]
+    fn frames_are_valid_ipv4_udp_with_trailer() {
+        let g = gen(0, 0, 2, 1);
+        let mut b = Burst::new();
+        let mut d = DropTally::default();
+        assert_eq!(g.rx_burst(0, &mut b.pkts, 0, &mut d), 32);
+        let f = b.pkts[1].frame();
+        assert_eq!(f.len(), 64);
+        let l2 = qswitch_wire::l2::classify(f).unwrap();
+        assert_eq!(l2.src, MacAddr([2, 0, 0, 0, 0, 1]));
+        assert_eq!(l2.dst, MacAddr([2, 0, 0, 0, 0, 2]));
+        assert_eq!(checksum::fold(checksum::sum16(&f[14..34], 0)), 0, "IPv4 header checksum");
+        let key = qswitch_wire::flow::extract(f).unwrap();
+        assert_eq!(key.ports, Some((UDP_SRC_BASE + 1, UDP_DST_PORT)));
+        assert_eq!(parse_trailer(f), Some((7, 1, 0)));
+        assert_eq!(parse_trailer(b.pkts[2].frame()), Some((7, 0, 1)));
+    }
+
+    #[test]
+    fn rate_follows_injected_clock() {
+        let g = gen(1000, 0, 1, 1);
+        let mut b = Burst::new();
+        let mut d = DropTally::default();
+        assert_eq!(g.rx_burst(0, &mut b.pkts, 5_000, &mut d), 1);
+        assert_eq!(g.rx_burst(0, &mut b.pkts, 5_000, &mut d), 0);
+        assert_eq!(g.rx_due_in(0, 5_000), Some(1_000_000));
+        assert_eq!(g.rx_burst(0, &mut b.pkts, 5_000 + 10_000_000, &mut d), 10);
+        assert_eq!(g.generated(), 11);
+    }
+
+    #[test]
+    fn count_is_split_over_queues_and_stops() {
+        let g = gen(0, 5, 4, 2);
+        let mut b = Burst::new();
+        let mut d = DropTally::default();
+        assert_eq!(g.rx_burst(0, &mut b.pkts, 0, &mut d), 3);
+        assert_eq!(g.rx_burst(1, &mut b.pkts, 0, &mut d), 2);
+        assert_eq!(g.rx_burst(0, &mut b.pkts, 1, &mut d), 0);
+        assert_eq!(g.rx_due_in(0, 1), None);
+    }
+
+    #[test]
+    fn sink_counts_loss_and_reordering() {
+        let src = gen(0, 0, 1, 1);
+        let sink = GenPort::new(PortId(9), "s", None, 1, None);
+        let mut b = Burst::new();
+        let mut d = DropTally::default();
+        assert_eq!(src.rx_burst(0, &mut b.pkts, 0, &mut d), 32);
+        // deliver 0,1,2 then 5 (3,4 lost), then 4 (late), then a foreign frame
+        let done = sink.tx_burst(0, &mut b.pkts, &[0, 1, 2, 5, 4], &mut d);
+        assert_eq!(done.packets, 5);
+        b.pkts[6].fill(&[0u8; 60]);
+        sink.tx_burst(0, &mut b.pkts, &[6], &mut d);
+        let s = sink.sink_stats();
+        assert_eq!((s.received, s.lost, s.reordered, s.foreign), (5, 1, 1, 1));
+        assert_eq!(sink.rx_burst(0, &mut b.pkts, 0, &mut d), 0, "a sink generates nothing");
+    }
+
+    #[test]
+    fn default_mac_is_stable_and_unicast() {
+        assert_eq!(default_mac("a"), default_mac("a"));
+        assert_ne!(default_mac("a"), default_mac("b"));
+        assert!(default_mac("a").is_unicast());
+        assert!(default_mac("a").is_local());
+    }
+}

@@ -1,0 +1,104 @@
+//! Ports: where frames enter and leave the switch.
+//!
+//! A port has one or more rx queues. Each rx queue is polled by exactly one worker at a time
+//! ([`Port::rx_burst`]); any worker may transmit to any port ([`Port::tx_burst`]), passing its
+//! own worker id so a port can keep per-worker transmit state without locks.
+//!
+//! | kind | module | rx | tx |
+//! |---|---|---|---|
+//! | TAP | [`tap`] | `read` per frame on the queue's fd (vnet header + frame) | `write` on the worker's queue fd |
+//! | gen | [`gen`] | synthesised frames at a rate | validated and counted (sink) |
+//! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
+
+pub mod gen;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod inject;
+pub mod tap;
+
+use std::os::fd::RawFd;
+
+use crate::packet::Pkt;
+use crate::stats::DropTally;
+
+/// What a [`Port::tx_burst`] did with the frames it was given.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TxDone {
+    pub packets: u32,
+    pub bytes: u64,
+}
+
+/// A port's data path. Implementations are shared between workers (`&self`); an rx queue is
+/// only ever polled by its one owner, so per-queue rx state needs no contention handling.
+pub trait Port: Send + Sync {
+    /// Fills `pkts` from the front with up to `pkts.len()` received frames and returns how
+    /// many. Frames the port itself rejects are counted in `drops`, not returned. `now` is the
+    /// switch clock in nanoseconds.
+    fn rx_burst(&self, queue: u16, pkts: &mut [Pkt], now: u64, drops: &mut DropTally) -> usize;
+
+    /// Transmits `pkts[i]` for each `i` in `sel` (one destination, many frames). Frames that
+    /// cannot be sent are counted in `drops`. `worker` is the calling worker's id.
+    fn tx_burst(&self, worker: usize, pkts: &mut [Pkt], sel: &[u8], drops: &mut DropTally) -> TxDone;
+
+    /// A file descriptor that becomes readable when `queue` has frames, for sleeping in epoll.
+    /// `None` for ports that are not fd-driven.
+    fn rx_fd(&self, queue: u16) -> Option<RawFd>;
+
+    /// Whether `queue` has failed for good (its fd must no longer be polled).
+    fn rx_dead(&self, _queue: u16) -> bool {
+        false
+    }
+
+    /// For ports that produce frames on their own schedule (gen): nanoseconds from `now` until
+    /// `queue` has something to deliver; `None` when it never will (or is fd-driven).
+    fn rx_due_in(&self, _queue: u16, _now: u64) -> Option<u64> {
+        None
+    }
+
+    /// Offloads the port accepts on tx and produces on rx, for display.
+    fn offloads(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+}
+
+/// Every kind of port, dispatched statically (one `match` per burst, no vtable).
+#[derive(Debug)]
+pub enum Device {
+    Tap(tap::TapPort),
+    Gen(gen::GenPort),
+    #[cfg(any(test, feature = "test-utils"))]
+    Inject(std::sync::Arc<inject::InjectPort>),
+}
+
+macro_rules! each_device {
+    ($self:expr, $d:ident => $e:expr) => {
+        match $self {
+            Device::Tap($d) => $e,
+            Device::Gen($d) => $e,
+            #[cfg(any(test, feature = "test-utils"))]
+            Device::Inject($d) => $e,
+        }
+    };
+}
+
+impl Port for Device {
+    #[inline]
+    fn rx_burst(&self, queue: u16, pkts: &mut [Pkt], now: u64, drops: &mut DropTally) -> usize {
+        each_device!(self, d => d.rx_burst(queue, pkts, now, drops))
+    }
+    #[inline]
+    fn tx_burst(&self, worker: usize, pkts: &mut [Pkt], sel: &[u8], drops: &mut DropTally) -> TxDone {
+        each_device!(self, d => d.tx_burst(worker, pkts, sel, drops))
+    }
+    fn rx_fd(&self, queue: u16) -> Option<RawFd> {
+        each_device!(self, d => d.rx_fd(queue))
+    }
+    fn rx_dead(&self, queue: u16) -> bool {
+        each_device!(self, d => d.rx_dead(queue))
+    }
+    fn rx_due_in(&self, queue: u16, now: u64) -> Option<u64> {
+        each_device!(self, d => d.rx_due_in(queue, now))
+    }
+    fn offloads(&self) -> Vec<&'static str> {
+        each_device!(self, d => d.offloads())
+    }
+}

@@ -1,0 +1,199 @@
+//! Counters: declared once, one writer each, read by anyone.
+//!
+//! Every counter has exactly one writing thread, so a write is a relaxed load plus a relaxed
+//! store (two plain `mov`s on x86), never an atomic read-modify-write, and readers see a
+//! value that may be a burst old but is never torn. Who writes what:
+//!
+//! | counters | writer |
+//! |---|---|
+//! | [`QueueCounters`] of rx queue *q* of a port | the worker that owns *q* (one owner at a time) |
+//! | [`TxCounters`] slot *w* of a port | worker *w* (each worker has its own slot per port) |
+//! | [`WorkerCounters`] of worker *w* | worker *w* |
+//!
+//! Workers add into these once per burst, not per packet. Drop reasons are declared once in
+//! [`DropReason`], with the name used by the CLI, JSON and (later) Prometheus.
+
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+/// A single-writer counter.
+#[derive(Debug, Default)]
+#[repr(transparent)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`. Only the counter's one writer may call this.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// Current value.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+macro_rules! drop_reasons {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+        /// Why a frame was dropped. Every drop in the datapath is counted under one of these.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum DropReason { $($(#[doc = $doc])* $variant,)* }
+
+        impl DropReason {
+            /// Every reason, in declaration order.
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)*];
+            /// Number of reasons.
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// The reason's name in the CLI, JSON and metrics.
+            pub fn name(self) -> &'static str {
+                match self { $(DropReason::$variant => $name,)* }
+            }
+
+            /// One line saying what the reason means.
+            pub fn description(self) -> &'static str {
+                match self { $(DropReason::$variant => concat!($($doc),*).trim_ascii(),)* }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    /// Shorter than an Ethernet header, or a truncated 802.1Q tag.
+    Runt => "runt",
+    /// Longer than the largest frame the switch accepts.
+    Oversize => "oversize",
+    /// The virtio-net header does not describe the frame (bad GSO or checksum fields).
+    BadVnetHdr => "bad_vnet_hdr",
+    /// Source MAC address is multicast or broadcast.
+    BadSrcMac => "bad_src_mac",
+    /// An 802.1Q-tagged frame arrived on an access port.
+    VlanTagged => "vlan_tagged",
+    /// The destination MAC was learned on the ingress port.
+    SamePort => "same_port",
+    /// Reading from the port failed.
+    RxError => "rx_error",
+    /// The destination queue was full.
+    TxFull => "tx_full",
+    /// Writing to the destination failed.
+    TxError => "tx_error",
+}
+
+/// Per-reason drop counters.
+#[derive(Debug, Default)]
+pub struct DropCounters([Counter; DropReason::COUNT]);
+
+impl DropCounters {
+    #[inline]
+    pub fn add(&self, reason: DropReason, n: u64) {
+        self.0[reason as usize].add(n);
+    }
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.0[reason as usize].get()
+    }
+}
+
+/// A burst-local tally of drops, added into [`DropCounters`] once per burst.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DropTally([u32; DropReason::COUNT]);
+
+impl DropTally {
+    #[inline]
+    pub fn count(&mut self, reason: DropReason) {
+        self.0[reason as usize] += 1;
+    }
+    #[inline]
+    pub fn count_n(&mut self, reason: DropReason, n: u32) {
+        self.0[reason as usize] += n;
+    }
+    pub fn total(&self) -> u64 {
+        self.0.iter().map(|&n| u64::from(n)).sum()
+    }
+    /// Adds the tally into `into` and clears it.
+    pub fn flush(&mut self, into: &DropCounters) {
+        for (i, n) in self.0.iter_mut().enumerate() {
+            if *n != 0 {
+                into.0[i].add(u64::from(*n));
+                *n = 0;
+            }
+        }
+    }
+}
+
+/// Counters of one rx queue.
+#[derive(Debug, Default)]
+pub struct QueueCounters {
+    pub rx_packets: Counter,
+    pub rx_bytes: Counter,
+    pub drops: DropCounters,
+}
+
+/// Counters of what one worker sent to one port.
+#[derive(Debug, Default)]
+pub struct TxCounters {
+    pub tx_packets: Counter,
+    pub tx_bytes: Counter,
+    pub drops: DropCounters,
+}
+
+/// All counters of one port.
+#[derive(Debug)]
+pub struct PortCounters {
+    /// Indexed by rx queue.
+    pub rx: Box<[QueueCounters]>,
+    /// Indexed by worker id.
+    pub tx: Box<[TxCounters]>,
+}
+
+impl PortCounters {
+    pub fn new(queues: usize, workers: usize) -> PortCounters {
+        PortCounters {
+            rx: (0..queues).map(|_| QueueCounters::default()).collect(),
+            tx: (0..workers).map(|_| TxCounters::default()).collect(),
+        }
+    }
+}
+
+/// Counters of one worker thread.
+#[derive(Debug, Default)]
+pub struct WorkerCounters {
+    pub busy_polls: Counter,
+    pub idle_polls: Counter,
+    pub busy_ns: Counter,
+    pub idle_ns: Counter,
+    pub sleeps: Counter,
+    pub wakeups: Counter,
+    /// The worker's kernel thread id, once it has started (0 before).
+    pub tid: AtomicI32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_have_unique_names_and_docs() {
+        let mut names: Vec<_> = DropReason::ALL.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::COUNT);
+        assert!(DropReason::ALL.iter().all(|r| !r.description().is_empty()));
+        assert_eq!(DropReason::Runt.description(), "Shorter than an Ethernet header, or a truncated 802.1Q tag.");
+    }
+
+    #[test]
+    fn tally_flushes_and_clears() {
+        let c = DropCounters::default();
+        let mut t = DropTally::default();
+        t.count(DropReason::Runt);
+        t.count_n(DropReason::TxFull, 3);
+        assert_eq!(t.total(), 4);
+        t.flush(&c);
+        t.flush(&c);
+        assert_eq!(c.get(DropReason::Runt), 1);
+        assert_eq!(c.get(DropReason::TxFull), 3);
+        assert_eq!(t.total(), 0);
+    }
+}

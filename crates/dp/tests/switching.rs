@@ -1,0 +1,214 @@
+//! End-to-end switching through internal ports: no privileges needed.
+//!
+//! Gen ports generate and sink; inject ports feed hand-made (and malformed) frames and capture
+//! what the switch sends them. Every test bounds its waits and stops its switch.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qswitch_api::request::PortStats;
+use qswitch_api::{GenConfig, PortConfig};
+use qswitch_dp::port::inject::InjectPort;
+use qswitch_dp::Switch;
+use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, GSO_TCPV4};
+
+const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+const MAC_C: [u8; 6] = [2, 0, 0, 0, 0, 0xc];
+const BCAST: [u8; 6] = [0xff; 6];
+
+fn switch(workers: usize) -> Switch {
+    let cpus = qswitch_sys::thread::online_cpus().unwrap();
+    let cpus: Vec<usize> = cpus.iter().copied().cycle().take(workers).collect();
+    Switch::start(&cpus, Duration::from_secs(300)).unwrap()
+}
+
+fn gen_port(name: &str, mac: &str, gen: Option<GenConfig>, queues: u16) -> PortConfig {
+    let mut p = PortConfig::gen(name);
+    p.mac = Some(mac.to_string());
+    p.generate = gen;
+    p.queues = queues;
+    p
+}
+
+fn port_stats(sw: &Switch, name: &str) -> PortStats {
+    sw.stats().ports.into_iter().find(|p| p.name == name).unwrap()
+}
+
+/// Polls `cond` until true or 10 s pass.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; len];
+    f[0..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+    f
+}
+
+fn inject_and_wait(sw: &Switch, port: &Arc<InjectPort>, frames: &[Vec<u8>]) {
+    for f in frames {
+        port.inject(f);
+    }
+    sw.kick();
+    wait_until("injected frames to be consumed", || port.pending() == 0);
+    // Consumed frames are switched in the same burst; a further short wait lets the tx finish.
+    std::thread::sleep(Duration::from_millis(20));
+}
+
+#[test]
+fn every_generated_frame_arrives_in_order() {
+    for workers in [1, 2] {
+        let sw = switch(workers);
+        let count = 200_000;
+        let g = GenConfig { dst: "02:00:00:00:00:02".into(), size: 64, rate: 0, flows: 8, count };
+        sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1)).unwrap();
+        sw.add_port(&gen_port("src", "02:00:00:00:00:01", Some(g), 2)).unwrap();
+        wait_until("all frames at the sink", || {
+            port_stats(&sw, "sink").sink.unwrap().received + port_stats(&sw, "sink").sink.unwrap().lost >= count
+        });
+        let s = port_stats(&sw, "sink").sink.unwrap();
+        assert_eq!((s.received, s.lost, s.reordered, s.foreign), (count, 0, 0, 0), "workers={workers}");
+        let src = port_stats(&sw, "src");
+        assert_eq!(src.generated, Some(count));
+        assert_eq!(src.rx_packets, count);
+        assert!(src.drops.is_empty(), "{:?}", src.drops);
+        sw.shutdown();
+    }
+}
+
+#[test]
+fn floods_unknown_then_learns() {
+    let sw = switch(1);
+    let a = sw.add_inject_port("a", None).unwrap();
+    let b = sw.add_inject_port("b", None).unwrap();
+    let c = sw.add_inject_port("c", None).unwrap();
+
+    // Broadcast from A reaches B and C, never back to A.
+    inject_and_wait(&sw, &a, &[frame(BCAST, MAC_A, 60)]);
+    assert_eq!(b.take_captured().len(), 1);
+    assert_eq!(c.take_captured().len(), 1);
+    assert!(a.take_captured().is_empty());
+
+    // Unknown unicast to B floods; B answers; now A -> B is unicast only.
+    inject_and_wait(&sw, &a, &[frame(MAC_B, MAC_A, 60)]);
+    assert_eq!((b.take_captured().len(), c.take_captured().len()), (1, 1));
+    inject_and_wait(&sw, &b, &[frame(MAC_A, MAC_B, 60)]);
+    assert_eq!((a.take_captured().len(), c.take_captured().len()), (1, 0), "A was learned");
+    inject_and_wait(&sw, &a, &[frame(MAC_B, MAC_A, 60)]);
+    assert_eq!((b.take_captured().len(), c.take_captured().len()), (1, 0), "B was learned");
+
+    // Multicast floods.
+    inject_and_wait(&sw, &c, &[frame([0x01, 0, 0x5e, 0, 0, 1], MAC_C, 60)]);
+    assert_eq!((a.take_captured().len(), b.take_captured().len()), (1, 1));
+
+    let fdb = sw.fdb();
+    let macs: Vec<(&str, &str)> = fdb.iter().map(|e| (e.mac.as_str(), e.port.as_str())).collect();
+    assert!(macs.contains(&("02:00:00:00:00:0a", "a")), "{macs:?}");
+    assert!(macs.contains(&("02:00:00:00:00:0b", "b")), "{macs:?}");
+    assert!(macs.contains(&("02:00:00:00:00:0c", "c")), "{macs:?}");
+
+    // A station that moves is relearned.
+    inject_and_wait(&sw, &c, &[frame(BCAST, MAC_A, 60)]);
+    a.take_captured();
+    b.take_captured();
+    inject_and_wait(&sw, &b, &[frame(MAC_A, MAC_B, 60)]);
+    assert_eq!((a.take_captured().len(), c.take_captured().len()), (0, 1), "A moved to C");
+    sw.shutdown();
+}
+
+#[test]
+fn vlans_isolate() {
+    let sw = switch(1);
+    let a10 = sw.add_inject_port("a10", Some(10)).unwrap();
+    let b10 = sw.add_inject_port("b10", Some(10)).unwrap();
+    let c20 = sw.add_inject_port("c20", Some(20)).unwrap();
+    let d0 = sw.add_inject_port("d0", None).unwrap();
+    inject_and_wait(&sw, &a10, &[frame(BCAST, MAC_A, 60)]);
+    assert_eq!(b10.take_captured().len(), 1);
+    assert!(c20.take_captured().is_empty() && d0.take_captured().is_empty());
+    // Same MAC in another VLAN is a different station.
+    inject_and_wait(&sw, &c20, &[frame(MAC_A, MAC_C, 60)]);
+    assert!(a10.take_captured().is_empty() && b10.take_captured().is_empty() && d0.take_captured().is_empty());
+    inject_and_wait(&sw, &d0, &[frame(MAC_A, MAC_B, 60)]);
+    assert!(a10.take_captured().is_empty() && c20.take_captured().is_empty());
+    sw.shutdown();
+}
+
+#[test]
+fn malformed_frames_are_counted_and_forwarding_goes_on() {
+    let sw = switch(1);
+    let a = sw.add_inject_port("a", None).unwrap();
+    let b = sw.add_inject_port("b", None).unwrap();
+    let mut tagged = frame(BCAST, MAC_A, 64);
+    tagged[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+    let bad_hdr = VirtioNetHdr { gso_type: GSO_TCPV4, gso_size: 0, ..Default::default() };
+    a.inject_with_hdr(bad_hdr, &frame(BCAST, MAC_A, 60));
+    inject_and_wait(
+        &sw,
+        &a,
+        &[
+            vec![],
+            vec![0xff; 13],
+            frame(BCAST, [0x01, 0, 0, 0, 0, 1], 60),
+            tagged,
+            vec![0u8; 70_000],
+            frame(BCAST, MAC_A, 60),
+        ],
+    );
+    let st = port_stats(&sw, "a");
+    let d = |k: &str| st.drops.get(k).copied().unwrap_or(0);
+    assert_eq!(d("runt"), 2, "{:?}", st.drops);
+    assert_eq!(d("bad_src_mac"), 1);
+    assert_eq!(d("vlan_tagged"), 1);
+    assert_eq!(d("oversize"), 1);
+    assert_eq!(d("bad_vnet_hdr"), 1);
+    assert_eq!(b.take_captured().len(), 1, "the good frame still crossed");
+    // Hairpin: a destination learned on the ingress port is dropped, not echoed.
+    inject_and_wait(&sw, &a, &[frame(MAC_A, [2, 0, 0, 0, 0, 0xee], 60)]);
+    assert_eq!(port_stats(&sw, "a").drops.get("same_port"), Some(&1));
+    assert!(a.take_captured().is_empty());
+    sw.shutdown();
+}
+
+#[test]
+fn offload_metadata_crosses_the_switch() {
+    let sw = switch(1);
+    let a = sw.add_inject_port("a", None).unwrap();
+    let b = sw.add_inject_port("b", None).unwrap();
+    // A 3000-byte "TSO" frame is forwarded whole.
+    let hdr = VirtioNetHdr { gso_type: GSO_TCPV4, gso_size: 1448, hdr_len: 54, ..Default::default() };
+    a.inject_with_hdr(hdr, &frame(BCAST, MAC_A, 3000));
+    inject_and_wait(&sw, &a, &[]);
+    let got = b.take_captured();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].len(), 3000);
+    sw.shutdown();
+}
+
+#[test]
+fn ports_come_and_go_without_disturbing_traffic() {
+    let sw = switch(2);
+    let g = GenConfig { dst: "02:00:00:00:00:02".into(), size: 64, rate: 200_000, flows: 4, count: 0 };
+    sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1)).unwrap();
+    sw.add_port(&gen_port("src", "02:00:00:00:00:01", Some(g), 1)).unwrap();
+    // Let the sink's MAC be learned (it never sends, so frames flood until then; that's fine).
+    for i in 0..20 {
+        let name = format!("tmp{i}");
+        sw.add_port(&gen_port(&name, "02:00:00:00:01:00", None, 2)).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        sw.del_port(&name).unwrap();
+    }
+    let s = port_stats(&sw, "sink").sink.unwrap();
+    assert!(s.received > 0);
+    assert_eq!((s.lost, s.reordered), (0, 0), "{s:?}");
+    assert!(sw.del_port("nope").is_err());
+    assert!(sw.add_port(&gen_port("sink", "02:00:00:00:00:09", None, 1)).is_err(), "duplicate name");
+    sw.shutdown();
+}

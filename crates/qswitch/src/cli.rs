@@ -1,0 +1,197 @@
+//! Control subcommands: build a [`Request`], print the [`Response`].
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Subcommand;
+use qswitch_api::request::{Rates, StatsReport};
+use qswitch_api::{PortConfig, PortType, Request, Response};
+
+use crate::client::call;
+
+#[derive(Subcommand, Debug)]
+pub enum PortCmd {
+    /// List ports, their queues and the workers polling them.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a port to the running switch.
+    Add {
+        name: String,
+        /// Port type (tap or gen).
+        #[arg(long = "type", value_name = "TYPE")]
+        kind: PortType,
+        /// TAP interface name (created if absent).
+        #[arg(long)]
+        ifname: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        queues: u16,
+        /// Access VLAN (1-4094).
+        #[arg(long)]
+        vlan: Option<u16>,
+    },
+    /// Remove a port from the running switch.
+    Del { name: String },
+}
+
+pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
+    match cmd {
+        PortCmd::List { json } => {
+            let Response::Ports { ports } = call(control, &Request::PortList)? else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&ports)?);
+                return Ok(());
+            }
+            println!("{:<12} {:<5} {:<16} {:>5} {:<24} {}", "NAME", "TYPE", "IFNAME/MAC", "VLAN", "QUEUES (q:worker@cpu)", "OFFLOADS");
+            for p in ports {
+                let queues: Vec<String> =
+                    p.queues.iter().map(|q| format!("{}:{}@{}", q.queue, q.worker, q.cpu)).collect();
+                let id = p.ifname.or(p.mac).unwrap_or_default();
+                println!(
+                    "{:<12} {:<5} {:<16} {:>5} {:<24} {}",
+                    p.name,
+                    p.kind,
+                    id,
+                    p.vlan.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                    queues.join(" "),
+                    p.offloads.join(",")
+                );
+            }
+        }
+        PortCmd::Add { name, kind, ifname, queues, vlan } => {
+            let port = PortConfig { name, kind, ifname, queues, vlan, mac: None, generate: None };
+            port.validate()?;
+            call(control, &Request::PortAdd { port })?;
+        }
+        PortCmd::Del { name } => {
+            call(control, &Request::PortDel { name })?;
+        }
+    }
+    Ok(())
+}
+
+pub fn fdb(control: &Path, json: bool) -> anyhow::Result<()> {
+    let Response::Fdb { entries } = call(control, &Request::Fdb)? else {
+        bail!("unexpected reply");
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&entries)?);
+        return Ok(());
+    }
+    println!("{:<18} {:>5} {:<12} {:>8}", "MAC", "VLAN", "PORT", "AGE(s)");
+    for e in entries {
+        println!("{:<18} {:>5} {:<12} {:>8.1}", e.mac, e.vlan, e.port, e.age_ms as f64 / 1000.0);
+    }
+    Ok(())
+}
+
+fn get_stats(control: &Path) -> anyhow::Result<StatsReport> {
+    match call(control, &Request::Stats)? {
+        Response::Stats(s) => Ok(*s),
+        _ => bail!("unexpected reply"),
+    }
+}
+
+pub fn stats(control: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
+    if !watch {
+        let s = get_stats(control)?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        } else {
+            print_totals(&s);
+        }
+        return Ok(());
+    }
+    let mut prev = get_stats(control)?;
+    let mut header_every = 0;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let cur = get_stats(control)?;
+        let rates = qswitch_dp::report::rates(&prev, &cur);
+        if json {
+            println!("{}", serde_json::to_string(&rates)?);
+        } else {
+            if header_every == 0 {
+                println!("{}", rate_header(&cur));
+            }
+            header_every = (header_every + 1) % 20;
+            println!("{}", rate_line(&cur, &rates));
+        }
+        prev = cur;
+    }
+}
+
+fn print_totals(s: &StatsReport) {
+    println!("uptime {:.1} s, process CPU {:.2} s", s.uptime_ms as f64 / 1000.0, s.process_cpu_ns as f64 / 1e9);
+    println!("{:<12} {:>12} {:>14} {:>12} {:>14}  DROPS", "PORT", "RX_PKTS", "RX_BYTES", "TX_PKTS", "TX_BYTES");
+    for p in &s.ports {
+        let drops: Vec<String> = p.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<12} {:>12} {:>14} {:>12} {:>14}  {}",
+            p.name,
+            p.rx_packets,
+            p.rx_bytes,
+            p.tx_packets,
+            p.tx_bytes,
+            drops.join(" ")
+        );
+        if let Some(sink) = &p.sink {
+            println!(
+                "{:<12} sink: received {} lost {} reordered {} foreign {}; generated {}",
+                "",
+                sink.received,
+                sink.lost,
+                sink.reordered,
+                sink.foreign,
+                p.generated.unwrap_or(0)
+            );
+        }
+    }
+    println!("{:<8} {:>4} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}  QUEUES", "WORKER", "CPU", "BUSY_POLLS", "IDLE_POLLS", "SLEEPS", "WAKEUPS", "VOL_CS", "INVOL_CS");
+    for w in &s.workers {
+        println!(
+            "{:<8} {:>4} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}  {}",
+            w.id,
+            w.cpu,
+            w.busy_polls,
+            w.idle_polls,
+            w.sleeps,
+            w.wakeups,
+            w.voluntary_ctx_switches,
+            w.involuntary_ctx_switches,
+            w.queues.join(" ")
+        );
+    }
+    if let Some(r) = &s.rates {
+        println!("last second: {}", rate_line(s, r));
+    }
+}
+
+/// Column header for [`rate_line`].
+pub fn rate_header(s: &StatsReport) -> String {
+    let mut h = String::from("  time ");
+    for p in &s.ports {
+        h.push_str(&format!("| {:>16} ", format!("{} rx/tx Gb/s", p.name)));
+    }
+    for w in &s.workers {
+        h.push_str(&format!("| w{} busy% cpu% cs/s ", w.id));
+    }
+    h
+}
+
+/// One line of per-second rates: Gbit/s per port, busy %, CPU % and context switches/s per
+/// worker.
+pub fn rate_line(s: &StatsReport, r: &Rates) -> String {
+    let mut line = format!("{:>6.0} ", s.uptime_ms as f64 / 1000.0);
+    for p in &r.ports {
+        line.push_str(&format!("| {:>7.2} {:>7.2}  ", p.rx_bps / 1e9, p.tx_bps / 1e9));
+    }
+    for w in &r.workers {
+        line.push_str(&format!("| {:>8.1} {:>4.0} {:>5.0} ", w.busy_pct, w.cpu_pct, w.ctx_switches_ps));
+    }
+    line
+}

@@ -1,0 +1,113 @@
+//! `qswitch run`: load and validate the config, start the switch and its ports, serve the
+//! control socket, sample counters every second, and stop cleanly on SIGINT/SIGTERM.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use parking_lot::Mutex;
+use qswitch_api::request::{Rates, StatsReport};
+use qswitch_api::Config;
+use qswitch_dp::Switch;
+
+use crate::control;
+
+/// Exit code for configuration errors: nothing was started.
+pub const EXIT_CONFIG: u8 = 2;
+
+/// What the control thread needs.
+pub struct Daemon {
+    pub switch: Switch,
+    /// Rates over the most recent complete second.
+    pub rates: Mutex<Option<Rates>>,
+}
+
+impl Daemon {
+    /// Counters now, with the latest per-second rates.
+    pub fn stats(&self) -> StatsReport {
+        let mut r = self.switch.stats();
+        r.rates = self.rates.lock().clone();
+        r
+    }
+}
+
+/// Runs the daemon until SIGINT/SIGTERM. Config errors exit with [`EXIT_CONFIG`].
+pub fn run(path: &Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return config_error(&e),
+    };
+    let online = match qswitch_sys::thread::online_cpus() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("qswitch: cannot read the online CPUs: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let workers = match config.validate(&online) {
+        Ok(w) => w,
+        Err(e) => return config_error(&e),
+    };
+    match serve(&config, workers.cpus()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("qswitch: {}", crate::chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn config_error(e: &qswitch_api::ConfigError) -> ExitCode {
+    eprintln!("qswitch: {e}");
+    ExitCode::from(EXIT_CONFIG)
+}
+
+fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, term.clone()).context("cannot install signal handler")?;
+    }
+    let socket = control::Socket::bind(&config.switch.control)?;
+    let switch = Switch::start(cpus, Duration::from_secs(config.switch.fdb_aging))?;
+    for p in &config.ports {
+        switch.add_port(p).with_context(|| format!("port '{}'", p.name))?;
+    }
+    let daemon = Arc::new(Daemon { switch, rates: Mutex::new(None) });
+    let server = {
+        let (daemon, term) = (daemon.clone(), term.clone());
+        std::thread::Builder::new()
+            .name("qs-control".into())
+            .spawn(move || control::serve(socket, &daemon, &term))
+            .context("cannot start the control thread")?
+    };
+    tracing::info!(
+        workers = ?cpus,
+        ports = config.ports.len(),
+        control = %config.switch.control.display(),
+        "qswitch running"
+    );
+    let mut prev = daemon.switch.stats();
+    let mut next = Instant::now() + Duration::from_secs(1);
+    while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
+        std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() >= next {
+            next += Duration::from_secs(1);
+            let cur = daemon.switch.stats();
+            *daemon.rates.lock() = Some(qswitch_dp::report::rates(&prev, &cur));
+            prev = cur;
+            daemon.switch.tick();
+        }
+    }
+    tracing::info!("stopping");
+    term.store(true, Ordering::Relaxed);
+    let _ = server.join();
+    daemon.switch.shutdown();
+    if daemon.switch.stopping() && !term.load(Ordering::Relaxed) {
+        anyhow::bail!("a worker failed");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! `qswitch`: the daemon, its control CLI, the demo and the benchmarks, in one binary.
+//!
+//! # Modules
+//! - [`daemon`]: `qswitch run` — config, switch, control socket, 1-second stats sampler.
+//! - [`control`]: the control socket server (newline-delimited JSON, mode 0600).
+//! - [`client`]: the CLI side of the control socket.
+//! - [`cli`]: control subcommands and how they print.
+//! - [`demo`]: `qswitch demo` — two namespaces, ping and iperf3 through a qswitch it starts.
+//! - [`bench`]: `qswitch bench SCENARIO` — measurements next to peers, JSON + SVG.
+//! - [`netns`]: network namespace and process helpers shared by demo and bench.
+
+mod bench;
+mod cli;
+mod client;
+mod control;
+mod daemon;
+mod demo;
+mod netns;
+mod plot;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A userspace virtual switch for Linux/KVM hosts.
+#[derive(Parser, Debug)]
+#[command(name = "qswitch", version, about)]
+struct Cli {
+    /// Control socket of the daemon to talk to.
+    #[arg(long, global = true, value_name = "PATH")]
+    control: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the switch daemon in the foreground.
+    Run {
+        /// TOML configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Run the self-contained demo: two namespaces, ping and iperf3 through qswitch.
+    Demo {
+        /// Seconds of iperf3 traffic.
+        #[arg(long, default_value_t = 10)]
+        seconds: u32,
+        /// Parallel TCP streams.
+        #[arg(long, default_value_t = 1)]
+        streams: u32,
+    },
+    /// Show, add and remove ports.
+    #[command(subcommand)]
+    Port(cli::PortCmd),
+    /// Show the MAC learning table.
+    Fdb {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show counters and per-second rates.
+    Stats {
+        #[arg(long)]
+        json: bool,
+        /// Print one line per second until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Run a benchmark scenario and write JSON + SVG results.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let control = cli.control.unwrap_or_else(|| PathBuf::from(qswitch_api::config::DEFAULT_CONTROL));
+    let result = match cli.command {
+        Command::Run { config } => {
+            init_logging();
+            return daemon::run(&config);
+        }
+        Command::Demo { seconds, streams } => {
+            init_logging();
+            demo::run(seconds, streams)
+        }
+        Command::Port(cmd) => cli::port(&control, cmd),
+        Command::Fdb { json } => cli::fdb(&control, json),
+        Command::Stats { json, watch } => cli::stats(&control, json, watch),
+        Command::Bench(args) => {
+            init_logging();
+            bench::run(args)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("qswitch: {}", chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// An error and its causes on one line: "a: b: c".
+fn chain(e: &anyhow::Error) -> String {
+    e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ")
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("QSWITCH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

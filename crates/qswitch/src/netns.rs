@@ -1,0 +1,235 @@
+//! Network namespaces, child processes and tools, for the demo and the benchmarks. Everything
+//! made here is undone on drop (also on error and Ctrl-C), so nothing outlives a run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use qswitch_api::{Request, Response};
+
+/// Runs a command to completion; fails with its stderr when it fails.
+pub fn run(args: &[&str]) -> anyhow::Result<Output> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", args[0]))?;
+    if !out.status.success() {
+        bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(out)
+}
+
+/// A network namespace, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn create(name: &str) -> anyhow::Result<Netns> {
+        let _ = Command::new("ip").args(["netns", "del", name]).stderr(Stdio::null()).status();
+        run(&["ip", "netns", "add", name])?;
+        let ns = Netns { name: name.to_string() };
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Runs a command inside the namespace to completion.
+    pub fn exec(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// Starts a command inside the namespace; it is killed when the guard drops.
+    pub fn spawn(&self, args: &[&str], stdout: Stdio) -> anyhow::Result<ChildGuard> {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {} in {}", args[0], self.name))?;
+        Ok(ChildGuard(Some(child)))
+    }
+
+    /// Moves interface `ifname` into this namespace and gives it `addr` (CIDR).
+    pub fn adopt(&self, ifname: &str, addr: &str) -> anyhow::Result<()> {
+        run(&["ip", "link", "set", ifname, "netns", &self.name])?;
+        self.exec(&["ip", "addr", "add", addr, "dev", ifname])?;
+        self.exec(&["ip", "link", "set", ifname, "up"])?;
+        Ok(())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).stderr(Stdio::null()).status();
+    }
+}
+
+/// A child process killed (SIGTERM, then SIGKILL after 3 s) and reaped on drop.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    /// Waits for the child to exit by itself, up to `timeout`.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let Some(child) = self.0.as_mut() else { return Ok(None) };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = child.try_wait()? {
+                return Ok(Some(st));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Takes the child's whole stdout after it has exited.
+    pub fn output(mut self) -> anyhow::Result<Output> {
+        let child = self.0.take().context("no child")?;
+        Ok(child.wait_with_output()?)
+    }
+
+    /// Stops the child: SIGTERM, then SIGKILL if it is still there after 3 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.0.take() else { return };
+        if let Ok(None) = child.try_wait() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Whether `tool` is on the PATH.
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Installs Debian `package` with apt-get unless `tool` is already there.
+pub fn ensure_tool(tool: &str, package: &str) -> anyhow::Result<()> {
+    if have(tool) {
+        return Ok(());
+    }
+    eprintln!("installing {package} (for {tool}) with apt-get ...");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status()
+    };
+    if !install().is_ok_and(|s| s.success()) {
+        let _ = Command::new("apt-get").args(["update", "-qq"]).stdout(Stdio::null()).status();
+        if !install().is_ok_and(|s| s.success()) {
+            bail!("cannot install {package}; install it by hand (apt-get install {package})");
+        }
+    }
+    if !have(tool) {
+        bail!("{tool} is still missing after installing {package}");
+    }
+    Ok(())
+}
+
+/// Fails unless running as root.
+pub fn require_root(what: &str) -> anyhow::Result<()> {
+    if !qswitch_sys::thread::is_root() {
+        bail!("{what} needs root (it creates network namespaces and TAP devices)");
+    }
+    Ok(())
+}
+
+/// A `qswitch run` child on a generated config, stopped (SIGTERM) on drop.
+pub struct Daemon {
+    pub control: PathBuf,
+    child: ChildGuard,
+}
+
+impl Daemon {
+    /// Writes `config_text` next to the control socket path and starts the daemon; returns when
+    /// the control socket answers.
+    pub fn start(dir: &Path, config_text: &str) -> anyhow::Result<Daemon> {
+        std::fs::create_dir_all(dir)?;
+        let config = dir.join("qswitch.toml");
+        std::fs::write(&config, config_text)?;
+        let parsed = qswitch_api::Config::from_toml(config_text)?;
+        let control = parsed.switch.control.clone();
+        let exe = std::env::current_exe().context("cannot find the qswitch binary")?;
+        let child = Command::new(exe)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("QSWITCH_LOG", std::env::var("QSWITCH_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .spawn()
+            .context("cannot start qswitch run")?;
+        let mut d = Daemon { control, child: ChildGuard(Some(child)) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if crate::client::call(&d.control, &Request::Ping).is_ok() {
+                return Ok(d);
+            }
+            if let Some(st) = d.child.wait_timeout(Duration::from_millis(50))? {
+                bail!("qswitch run exited during start-up ({st})");
+            }
+            if Instant::now() > deadline {
+                bail!("qswitch run did not answer on {} within 10 s", d.control.display());
+            }
+        }
+    }
+
+    /// Current stats.
+    pub fn stats(&self) -> anyhow::Result<qswitch_api::request::StatsReport> {
+        match crate::client::call(&self.control, &Request::Stats)? {
+            Response::Stats(s) => Ok(*s),
+            _ => bail!("unexpected reply"),
+        }
+    }
+
+    /// Stops the daemon (SIGTERM) and waits for it.
+    pub fn stop(&mut self) {
+        self.child.stop();
+    }
+}
+
+/// Total and idle CPU jiffies of the machine, from /proc/stat.
+pub fn cpu_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().next() else { return (0, 0) };
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let total = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total, idle)
+}
+
+/// Busy CPUs (0.0..=cores) between two [`cpu_jiffies`] readings.
+pub fn busy_cpus(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.0.saturating_sub(before.0) as f64;
+    let idle = after.1.saturating_sub(before.1) as f64;
+    if total == 0.0 {
+        return 0.0;
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    (total - idle) / total * cores
+}

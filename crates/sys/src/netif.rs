@@ -1,0 +1,113 @@
+//! Network interface queries and link state.
+//!
+//! Queries read `/sys/class/net`, which shows the interfaces of the network namespace
+//! sysfs was mounted in (normally the caller's).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use crate::{cvt, IfReq};
+
+/// `/sys/class/net/<ifname>`, or `None` for names that cannot be interfaces (empty, `.`,
+/// `..`, too long, or containing `/` or NUL), which would otherwise escape the directory.
+fn sys_path(ifname: &str) -> Option<PathBuf> {
+    let bad = ifname.is_empty()
+        || ifname == "."
+        || ifname == ".."
+        || ifname.len() >= libc::IFNAMSIZ
+        || ifname.contains(['/', '\0']);
+    (!bad).then(|| PathBuf::from("/sys/class/net").join(ifname))
+}
+
+/// Whether interface `ifname` exists (`/sys/class/net/<ifname>`).
+pub fn exists(ifname: &str) -> bool {
+    sys_path(ifname).is_some_and(|p| p.exists())
+}
+
+/// Whether `ifname` is a TAP (not TUN) interface: `/sys/class/net/<ifname>/tun_flags`
+/// exists and has `IFF_TAP` set.
+pub fn is_tap(ifname: &str) -> bool {
+    let Some(path) = sys_path(ifname) else {
+        return false;
+    };
+    let Ok(text) = std::fs::read_to_string(path.join("tun_flags")) else {
+        return false;
+    };
+    let text = text.trim();
+    let hex = text.strip_prefix("0x").unwrap_or(text);
+    u32::from_str_radix(hex, 16).is_ok_and(|flags| flags & libc::IFF_TAP as u32 != 0)
+}
+
+/// Sets (`up = true`) or clears `IFF_UP` on `ifname` via `SIOCGIFFLAGS` /
+/// `SIOCSIFFLAGS`. Needs `CAP_NET_ADMIN`; `ENODEV` if there is no such interface.
+pub fn set_up(ifname: &str, up: bool) -> io::Result<()> {
+    let mut req = IfReq::new(ifname, 0)?;
+    // SAFETY: socket() has no memory-safety preconditions.
+    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: SIOCGIFFLAGS writes `ifr_flags` of one `struct ifreq`; `req` is a live,
+    // exclusively borrowed value of that size.
+    cvt(unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCGIFFLAGS as libc::Ioctl,
+            std::ptr::from_mut(&mut req),
+        )
+    })?;
+    let iff_up = libc::IFF_UP as libc::c_short;
+    let flags = if up {
+        req.flags | iff_up
+    } else {
+        req.flags & !iff_up
+    };
+    if flags == req.flags {
+        return Ok(());
+    }
+    req.flags = flags;
+    // SAFETY: SIOCSIFFLAGS reads one `struct ifreq`; `req` is a live value of that size.
+    cvt(unsafe {
+        libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCSIFFLAGS as libc::Ioctl,
+            std::ptr::from_mut(&mut req),
+        )
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback() {
+        assert!(exists("lo"));
+        assert!(!is_tap("lo"));
+        assert!(!exists("qsys-no-such"));
+        assert!(!is_tap("qsys-no-such"));
+    }
+
+    #[test]
+    fn rejects_path_like_names() {
+        for name in ["", ".", "..", "../net", "lo/", "a\0"] {
+            assert!(!exists(name), "{name:?}");
+            assert!(!is_tap(name), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn set_up_errors() {
+        let err = set_up("qsys-no-such", true).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENODEV));
+        let err = set_up("sixteen-chars-xx", true).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn loopback_up_is_noop() {
+        // lo is up; asking for up again changes nothing and needs no privilege.
+        set_up("lo", true).unwrap();
+    }
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every qswitch test: style (rustfmt, clippy), unit and integration tests (cargo test,
+# release build), including the privileged ones (namespaces, TAPs, iperf3) when run as root.
+# Installs the Debian packages the privileged tests use when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ]; then
+    need=()
+    command -v iperf3 >/dev/null || need+=(iperf3)
+    command -v ping >/dev/null || need+=(iputils-ping)
+    command -v ip >/dev/null || need+=(iproute2)
+    command -v ss >/dev/null || need+=(iproute2)
+    command -v python3 >/dev/null || need+=(python3)
+    if [ ${#need[@]} -gt 0 ]; then
+        echo "== installing ${need[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
+else
+    echo "== not root: privileged tests (namespaces, TAPs, iperf3) will be skipped"
+fi
+
+echo "== rustfmt"
+cargo fmt --all --check
+echo "== clippy"
+cargo clippy --workspace --all-targets --release -- -D warnings
+echo "== tests"
+cargo test --workspace --release -- --test-threads=2
