@@ -102,6 +102,7 @@ impl Worker {
         let mut events = [Event::EMPTY; 16];
         let mut last = self.shared.now();
         let mut last_busy = last;
+        let spin: u64 = std::env::var("QS_SPIN").ok().and_then(|v| v.parse().ok()).unwrap_or(SPIN_NS);
         while !self.shared.stopping() {
             let e = self.shared.epoch();
             if e != epoch {
@@ -124,7 +125,7 @@ impl Worker {
                 c.idle_ns.add(now - last);
             }
             last = now;
-            if now - last_busy < SPIN_NS {
+            if now - last_busy < spin {
                 continue;
             }
             let Some(timeout) = sleep_timeout(v, now) else { continue };

@@ -16,7 +16,8 @@
 //!   larger than the total length, and so on). `new_checked` is `new_unchecked` followed by
 //!   `check_len`.
 //! * After a successful `check_len`, no getter, setter or payload accessor panics, whatever
-//!   the bytes are. The free functions ([`l2::classify`], [`flow::extract`],
+//!   the bytes are, until a setter changes a length field (`set_total_len`, `set_len`,
+//!   `set_payload_len`): check again after that. The free functions ([`l2::classify`], [`flow::extract`],
 //!   [`virtio_net_hdr::VirtioNetHdr::parse`], [`checksum::complete_partial`], ...) check their
 //!   input themselves and never panic on any input.
 //! * Nothing here allocates, performs I/O or uses `unsafe`.
@@ -25,6 +26,26 @@
 //!
 //! Multi-byte fields are big-endian (network order) everywhere except in the virtio-net
 //! header, which is little-endian.
+//!
+//! # Example
+//!
+//! ```
+//! use qswitch_wire::ethernet::{EtherType, Frame};
+//! use qswitch_wire::{ipv4, l2, Error, MacAddr};
+//!
+//! let mut bytes = [0u8; 60];
+//! let mut eth = Frame::new_checked(&mut bytes[..])?;
+//! eth.set_dst_addr(MacAddr::BROADCAST);
+//! eth.set_src_addr("52:54:00:12:34:01".parse().unwrap());
+//! eth.set_ethertype(EtherType::Ipv4);
+//!
+//! let info = l2::classify(&bytes).unwrap();
+//! assert_eq!((info.dst, info.vlan, info.ethertype), (MacAddr::BROADCAST, None, EtherType::Ipv4));
+//! // An all-zero IPv4 header has version 0.
+//! let ip = ipv4::Packet::new_checked(&bytes[info.l3_offset..]);
+//! assert_eq!(ip, Err(Error::Malformed));
+//! # Ok::<(), Error>(())
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
