@@ -17,7 +17,8 @@
 //!   `check_len`.
 //! * After a successful `check_len`, no getter, setter or payload accessor panics, whatever
 //!   the bytes are, until a setter changes a length field (`set_total_len`, `set_len`,
-//!   `set_payload_len`): check again after that. The free functions ([`l2::classify`], [`flow::extract`],
+//!   `set_payload_len`): check again after that.
+//! * The free functions ([`l2::classify`], [`flow::extract`],
 //!   [`virtio_net_hdr::VirtioNetHdr::parse`], [`checksum::complete_partial`], ...) check their
 //!   input themselves and never panic on any input.
 //! * Nothing here allocates, performs I/O or uses `unsafe`.
