@@ -34,6 +34,8 @@ use crate::cpulist::{CpuList, CpuListError};
 pub const DEFAULT_CONTROL: &str = "/run/qswitch/control.sock";
 /// Most queues a port may have (the kernel's TAP limit).
 pub const MAX_QUEUES: u16 = 256;
+/// Most queue pairs a vhost-user port offers.
+pub const MAX_VHOST_PAIRS: u16 = 16;
 /// Longest Linux interface name.
 pub const MAX_IFNAME: usize = 15;
 /// Smallest frame a gen port builds: Ethernet + IPv4 + UDP + the 16-byte sequence trailer.
@@ -94,6 +96,31 @@ pub enum PortType {
     Tap,
     /// An internal frame generator and sink, for tests and benchmarks.
     Gen,
+    /// A vhost-user socket: QEMU/KVM guests, Cloud Hypervisor, DPDK virtio-user.
+    VhostUser,
+}
+
+/// Who opens a vhost-user socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VhostMode {
+    /// qswitch listens; the frontend connects (QEMU `-chardev socket,...,reconnect=1`).
+    Server,
+    /// qswitch connects to the frontend's socket (QEMU `server=on`) and reconnects.
+    Client,
+}
+
+impl FromStr for VhostMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "server" => Ok(VhostMode::Server),
+            "client" => Ok(VhostMode::Client),
+            other => Err(format!(
+                "unknown mode '{other}' (expected server or client)"
+            )),
+        }
+    }
 }
 
 impl fmt::Display for PortType {
@@ -101,6 +128,7 @@ impl fmt::Display for PortType {
         f.write_str(match self {
             PortType::Tap => "tap",
             PortType::Gen => "gen",
+            PortType::VhostUser => "vhost-user",
         })
     }
 }
@@ -111,7 +139,10 @@ impl FromStr for PortType {
         match s {
             "tap" => Ok(PortType::Tap),
             "gen" => Ok(PortType::Gen),
-            other => Err(format!("unknown port type '{other}' (expected tap or gen)")),
+            "vhost-user" => Ok(PortType::VhostUser),
+            other => Err(format!(
+                "unknown port type '{other}' (expected tap, gen or vhost-user)"
+            )),
         }
     }
 }
@@ -127,7 +158,14 @@ pub struct PortConfig {
     /// TAP: interface name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ifname: Option<String>,
-    /// Number of queues (TAP: IFF_MULTI_QUEUE queues; gen: generator/sink queues).
+    /// vhost-user: the socket path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    /// vhost-user: who opens the socket (default: server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<VhostMode>,
+    /// Number of queues (TAP: IFF_MULTI_QUEUE queues; gen: generator/sink queues;
+    /// vhost-user: queue pairs offered, 1..=16).
     #[serde(default = "default_queues")]
     pub queues: u16,
     /// Access VLAN (1..=4094); untagged when absent.
@@ -195,17 +233,31 @@ pub enum ConfigError {
     Port { name: String, message: String },
     #[error("duplicate port name '{0}'")]
     DuplicateName(String),
+    #[error("duplicate socket '{socket}' (ports '{first}' and '{second}')")]
+    DuplicateSocket {
+        socket: String,
+        first: String,
+        second: String,
+    },
     #[error("duplicate ifname '{ifname}' (ports '{first}' and '{second}')")]
-    DuplicateIfname { ifname: String, first: String, second: String },
+    DuplicateIfname {
+        ifname: String,
+        first: String,
+        second: String,
+    },
 }
 
 impl Config {
     /// Parses TOML text. Unknown keys and wrong types are errors naming the line.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|s| text.as_bytes()[..s.start.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1);
+            let line = e.span().map(|s| {
+                text.as_bytes()[..s.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
+            });
             ConfigError::Syntax {
                 line: line.unwrap_or(1),
                 message: e.message().replace('\n', " ").trim().to_string(),
@@ -236,7 +288,9 @@ impl Config {
             return Err(ConfigError::FdbAging);
         }
         if !self.switch.control.is_absolute() {
-            return Err(ConfigError::Control(self.switch.control.display().to_string()));
+            return Err(ConfigError::Control(
+                self.switch.control.display().to_string(),
+            ));
         }
         let mut names = HashSet::new();
         for p in &self.ports {
@@ -275,6 +329,19 @@ pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
             seen.push((ifname, &p.name));
         }
     }
+    let mut sockets: Vec<(&std::path::Path, &str)> = Vec::new();
+    for p in ports {
+        if let Some(s) = p.socket.as_deref() {
+            if let Some((_, first)) = sockets.iter().find(|(x, _)| *x == s) {
+                return Err(ConfigError::DuplicateSocket {
+                    socket: s.display().to_string(),
+                    first: first.to_string(),
+                    second: p.name.clone(),
+                });
+            }
+            sockets.push((s, &p.name));
+        }
+    }
     Ok(())
 }
 
@@ -289,6 +356,23 @@ impl PortConfig {
             vlan: None,
             mac: None,
             generate: None,
+            socket: None,
+            mode: None,
+        }
+    }
+
+    /// A vhost-user port with defaults.
+    pub fn vhost_user(name: &str, socket: &std::path::Path, mode: VhostMode) -> PortConfig {
+        PortConfig {
+            name: name.to_string(),
+            kind: PortType::VhostUser,
+            ifname: None,
+            queues: 1,
+            vlan: None,
+            mac: None,
+            generate: None,
+            socket: Some(socket.to_path_buf()),
+            mode: Some(mode),
         }
     }
 
@@ -302,15 +386,23 @@ impl PortConfig {
             vlan: None,
             mac: None,
             generate: None,
+            socket: None,
+            mode: None,
         }
     }
 
     /// Validates one port on its own (used for the config file and for live `port add`).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |message: String| ConfigError::Port { name: self.name.clone(), message };
+        let err = |message: String| ConfigError::Port {
+            name: self.name.clone(),
+            message,
+        };
         if self.name.is_empty()
             || self.name.len() > 32
-            || !self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            || !self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         {
             return Err(ConfigError::Port {
                 name: self.name.clone(),
@@ -318,7 +410,10 @@ impl PortConfig {
             });
         }
         if self.queues == 0 || self.queues > MAX_QUEUES {
-            return Err(err(format!("queues = {} is out of range 1..={MAX_QUEUES}", self.queues)));
+            return Err(err(format!(
+                "queues = {} is out of range 1..={MAX_QUEUES}",
+                self.queues
+            )));
         }
         if let Some(v) = self.vlan {
             if !(1..=4094).contains(&v) {
@@ -327,10 +422,15 @@ impl PortConfig {
         }
         match self.kind {
             PortType::Tap => {
-                let ifname = self.ifname.as_deref().ok_or_else(|| err("type tap needs ifname".into()))?;
+                let ifname = self
+                    .ifname
+                    .as_deref()
+                    .ok_or_else(|| err("type tap needs ifname".into()))?;
                 if ifname.is_empty()
                     || ifname.len() > MAX_IFNAME
-                    || ifname.bytes().any(|b| b == b'/' || b.is_ascii_whitespace() || b == b':')
+                    || ifname
+                        .bytes()
+                        .any(|b| b == b'/' || b.is_ascii_whitespace() || b == b':')
                     || ifname == "."
                     || ifname == ".."
                 {
@@ -344,11 +444,39 @@ impl PortConfig {
                 if self.generate.is_some() {
                     return Err(err("key 'generate' does not apply to type tap".into()));
                 }
+                self.refuse_vhost_keys()?;
+            }
+            PortType::VhostUser => {
+                let socket = self
+                    .socket
+                    .as_ref()
+                    .ok_or_else(|| err("type vhost-user needs socket".into()))?;
+                if socket.as_os_str().is_empty() || socket.as_os_str().len() > 107 {
+                    return Err(err("socket path must be 1..=107 bytes".into()));
+                }
+                if self.queues > MAX_VHOST_PAIRS {
+                    return Err(err(format!(
+                        "queues = {} is out of range 1..={MAX_VHOST_PAIRS} for vhost-user",
+                        self.queues
+                    )));
+                }
+                for (key, set) in [
+                    ("ifname", self.ifname.is_some()),
+                    ("mac", self.mac.is_some()),
+                    ("generate", self.generate.is_some()),
+                ] {
+                    if set {
+                        return Err(err(format!(
+                            "key '{key}' does not apply to type vhost-user"
+                        )));
+                    }
+                }
             }
             PortType::Gen => {
                 if self.ifname.is_some() {
                     return Err(err("key 'ifname' does not apply to type gen".into()));
                 }
+                self.refuse_vhost_keys()?;
                 if let Some(mac) = &self.mac {
                     parse_unicast_mac(mac).map_err(|m| err(format!("mac: {m}")))?;
                 }
@@ -370,12 +498,31 @@ impl PortConfig {
     }
 }
 
+impl PortConfig {
+    fn refuse_vhost_keys(&self) -> Result<(), ConfigError> {
+        for (key, set) in [
+            ("socket", self.socket.is_some()),
+            ("mode", self.mode.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::Port {
+                    name: self.name.clone(),
+                    message: format!("key '{key}' does not apply to type {}", self.kind),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Parses `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let mut out = [0u8; 6];
     let mut parts = s.split(':');
     for b in out.iter_mut() {
-        let p = parts.next().ok_or_else(|| format!("'{s}' is not a MAC address"))?;
+        let p = parts
+            .next()
+            .ok_or_else(|| format!("'{s}' is not a MAC address"))?;
         if p.len() != 2 {
             return Err(format!("'{s}' is not a MAC address"));
         }
@@ -442,7 +589,13 @@ vlan = 10
         let e = check("[switch]\nworkers = \"1-0\"\n").unwrap_err();
         assert!(matches!(e, ConfigError::Workers { .. }), "{e}");
         let e = check("[switch]\nworkers = \"0-3\"\n").unwrap_err();
-        assert_eq!(e, ConfigError::CpuNotPresent { cpu: 2, online: "0-1".into() });
+        assert_eq!(
+            e,
+            ConfigError::CpuNotPresent {
+                cpu: 2,
+                online: "0-1".into()
+            }
+        );
         assert!(e.to_string().contains("CPU 2 is not present"));
     }
 
@@ -463,8 +616,10 @@ vlan = 10
     #[test]
     fn queue_and_vlan_ranges() {
         for q in [0, 257] {
-            let e = check(&format!("[[port]]\nname='a'\ntype='tap'\nifname='x'\nqueues={q}\n"))
-                .unwrap_err();
+            let e = check(&format!(
+                "[[port]]\nname='a'\ntype='tap'\nifname='x'\nqueues={q}\n"
+            ))
+            .unwrap_err();
             assert!(e.to_string().contains("queues"), "{e}");
         }
         let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\nvlan=4095\n").unwrap_err();
@@ -481,8 +636,8 @@ vlan = 10
         assert!(e.to_string().contains("does not apply"), "{e}");
         let e = check("[[port]]\nname='a'\ntype='vxlan'\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
-        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='this-name-is-too-long'\n")
-            .unwrap_err();
+        let e =
+            check("[[port]]\nname='a'\ntype='tap'\nifname='this-name-is-too-long'\n").unwrap_err();
         assert!(e.to_string().contains("not a valid interface name"), "{e}");
         let e =
             check("[[port]]\nname='g'\ntype='gen'\ngenerate={dst='ff:ff:ff:ff:ff:ff', size=20}\n")
@@ -505,7 +660,10 @@ vlan = 10
 
     #[test]
     fn mac_parsing() {
-        assert_eq!(parse_mac("02:00:00:00:00:ff").unwrap(), [2, 0, 0, 0, 0, 0xff]);
+        assert_eq!(
+            parse_mac("02:00:00:00:00:ff").unwrap(),
+            [2, 0, 0, 0, 0, 0xff]
+        );
         assert!(parse_mac("02:00:00:00:00").is_err());
         assert!(parse_mac("02:00:00:00:00:00:00").is_err());
         assert!(parse_mac("2:00:00:00:00:00").is_err());

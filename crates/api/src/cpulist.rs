@@ -46,7 +46,9 @@ fn number(s: &str, item: &str) -> Result<usize, CpuListError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(CpuListError::Syntax(item.to_string()));
     }
-    let n: usize = s.parse().map_err(|_| CpuListError::Syntax(item.to_string()))?;
+    let n: usize = s
+        .parse()
+        .map_err(|_| CpuListError::Syntax(item.to_string()))?;
     if n > MAX_CPU {
         return Err(CpuListError::TooLarge(n));
     }
@@ -141,7 +143,10 @@ mod tests {
         assert!(matches!(parse("-1"), Err(CpuListError::Syntax(_))));
         assert!(matches!(parse("3:2"), Err(CpuListError::Syntax(_))));
         assert_eq!(parse("3-1"), Err(CpuListError::Reversed("3-1".into())));
-        assert_eq!(parse("0-3:0"), Err(CpuListError::ZeroStride("0-3:0".into())));
+        assert_eq!(
+            parse("0-3:0"),
+            Err(CpuListError::ZeroStride("0-3:0".into()))
+        );
         assert_eq!(parse("99999"), Err(CpuListError::TooLarge(99999)));
     }
 

@@ -31,10 +31,19 @@ pub enum Request {
 pub enum Response {
     Ok,
     /// The request failed and changed nothing.
-    Error { message: String },
-    Pong { version: String, pid: u32 },
-    Ports { ports: Vec<PortInfo> },
-    Fdb { entries: Vec<FdbEntry> },
+    Error {
+        message: String,
+    },
+    Pong {
+        version: String,
+        pid: u32,
+    },
+    Ports {
+        ports: Vec<PortInfo>,
+    },
+    Fdb {
+        entries: Vec<FdbEntry>,
+    },
     Stats(Box<StatsReport>),
 }
 
@@ -52,8 +61,20 @@ pub struct PortInfo {
     pub mac: Option<String>,
     /// For TAP ports: whether qswitch created the interface (and so removes it on exit).
     pub created: bool,
-    /// Offloads in effect, e.g. `["csum", "tso4", "tso6"]`.
+    /// Offloads in effect, e.g. `["csum", "tso4", "tso6"]`; for vhost-user ports the
+    /// negotiated virtio features.
     pub offloads: Vec<String>,
+    /// vhost-user: the socket and who opens it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// vhost-user: whether a frontend is connected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected: Option<bool>,
+    /// vhost-user: queue pairs whose receive queue the guest has enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled_queues: Option<Vec<u16>>,
     /// One entry per queue: which worker polls it.
     pub queues: Vec<QueueInfo>,
 }
@@ -196,7 +217,9 @@ mod tests {
             Request::Ping,
             Request::PortList,
             Request::PortDel { name: "a".into() },
-            Request::PortAdd { port: PortConfig::tap("a", "qs-a") },
+            Request::PortAdd {
+                port: PortConfig::tap("a", "qs-a"),
+            },
             Request::Fdb,
             Request::Stats,
         ] {
@@ -208,12 +231,18 @@ mod tests {
 
     #[test]
     fn wire_form_is_stable() {
-        assert_eq!(serde_json::to_string(&Request::Ping).unwrap(), r#"{"request":"ping"}"#);
+        assert_eq!(
+            serde_json::to_string(&Request::Ping).unwrap(),
+            r#"{"request":"ping"}"#
+        );
         let r: Request = serde_json::from_str(r#"{"request":"port-del","name":"x"}"#).unwrap();
         assert_eq!(r, Request::PortDel { name: "x".into() });
         assert!(serde_json::from_str::<Request>(r#"{"request":"port-del","nme":"x"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"request":"reboot"}"#).is_err());
-        let s = serde_json::to_string(&Response::Error { message: "no".into() }).unwrap();
+        let s = serde_json::to_string(&Response::Error {
+            message: "no".into(),
+        })
+        .unwrap();
         assert_eq!(s, r#"{"response":"error","message":"no"}"#);
     }
 }

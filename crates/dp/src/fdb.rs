@@ -55,7 +55,11 @@ pub struct Fdb {
 impl Fdb {
     /// A table whose entries expire `aging_ns` after they were last seen.
     pub fn new(aging_ns: u64) -> Fdb {
-        Fdb { map: RwLock::new(HashMap::new()), aging_ns, generation: AtomicU64::new(0) }
+        Fdb {
+            map: RwLock::new(HashMap::new()),
+            aging_ns,
+            generation: AtomicU64::new(0),
+        }
     }
 
     /// The current generation (see the field).
@@ -81,7 +85,13 @@ impl Fdb {
         if map.len() >= MAX_ENTRIES && !map.contains_key(&(mac, vlan)) {
             return;
         }
-        map.insert((mac, vlan), Entry { port: AtomicU16::new(port.0), seen: AtomicU64::new(now) });
+        map.insert(
+            (mac, vlan),
+            Entry {
+                port: AtomicU16::new(port.0),
+                seen: AtomicU64::new(now),
+            },
+        );
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -181,7 +191,11 @@ mod tests {
         f.learn(B, 0, PortId(2), 0);
         f.learn(B, 0, PortId(2), 8 * SEC); // refreshed
         assert_eq!(f.lookup(A, 0, 10 * SEC), Some(PortId(1)));
-        assert_eq!(f.lookup(A, 0, 10 * SEC + 1), None, "expired entries are not used");
+        assert_eq!(
+            f.lookup(A, 0, 10 * SEC + 1),
+            None,
+            "expired entries are not used"
+        );
         assert_eq!(f.entries(11 * SEC).len(), 1);
         assert_eq!(f.sweep(11 * SEC), 1);
         assert_eq!(f.len(), 1);

@@ -34,7 +34,11 @@ pub struct Pkt {
 impl Pkt {
     /// An empty packet with a full-size buffer.
     pub fn new() -> Pkt {
-        Pkt { buf: vec![0u8; BUF_SIZE].into_boxed_slice(), len: 0, hdr: VirtioNetHdr::default() }
+        Pkt {
+            buf: vec![0u8; BUF_SIZE].into_boxed_slice(),
+            len: 0,
+            hdr: VirtioNetHdr::default(),
+        }
     }
 
     /// The frame.
@@ -99,7 +103,9 @@ pub struct Burst {
 
 impl Burst {
     pub fn new() -> Burst {
-        Burst { pkts: (0..BURST).map(|_| Pkt::new()).collect() }
+        Burst {
+            pkts: (0..BURST).map(|_| Pkt::new()).collect(),
+        }
     }
 }
 

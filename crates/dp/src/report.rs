@@ -32,7 +32,12 @@ pub fn rates(prev: &StatsReport, cur: &StatsReport) -> Rates {
         .workers
         .iter()
         .map(|w| {
-            let old = prev.workers.iter().find(|o| o.id == w.id).cloned().unwrap_or_default();
+            let old = prev
+                .workers
+                .iter()
+                .find(|o| o.id == w.id)
+                .cloned()
+                .unwrap_or_default();
             let ctx = (w.voluntary_ctx_switches + w.involuntary_ctx_switches)
                 .saturating_sub(old.voluntary_ctx_switches + old.involuntary_ctx_switches);
             WorkerRate {
@@ -62,11 +67,24 @@ mod tests {
         let mk = |t, pkts, bytes, busy, ctx| StatsReport {
             uptime_ms: t,
             process_cpu_ns: busy,
-            ports: vec![PortStats { name: "a".into(), rx_packets: pkts, rx_bytes: bytes, ..Default::default() }],
-            workers: vec![WorkerStats { id: 0, busy_ns: busy, voluntary_ctx_switches: ctx, ..Default::default() }],
+            ports: vec![PortStats {
+                name: "a".into(),
+                rx_packets: pkts,
+                rx_bytes: bytes,
+                ..Default::default()
+            }],
+            workers: vec![WorkerStats {
+                id: 0,
+                busy_ns: busy,
+                voluntary_ctx_switches: ctx,
+                ..Default::default()
+            }],
             rates: None,
         };
-        let r = rates(&mk(1000, 10, 1000, 0, 5), &mk(2000, 110, 126_000, 250_000_000, 15));
+        let r = rates(
+            &mk(1000, 10, 1000, 0, 5),
+            &mk(2000, 110, 126_000, 250_000_000, 15),
+        );
         assert_eq!(r.interval_ms, 1000);
         assert_eq!(r.ports[0].rx_pps, 100.0);
         assert_eq!(r.ports[0].rx_bps, 1_000_000.0);

@@ -24,7 +24,10 @@ impl Counter {
     /// Adds `n`. Only the counter's one writer may call this.
     #[inline]
     pub fn add(&self, n: u64) {
-        self.0.store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
     }
 
     /// Current value.
@@ -79,6 +82,12 @@ drop_reasons! {
     TxFull => "tx_full",
     /// Writing to the destination failed.
     TxError => "tx_error",
+    /// A guest's descriptor chain was malformed (out of memory, looping, too long, ...).
+    BadDescriptor => "bad_descriptor",
+    /// The destination has no usable queue (not connected, or no queue enabled).
+    NoQueue => "no_queue",
+    /// A TSO frame the destination cannot take could not be segmented.
+    Offload => "offload",
 }
 
 /// Per-reason drop counters.
@@ -180,7 +189,10 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), DropReason::COUNT);
         assert!(DropReason::ALL.iter().all(|r| !r.description().is_empty()));
-        assert_eq!(DropReason::Runt.description(), "Shorter than an Ethernet header, or a truncated 802.1Q tag.");
+        assert_eq!(
+            DropReason::Runt.description(),
+            "Shorter than an Ethernet header, or a truncated 802.1Q tag."
+        );
     }
 
     #[test]

@@ -18,13 +18,14 @@ use parking_lot::Mutex;
 use qswitch_api::request::{
     FdbEntry, PortInfo, PortStats, QueueInfo, QueueStats, StatsReport, WorkerStats,
 };
-use qswitch_api::{PortConfig, PortType};
+use qswitch_api::{PortConfig, PortType, VhostMode};
 use qswitch_sys::eventfd::EventFd;
 
 use crate::fdb::Fdb;
 use crate::ids::PortId;
 use crate::port::gen::GenPort;
 use crate::port::tap::{TapError, TapPort};
+use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
 use crate::port::{Device, Port};
 use crate::stats::{DropCounters, DropReason, PortCounters, WorkerCounters};
 use crate::worker;
@@ -41,12 +42,16 @@ pub enum SwitchError {
     NoSuchPort(String),
     #[error("ifname '{ifname}' is already used by port '{port}'")]
     IfnameInUse { ifname: String, port: String },
+    #[error("socket '{socket}' is already used by port '{port}'")]
+    SocketInUse { socket: String, port: String },
     #[error("the switch is full ({MAX_PORTS} ports)")]
     Full,
     #[error(transparent)]
     Config(#[from] qswitch_api::ConfigError),
     #[error(transparent)]
     Tap(#[from] TapError),
+    #[error(transparent)]
+    VhostUser(#[from] VhostUserError),
     #[error("cannot start worker {worker} on CPU {cpu}")]
     Worker {
         worker: usize,
@@ -133,7 +138,11 @@ impl Switch {
         });
         let mut workers = Vec::new();
         for (id, &cpu) in cpus.iter().enumerate() {
-            let wake = EventFd::new().map_err(|source| SwitchError::Worker { worker: id, cpu, source })?;
+            let wake = EventFd::new().map_err(|source| SwitchError::Worker {
+                worker: id,
+                cpu,
+                source,
+            })?;
             workers.push(Arc::new(WorkerShared {
                 id,
                 cpu,
@@ -147,12 +156,17 @@ impl Switch {
             shared: shared.clone(),
             workers: workers.clone(),
             threads: Mutex::new(Vec::new()),
-            control: Mutex::new(Control { assign: vec![Vec::new(); workers.len()] }),
+            control: Mutex::new(Control {
+                assign: vec![Vec::new(); workers.len()],
+            }),
         };
         for w in workers {
             let (id, cpu) = (w.id, w.cpu);
-            let t = worker::spawn(shared.clone(), w)
-                .map_err(|source| SwitchError::Worker { worker: id, cpu, source })?;
+            let t = worker::spawn(shared.clone(), w).map_err(|source| SwitchError::Worker {
+                worker: id,
+                cpu,
+                source,
+            })?;
             sw.threads.lock().push(t);
         }
         Ok(sw)
@@ -189,8 +203,21 @@ impl Switch {
                     port: p.config.name.clone(),
                 });
             }
+            if config.socket.is_some() && p.config.socket == config.socket {
+                return Err(SwitchError::SocketInUse {
+                    socket: config
+                        .socket
+                        .as_ref()
+                        .map(|s| s.display().to_string())
+                        .unwrap_or_default(),
+                    port: p.config.name.clone(),
+                });
+            }
         }
-        let slot = table.iter().position(Option::is_none).unwrap_or(table.len());
+        let slot = table
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(table.len());
         if slot >= MAX_PORTS {
             return Err(SwitchError::Full);
         }
@@ -212,11 +239,21 @@ impl Switch {
         if table.iter().flatten().any(|p| p.config.name == name) {
             return Err(SwitchError::PortExists(name.to_string()));
         }
-        let slot = table.iter().position(Option::is_none).unwrap_or(table.len());
+        let slot = table
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(table.len());
         let port = Arc::new(crate::port::inject::InjectPort::new());
         let mut config = PortConfig::gen(name);
         config.vlan = vlan;
-        self.install(&mut ctl, table, slot, PortId(slot as u16), &config, Device::Inject(port.clone()));
+        self.install(
+            &mut ctl,
+            table,
+            slot,
+            PortId(slot as u16),
+            &config,
+            Device::Inject(port.clone()),
+        );
         Ok(port)
     }
 
@@ -225,6 +262,19 @@ impl Switch {
             PortType::Tap => {
                 let ifname = config.ifname.as_deref().unwrap_or_default();
                 Device::Tap(TapPort::open(ifname, config.queues)?)
+            }
+            PortType::VhostUser => {
+                let mode = match config.mode.unwrap_or(VhostMode::Server) {
+                    VhostMode::Server => Mode::Server,
+                    VhostMode::Client => Mode::Client,
+                };
+                let socket = config.socket.as_deref().unwrap_or(std::path::Path::new(""));
+                Device::VhostUser(VhostUserPort::new(
+                    &config.name,
+                    socket,
+                    mode,
+                    config.queues,
+                )?)
             }
             PortType::Gen => Device::Gen(GenPort::new(
                 id,
@@ -271,7 +321,12 @@ impl Switch {
     pub fn del_port(&self, name: &str) -> Result<(), SwitchError> {
         let mut ctl = self.control.lock();
         let table = self.shared.ports.load_full();
-        let Some(entry) = table.iter().flatten().find(|p| p.config.name == name).cloned() else {
+        let Some(entry) = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .cloned()
+        else {
             return Err(SwitchError::NoSuchPort(name.to_string()));
         };
         let mut new_table = (*table).clone();
@@ -316,7 +371,10 @@ impl Switch {
                 || w.seen_epoch.load(Ordering::Acquire) == u64::MAX
             {
                 if Instant::now() > deadline || self.stopping() {
-                    tracing::warn!(worker = w.id, "worker did not pick up a port change within 2 s");
+                    tracing::warn!(
+                        worker = w.id,
+                        "worker did not pick up a port change within 2 s"
+                    );
                     break;
                 }
                 std::thread::sleep(Duration::from_micros(200));
@@ -349,19 +407,24 @@ impl Switch {
                     .iter()
                     .enumerate()
                     .flat_map(|(w, a)| {
-                        a.iter().filter(|(id, _)| *id == p.id).map(move |(_, q)| QueueInfo {
-                            queue: *q,
-                            worker: w,
-                            cpu: self.workers[w].cpu,
-                        })
+                        a.iter()
+                            .filter(|(id, _)| *id == p.id)
+                            .map(move |(_, q)| QueueInfo {
+                                queue: *q,
+                                worker: w,
+                                cpu: self.workers[w].cpu,
+                            })
                     })
                     .collect();
                 queues.sort_by_key(|q| q.queue);
                 let (created, mac) = match &p.dev {
                     Device::Tap(t) => (t.created(), None),
                     Device::Gen(g) => (false, Some(g.mac().to_string())),
-                    #[cfg(any(test, feature = "test-utils"))]
-                    Device::Inject(_) => (false, None),
+                    _ => (false, None),
+                };
+                let vhost = match &p.dev {
+                    Device::VhostUser(v) => Some(v),
+                    _ => None,
                 };
                 PortInfo {
                     name: p.config.name.clone(),
@@ -371,6 +434,13 @@ impl Switch {
                     mac,
                     created,
                     offloads: p.dev.offloads().into_iter().map(String::from).collect(),
+                    socket: p.config.socket.as_ref().map(|s| s.display().to_string()),
+                    mode: vhost.map(|_| match p.config.mode.unwrap_or(VhostMode::Server) {
+                        VhostMode::Server => "server".to_string(),
+                        VhostMode::Client => "client".to_string(),
+                    }),
+                    connected: vhost.map(|v| v.connected()),
+                    enabled_queues: vhost.map(|v| v.enabled_pairs()),
                     queues,
                 }
             })
@@ -425,7 +495,10 @@ impl Switch {
                         .iter()
                         .filter(|(_, &o)| o == w.id)
                         .filter_map(|((p, q), _)| {
-                            table.get(usize::from(p.0))?.as_ref().map(|e| format!("{}/{q}", e.config.name))
+                            table
+                                .get(usize::from(p.0))?
+                                .as_ref()
+                                .map(|e| format!("{}/{q}", e.config.name))
                         })
                         .collect(),
                     busy_polls: c.busy_polls.get(),
@@ -436,7 +509,11 @@ impl Switch {
                     wakeups: c.wakeups.get(),
                     voluntary_ctx_switches: vol,
                     involuntary_ctx_switches: invol,
-                    cpu_ns: if tid > 0 { qswitch_sys::thread::thread_cpu_ns(tid).unwrap_or(0) } else { 0 },
+                    cpu_ns: if tid > 0 {
+                        qswitch_sys::thread::thread_cpu_ns(tid).unwrap_or(0)
+                    } else {
+                        0
+                    },
                 }
             })
             .collect();
@@ -469,7 +546,9 @@ impl Drop for Switch {
     }
 }
 
-fn drop_map(counters: impl Iterator<Item = impl std::ops::Deref<Target = DropCounters>>) -> BTreeMap<String, u64> {
+fn drop_map(
+    counters: impl Iterator<Item = impl std::ops::Deref<Target = DropCounters>>,
+) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for c in counters {
         for &r in DropReason::ALL {
@@ -484,17 +563,16 @@ fn drop_map(counters: impl Iterator<Item = impl std::ops::Deref<Target = DropCou
 
 fn port_stats(p: &PortEntry) -> PortStats {
     let c = &p.counters;
-    let queues: Vec<QueueStats> = c
-        .rx
-        .iter()
-        .enumerate()
-        .map(|(q, qc)| QueueStats {
-            queue: q as u16,
-            rx_packets: qc.rx_packets.get(),
-            rx_bytes: qc.rx_bytes.get(),
-            drops: drop_map(std::iter::once(&qc.drops)),
-        })
-        .collect();
+    let queues: Vec<QueueStats> =
+        c.rx.iter()
+            .enumerate()
+            .map(|(q, qc)| QueueStats {
+                queue: q as u16,
+                rx_packets: qc.rx_packets.get(),
+                rx_bytes: qc.rx_bytes.get(),
+                drops: drop_map(std::iter::once(&qc.drops)),
+            })
+            .collect();
     let (sink, generated) = match &p.dev {
         Device::Gen(g) => (Some(g.sink_stats()), Some(g.generated())),
         _ => (None, None),
@@ -505,7 +583,11 @@ fn port_stats(p: &PortEntry) -> PortStats {
         rx_bytes: queues.iter().map(|q| q.rx_bytes).sum(),
         tx_packets: c.tx.iter().map(|t| t.tx_packets.get()).sum(),
         tx_bytes: c.tx.iter().map(|t| t.tx_bytes.get()).sum(),
-        drops: drop_map(c.rx.iter().map(|q| &q.drops).chain(c.tx.iter().map(|t| &t.drops))),
+        drops: drop_map(
+            c.rx.iter()
+                .map(|q| &q.drops)
+                .chain(c.tx.iter().map(|t| &t.drops)),
+        ),
         queues,
         sink,
         generated,

@@ -96,13 +96,17 @@ impl Worker {
     pub(crate) fn run(mut self) {
         let me = self.me.clone();
         let c = &me.counters;
-        c.tid.store(qswitch_sys::thread::gettid(), Ordering::Relaxed);
+        c.tid
+            .store(qswitch_sys::thread::gettid(), Ordering::Relaxed);
         let mut view: Option<View> = None;
         let mut epoch = u64::MAX;
         let mut events = [Event::EMPTY; 16];
         let mut last = self.shared.now();
         let mut last_busy = last;
-        let spin: u64 = std::env::var("QS_SPIN").ok().and_then(|v| v.parse().ok()).unwrap_or(SPIN_NS);
+        let spin: u64 = std::env::var("QS_SPIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SPIN_NS);
         while !self.shared.stopping() {
             let e = self.shared.epoch();
             if e != epoch {
@@ -128,7 +132,9 @@ impl Worker {
             if now - last_busy < spin {
                 continue;
             }
-            let Some(timeout) = sleep_timeout(v, now) else { continue };
+            let Some(timeout) = sleep_timeout(v, now) else {
+                continue;
+            };
             self.forget_dead(v);
             c.sleeps.add(1);
             if let Ok(n) = self.epoll.wait(&mut events, timeout) {
@@ -167,9 +173,15 @@ impl Worker {
                 None => floods.push((p.vlan, vec![p.id])),
             }
         }
-        self.out.resize_with(table.len(), || Vec::with_capacity(BURST));
+        self.out
+            .resize_with(table.len(), || Vec::with_capacity(BURST));
         self.cache = FdbCache::default();
-        View { table, queues, floods, registered }
+        View {
+            table,
+            queues,
+            floods,
+            registered,
+        }
     }
 
     /// Stops polling fds of queues that failed for good, so a deleted device cannot keep the
@@ -189,7 +201,9 @@ impl Worker {
     /// One rx burst from `queue` of `entry`, switched to completion. Returns frames received.
     fn poll(&mut self, v: &View, entry: &PortEntry, queue: u16, now: u64) -> usize {
         let mut drops = DropTally::default();
-        let n = entry.dev.rx_burst(queue, &mut self.burst.pkts, now, &mut drops);
+        let n = entry
+            .dev
+            .rx_burst(queue, &mut self.burst.pkts, now, &mut drops);
         let qc = &entry.counters.rx[usize::from(queue)];
         if n == 0 {
             drops.flush(&qc.drops);
@@ -221,7 +235,11 @@ impl Worker {
                 continue;
             }
             self.learn(l2.src, vlan, ingress, now);
-            let dst = if l2.dst.is_multicast() { None } else { self.lookup(l2.dst, vlan, now) };
+            let dst = if l2.dst.is_multicast() {
+                None
+            } else {
+                self.lookup(l2.dst, vlan, now)
+            };
             match dst {
                 Some(p) if p == ingress => drops.count(DropReason::SamePort),
                 Some(p) if v.table.get(usize::from(p.0)).is_some_and(|e| e.is_some()) => {
@@ -292,9 +310,17 @@ impl Worker {
     }
 }
 
-/// How long to sleep (ms), or None when some queue is due now.
+/// How long to sleep (ms), or None when some queue is due now. Arms every queue's wake-up
+/// source first; a queue that got work meanwhile cancels the sleep.
 fn sleep_timeout(v: &View, now: u64) -> Option<i32> {
     let mut timeout = MAX_SLEEP_MS;
+    let mut ready = true;
+    for (entry, q) in v.queues.iter() {
+        ready &= entry.dev.rx_arm(*q);
+    }
+    if !ready {
+        return None;
+    }
     for (entry, q) in v.queues.iter() {
         if let Some(ns) = entry.dev.rx_due_in(*q, now) {
             if ns == 0 {
@@ -308,19 +334,24 @@ fn sleep_timeout(v: &View, now: u64) -> Option<i32> {
 
 /// Entry point of a worker thread: pins it, runs it, and reports a panic instead of
 /// unwinding silently.
-pub(crate) fn spawn(shared: Arc<Shared>, me: Arc<WorkerShared>) -> std::io::Result<std::thread::JoinHandle<()>> {
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    me: Arc<WorkerShared>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     let worker = Worker::new(shared.clone(), me.clone())?;
-    std::thread::Builder::new().name(format!("qs-worker-{}", me.id)).spawn(move || {
-        if let Err(e) = qswitch_sys::thread::pin_current_thread(me.cpu) {
-            tracing::warn!(worker = me.id, cpu = me.cpu, error = %e, "cannot pin worker");
-        }
-        tracing::debug!(worker = me.id, cpu = me.cpu, "worker started");
-        let run = std::panic::AssertUnwindSafe(|| worker.run());
-        if std::panic::catch_unwind(run).is_err() {
-            tracing::error!(worker = me.id, "worker panicked; the switch stops");
-            shared.request_stop();
-        }
-    })
+    std::thread::Builder::new()
+        .name(format!("qs-worker-{}", me.id))
+        .spawn(move || {
+            if let Err(e) = qswitch_sys::thread::pin_current_thread(me.cpu) {
+                tracing::warn!(worker = me.id, cpu = me.cpu, error = %e, "cannot pin worker");
+            }
+            tracing::debug!(worker = me.id, cpu = me.cpu, "worker started");
+            let run = std::panic::AssertUnwindSafe(|| worker.run());
+            if std::panic::catch_unwind(run).is_err() {
+                tracing::error!(worker = me.id, "worker panicked; the switch stops");
+                shared.request_stop();
+            }
+        })
 }
 
 /// Monotonic clock in nanoseconds since `base`.

@@ -32,7 +32,11 @@ fn gen_port(name: &str, mac: &str, gen: Option<GenConfig>, queues: u16) -> PortC
 }
 
 fn port_stats(sw: &Switch, name: &str) -> PortStats {
-    sw.stats().ports.into_iter().find(|p| p.name == name).unwrap()
+    sw.stats()
+        .ports
+        .into_iter()
+        .find(|p| p.name == name)
+        .unwrap()
 }
 
 /// Polls `cond` until true or 10 s pass.
@@ -67,14 +71,28 @@ fn every_generated_frame_arrives_in_order() {
     for workers in [1, 2] {
         let sw = switch(workers);
         let count = 200_000;
-        let g = GenConfig { dst: "02:00:00:00:00:02".into(), size: 64, rate: 0, flows: 8, count };
-        sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1)).unwrap();
-        sw.add_port(&gen_port("src", "02:00:00:00:00:01", Some(g), 2)).unwrap();
+        let g = GenConfig {
+            dst: "02:00:00:00:00:02".into(),
+            size: 64,
+            rate: 0,
+            flows: 8,
+            count,
+        };
+        sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1))
+            .unwrap();
+        sw.add_port(&gen_port("src", "02:00:00:00:00:01", Some(g), 2))
+            .unwrap();
         wait_until("all frames at the sink", || {
-            port_stats(&sw, "sink").sink.unwrap().received + port_stats(&sw, "sink").sink.unwrap().lost >= count
+            port_stats(&sw, "sink").sink.unwrap().received
+                + port_stats(&sw, "sink").sink.unwrap().lost
+                >= count
         });
         let s = port_stats(&sw, "sink").sink.unwrap();
-        assert_eq!((s.received, s.lost, s.reordered, s.foreign), (count, 0, 0, 0), "workers={workers}");
+        assert_eq!(
+            (s.received, s.lost, s.reordered, s.foreign),
+            (count, 0, 0, 0),
+            "workers={workers}"
+        );
         let src = port_stats(&sw, "src");
         assert_eq!(src.generated, Some(count));
         assert_eq!(src.rx_packets, count);
@@ -100,16 +118,27 @@ fn floods_unknown_then_learns() {
     inject_and_wait(&sw, &a, &[frame(MAC_B, MAC_A, 60)]);
     assert_eq!((b.take_captured().len(), c.take_captured().len()), (1, 1));
     inject_and_wait(&sw, &b, &[frame(MAC_A, MAC_B, 60)]);
-    assert_eq!((a.take_captured().len(), c.take_captured().len()), (1, 0), "A was learned");
+    assert_eq!(
+        (a.take_captured().len(), c.take_captured().len()),
+        (1, 0),
+        "A was learned"
+    );
     inject_and_wait(&sw, &a, &[frame(MAC_B, MAC_A, 60)]);
-    assert_eq!((b.take_captured().len(), c.take_captured().len()), (1, 0), "B was learned");
+    assert_eq!(
+        (b.take_captured().len(), c.take_captured().len()),
+        (1, 0),
+        "B was learned"
+    );
 
     // Multicast floods.
     inject_and_wait(&sw, &c, &[frame([0x01, 0, 0x5e, 0, 0, 1], MAC_C, 60)]);
     assert_eq!((a.take_captured().len(), b.take_captured().len()), (1, 1));
 
     let fdb = sw.fdb();
-    let macs: Vec<(&str, &str)> = fdb.iter().map(|e| (e.mac.as_str(), e.port.as_str())).collect();
+    let macs: Vec<(&str, &str)> = fdb
+        .iter()
+        .map(|e| (e.mac.as_str(), e.port.as_str()))
+        .collect();
     assert!(macs.contains(&("02:00:00:00:00:0a", "a")), "{macs:?}");
     assert!(macs.contains(&("02:00:00:00:00:0b", "b")), "{macs:?}");
     assert!(macs.contains(&("02:00:00:00:00:0c", "c")), "{macs:?}");
@@ -119,7 +148,11 @@ fn floods_unknown_then_learns() {
     a.take_captured();
     b.take_captured();
     inject_and_wait(&sw, &b, &[frame(MAC_A, MAC_B, 60)]);
-    assert_eq!((a.take_captured().len(), c.take_captured().len()), (0, 1), "A moved to C");
+    assert_eq!(
+        (a.take_captured().len(), c.take_captured().len()),
+        (0, 1),
+        "A moved to C"
+    );
     sw.shutdown();
 }
 
@@ -135,7 +168,11 @@ fn vlans_isolate() {
     assert!(c20.take_captured().is_empty() && d0.take_captured().is_empty());
     // Same MAC in another VLAN is a different station.
     inject_and_wait(&sw, &c20, &[frame(MAC_A, MAC_C, 60)]);
-    assert!(a10.take_captured().is_empty() && b10.take_captured().is_empty() && d0.take_captured().is_empty());
+    assert!(
+        a10.take_captured().is_empty()
+            && b10.take_captured().is_empty()
+            && d0.take_captured().is_empty()
+    );
     inject_and_wait(&sw, &d0, &[frame(MAC_A, MAC_B, 60)]);
     assert!(a10.take_captured().is_empty() && c20.take_captured().is_empty());
     sw.shutdown();
@@ -148,7 +185,11 @@ fn malformed_frames_are_counted_and_forwarding_goes_on() {
     let b = sw.add_inject_port("b", None).unwrap();
     let mut tagged = frame(BCAST, MAC_A, 64);
     tagged[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
-    let bad_hdr = VirtioNetHdr { gso_type: GSO_TCPV4, gso_size: 0, ..Default::default() };
+    let bad_hdr = VirtioNetHdr {
+        gso_type: GSO_TCPV4,
+        gso_size: 0,
+        ..Default::default()
+    };
     a.inject_with_hdr(bad_hdr, &frame(BCAST, MAC_A, 60));
     inject_and_wait(
         &sw,
@@ -183,7 +224,12 @@ fn offload_metadata_crosses_the_switch() {
     let a = sw.add_inject_port("a", None).unwrap();
     let b = sw.add_inject_port("b", None).unwrap();
     // A 3000-byte "TSO" frame is forwarded whole.
-    let hdr = VirtioNetHdr { gso_type: GSO_TCPV4, gso_size: 1448, hdr_len: 54, ..Default::default() };
+    let hdr = VirtioNetHdr {
+        gso_type: GSO_TCPV4,
+        gso_size: 1448,
+        hdr_len: 54,
+        ..Default::default()
+    };
     a.inject_with_hdr(hdr, &frame(BCAST, MAC_A, 3000));
     inject_and_wait(&sw, &a, &[]);
     let got = b.take_captured();
@@ -195,13 +241,22 @@ fn offload_metadata_crosses_the_switch() {
 #[test]
 fn ports_come_and_go_without_disturbing_traffic() {
     let sw = switch(2);
-    let g = GenConfig { dst: "02:00:00:00:00:02".into(), size: 64, rate: 200_000, flows: 4, count: 0 };
-    sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1)).unwrap();
-    sw.add_port(&gen_port("src", "02:00:00:00:00:01", Some(g), 1)).unwrap();
+    let g = GenConfig {
+        dst: "02:00:00:00:00:02".into(),
+        size: 64,
+        rate: 200_000,
+        flows: 4,
+        count: 0,
+    };
+    sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1))
+        .unwrap();
+    sw.add_port(&gen_port("src", "02:00:00:00:00:01", Some(g), 1))
+        .unwrap();
     // Let the sink's MAC be learned (it never sends, so frames flood until then; that's fine).
     for i in 0..20 {
         let name = format!("tmp{i}");
-        sw.add_port(&gen_port(&name, "02:00:00:00:01:00", None, 2)).unwrap();
+        sw.add_port(&gen_port(&name, "02:00:00:00:01:00", None, 2))
+            .unwrap();
         std::thread::sleep(Duration::from_millis(5));
         sw.del_port(&name).unwrap();
     }
@@ -209,6 +264,10 @@ fn ports_come_and_go_without_disturbing_traffic() {
     assert!(s.received > 0);
     assert_eq!((s.lost, s.reordered), (0, 0), "{s:?}");
     assert!(sw.del_port("nope").is_err());
-    assert!(sw.add_port(&gen_port("sink", "02:00:00:00:00:09", None, 1)).is_err(), "duplicate name");
+    assert!(
+        sw.add_port(&gen_port("sink", "02:00:00:00:00:09", None, 1))
+            .is_err(),
+        "duplicate name"
+    );
     sw.shutdown();
 }

@@ -31,6 +31,12 @@ pub enum PortCmd {
         /// Access VLAN (1-4094).
         #[arg(long)]
         vlan: Option<u16>,
+        /// vhost-user socket path.
+        #[arg(long)]
+        socket: Option<std::path::PathBuf>,
+        /// vhost-user: server (qswitch listens) or client (qswitch connects).
+        #[arg(long)]
+        mode: Option<qswitch_api::VhostMode>,
     },
     /// Remove a port from the running switch.
     Del { name: String },
@@ -46,10 +52,16 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&ports)?);
                 return Ok(());
             }
-            println!("{:<12} {:<5} {:<16} {:>5} {:<24} {}", "NAME", "TYPE", "IFNAME/MAC", "VLAN", "QUEUES (q:worker@cpu)", "OFFLOADS");
+            println!(
+                "{:<12} {:<5} {:<16} {:>5} {:<24} {}",
+                "NAME", "TYPE", "IFNAME/MAC", "VLAN", "QUEUES (q:worker@cpu)", "OFFLOADS"
+            );
             for p in ports {
-                let queues: Vec<String> =
-                    p.queues.iter().map(|q| format!("{}:{}@{}", q.queue, q.worker, q.cpu)).collect();
+                let queues: Vec<String> = p
+                    .queues
+                    .iter()
+                    .map(|q| format!("{}:{}@{}", q.queue, q.worker, q.cpu))
+                    .collect();
                 let id = p.ifname.or(p.mac).unwrap_or_default();
                 println!(
                     "{:<12} {:<5} {:<16} {:>5} {:<24} {}",
@@ -62,8 +74,26 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 );
             }
         }
-        PortCmd::Add { name, kind, ifname, queues, vlan } => {
-            let port = PortConfig { name, kind, ifname, queues, vlan, mac: None, generate: None };
+        PortCmd::Add {
+            name,
+            kind,
+            ifname,
+            queues,
+            vlan,
+            socket,
+            mode,
+        } => {
+            let port = PortConfig {
+                name,
+                kind,
+                ifname,
+                queues,
+                vlan,
+                mac: None,
+                generate: None,
+                socket,
+                mode,
+            };
             port.validate()?;
             call(control, &Request::PortAdd { port })?;
         }
@@ -84,7 +114,13 @@ pub fn fdb(control: &Path, json: bool) -> anyhow::Result<()> {
     }
     println!("{:<18} {:>5} {:<12} {:>8}", "MAC", "VLAN", "PORT", "AGE(s)");
     for e in entries {
-        println!("{:<18} {:>5} {:<12} {:>8.1}", e.mac, e.vlan, e.port, e.age_ms as f64 / 1000.0);
+        println!(
+            "{:<18} {:>5} {:<12} {:>8.1}",
+            e.mac,
+            e.vlan,
+            e.port,
+            e.age_ms as f64 / 1000.0
+        );
     }
     Ok(())
 }
@@ -126,8 +162,15 @@ pub fn stats(control: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
 }
 
 fn print_totals(s: &StatsReport) {
-    println!("uptime {:.1} s, process CPU {:.2} s", s.uptime_ms as f64 / 1000.0, s.process_cpu_ns as f64 / 1e9);
-    println!("{:<12} {:>12} {:>14} {:>12} {:>14}  DROPS", "PORT", "RX_PKTS", "RX_BYTES", "TX_PKTS", "TX_BYTES");
+    println!(
+        "uptime {:.1} s, process CPU {:.2} s",
+        s.uptime_ms as f64 / 1000.0,
+        s.process_cpu_ns as f64 / 1e9
+    );
+    println!(
+        "{:<12} {:>12} {:>14} {:>12} {:>14}  DROPS",
+        "PORT", "RX_PKTS", "RX_BYTES", "TX_PKTS", "TX_BYTES"
+    );
     for p in &s.ports {
         let drops: Vec<String> = p.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
@@ -151,7 +194,10 @@ fn print_totals(s: &StatsReport) {
             );
         }
     }
-    println!("{:<8} {:>4} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}  QUEUES", "WORKER", "CPU", "BUSY_POLLS", "IDLE_POLLS", "SLEEPS", "WAKEUPS", "VOL_CS", "INVOL_CS");
+    println!(
+        "{:<8} {:>4} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}  QUEUES",
+        "WORKER", "CPU", "BUSY_POLLS", "IDLE_POLLS", "SLEEPS", "WAKEUPS", "VOL_CS", "INVOL_CS"
+    );
     for w in &s.workers {
         println!(
             "{:<8} {:>4} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}  {}",
@@ -188,10 +234,17 @@ pub fn rate_header(s: &StatsReport) -> String {
 pub fn rate_line(s: &StatsReport, r: &Rates) -> String {
     let mut line = format!("{:>6.0} ", s.uptime_ms as f64 / 1000.0);
     for p in &r.ports {
-        line.push_str(&format!("| {:>7.2} {:>7.2}  ", p.rx_bps / 1e9, p.tx_bps / 1e9));
+        line.push_str(&format!(
+            "| {:>7.2} {:>7.2}  ",
+            p.rx_bps / 1e9,
+            p.tx_bps / 1e9
+        ));
     }
     for w in &r.workers {
-        line.push_str(&format!("| {:>8.1} {:>4.0} {:>5.0} ", w.busy_pct, w.cpu_pct, w.ctx_switches_ps));
+        line.push_str(&format!(
+            "| {:>8.1} {:>4.0} {:>5.0} ",
+            w.busy_pct, w.cpu_pct, w.ctx_switches_ps
+        ));
     }
     line
 }

@@ -24,9 +24,13 @@ pub fn call(control: &Path, req: &Request) -> anyhow::Result<Response> {
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut line = serde_json::to_vec(req)?;
     line.push(b'\n');
-    (&stream).write_all(&line).context("cannot send the request")?;
+    (&stream)
+        .write_all(&line)
+        .context("cannot send the request")?;
     let mut reply = String::new();
-    BufReader::new(&stream).read_line(&mut reply).context("no reply from the daemon")?;
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .context("no reply from the daemon")?;
     if reply.is_empty() {
         bail!("the daemon closed the connection without replying");
     }

@@ -45,7 +45,10 @@ impl Socket {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("cannot set permissions on {}", path.display()))?;
         listener.set_nonblocking(true)?;
-        Ok(Socket { listener, path: path.to_path_buf() })
+        Ok(Socket {
+            listener,
+            path: path.to_path_buf(),
+        })
     }
 }
 
@@ -86,7 +89,9 @@ fn handle(stream: UnixStream, daemon: &Daemon) -> std::io::Result<()> {
     BufReader::new((&stream).take(MAX_REQUEST)).read_line(&mut line)?;
     let response = match serde_json::from_str::<Request>(line.trim_end()) {
         Ok(req) => execute(req, daemon),
-        Err(e) => Response::Error { message: format!("bad request: {e}") },
+        Err(e) => Response::Error {
+            message: format!("bad request: {e}"),
+        },
     };
     let mut out = serde_json::to_vec(&response).unwrap_or_default();
     out.push(b'\n');
@@ -98,7 +103,10 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
     let sw = &daemon.switch;
     let result = match req {
         Request::Ping => {
-            return Response::Pong { version: env!("CARGO_PKG_VERSION").into(), pid: std::process::id() }
+            return Response::Pong {
+                version: env!("CARGO_PKG_VERSION").into(),
+                pid: std::process::id(),
+            }
         }
         Request::PortList => return Response::Ports { ports: sw.ports() },
         Request::Fdb => return Response::Fdb { entries: sw.fdb() },
@@ -108,7 +116,9 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
     };
     match result {
         Ok(()) => Response::Ok,
-        Err(e) => Response::Error { message: error_chain(&e) },
+        Err(e) => Response::Error {
+            message: error_chain(&e),
+        },
     }
 }
 

@@ -73,9 +73,14 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
     let socket = control::Socket::bind(&config.switch.control)?;
     let switch = Switch::start(cpus, Duration::from_secs(config.switch.fdb_aging))?;
     for p in &config.ports {
-        switch.add_port(p).with_context(|| format!("port '{}'", p.name))?;
+        switch
+            .add_port(p)
+            .with_context(|| format!("port '{}'", p.name))?;
     }
-    let daemon = Arc::new(Daemon { switch, rates: Mutex::new(None) });
+    let daemon = Arc::new(Daemon {
+        switch,
+        rates: Mutex::new(None),
+    });
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());
         std::thread::Builder::new()

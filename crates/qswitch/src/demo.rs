@@ -33,13 +33,18 @@ pub fn config(workers: &str, control: &str, tap_a: &str, tap_b: &str) -> String 
 /// The online CPUs as a CPU list (at most `max` of them).
 pub fn worker_cpus(max: usize) -> anyhow::Result<String> {
     let cpus = qswitch_sys::thread::online_cpus()?;
-    let list = qswitch_api::CpuList::from_cpus(cpus.into_iter().take(max)).context("no online CPUs")?;
+    let list =
+        qswitch_api::CpuList::from_cpus(cpus.into_iter().take(max)).context("no online CPUs")?;
     Ok(list.to_string())
 }
 
 pub fn run(seconds: u32, streams: u32) -> anyhow::Result<()> {
     netns::require_root("qswitch demo")?;
-    for (tool, pkg) in [("ip", "iproute2"), ("ping", "iputils-ping"), ("iperf3", "iperf3")] {
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("iperf3", "iperf3"),
+    ] {
         netns::ensure_tool(tool, pkg)?;
     }
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -49,7 +54,10 @@ pub fn run(seconds: u32, streams: u32) -> anyhow::Result<()> {
     let id = std::process::id();
     let dir = std::env::temp_dir().join(format!("qswitch-demo-{id}"));
     let _dir_guard = RemoveDir(dir.clone());
-    let (tap_a, tap_b) = (format!("qsdA{}", id % 100_000), format!("qsdB{}", id % 100_000));
+    let (tap_a, tap_b) = (
+        format!("qsdA{}", id % 100_000),
+        format!("qsdB{}", id % 100_000),
+    );
     let control = dir.join("control.sock");
     let workers = std::env::var("QS_WORKERS").unwrap_or(worker_cpus(2)?);
     let text = config(&workers, &control.display().to_string(), &tap_a, &tap_b);
@@ -78,11 +86,13 @@ fn traffic(
     streams: u32,
     interrupted: &AtomicBool,
 ) -> anyhow::Result<()> {
-
     println!("== ping 10.99.0.1 -> 10.99.0.2");
     let ping = ns_a.exec(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.99.0.2"])?;
     let ping_out = String::from_utf8_lossy(&ping.stdout);
-    for line in ping_out.lines().filter(|l| l.contains("packets transmitted") || l.starts_with("rtt")) {
+    for line in ping_out
+        .lines()
+        .filter(|l| l.contains("packets transmitted") || l.starts_with("rtt"))
+    {
         println!("   {line}");
     }
 
@@ -92,7 +102,18 @@ fn traffic(
     let secs = seconds.to_string();
     let p = streams.to_string();
     let mut client = ns_a.spawn(
-        &["iperf3", "-c", "10.99.0.2", "-t", &secs, "-P", &p, "-J", "--connect-timeout", "3000"],
+        &[
+            "iperf3",
+            "-c",
+            "10.99.0.2",
+            "-t",
+            &secs,
+            "-P",
+            &p,
+            "-J",
+            "--connect-timeout",
+            "3000",
+        ],
         Stdio::piped(),
     )?;
     let start_stats = daemon.stats()?;
@@ -129,18 +150,33 @@ fn traffic(
     if let Some(err) = json.get("error").and_then(|e| e.as_str()) {
         bail!("iperf3: {err}");
     }
-    let gbps = json["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
+    let gbps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9;
     let retr = json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
     let total = qswitch_dp::report::rates(&start_stats, &end_stats);
     let cs: f64 = total.workers.iter().map(|w| w.ctx_switches_ps).sum();
-    let busy: Vec<String> = total.workers.iter().map(|w| format!("w{} {:.0}%", w.id, w.busy_pct)).collect();
+    let busy: Vec<String> = total
+        .workers
+        .iter()
+        .map(|w| format!("w{} {:.0}%", w.id, w.busy_pct))
+        .collect();
     let drops: u64 = end_stats.ports.iter().flat_map(|p| p.drops.values()).sum();
 
     println!("== summary");
     println!("   iperf3 received     {gbps:.2} Gbit/s ({retr} retransmits)");
-    println!("   qswitch worker busy {} ; context switches {:.0}/s", busy.join(", "), cs);
-    println!("   qswitch process CPU {:.0}% ; machine busy {:.2} CPUs ({:.2} CPU per Gbit/s)",
-        total.process_cpu_pct, busy_cpus, if gbps > 0.0 { busy_cpus / gbps } else { 0.0 });
+    println!(
+        "   qswitch worker busy {} ; context switches {:.0}/s",
+        busy.join(", "),
+        cs
+    );
+    println!(
+        "   qswitch process CPU {:.0}% ; machine busy {:.2} CPUs ({:.2} CPU per Gbit/s)",
+        total.process_cpu_pct,
+        busy_cpus,
+        if gbps > 0.0 { busy_cpus / gbps } else { 0.0 }
+    );
     println!("   drops               {drops}");
     Ok(())
 }

@@ -73,7 +73,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let control = cli.control.unwrap_or_else(|| PathBuf::from(qswitch_api::config::DEFAULT_CONTROL));
+    let control = cli
+        .control
+        .unwrap_or_else(|| PathBuf::from(qswitch_api::config::DEFAULT_CONTROL));
     let result = match cli.command {
         Command::Run { config } => {
             init_logging();
@@ -102,11 +104,17 @@ fn main() -> ExitCode {
 
 /// An error and its causes on one line: "a: b: c".
 fn chain(e: &anyhow::Error) -> String {
-    e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ")
+    e.chain()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("QSWITCH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

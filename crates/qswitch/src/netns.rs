@@ -16,7 +16,11 @@ pub fn run(args: &[&str]) -> anyhow::Result<Output> {
         .output()
         .with_context(|| format!("cannot run {}", args[0]))?;
     if !out.status.success() {
-        bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(out)
 }
@@ -28,9 +32,14 @@ pub struct Netns {
 
 impl Netns {
     pub fn create(name: &str) -> anyhow::Result<Netns> {
-        let _ = Command::new("ip").args(["netns", "del", name]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", name])
+            .stderr(Stdio::null())
+            .status();
         run(&["ip", "netns", "add", name])?;
-        let ns = Netns { name: name.to_string() };
+        let ns = Netns {
+            name: name.to_string(),
+        };
         ns.exec(&["ip", "link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -66,7 +75,10 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -75,8 +87,13 @@ pub struct ChildGuard(pub Option<Child>);
 
 impl ChildGuard {
     /// Waits for the child to exit by itself, up to `timeout`.
-    pub fn wait_timeout(&mut self, timeout: Duration) -> anyhow::Result<Option<std::process::ExitStatus>> {
-        let Some(child) = self.0.as_mut() else { return Ok(None) };
+    pub fn wait_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let Some(child) = self.0.as_mut() else {
+            return Ok(None);
+        };
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = child.try_wait()? {
@@ -97,9 +114,13 @@ impl ChildGuard {
 
     /// Stops the child: SIGTERM, then SIGKILL if it is still there after 3 s.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.0.take() else { return };
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
         if let Ok(None) = child.try_wait() {
-            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
             let deadline = Instant::now() + Duration::from_secs(3);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -142,7 +163,10 @@ pub fn ensure_tool(tool: &str, package: &str) -> anyhow::Result<()> {
             .status()
     };
     if !install().is_ok_and(|s| s.success()) {
-        let _ = Command::new("apt-get").args(["update", "-qq"]).stdout(Stdio::null()).status();
+        let _ = Command::new("apt-get")
+            .args(["update", "-qq"])
+            .stdout(Stdio::null())
+            .status();
         if !install().is_ok_and(|s| s.success()) {
             bail!("cannot install {package}; install it by hand (apt-get install {package})");
         }
@@ -180,11 +204,17 @@ impl Daemon {
         let child = Command::new(exe)
             .args(["run", "--config"])
             .arg(&config)
-            .env("QSWITCH_LOG", std::env::var("QSWITCH_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "QSWITCH_LOG",
+                std::env::var("QSWITCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .context("cannot start qswitch run")?;
-        let mut d = Daemon { control, child: ChildGuard(Some(child)) };
+        let mut d = Daemon {
+            control,
+            child: ChildGuard(Some(child)),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if crate::client::call(&d.control, &Request::Ping).is_ok() {
@@ -194,7 +224,10 @@ impl Daemon {
                 bail!("qswitch run exited during start-up ({st})");
             }
             if Instant::now() > deadline {
-                bail!("qswitch run did not answer on {} within 10 s", d.control.display());
+                bail!(
+                    "qswitch run did not answer on {} within 10 s",
+                    d.control.display()
+                );
             }
         }
     }
@@ -216,8 +249,14 @@ impl Daemon {
 /// Total and idle CPU jiffies of the machine, from /proc/stat.
 pub fn cpu_jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(line) = stat.lines().next() else { return (0, 0) };
-    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let Some(line) = stat.lines().next() else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
     let total = v.iter().take(8).sum();
     let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
     (total, idle)
@@ -230,6 +269,76 @@ pub fn busy_cpus(before: (u64, u64), after: (u64, u64)) -> f64 {
     if total == 0.0 {
         return 0.0;
     }
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64;
     (total - idle) / total * cores
+}
+
+/// Waits until something listens on TCP `port` inside `ns` (up to 5 s).
+pub fn wait_listening(ns: &Netns, port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let needle = format!(":{port} ");
+    while Instant::now() < deadline {
+        if let Ok(out) = ns.exec(&["ss", "-ltnH"]) {
+            if String::from_utf8_lossy(&out.stdout).contains(&needle) {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("nothing listens on port {port} in {}", ns.name)
+}
+
+/// A network interface in the root namespace, deleted (`ip link del`) on drop. Deleting one
+/// end of a veth pair deletes both ends, wherever the other one is.
+pub struct Link {
+    pub name: String,
+}
+
+impl Link {
+    /// Creates a Linux bridge and sets it up.
+    pub fn bridge(name: &str) -> anyhow::Result<Link> {
+        let _ = Command::new("ip")
+            .args(["link", "del", name])
+            .stderr(Stdio::null())
+            .status();
+        run(&["ip", "link", "add", "name", name, "type", "bridge"])?;
+        let link = Link {
+            name: name.to_string(),
+        };
+        run(&["ip", "link", "set", name, "up"])?;
+        Ok(link)
+    }
+
+    /// Creates the veth pair `name` ↔ `peer`; the guard owns `name` and so the pair. Move
+    /// `peer` into a namespace with [`Netns::adopt`].
+    pub fn veth(name: &str, peer: &str) -> anyhow::Result<Link> {
+        let _ = Command::new("ip")
+            .args(["link", "del", name])
+            .stderr(Stdio::null())
+            .status();
+        run(&[
+            "ip", "link", "add", name, "type", "veth", "peer", "name", peer,
+        ])?;
+        Ok(Link {
+            name: name.to_string(),
+        })
+    }
+
+    /// Enslaves this interface to `bridge` and sets it up.
+    pub fn attach(&self, bridge: &Link) -> anyhow::Result<()> {
+        run(&["ip", "link", "set", &self.name, "master", &bridge.name])?;
+        run(&["ip", "link", "set", &self.name, "up"])?;
+        Ok(())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.name])
+            .stderr(Stdio::null())
+            .status();
+    }
 }

@@ -31,6 +31,7 @@
 
 pub mod epoll;
 pub mod eventfd;
+pub mod fd;
 pub mod netif;
 pub mod tap;
 pub mod thread;

@@ -54,6 +54,7 @@ pub mod arp;
 pub mod checksum;
 pub mod ethernet;
 pub mod flow;
+pub mod gso;
 pub mod ipv4;
 pub mod ipv6;
 pub mod l2;

@@ -108,7 +108,13 @@ pub struct GenPort {
 impl GenPort {
     /// A gen port with `queues` queues; `gen` says what to generate (None: sink only).
     /// `mac` and `gen.dst` must already be validated ([`qswitch_api::PortConfig::validate`]).
-    pub fn new(id: PortId, name: &str, mac: Option<&str>, queues: u16, gen: Option<&GenConfig>) -> GenPort {
+    pub fn new(
+        id: PortId,
+        name: &str,
+        mac: Option<&str>,
+        queues: u16,
+        gen: Option<&GenConfig>,
+    ) -> GenPort {
         let mac = mac
             .and_then(|m| parse_unicast_mac(m).ok())
             .map(MacAddr)
@@ -128,7 +134,10 @@ impl GenPort {
                     });
                 };
                 let dst = MacAddr(parse_mac(&g.dst).unwrap_or([0xff; 6]));
-                let flows = (0..g.flows).filter(|f| u64::from(*f) % nq == q).map(|f| (f, 0)).collect();
+                let flows = (0..g.flows)
+                    .filter(|f| u64::from(*f) % nq == q)
+                    .map(|f| (f, 0))
+                    .collect();
                 let share = |total: u64| total / nq + u64::from(q < total % nq);
                 Mutex::new(GenQueue {
                     template: template(id, mac, dst, usize::from(g.size)),
@@ -231,7 +240,13 @@ impl Port for GenPort {
         n
     }
 
-    fn tx_burst(&self, _worker: usize, pkts: &mut [Pkt], sel: &[u8], _drops: &mut DropTally) -> TxDone {
+    fn tx_burst(
+        &self,
+        _worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        _drops: &mut DropTally,
+    ) -> TxDone {
         let mut sink = self.sink.lock();
         let sink = &mut *sink;
         let mut done = TxDone::default();
@@ -271,7 +286,13 @@ mod tests {
     use crate::packet::Burst;
 
     fn gen(rate: u64, count: u64, flows: u16, queues: u16) -> GenPort {
-        let g = GenConfig { dst: "02:00:00:00:00:02".into(), size: 64, rate, flows, count };
+        let g = GenConfig {
+            dst: "02:00:00:00:00:02".into(),
+            size: 64,
+            rate,
+            flows,
+            count,
+        };
         GenPort::new(PortId(7), "g", Some("02:00:00:00:00:01"), queues, Some(&g))
     }
 
@@ -286,7 +307,11 @@ mod tests {
         let l2 = qswitch_wire::l2::classify(f).unwrap();
         assert_eq!(l2.src, MacAddr([2, 0, 0, 0, 0, 1]));
         assert_eq!(l2.dst, MacAddr([2, 0, 0, 0, 0, 2]));
-        assert_eq!(checksum::fold(checksum::sum16(&f[14..34], 0)), 0, "IPv4 header checksum");
+        assert_eq!(
+            checksum::fold(checksum::sum16(&f[14..34], 0)),
+            0,
+            "IPv4 header checksum"
+        );
         let key = qswitch_wire::flow::extract(f).unwrap();
         assert_eq!(key.ports, Some((UDP_SRC_BASE + 1, UDP_DST_PORT)));
         assert_eq!(parse_trailer(f), Some((7, 1, 0)));
@@ -330,7 +355,11 @@ mod tests {
         sink.tx_burst(0, &mut b.pkts, &[6], &mut d);
         let s = sink.sink_stats();
         assert_eq!((s.received, s.lost, s.reordered, s.foreign), (5, 1, 1, 1));
-        assert_eq!(sink.rx_burst(0, &mut b.pkts, 0, &mut d), 0, "a sink generates nothing");
+        assert_eq!(
+            sink.rx_burst(0, &mut b.pkts, 0, &mut d),
+            0,
+            "a sink generates nothing"
+        );
     }
 
     #[test]

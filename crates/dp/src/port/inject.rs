@@ -48,7 +48,9 @@ impl Port for InjectPort {
         let mut rx = self.rx.lock();
         let mut n = 0;
         while n < pkts.len() {
-            let Some((hdr, frame)) = rx.pop_front() else { break };
+            let Some((hdr, frame)) = rx.pop_front() else {
+                break;
+            };
             if hdr.validate(frame.len()).is_err() {
                 drops.count(DropReason::BadVnetHdr);
                 continue;
@@ -60,7 +62,13 @@ impl Port for InjectPort {
         n
     }
 
-    fn tx_burst(&self, _worker: usize, pkts: &mut [Pkt], sel: &[u8], _drops: &mut DropTally) -> TxDone {
+    fn tx_burst(
+        &self,
+        _worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        _drops: &mut DropTally,
+    ) -> TxDone {
         let mut cap = self.captured.lock();
         let mut done = TxDone::default();
         for &i in sel {

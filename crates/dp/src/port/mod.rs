@@ -14,6 +14,7 @@ pub mod gen;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod inject;
 pub mod tap;
+pub mod vhost_user;
 
 use std::os::fd::RawFd;
 
@@ -37,11 +38,23 @@ pub trait Port: Send + Sync {
 
     /// Transmits `pkts[i]` for each `i` in `sel` (one destination, many frames). Frames that
     /// cannot be sent are counted in `drops`. `worker` is the calling worker's id.
-    fn tx_burst(&self, worker: usize, pkts: &mut [Pkt], sel: &[u8], drops: &mut DropTally) -> TxDone;
+    fn tx_burst(
+        &self,
+        worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        drops: &mut DropTally,
+    ) -> TxDone;
 
     /// A file descriptor that becomes readable when `queue` has frames, for sleeping in epoll.
     /// `None` for ports that are not fd-driven.
     fn rx_fd(&self, queue: u16) -> Option<RawFd>;
+
+    /// Called before the worker sleeps: enable the queue's wake-up source (guest kicks) and
+    /// say whether sleeping is safe (`false`: frames arrived meanwhile, poll again).
+    fn rx_arm(&self, _queue: u16) -> bool {
+        true
+    }
 
     /// Whether `queue` has failed for good (its fd must no longer be polled).
     fn rx_dead(&self, _queue: u16) -> bool {
@@ -65,6 +78,7 @@ pub trait Port: Send + Sync {
 pub enum Device {
     Tap(tap::TapPort),
     Gen(gen::GenPort),
+    VhostUser(vhost_user::VhostUserPort),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
 }
@@ -74,6 +88,7 @@ macro_rules! each_device {
         match $self {
             Device::Tap($d) => $e,
             Device::Gen($d) => $e,
+            Device::VhostUser($d) => $e,
             #[cfg(any(test, feature = "test-utils"))]
             Device::Inject($d) => $e,
         }
@@ -86,11 +101,20 @@ impl Port for Device {
         each_device!(self, d => d.rx_burst(queue, pkts, now, drops))
     }
     #[inline]
-    fn tx_burst(&self, worker: usize, pkts: &mut [Pkt], sel: &[u8], drops: &mut DropTally) -> TxDone {
+    fn tx_burst(
+        &self,
+        worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        drops: &mut DropTally,
+    ) -> TxDone {
         each_device!(self, d => d.tx_burst(worker, pkts, sel, drops))
     }
     fn rx_fd(&self, queue: u16) -> Option<RawFd> {
         each_device!(self, d => d.rx_fd(queue))
+    }
+    fn rx_arm(&self, queue: u16) -> bool {
+        each_device!(self, d => d.rx_arm(queue))
     }
     fn rx_dead(&self, queue: u16) -> bool {
         each_device!(self, d => d.rx_dead(queue))

@@ -57,7 +57,9 @@ pub enum TapError {
     },
     #[error("{0} exists and is not a TAP interface")]
     NotTap(String),
-    #[error("existing TAP {ifname} is single-queue; use queues = 1 or recreate it with multi_queue")]
+    #[error(
+        "existing TAP {ifname} is single-queue; use queues = 1 or recreate it with multi_queue"
+    )]
     SingleQueue { ifname: String },
     #[error("cannot bring TAP {ifname} up")]
     Up {
@@ -86,13 +88,18 @@ impl TapPort {
             let flags = tun_flags(ifname).ok_or_else(|| TapError::NotTap(ifname.to_string()))?;
             let mq = flags & IFF_MULTI_QUEUE != 0;
             if !mq && queues > 1 {
-                return Err(TapError::SingleQueue { ifname: ifname.to_string() });
+                return Err(TapError::SingleQueue {
+                    ifname: ifname.to_string(),
+                });
             }
             mq
         } else {
             true
         };
-        let opts = TapOptions { multi_queue, vnet_hdr: true };
+        let opts = TapOptions {
+            multi_queue,
+            vnet_hdr: true,
+        };
         let mut qs = Vec::with_capacity(usize::from(queues));
         for q in 0..queues {
             let tq = TapQueue::open(ifname, opts).map_err(|source| TapError::Open {
@@ -101,11 +108,16 @@ impl TapPort {
                 source,
             })?;
             tq.set_offload(OFFLOADS)
-                .map_err(|source| TapError::Offload { ifname: ifname.to_string(), source })?;
+                .map_err(|source| TapError::Offload {
+                    ifname: ifname.to_string(),
+                    source,
+                })?;
             qs.push(tq);
         }
-        netif::set_up(ifname, true)
-            .map_err(|source| TapError::Up { ifname: ifname.to_string(), source })?;
+        netif::set_up(ifname, true).map_err(|source| TapError::Up {
+            ifname: ifname.to_string(),
+            source,
+        })?;
         Ok(TapPort {
             ifname: ifname.to_string(),
             dead: qs.iter().map(|_| AtomicBool::new(false)).collect(),
@@ -175,13 +187,22 @@ impl Port for TapPort {
                 drops.count(DropReason::BadVnetHdr);
                 continue;
             }
-            pkt.hdr = VirtioNetHdr { num_buffers: 0, ..hdr };
+            pkt.hdr = VirtioNetHdr {
+                num_buffers: 0,
+                ..hdr
+            };
             n += 1;
         }
         n
     }
 
-    fn tx_burst(&self, worker: usize, pkts: &mut [Pkt], sel: &[u8], drops: &mut DropTally) -> TxDone {
+    fn tx_burst(
+        &self,
+        worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        drops: &mut DropTally,
+    ) -> TxDone {
         let tq = &self.queues[worker % self.queues.len()];
         let mut done = TxDone::default();
         for &i in sel {
@@ -204,7 +225,9 @@ impl Port for TapPort {
     }
 
     fn rx_dead(&self, queue: u16) -> bool {
-        self.dead.get(usize::from(queue)).is_some_and(|d| d.load(Ordering::Relaxed))
+        self.dead
+            .get(usize::from(queue))
+            .is_some_and(|d| d.load(Ordering::Relaxed))
     }
 
     fn offloads(&self) -> Vec<&'static str> {

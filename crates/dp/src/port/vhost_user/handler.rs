@@ -1,0 +1,350 @@
+//! The vhost-user protocol, backend side (`VhostUserBackendReqHandlerMut`). The `vhost`
+//! crate reads and validates each message (header, size, fds); this handler applies it to
+//! the shared [`Device`]. Requests qswitch does not support are refused with an error, which
+//! the frontend sees as a failed request.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use vhost::vhost_user::message::*;
+use vhost::vhost_user::{Backend, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
+use vhost::VhostUserMemoryRegionBase;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryMmap, GuestRegionMmap};
+
+use super::{protocol_features, Device, Vring, FEATURES, F_PROTOCOL_FEATURES, MAX_QUEUE_SIZE};
+
+/// Host virtual address → guest physical address, from SET_MEM_TABLE.
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    vmm_addr: u64,
+    size: u64,
+    gpa: u64,
+}
+
+/// The protocol state of one connection.
+pub struct Handler {
+    dev: Arc<Device>,
+    owned: bool,
+    acked_features: u64,
+    acked_protocol: u64,
+    mappings: Vec<Mapping>,
+}
+
+fn unsupported(what: &'static str) -> Error {
+    Error::InvalidOperation(what)
+}
+
+impl Handler {
+    pub(crate) fn new(dev: Arc<Device>) -> Handler {
+        Handler {
+            dev,
+            owned: false,
+            acked_features: 0,
+            acked_protocol: 0,
+            mappings: Vec::new(),
+        }
+    }
+
+    fn vring(&self, index: u32) -> Result<&parking_lot::Mutex<Vring>> {
+        self.dev
+            .vrings
+            .get(index as usize)
+            .ok_or(Error::InvalidParam)
+    }
+
+    fn va_to_gpa(&self, va: u64) -> Result<GuestAddress> {
+        self.mappings
+            .iter()
+            .find(|m| va >= m.vmm_addr && va - m.vmm_addr < m.size)
+            .map(|m| GuestAddress(m.gpa + (va - m.vmm_addr)))
+            .ok_or(Error::InvalidParam)
+    }
+
+    /// Starts a ring once it has an address and a kick fd.
+    fn maybe_start(&self, index: u32, v: &mut Vring) {
+        if v.kick.is_some() && v.queue.desc_table() != 0 && !v.started {
+            v.started = true;
+            v.broken = false;
+            v.queue.set_ready(true);
+            tracing::debug!(port = %self.dev.name, vring = index, size = v.queue.size(), "vring started");
+        }
+        self.dev.note_ring(index as usize, v);
+    }
+}
+
+impl VhostUserBackendReqHandlerMut for Handler {
+    fn set_owner(&mut self) -> Result<()> {
+        if self.owned {
+            return Err(Error::InvalidOperation("already owned"));
+        }
+        self.owned = true;
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> Result<()> {
+        self.owned = false;
+        self.dev.disconnect();
+        self.dev.connected.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> Result<()> {
+        self.reset_owner()
+    }
+
+    fn get_features(&mut self) -> Result<u64> {
+        Ok(FEATURES)
+    }
+
+    fn set_features(&mut self, features: u64) -> Result<()> {
+        if features & !FEATURES != 0 {
+            return Err(Error::InvalidParam);
+        }
+        self.acked_features = features;
+        self.dev.features.store(features, Ordering::Relaxed);
+        let event_idx = features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        for v in self.dev.vrings.iter() {
+            let mut v = v.lock();
+            v.queue.set_event_idx(event_idx);
+            // Without PROTOCOL_FEATURES there is no SET_VRING_ENABLE: rings start enabled.
+            if features & F_PROTOCOL_FEATURES == 0 {
+                v.enabled = true;
+            }
+        }
+        for (i, v) in self.dev.vrings.iter().enumerate() {
+            self.dev.note_ring(i, &v.lock());
+        }
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy_listening: Option<bool>,
+    ) -> Result<Option<Vec<VhostUserMemoryRegionBase>>> {
+        let mut regions = Vec::with_capacity(ctx.len());
+        let mut mappings = Vec::with_capacity(ctx.len());
+        for (region, file) in ctx.iter().zip(files) {
+            let mmap = region.mmap_region(file)?;
+            let r = GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr))
+                .ok_or(Error::InvalidParam)?;
+            regions.push(r);
+            mappings.push(Mapping {
+                vmm_addr: region.user_addr,
+                size: region.memory_size,
+                gpa: region.guest_phys_addr,
+            });
+        }
+        let mem = GuestMemoryMmap::from_regions(regions)
+            .map_err(|e| Error::ReqHandlerError(io::Error::other(e)))?;
+        self.dev
+            .mem
+            .lock()
+            .map_err(|_| Error::BackendInternalError)?
+            .replace(mem);
+        self.mappings = mappings;
+        tracing::debug!(port = %self.dev.name, regions = ctx.len(), "memory table set");
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> Result<()> {
+        if num == 0 || num > u32::from(MAX_QUEUE_SIZE) || !num.is_power_of_two() {
+            return Err(Error::InvalidParam);
+        }
+        self.vring(index)?.lock().queue.set_size(num as u16);
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> Result<()> {
+        let desc = self.va_to_gpa(descriptor)?;
+        let avail = self.va_to_gpa(available)?;
+        let used = self.va_to_gpa(used)?;
+        let mem = self.dev.mem.memory();
+        let mut v = self.vring(index)?.lock();
+        let q = &mut v.queue;
+        q.try_set_desc_table_address(desc)
+            .map_err(|_| Error::InvalidParam)?;
+        q.try_set_avail_ring_address(avail)
+            .map_err(|_| Error::InvalidParam)?;
+        q.try_set_used_ring_address(used)
+            .map_err(|_| Error::InvalidParam)?;
+        // After a guest driver restart the used index in memory is the truth.
+        if let Ok(idx) = q.used_idx(&*mem, std::sync::atomic::Ordering::Relaxed) {
+            q.set_next_used(idx.0);
+        }
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
+        let mut v = self.vring(index)?.lock();
+        v.queue.set_next_avail(base as u16);
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> Result<VhostUserVringState> {
+        let mut v = self.vring(index)?.lock();
+        v.started = false;
+        v.queue.set_ready(false);
+        let next_avail = v.queue.next_avail();
+        if let Some(k) = v.kick.take() {
+            if index % 2 == 1 {
+                let _ = self.dev.kick_polls[index as usize / 2].delete(k.as_raw_fd());
+            }
+        }
+        v.call = None;
+        self.dev.note_ring(index as usize, &v);
+        Ok(VhostUserVringState::new(index, u32::from(next_avail)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        let i = u32::from(index);
+        let mut v = self.vring(i)?.lock();
+        if let Some(old) = v.kick.take() {
+            if i % 2 == 1 {
+                let _ = self.dev.kick_polls[i as usize / 2].delete(old.as_raw_fd());
+            }
+        }
+        if let Some(f) = &fd {
+            qswitch_sys::fd::set_nonblocking(f).map_err(Error::ReqHandlerError)?;
+            if i % 2 == 1 {
+                self.dev.kick_polls[i as usize / 2]
+                    .add(f.as_raw_fd(), 0)
+                    .map_err(Error::ReqHandlerError)?;
+            }
+        }
+        v.kick = fd;
+        self.maybe_start(i, &mut v);
+        Ok(())
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        self.vring(u32::from(index))?.lock().call = fd;
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> Result<()> {
+        self.vring(u32::from(index))?;
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
+        Ok(protocol_features())
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> Result<()> {
+        if features & !protocol_features().bits() != 0 {
+            return Err(Error::InvalidParam);
+        }
+        self.acked_protocol = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> Result<u64> {
+        // Queue pairs, as DPDK and QEMU's vhost-user-net expect.
+        Ok(u64::from(self.dev.pairs))
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
+        if self.acked_features & F_PROTOCOL_FEATURES == 0 {
+            return Err(Error::InactiveFeature(
+                VhostUserVirtioFeatures::PROTOCOL_FEATURES,
+            ));
+        }
+        let mut v = self.vring(index)?.lock();
+        v.enabled = enable;
+        self.dev.note_ring(index as usize, &v);
+        tracing::debug!(port = %self.dev.name, vring = index, enable, "vring enable");
+        Ok(())
+    }
+
+    fn get_config(
+        &mut self,
+        _offset: u32,
+        _size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> Result<Vec<u8>> {
+        Err(unsupported("config space"))
+    }
+
+    fn set_config(
+        &mut self,
+        _offset: u32,
+        _buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> Result<()> {
+        Err(unsupported("config space"))
+    }
+
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> Result<()> {
+        Err(unsupported("gpu"))
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> Result<File> {
+        Err(unsupported("shared objects"))
+    }
+
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> Result<(VhostUserInflight, File)> {
+        Err(unsupported("inflight"))
+    }
+
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
+        Err(unsupported("inflight"))
+    }
+
+    fn get_max_mem_slots(&mut self) -> Result<u64> {
+        Err(unsupported("memory slots"))
+    }
+
+    fn add_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+        _fd: File,
+        _postcopy_listening: Option<bool>,
+    ) -> Result<Option<VhostUserMemoryRegionBase>> {
+        Err(unsupported("memory slots"))
+    }
+
+    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> Result<()> {
+        Err(unsupported("memory slots"))
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> Result<Option<File>> {
+        Err(unsupported("device state"))
+    }
+
+    fn check_device_state(&mut self) -> Result<()> {
+        Err(unsupported("device state"))
+    }
+
+    fn get_shmem_config(&mut self) -> Result<VhostUserShMemConfig> {
+        Err(unsupported("shared memory"))
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
+        Err(unsupported("dirty log"))
+    }
+}

@@ -1,0 +1,481 @@
+//! vhost-user ports: QEMU/KVM guests, Cloud Hypervisor, DPDK virtio-user.
+//!
+//! ```text
+//!  frontend (QEMU / virtio-user)          qswitch
+//!  ┌──────────────────────┐  unix socket  ┌────────────────────────────────────────────┐
+//!  │ vhost-user messages  │ ◀───────────▶ │ qs-vhost-<port> thread: Handler (protocol) │
+//!  │                      │               │   memory table, ring addresses, kick/call  │
+//!  │ guest memory (memfd) │ ═══ mmap ════ │ Device { mem, vrings: [Mutex<Vring>] }     │
+//!  │ transmitq K (2K+1) ──┼── descriptors ┼─▶ rx_burst(K)  by the worker owning K      │
+//!  │ receiveq K  (2K)   ◀─┼── descriptors ┼── tx_burst    by any worker                │
+//!  └──────────────────────┘               └────────────────────────────────────────────┘
+//! ```
+//!
+//! # Design: the workers own the vrings
+//! `vhost-user-backend` runs its own epoll threads that wake on guest kicks. qswitch's
+//! pinned workers must own the data path (busy-poll under load, no cross-thread hand-off), so
+//! qswitch implements the protocol handler itself on top of the `vhost` crate's message
+//! layer and lets workers access the rings directly: each vring sits behind a mutex that the
+//! protocol thread takes only to reconfigure it. Guest kicks reach a sleeping worker through
+//! a per-queue epoll instance that holds the current kick eventfd; the worker's own epoll
+//! watches that instance, whose fd stays the same when the frontend reconnects and replaces
+//! the kick fd.
+//!
+//! Each port has one protocol thread (`qs-vhost-<name>`), so a frontend that stalls in the
+//! middle of a message blocks only its own port.
+//!
+//! # Untrusted guests
+//! Descriptor chains are walked by [`chain::walk`] (bounded, bounds-checked, no nested
+//! indirect tables). A bad chain drops its packet (`bad_descriptor`); a ring whose avail
+//! index jumps beyond the queue size, or whose used ring cannot be written, is stopped until
+//! the frontend sets it up again. Each is logged once per ring. Protocol errors (wrong
+//! message sizes, a socket closed mid-message) end the connection; the port waits for the
+//! frontend to come back.
+
+pub mod chain;
+mod handler;
+mod rings;
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use qswitch_sys::epoll::Epoll;
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{BackendReqHandler, Listener};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::*;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use super::{Port, TxDone};
+use crate::packet::Pkt;
+use crate::stats::DropTally;
+
+pub use handler::Handler;
+
+/// Most queue pairs a port offers.
+pub const MAX_PAIRS: u16 = 16;
+/// Largest ring a frontend may set up.
+pub const MAX_QUEUE_SIZE: u16 = 4096;
+/// `VHOST_USER_F_PROTOCOL_FEATURES`.
+pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+
+/// Virtio features qswitch offers.
+pub const FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_TSO4)
+    | (1 << VIRTIO_NET_F_GUEST_TSO6)
+    | (1 << VIRTIO_NET_F_GUEST_ECN)
+    | (1 << VIRTIO_NET_F_HOST_TSO4)
+    | (1 << VIRTIO_NET_F_HOST_TSO6)
+    | (1 << VIRTIO_NET_F_HOST_ECN)
+    | (1 << VIRTIO_NET_F_MRG_RXBUF)
+    | (1 << VIRTIO_NET_F_CTRL_VQ)
+    | (1 << VIRTIO_NET_F_MQ)
+    | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | (1 << VIRTIO_F_VERSION_1)
+    | F_PROTOCOL_FEATURES;
+
+/// Protocol features qswitch offers.
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK
+}
+
+/// Names of negotiated feature bits, for `port list`.
+pub fn feature_names(features: u64) -> Vec<&'static str> {
+    const NAMES: &[(u32, &str)] = &[
+        (VIRTIO_NET_F_CSUM, "csum"),
+        (VIRTIO_NET_F_GUEST_CSUM, "guest_csum"),
+        (VIRTIO_NET_F_GUEST_TSO4, "guest_tso4"),
+        (VIRTIO_NET_F_GUEST_TSO6, "guest_tso6"),
+        (VIRTIO_NET_F_GUEST_ECN, "guest_ecn"),
+        (VIRTIO_NET_F_HOST_TSO4, "host_tso4"),
+        (VIRTIO_NET_F_HOST_TSO6, "host_tso6"),
+        (VIRTIO_NET_F_HOST_ECN, "host_ecn"),
+        (VIRTIO_NET_F_MRG_RXBUF, "mrg_rxbuf"),
+        (VIRTIO_NET_F_CTRL_VQ, "ctrl_vq"),
+        (VIRTIO_NET_F_MQ, "mq"),
+        (VIRTIO_RING_F_INDIRECT_DESC, "indirect_desc"),
+        (VIRTIO_RING_F_EVENT_IDX, "event_idx"),
+        (VIRTIO_F_VERSION_1, "version_1"),
+    ];
+    NAMES
+        .iter()
+        .filter(|(b, _)| features & (1u64 << b) != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+/// Who opens the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// qswitch listens; the frontend (QEMU `-chardev socket,...,reconnect=1`) connects.
+    Server,
+    /// qswitch connects to the frontend's socket (QEMU `server=on`), retrying every second.
+    Client,
+}
+
+/// One virtqueue as the device sees it.
+#[derive(Debug)]
+pub(crate) struct Vring {
+    pub(crate) queue: Queue,
+    pub(crate) kick: Option<File>,
+    pub(crate) call: Option<File>,
+    /// SET_VRING_ENABLE state.
+    pub(crate) enabled: bool,
+    /// Started by a kick fd, stopped by GET_VRING_BASE or a disconnect.
+    pub(crate) started: bool,
+    /// Stopped because the guest broke the ring; logged once.
+    pub(crate) broken: bool,
+    /// Guest notifications are enabled (the worker is about to sleep).
+    pub(crate) notify: bool,
+    pub(crate) scratch: rings::Scratch,
+}
+
+impl Vring {
+    fn new() -> Vring {
+        Vring {
+            queue: Queue::new(MAX_QUEUE_SIZE).expect("MAX_QUEUE_SIZE is a valid queue size"),
+            kick: None,
+            call: None,
+            enabled: false,
+            started: false,
+            broken: false,
+            notify: false,
+            scratch: rings::Scratch::default(),
+        }
+    }
+
+    /// Whether the data path may use the ring.
+    #[inline]
+    pub(crate) fn usable(&self) -> bool {
+        self.enabled && self.started && !self.broken && self.queue.ready()
+    }
+
+    /// Signals the guest (call eventfd).
+    pub(crate) fn signal(&self) {
+        if let Some(call) = &self.call {
+            let _ = (&*call).write(&1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// State shared by the protocol thread and the workers.
+#[derive(Debug)]
+pub(crate) struct Device {
+    pub(crate) name: String,
+    pub(crate) pairs: u16,
+    pub(crate) mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// 2 × pairs vrings: receiveqK = 2K, transmitqK = 2K + 1.
+    pub(crate) vrings: Box<[Mutex<Vring>]>,
+    /// Per pair: an epoll instance holding the transmitq's current kick fd (stable fd).
+    pub(crate) kick_polls: Box<[Epoll]>,
+    pub(crate) features: AtomicU64,
+    /// Bit K set: receiveq K is usable (enabled, started, not broken).
+    pub(crate) rx_enabled: AtomicU32,
+    pub(crate) connected: AtomicBool,
+    /// Guest errors seen (bad chains, broken rings), for logs and tests.
+    pub(crate) guest_errors: AtomicU64,
+}
+
+impl Device {
+    fn new(name: &str, pairs: u16) -> std::io::Result<Device> {
+        Ok(Device {
+            name: name.to_string(),
+            pairs,
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            vrings: (0..pairs * 2).map(|_| Mutex::new(Vring::new())).collect(),
+            kick_polls: (0..pairs)
+                .map(|_| Epoll::new())
+                .collect::<std::io::Result<_>>()?,
+            features: AtomicU64::new(0),
+            rx_enabled: AtomicU32::new(0),
+            connected: AtomicBool::new(false),
+            guest_errors: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn has(&self, bit: u32) -> bool {
+        self.features.load(Ordering::Relaxed) & (1u64 << bit) != 0
+    }
+
+    /// Records whether ring `vi` is usable; call with the ring locked after changing it.
+    pub(crate) fn note_ring(&self, vi: usize, v: &Vring) {
+        if vi % 2 == 0 {
+            let bit = 1u32 << (vi / 2);
+            if v.usable() {
+                self.rx_enabled.fetch_or(bit, Ordering::AcqRel);
+            } else {
+                self.rx_enabled.fetch_and(!bit, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Length of the virtio-net header the guest uses.
+    pub(crate) fn hdr_len(&self) -> usize {
+        if self.has(VIRTIO_F_VERSION_1) || self.has(VIRTIO_NET_F_MRG_RXBUF) {
+            12
+        } else {
+            10
+        }
+    }
+
+    /// The frontend went away: stop every ring (memory stays mapped until replaced).
+    pub(crate) fn disconnect(&self) {
+        self.connected.store(false, Ordering::Relaxed);
+        for (i, v) in self.vrings.iter().enumerate() {
+            let mut v = v.lock();
+            if let Some(k) = v.kick.take() {
+                if i % 2 == 1 {
+                    let _ = self.kick_polls[i / 2].delete(k.as_raw_fd());
+                }
+            }
+            *v = Vring::new();
+        }
+        self.rx_enabled.store(0, Ordering::Release);
+    }
+
+    pub(crate) fn guest_error(&self, what: &str, vring: usize, first: bool) {
+        self.guest_errors.fetch_add(1, Ordering::Relaxed);
+        if first {
+            tracing::warn!(port = %self.name, vring, "guest error: {what}");
+        }
+    }
+}
+
+/// A vhost-user port.
+pub struct VhostUserPort {
+    dev: Arc<Device>,
+    socket: PathBuf,
+    mode: Mode,
+    stop: Arc<AtomicBool>,
+    conn: Arc<StdMutex<Option<UnixStream>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for VhostUserPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostUserPort")
+            .field("socket", &self.socket)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// Errors creating a vhost-user port.
+#[derive(Debug, thiserror::Error)]
+pub enum VhostUserError {
+    #[error("cannot listen on {path}")]
+    Listen {
+        path: String,
+        #[source]
+        source: vhost::vhost_user::Error,
+    },
+    #[error("cannot set up the port")]
+    Setup(#[source] std::io::Error),
+}
+
+impl VhostUserPort {
+    /// Creates the port and starts its protocol thread. In server mode the socket is bound
+    /// now (a stale socket file is replaced); in client mode the thread connects in the
+    /// background and keeps reconnecting.
+    pub fn new(
+        name: &str,
+        socket: &Path,
+        mode: Mode,
+        pairs: u16,
+    ) -> Result<VhostUserPort, VhostUserError> {
+        let dev =
+            Arc::new(Device::new(name, pairs.clamp(1, MAX_PAIRS)).map_err(VhostUserError::Setup)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let conn: Arc<StdMutex<Option<UnixStream>>> = Arc::new(StdMutex::new(None));
+        let listener = match mode {
+            Mode::Server => {
+                if let Some(dir) = socket.parent() {
+                    std::fs::create_dir_all(dir).map_err(VhostUserError::Setup)?;
+                }
+                let l = Listener::new(socket, true).map_err(|source| VhostUserError::Listen {
+                    path: socket.display().to_string(),
+                    source,
+                })?;
+                l.set_nonblocking(true)
+                    .map_err(|source| VhostUserError::Listen {
+                        path: socket.display().to_string(),
+                        source,
+                    })?;
+                Some(l)
+            }
+            Mode::Client => None,
+        };
+        let thread = {
+            let (dev, stop, conn, socket) = (
+                dev.clone(),
+                stop.clone(),
+                conn.clone(),
+                socket.to_path_buf(),
+            );
+            std::thread::Builder::new()
+                .name(format!("qs-vhost-{name}"))
+                .spawn(move || protocol_thread(&dev, &socket, listener, &stop, &conn))
+                .map_err(VhostUserError::Setup)?
+        };
+        Ok(VhostUserPort {
+            dev,
+            socket: socket.to_path_buf(),
+            mode,
+            stop,
+            conn,
+            thread: Some(thread),
+        })
+    }
+
+    /// Negotiated virtio features (0 while no frontend is connected).
+    pub fn features(&self) -> u64 {
+        self.dev.features.load(Ordering::Relaxed)
+    }
+
+    /// Whether a frontend is connected.
+    pub fn connected(&self) -> bool {
+        self.dev.connected.load(Ordering::Relaxed)
+    }
+
+    /// Queue pairs whose receive ring the guest has enabled.
+    pub fn enabled_pairs(&self) -> Vec<u16> {
+        (0..self.dev.pairs)
+            .filter(|&p| self.dev.vrings[usize::from(p) * 2].lock().usable())
+            .collect()
+    }
+
+    /// Guest errors seen so far.
+    pub fn guest_errors(&self) -> u64 {
+        self.dev.guest_errors.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for VhostUserPort {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Ok(c) = self.conn.lock() {
+            if let Some(s) = c.as_ref() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.dev.disconnect();
+        if self.mode == Mode::Server {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+    }
+}
+
+/// Serves the frontend: accept (server) or connect (client), handle messages until the
+/// connection ends, reset, repeat until stopped.
+fn protocol_thread(
+    dev: &Arc<Device>,
+    socket: &Path,
+    mut listener: Option<Listener>,
+    stop: &AtomicBool,
+    conn: &StdMutex<Option<UnixStream>>,
+) {
+    let mut warned = false;
+    while !stop.load(Ordering::Relaxed) {
+        let stream = match listener.as_mut() {
+            Some(l) => match l.accept() {
+                Ok(Some(s)) => s,
+                Ok(None) => {
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(port = %dev.name, error = %e, "accept failed");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            },
+            None => match UnixStream::connect(socket) {
+                Ok(s) => s,
+                Err(e) => {
+                    if !warned {
+                        tracing::info!(port = %dev.name, socket = %socket.display(), error = %e,
+                            "frontend not there yet; retrying every second");
+                        warned = true;
+                    }
+                    for _ in 0..20 {
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    continue;
+                }
+            },
+        };
+        warned = false;
+        let _ = stream.set_nonblocking(false);
+        if let Ok(mut c) = conn.lock() {
+            *c = stream.try_clone().ok();
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        tracing::info!(port = %dev.name, "frontend connected");
+        dev.connected.store(true, Ordering::Relaxed);
+        let handler = Arc::new(StdMutex::new(Handler::new(dev.clone())));
+        let mut req = BackendReqHandler::from_stream(stream, handler);
+        loop {
+            if let Err(e) = req.handle_request() {
+                if !stop.load(Ordering::Relaxed) {
+                    tracing::info!(port = %dev.name, error = %e, "frontend disconnected");
+                }
+                break;
+            }
+        }
+        dev.disconnect();
+        if let Ok(mut c) = conn.lock() {
+            *c = None;
+        }
+    }
+}
+
+impl Port for VhostUserPort {
+    fn rx_burst(&self, queue: u16, pkts: &mut [Pkt], _now: u64, drops: &mut DropTally) -> usize {
+        rings::rx_burst(&self.dev, queue, pkts, drops)
+    }
+
+    fn tx_burst(
+        &self,
+        _worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        drops: &mut DropTally,
+    ) -> TxDone {
+        rings::tx_burst(&self.dev, pkts, sel, drops)
+    }
+
+    fn rx_fd(&self, queue: u16) -> Option<RawFd> {
+        self.dev
+            .kick_polls
+            .get(usize::from(queue))
+            .map(AsRawFd::as_raw_fd)
+    }
+
+    fn rx_arm(&self, queue: u16) -> bool {
+        rings::arm(&self.dev, queue)
+    }
+
+    fn offloads(&self) -> Vec<&'static str> {
+        feature_names(self.features())
+    }
+}

@@ -1,0 +1,470 @@
+//! The vhost-user data path: moving frames between guest rings and packet buffers.
+//!
+//! - [`rx_burst`]: the guest's transmitq → switch. Read-only chains: virtio-net header,
+//!   then the frame; copied into the worker's buffer so that the frame lands after the
+//!   buffer's headroom whatever the header length (10 or 12 bytes).
+//! - [`tx_burst`]: switch → the guest's receiveq. Device-writable chains; with MRG_RXBUF a
+//!   frame may span several chains (`num_buffers`). Offloads the guest did not negotiate are
+//!   resolved first: partial checksums are completed, TSO frames are segmented.
+//! - [`arm`]: before a worker sleeps, drain the kick eventfd and enable guest notifications;
+//!   if the guest queued something meanwhile, say so (the worker polls again instead).
+
+use std::io::Read;
+use std::sync::atomic::Ordering;
+
+use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
+use virtio_bindings::virtio_net::*;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::{QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+
+use super::chain::{self, Seg};
+use super::{Device, Vring};
+use crate::packet::{Pkt, BUF_SIZE, BURST, HEADROOM};
+use crate::port::TxDone;
+use crate::stats::{DropReason, DropTally};
+
+/// Most receive chains one frame may use with MRG_RXBUF.
+const MAX_RX_CHAINS: usize = 256;
+
+/// Per-ring scratch space, kept with the ring so the data path never allocates.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    segs: Vec<Seg>,
+    /// (head, first seg, end seg, capacity) of each receive chain of the frame being written.
+    chains: Vec<(u16, usize, usize, u32)>,
+    /// The chain being walked.
+    tmp: Vec<Seg>,
+    /// Buffer for the segments of a software-segmented TSO frame.
+    gso: Vec<u8>,
+}
+
+fn avail_no_interrupt(v: &Vring, mem: &GuestMemoryMmap) -> bool {
+    let mut flags = [0u8; 2];
+    mem.read_slice(&mut flags, GuestAddress(v.queue.avail_ring()))
+        .is_ok()
+        && u16::from_le_bytes(flags) & 1 != 0
+}
+
+/// Signals the guest if it wants to be told about new used entries.
+fn notify(dev: &Device, v: &mut Vring, mem: &GuestMemoryMmap) {
+    let wants = if dev.has(VIRTIO_RING_F_EVENT_IDX) {
+        v.queue.needs_notification(mem).unwrap_or(true)
+    } else {
+        !avail_no_interrupt(v, mem)
+    };
+    if wants {
+        v.signal();
+    }
+}
+
+/// Pops up to `max` chain heads; a jumping avail index breaks the ring.
+fn pop_heads(
+    dev: &Device,
+    vi: usize,
+    v: &mut Vring,
+    mem: &GuestMemoryMmap,
+    heads: &mut [u16],
+) -> usize {
+    match v.queue.iter(mem) {
+        Ok(iter) => {
+            let mut n = 0;
+            for c in iter.take(heads.len()) {
+                heads[n] = c.head_index();
+                n += 1;
+            }
+            n
+        }
+        Err(virtio_queue::Error::InvalidAvailRingIndex) => {
+            let first = !v.broken;
+            v.broken = true;
+            dev.guest_error(
+                "avail index moved beyond the queue size; ring stopped",
+                vi,
+                first,
+            );
+            dev.note_ring(vi, v);
+            0
+        }
+        Err(_) => 0,
+    }
+}
+
+/// The guest's transmit queue `queue` → up to `pkts.len()` frames.
+pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut DropTally) -> usize {
+    let vi = usize::from(queue) * 2 + 1;
+    let Some(vr) = dev.vrings.get(vi) else {
+        return 0;
+    };
+    let mut guard = vr.lock();
+    let v = &mut *guard;
+    if !v.usable() {
+        return 0;
+    }
+    let mem = dev.mem.memory();
+    if v.notify {
+        let _ = v.queue.disable_notification(&*mem);
+        v.notify = false;
+    }
+    let mut heads = [0u16; BURST];
+    let nh = pop_heads(dev, vi, v, &mem, &mut heads[..pkts.len().min(BURST)]);
+    if nh == 0 {
+        return 0;
+    }
+    let hdr_len = dev.hdr_len();
+    let table = GuestAddress(v.queue.desc_table());
+    let qsize = v.queue.size();
+    let mut n = 0;
+    let mut used = 0;
+    for &head in &heads[..nh] {
+        let pkt = &mut pkts[n];
+        match read_chain(&mem, table, qsize, head, hdr_len, pkt, &mut v.scratch.segs) {
+            Ok(()) => n += 1,
+            Err(reason) => {
+                drops.count(reason);
+                if reason == DropReason::BadDescriptor {
+                    dev.guest_error(
+                        "bad transmit descriptor chain",
+                        vi,
+                        dev.guest_errors.load(Ordering::Relaxed) == 0,
+                    );
+                }
+            }
+        }
+        if v.queue.add_used(&*mem, head, 0).is_err() {
+            let first = !v.broken;
+            v.broken = true;
+            dev.guest_error(
+                "used ring not writable or bad head index; ring stopped",
+                vi,
+                first,
+            );
+            dev.note_ring(vi, v);
+            break;
+        }
+        used += 1;
+    }
+    if used > 0 {
+        notify(dev, v, &mem);
+    }
+    n
+}
+
+/// Copies one transmit chain into `pkt`.
+fn read_chain(
+    mem: &GuestMemoryMmap,
+    table: GuestAddress,
+    qsize: u16,
+    head: u16,
+    hdr_len: usize,
+    pkt: &mut Pkt,
+    segs: &mut Vec<Seg>,
+) -> Result<(), DropReason> {
+    let total =
+        chain::walk(mem, table, qsize, head, segs).map_err(|_| DropReason::BadDescriptor)? as usize;
+    if segs.iter().any(|s| s.write) {
+        return Err(DropReason::BadDescriptor);
+    }
+    if total < hdr_len {
+        return Err(DropReason::Runt);
+    }
+    let start = HEADROOM - hdr_len;
+    if start + total > BUF_SIZE - 1 {
+        return Err(DropReason::Oversize);
+    }
+    let buf = pkt.raw_buf_mut();
+    let mut off = start;
+    for s in segs.iter() {
+        let len = s.len as usize;
+        mem.read_slice(&mut buf[off..off + len], GuestAddress(s.addr))
+            .map_err(|_| DropReason::BadDescriptor)?;
+        off += len;
+    }
+    let hdr = VirtioNetHdr::parse(&buf[start..HEADROOM]).map_err(|_| DropReason::BadVnetHdr)?;
+    let frame_len = total - hdr_len;
+    hdr.validate(frame_len)
+        .map_err(|_| DropReason::BadVnetHdr)?;
+    pkt.set_len(frame_len);
+    pkt.hdr = VirtioNetHdr {
+        num_buffers: 0,
+        ..hdr
+    };
+    Ok(())
+}
+
+/// Frames `pkts[sel]` → the guest's receive queues (one pair per flow).
+pub(crate) fn tx_burst(
+    dev: &Device,
+    pkts: &mut [Pkt],
+    sel: &[u8],
+    drops: &mut DropTally,
+) -> TxDone {
+    let mut done = TxDone::default();
+    let enabled = dev.rx_enabled.load(Ordering::Acquire);
+    if enabled == 0 {
+        drops.count_n(DropReason::NoQueue, sel.len() as u32);
+        return done;
+    }
+    // Group by destination pair, keeping each pair's frames in order.
+    let mut pair_of = [0u8; BURST];
+    let mut pairs_used: u32 = 0;
+    for (k, &i) in sel.iter().enumerate() {
+        let p = pick_pair(pkts[usize::from(i)].frame(), enabled);
+        pair_of[k] = p;
+        pairs_used |= 1 << p;
+    }
+    while pairs_used != 0 {
+        let p = pairs_used.trailing_zeros() as u8;
+        pairs_used &= pairs_used - 1;
+        let vi = usize::from(p) * 2;
+        let mut guard = dev.vrings[vi].lock();
+        let v = &mut *guard;
+        if !v.usable() {
+            let n = pair_of[..sel.len()].iter().filter(|&&q| q == p).count();
+            drops.count_n(DropReason::NoQueue, n as u32);
+            continue;
+        }
+        let mem = dev.mem.memory();
+        let mut wrote = false;
+        for (k, &i) in sel.iter().enumerate() {
+            if pair_of[k] != p {
+                continue;
+            }
+            let pkt = &mut pkts[usize::from(i)];
+            match deliver(dev, vi, v, &mem, pkt) {
+                Ok(()) => {
+                    done.packets += 1;
+                    done.bytes += pkt.len() as u64;
+                    wrote = true;
+                }
+                Err(reason) => drops.count(reason),
+            }
+        }
+        if wrote {
+            notify(dev, v, &mem);
+        }
+    }
+    done
+}
+
+/// Picks the receive pair for a frame from the enabled set: flows stay on one pair.
+fn pick_pair(frame: &[u8], enabled: u32) -> u8 {
+    let n = enabled.count_ones();
+    let k = match qswitch_wire::flow::extract(frame) {
+        Some(key) if n > 1 => {
+            let mut h: u32 = u32::from(key.proto);
+            if let Some((s, d)) = key.ports {
+                h = h.wrapping_mul(31).wrapping_add(u32::from(s ^ d));
+            }
+            match key.ips {
+                qswitch_wire::flow::IpPair::V4 { src, dst } => {
+                    h = h
+                        .wrapping_mul(31)
+                        .wrapping_add(u32::from_be_bytes(src) ^ u32::from_be_bytes(dst))
+                }
+                qswitch_wire::flow::IpPair::V6 { src, dst } => {
+                    for (a, b) in src.iter().zip(dst.iter()) {
+                        h = h.wrapping_mul(31).wrapping_add(u32::from(a ^ b));
+                    }
+                }
+            }
+            (h ^ (h >> 16)) % n
+        }
+        _ => 0,
+    };
+    // The k-th set bit of `enabled`.
+    let mut e = enabled;
+    for _ in 0..k {
+        e &= e - 1;
+    }
+    e.trailing_zeros() as u8
+}
+
+/// Resolves offloads the guest cannot take, then writes the frame (or its segments).
+fn deliver(
+    dev: &Device,
+    vi: usize,
+    v: &mut Vring,
+    mem: &GuestMemoryMmap,
+    pkt: &mut Pkt,
+) -> Result<(), DropReason> {
+    let hdr = pkt.hdr;
+    let gso = hdr.gso_type & !virtio_net_hdr::GSO_ECN;
+    let guest_tso = match gso {
+        virtio_net_hdr::GSO_NONE => true,
+        virtio_net_hdr::GSO_TCPV4 => dev.has(VIRTIO_NET_F_GUEST_TSO4),
+        virtio_net_hdr::GSO_TCPV6 => dev.has(VIRTIO_NET_F_GUEST_TSO6),
+        _ => false,
+    } && (hdr.gso_type & virtio_net_hdr::GSO_ECN == 0
+        || dev.has(VIRTIO_NET_F_GUEST_ECN));
+    if !guest_tso {
+        return deliver_segmented(dev, vi, v, mem, pkt);
+    }
+    if hdr.flags & FLAG_NEEDS_CSUM != 0 && !dev.has(VIRTIO_NET_F_GUEST_CSUM) {
+        complete_csum(pkt)?;
+    }
+    let out = pkt.hdr;
+    write_rx(dev, vi, v, mem, &out, pkt.frame())
+}
+
+fn complete_csum(pkt: &mut Pkt) -> Result<(), DropReason> {
+    let (start, off) = (
+        usize::from(pkt.hdr.csum_start),
+        usize::from(pkt.hdr.csum_offset),
+    );
+    let len = pkt.len();
+    qswitch_wire::checksum::complete_partial(&mut pkt.frame_buf_mut()[..len], start, off)
+        .map_err(|_| DropReason::BadVnetHdr)?;
+    pkt.hdr.flags &= !FLAG_NEEDS_CSUM;
+    Ok(())
+}
+
+/// A TSO frame for a guest without TSO: cut it into wire-sized segments with complete
+/// checksums.
+fn deliver_segmented(
+    dev: &Device,
+    vi: usize,
+    v: &mut Vring,
+    mem: &GuestMemoryMmap,
+    pkt: &mut Pkt,
+) -> Result<(), DropReason> {
+    let mut scratch = std::mem::take(&mut v.scratch.gso);
+    if scratch.len() < BUF_SIZE {
+        scratch.resize(BUF_SIZE, 0);
+    }
+    let mut result = Ok(());
+    let hdr = pkt.hdr;
+    let seg = qswitch_wire::gso::segment(pkt.frame(), &hdr, &mut scratch, |frame| {
+        if result.is_ok() {
+            result = write_rx(dev, vi, v, mem, &VirtioNetHdr::default(), frame);
+        }
+    });
+    v.scratch.gso = scratch;
+    seg.map_err(|_| DropReason::Offload)?;
+    result
+}
+
+/// Writes header + frame into as many receive chains as needed (several only with
+/// MRG_RXBUF). On failure nothing is consumed, except that a malformed receive chain stops
+/// the ring (the guest is broken or hostile).
+fn write_rx(
+    dev: &Device,
+    vi: usize,
+    v: &mut Vring,
+    mem: &GuestMemoryMmap,
+    hdr: &VirtioNetHdr,
+    frame: &[u8],
+) -> Result<(), DropReason> {
+    // Moving the scratch vectors out and back costs no allocation.
+    let mut sc = std::mem::take(&mut v.scratch);
+    let r = write_rx_chains(dev, vi, v, mem, hdr, frame, &mut sc);
+    v.scratch = sc;
+    r
+}
+
+fn write_rx_chains(
+    dev: &Device,
+    vi: usize,
+    v: &mut Vring,
+    mem: &GuestMemoryMmap,
+    hdr: &VirtioNetHdr,
+    frame: &[u8],
+    sc: &mut Scratch,
+) -> Result<(), DropReason> {
+    let hdr_len = dev.hdr_len();
+    let mrg = dev.has(VIRTIO_NET_F_MRG_RXBUF);
+    let total = hdr_len + frame.len();
+    let table = GuestAddress(v.queue.desc_table());
+    let qsize = v.queue.size();
+    let saved = v.queue.next_avail();
+    sc.segs.clear();
+    sc.chains.clear();
+    let mut cap: usize = 0;
+    while cap < total {
+        if sc.chains.len() >= MAX_RX_CHAINS || (!mrg && !sc.chains.is_empty()) {
+            // Without MRG_RXBUF one chain must hold the whole frame.
+            v.queue.set_next_avail(saved);
+            return Err(DropReason::TxFull);
+        }
+        let mut head = [0u16; 1];
+        if pop_heads(dev, vi, v, mem, &mut head) == 0 {
+            v.queue.set_next_avail(saved);
+            return Err(DropReason::TxFull);
+        }
+        match chain::walk(mem, table, qsize, head[0], &mut sc.tmp) {
+            Ok(c) if sc.tmp.iter().all(|s| s.write) => {
+                let start = sc.segs.len();
+                sc.segs.extend_from_slice(&sc.tmp);
+                sc.chains.push((head[0], start, sc.segs.len(), c));
+                cap += c as usize;
+            }
+            _ => {
+                v.queue.set_next_avail(saved);
+                let first = !v.broken;
+                v.broken = true;
+                dev.guest_error("bad receive descriptor chain; ring stopped", vi, first);
+                dev.note_ring(vi, v);
+                return Err(DropReason::BadDescriptor);
+            }
+        }
+    }
+    let mut h = [0u8; virtio_net_hdr::LEN];
+    let n_bufs = if mrg { sc.chains.len() as u16 } else { 1 };
+    VirtioNetHdr {
+        num_buffers: n_bufs,
+        ..*hdr
+    }
+    .emit(&mut h);
+    // Stream the header, then the frame, across the chains' segments.
+    let mut src_hdr = &h[..hdr_len];
+    let mut src_frame = frame;
+    let mut ok = true;
+    for &(head, s0, s1, _) in &sc.chains {
+        let mut written: u32 = 0;
+        for s in &sc.segs[s0..s1] {
+            let mut addr = s.addr;
+            let mut room = s.len as usize;
+            for src in [&mut src_hdr, &mut src_frame] {
+                let n = room.min(src.len());
+                if n > 0 {
+                    ok &= mem.write_slice(&src[..n], GuestAddress(addr)).is_ok();
+                    *src = &src[n..];
+                    addr += n as u64;
+                    room -= n;
+                    written += n as u32;
+                }
+            }
+        }
+        ok &= v.queue.add_used(mem, head, written).is_ok();
+    }
+    if ok {
+        Ok(())
+    } else {
+        let first = !v.broken;
+        v.broken = true;
+        dev.guest_error("receive ring not writable; ring stopped", vi, first);
+        dev.note_ring(vi, v);
+        Err(DropReason::BadDescriptor)
+    }
+}
+
+/// Before a worker sleeps on `queue`: drain the kick, enable notifications, and report
+/// whether sleeping is safe (nothing arrived meanwhile).
+pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
+    let vi = usize::from(queue) * 2 + 1;
+    let Some(vr) = dev.vrings.get(vi) else {
+        return true;
+    };
+    let mut guard = vr.lock();
+    let v = &mut *guard;
+    if let Some(k) = &v.kick {
+        let mut b = [0u8; 8];
+        let _ = (&*k).read(&mut b);
+    }
+    if !v.usable() {
+        return true;
+    }
+    let mem = dev.mem.memory();
+    v.notify = true;
+    !v.queue.enable_notification(&*mem).unwrap_or(false)
+}
