@@ -17,6 +17,8 @@
 //! - [`port`]: the [`port::Port`] trait and the TAP, gen and (tests) inject ports.
 //! - [`fdb`]: the MAC learning table with aging.
 //! - [`packet`]: packet buffers with virtio-net header headroom; bursts.
+//! - [`rss`]: the Toeplitz hash (Microsoft's RSS) and the 128-entry indirection table.
+//! - [`placement`]: which CPU each rx queue runs on (disjoint, SMT- and NUMA-aware sets).
 //! - [`stats`]: single-writer counters and the drop reasons.
 //! - [`ids`]: `PortId`, `WorkerId`.
 //! - [`report`]: per-second rates from two counter snapshots.
@@ -31,11 +33,13 @@
 pub mod fdb;
 pub mod ids;
 pub mod packet;
+pub mod placement;
 pub mod port;
 pub mod report;
+pub mod rss;
 pub mod stats;
 pub mod switch;
 pub mod worker;
 
 pub use ids::{PortId, WorkerId};
-pub use switch::{Switch, SwitchError};
+pub use switch::{Options, Switch, SwitchError};

@@ -76,6 +76,8 @@ drop_reasons! {
     VlanTagged => "vlan_tagged",
     /// The destination MAC was learned on the ingress port.
     SamePort => "same_port",
+    /// A flood found no other port in the ingress port's VLAN.
+    NoDestination => "no_destination",
     /// Reading from the port failed.
     RxError => "rx_error",
     /// The destination queue was full.

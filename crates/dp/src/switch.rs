@@ -82,6 +82,26 @@ pub(crate) struct Shared {
     pub(crate) fdb: Fdb,
     stop: AtomicBool,
     base: Instant,
+    /// How long workers poll after their last frame before sleeping.
+    pub(crate) spin_ns: u64,
+}
+
+/// Switch-wide settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// How long a learned MAC address lives without being seen.
+    pub fdb_aging: Duration,
+    /// How long a worker keeps polling after its last frame before it sleeps.
+    pub poll_spin: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            fdb_aging: Duration::from_secs(300),
+            poll_spin: Duration::from_nanos(worker::SPIN_NS),
+        }
+    }
 }
 
 impl Shared {
@@ -112,6 +132,15 @@ pub(crate) struct WorkerShared {
     pub(crate) seen_epoch: AtomicU64,
 }
 
+/// Gives each of `queues` rx queues of port `id` to the worker with the fewest queues.
+fn assign_queues(assign: &mut [Vec<(PortId, u16)>], id: PortId, queues: u16) {
+    for q in 0..queues {
+        if let Some(w) = (0..assign.len()).min_by_key(|&w| (assign[w].len(), w)) {
+            assign[w].push((id, q));
+        }
+    }
+}
+
 /// Control-plane state, behind one mutex.
 struct Control {
     /// Per worker: the (port, queue) pairs it polls.
@@ -128,13 +157,14 @@ pub struct Switch {
 
 impl Switch {
     /// Starts one pinned worker per CPU in `cpus`, with no ports.
-    pub fn start(cpus: &[usize], fdb_aging: Duration) -> Result<Switch, SwitchError> {
+    pub fn start(cpus: &[usize], options: &Options) -> Result<Switch, SwitchError> {
         let shared = Arc::new(Shared {
             ports: ArcSwap::from_pointee(Vec::new()),
             epoch: AtomicU64::new(0),
-            fdb: Fdb::new(fdb_aging.as_nanos() as u64),
+            fdb: Fdb::new(options.fdb_aging.as_nanos() as u64),
             stop: AtomicBool::new(false),
             base: Instant::now(),
+            spin_ns: options.poll_spin.as_nanos() as u64,
         });
         let mut workers = Vec::new();
         for (id, &cpu) in cpus.iter().enumerate() {
@@ -187,12 +217,44 @@ impl Switch {
         self.shared.stopping()
     }
 
-    /// Adds a port from its (already validated) config: opens the device, assigns its rx
-    /// queues to the least-loaded workers, and publishes it.
+    /// Adds a port from its config: validates it, opens the device, assigns its rx queues
+    /// to the least-loaded workers, and publishes it.
     pub fn add_port(&self, config: &PortConfig) -> Result<PortId, SwitchError> {
-        config.validate()?;
+        self.add_ports(std::slice::from_ref(config))
+            .map(|ids| ids[0])
+    }
+
+    /// Adds several ports at once: they all appear to the workers in the same instant, so
+    /// no frame is switched while only some of them exist. All or nothing: if one fails,
+    /// none is added (devices already opened are closed again).
+    pub fn add_ports(&self, configs: &[PortConfig]) -> Result<Vec<PortId>, SwitchError> {
         let mut ctl = self.control.lock();
         let table = self.shared.ports.load_full();
+        let mut new_table = (*table).clone();
+        let mut ids = Vec::with_capacity(configs.len());
+        let mut assign = ctl.assign.clone();
+        for config in configs {
+            let id = self.prepare(&new_table, config)?;
+            let dev = self.open_device(id, config)?;
+            let slot = usize::from(id.0);
+            if slot == new_table.len() {
+                new_table.push(None);
+            }
+            new_table[slot] = Some(self.entry(id, config, dev));
+            assign_queues(&mut assign, id, config.queues);
+            ids.push(id);
+        }
+        ctl.assign = assign;
+        self.publish(&mut ctl, new_table);
+        for c in configs {
+            tracing::info!(port = %c.name, kind = %c.kind, "port added");
+        }
+        Ok(ids)
+    }
+
+    /// Checks that `config` can join `table` and returns the id it gets.
+    fn prepare(&self, table: &PortTable, config: &PortConfig) -> Result<PortId, SwitchError> {
+        config.validate()?;
         for p in table.iter().flatten() {
             if p.config.name == config.name {
                 return Err(SwitchError::PortExists(config.name.clone()));
@@ -221,10 +283,7 @@ impl Switch {
         if slot >= MAX_PORTS {
             return Err(SwitchError::Full);
         }
-        let id = PortId(slot as u16);
-        let dev = self.open_device(id, config)?;
-        self.install(&mut ctl, table, slot, id, config, dev);
-        Ok(id)
+        Ok(PortId(slot as u16))
     }
 
     /// Adds a test double port (see [`crate::port::inject`]).
@@ -235,25 +294,18 @@ impl Switch {
         vlan: Option<u16>,
     ) -> Result<Arc<crate::port::inject::InjectPort>, SwitchError> {
         let mut ctl = self.control.lock();
-        let table = self.shared.ports.load_full();
-        if table.iter().flatten().any(|p| p.config.name == name) {
-            return Err(SwitchError::PortExists(name.to_string()));
-        }
-        let slot = table
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or(table.len());
-        let port = Arc::new(crate::port::inject::InjectPort::new());
+        let mut table = (*self.shared.ports.load_full()).clone();
         let mut config = PortConfig::gen(name);
         config.vlan = vlan;
-        self.install(
-            &mut ctl,
-            table,
-            slot,
-            PortId(slot as u16),
-            &config,
-            Device::Inject(port.clone()),
-        );
+        let id = self.prepare(&table, &config)?;
+        let port = Arc::new(crate::port::inject::InjectPort::new());
+        let slot = usize::from(id.0);
+        if slot == table.len() {
+            table.push(None);
+        }
+        table[slot] = Some(self.entry(id, &config, Device::Inject(port.clone())));
+        assign_queues(&mut ctl.assign, id, 1);
+        self.publish(&mut ctl, table);
         Ok(port)
     }
 
@@ -286,34 +338,14 @@ impl Switch {
         })
     }
 
-    fn install(
-        &self,
-        ctl: &mut Control,
-        table: Arc<PortTable>,
-        slot: usize,
-        id: PortId,
-        config: &PortConfig,
-        dev: Device,
-    ) {
-        let entry = Arc::new(PortEntry {
+    fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {
+        Arc::new(PortEntry {
             id,
             config: config.clone(),
             vlan: config.vlan.unwrap_or(0),
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
-        });
-        let mut new_table = (*table).clone();
-        if slot == new_table.len() {
-            new_table.push(None);
-        }
-        new_table[slot] = Some(entry);
-        for q in 0..config.queues {
-            if let Some(w) = (0..ctl.assign.len()).min_by_key(|&w| (ctl.assign[w].len(), w)) {
-                ctl.assign[w].push((id, q));
-            }
-        }
-        self.publish(ctl, new_table);
-        tracing::info!(port = %config.name, kind = %config.kind, id = id.0, "port added");
+        })
     }
 
     /// Removes a port. Returns once no worker uses it any more (its device is then closed:

@@ -43,7 +43,7 @@ use crate::port::Port;
 use crate::stats::{DropReason, DropTally};
 use crate::switch::{PortEntry, PortTable, Shared, WorkerShared};
 
-/// How long a worker keeps polling after its last frame before it sleeps.
+/// How long a worker keeps polling after its last frame before it sleeps, by default.
 pub const SPIN_NS: u64 = 50_000;
 /// Longest sleep, so housekeeping (epoch checks) happens even on a silent switch.
 pub const MAX_SLEEP_MS: i32 = 1000;
@@ -103,10 +103,7 @@ impl Worker {
         let mut events = [Event::EMPTY; 16];
         let mut last = self.shared.now();
         let mut last_busy = last;
-        let spin: u64 = std::env::var("QS_SPIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(SPIN_NS);
+        let spin = self.shared.spin_ns;
         while !self.shared.stopping() {
             let e = self.shared.epoch();
             if e != epoch {
@@ -246,12 +243,17 @@ impl Worker {
                     self.push_out(p, i)
                 }
                 _ => {
+                    let mut sent = false;
                     if let Some((_, members)) = v.floods.iter().find(|(fv, _)| *fv == vlan) {
                         for &p in members {
                             if p != ingress {
                                 self.push_out(p, i);
+                                sent = true;
                             }
                         }
+                    }
+                    if !sent {
+                        drops.count(DropReason::NoDestination);
                     }
                 }
             }

@@ -20,7 +20,7 @@ const BCAST: [u8; 6] = [0xff; 6];
 fn switch(workers: usize) -> Switch {
     let cpus = qswitch_sys::thread::online_cpus().unwrap();
     let cpus: Vec<usize> = cpus.iter().copied().cycle().take(workers).collect();
-    Switch::start(&cpus, Duration::from_secs(300)).unwrap()
+    Switch::start(&cpus, &qswitch_dp::Options::default()).unwrap()
 }
 
 fn gen_port(name: &str, mac: &str, gen: Option<GenConfig>, queues: u16) -> PortConfig {

@@ -4,10 +4,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -18,6 +19,8 @@ use crate::daemon::Daemon;
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
+/// Most control connections served at once.
+const MAX_CLIENTS: usize = 32;
 
 /// The bound socket; the file is removed on drop.
 pub struct Socket {
@@ -26,22 +29,33 @@ pub struct Socket {
 }
 
 impl Socket {
-    /// Binds `path` with mode 0600. A stale socket file (nobody listening) is replaced; a live
-    /// one is an error.
+    /// Binds `path` with mode 0600 (the socket is created under a 0177 umask, so it is never
+    /// reachable by others, not even briefly). A stale socket file (nobody listening) is
+    /// replaced; a live one is an error; anything that is not a socket is left alone and is an
+    /// error.
     pub fn bind(path: &Path) -> anyhow::Result<Socket> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        if path.exists() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                bail!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                );
+            }
             if UnixStream::connect(path).is_ok() {
                 bail!("another qswitch is already listening on {}", path.display());
             }
             std::fs::remove_file(path)
                 .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
         }
-        let listener = UnixListener::bind(path)
-            .with_context(|| format!("cannot bind control socket {}", path.display()))?;
+        let old = qswitch_sys::thread::set_umask(0o177);
+        let bound = UnixListener::bind(path);
+        qswitch_sys::thread::set_umask(old);
+        let listener =
+            bound.with_context(|| format!("cannot bind control socket {}", path.display()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("cannot set permissions on {}", path.display()))?;
         listener.set_nonblocking(true)?;
@@ -69,15 +83,39 @@ pub fn serve(socket: Socket, daemon: &Daemon, stop: &AtomicBool) {
         }
     };
     let mut events = [Event::EMPTY; 4];
-    while !stop.load(Ordering::Relaxed) {
-        if epoll.wait(&mut events, 200).unwrap_or(0) == 0 {
-            continue;
-        }
-        while let Ok((stream, _)) = socket.listener.accept() {
-            if let Err(e) = handle(stream, daemon) {
-                tracing::debug!(error = %e, "control connection failed");
+    let active = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        while !stop.load(Ordering::Relaxed) {
+            if epoll.wait(&mut events, 200).unwrap_or(0) == 0 {
+                continue;
+            }
+            while let Ok((stream, _)) = socket.listener.accept() {
+                // One thread per connection, so a client that says nothing stalls nobody.
+                if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    let _ = reply(&stream, &busy());
+                    continue;
+                }
+                let active = active.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("qs-control-conn".into())
+                    .spawn_scoped(scope, move || {
+                        if let Err(e) = handle(stream, daemon) {
+                            tracing::debug!(error = %e, "control connection failed");
+                        }
+                        active.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    tracing::warn!("cannot start a control connection thread");
+                }
             }
         }
+    });
+}
+
+fn busy() -> Response {
+    Response::Error {
+        message: "too many control connections; try again".into(),
     }
 }
 
@@ -85,17 +123,26 @@ fn handle(stream: UnixStream, daemon: &Daemon) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = String::new();
-    BufReader::new((&stream).take(MAX_REQUEST)).read_line(&mut line)?;
-    let response = match serde_json::from_str::<Request>(line.trim_end()) {
-        Ok(req) => execute(req, daemon),
+    let mut line = Vec::new();
+    let read = BufReader::new((&stream).take(MAX_REQUEST)).read_until(b'\n', &mut line);
+    let response = match read {
         Err(e) => Response::Error {
             message: format!("bad request: {e}"),
         },
+        Ok(_) => match serde_json::from_slice::<Request>(line.trim_ascii_end()) {
+            Ok(req) => execute(req, daemon),
+            Err(e) => Response::Error {
+                message: format!("bad request: {e}"),
+            },
+        },
     };
-    let mut out = serde_json::to_vec(&response).unwrap_or_default();
+    reply(&stream, &response)
+}
+
+fn reply(stream: &UnixStream, response: &Response) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(response).unwrap_or_default();
     out.push(b'\n');
-    (&stream).write_all(&out)
+    (&*stream).write_all(&out)
 }
 
 /// Carries out one request.

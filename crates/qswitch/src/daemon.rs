@@ -71,12 +71,13 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
         signal_hook::flag::register(sig, term.clone()).context("cannot install signal handler")?;
     }
     let socket = control::Socket::bind(&config.switch.control)?;
-    let switch = Switch::start(cpus, Duration::from_secs(config.switch.fdb_aging))?;
-    for p in &config.ports {
-        switch
-            .add_port(p)
-            .with_context(|| format!("port '{}'", p.name))?;
-    }
+    let options = qswitch_dp::Options {
+        fdb_aging: Duration::from_secs(config.switch.fdb_aging),
+        poll_spin: Duration::from_micros(config.switch.poll_spin_us),
+    };
+    let switch = Switch::start(cpus, &options)?;
+    // All at once: no frame is switched before every configured port is there.
+    switch.add_ports(&config.ports)?;
     let daemon = Arc::new(Daemon {
         switch,
         rates: Mutex::new(None),
@@ -106,12 +107,14 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
             daemon.switch.tick();
         }
     }
+    // A worker that failed stops the switch by itself; a signal stops it by request.
+    let worker_failed = !term.load(Ordering::Relaxed);
     tracing::info!("stopping");
     term.store(true, Ordering::Relaxed);
     let _ = server.join();
     daemon.switch.shutdown();
-    if daemon.switch.stopping() && !term.load(Ordering::Relaxed) {
-        anyhow::bail!("a worker failed");
+    if worker_failed {
+        anyhow::bail!("a worker failed; see the log above");
     }
     tracing::info!("stopped");
     Ok(())

@@ -59,7 +59,7 @@ pub fn run(seconds: u32, streams: u32) -> anyhow::Result<()> {
         format!("qsdB{}", id % 100_000),
     );
     let control = dir.join("control.sock");
-    let workers = std::env::var("QS_WORKERS").unwrap_or(worker_cpus(2)?);
+    let workers = worker_cpus(2)?;
     let text = config(&workers, &control.display().to_string(), &tap_a, &tap_b);
 
     println!("== qswitch demo: workers on CPUs {workers}, TAPs {tap_a} and {tap_b}");

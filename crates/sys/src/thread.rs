@@ -186,6 +186,12 @@ pub fn process_cpu_ns() -> u64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
+/// Sets the process's file mode creation mask and returns the previous one.
+pub fn set_umask(mask: u32) -> u32 {
+    // SAFETY: umask() has no preconditions, cannot fail and touches no memory.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
 /// Whether the effective user id is 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid() has no preconditions and cannot fail.
