@@ -53,8 +53,8 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 return Ok(());
             }
             println!(
-                "{:<12} {:<5} {:<16} {:>5} {:<24} {}",
-                "NAME", "TYPE", "IFNAME/MAC", "VLAN", "QUEUES (q:worker@cpu)", "OFFLOADS"
+                "{:<12} {:<10} {:<24} {:>4} {:<22} FEATURES/OFFLOADS",
+                "NAME", "TYPE", "IFNAME/MAC/SOCKET", "VLAN", "QUEUES (q:worker@cpu)"
             );
             for p in ports {
                 let queues: Vec<String> = p
@@ -62,9 +62,9 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                     .iter()
                     .map(|q| format!("{}:{}@{}", q.queue, q.worker, q.cpu))
                     .collect();
-                let id = p.ifname.or(p.mac).unwrap_or_default();
+                let id = p.ifname.or(p.mac).or(p.socket).unwrap_or_default();
                 println!(
-                    "{:<12} {:<5} {:<16} {:>5} {:<24} {}",
+                    "{:<12} {:<10} {:<24} {:>4} {:<22} {}",
                     p.name,
                     p.kind,
                     id,
@@ -72,6 +72,21 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                     queues.join(" "),
                     p.offloads.join(",")
                 );
+                if let Some(connected) = p.connected {
+                    let enabled = p.enabled_queues.unwrap_or_default();
+                    let enabled: Vec<String> = enabled.iter().map(u16::to_string).collect();
+                    println!(
+                        "{:<12} {} mode, {}, enabled queue pairs: [{}]",
+                        "",
+                        p.mode.unwrap_or_default(),
+                        if connected {
+                            "connected"
+                        } else {
+                            "not connected"
+                        },
+                        enabled.join(",")
+                    );
+                }
             }
         }
         PortCmd::Add {

@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use qswitch_sys::epoll::Epoll;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -58,6 +59,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::{Port, TxDone};
 use crate::packet::Pkt;
+use crate::rss::{Reta, Toeplitz};
 use crate::stats::DropTally;
 
 pub use handler::Handler;
@@ -183,6 +185,10 @@ pub(crate) struct Device {
     pub(crate) features: AtomicU64,
     /// Bit K set: receiveq K is usable (enabled, started, not broken).
     pub(crate) rx_enabled: AtomicU32,
+    /// Indirection table over the usable receive queues (rebuilt when they change).
+    pub(crate) reta: ArcSwap<Reta>,
+    /// The RSS hash (Microsoft's default key).
+    pub(crate) rss: Toeplitz,
     pub(crate) connected: AtomicBool,
     /// Guest errors seen (bad chains, broken rings), for logs and tests.
     pub(crate) guest_errors: AtomicU64,
@@ -200,6 +206,8 @@ impl Device {
                 .collect::<std::io::Result<_>>()?,
             features: AtomicU64::new(0),
             rx_enabled: AtomicU32::new(0),
+            reta: ArcSwap::from_pointee(Reta::new(&[])),
+            rss: Toeplitz::default(),
             connected: AtomicBool::new(false),
             guest_errors: AtomicU64::new(0),
         })
@@ -211,13 +219,14 @@ impl Device {
 
     /// Records whether ring `vi` is usable; call with the ring locked after changing it.
     pub(crate) fn note_ring(&self, vi: usize, v: &Vring) {
-        if vi % 2 == 0 {
+        if vi.is_multiple_of(2) {
             let bit = 1u32 << (vi / 2);
-            if v.usable() {
-                self.rx_enabled.fetch_or(bit, Ordering::AcqRel);
+            let old = if v.usable() {
+                self.rx_enabled.fetch_or(bit, Ordering::AcqRel)
             } else {
-                self.rx_enabled.fetch_and(!bit, Ordering::AcqRel);
-            }
+                self.rx_enabled.fetch_and(!bit, Ordering::AcqRel)
+            };
+            self.update_reta(old);
         }
     }
 
@@ -242,7 +251,22 @@ impl Device {
             }
             *v = Vring::new();
         }
-        self.rx_enabled.store(0, Ordering::Release);
+        let old = self.rx_enabled.swap(0, Ordering::AcqRel);
+        self.update_reta(old);
+    }
+
+    /// Rebuilds the indirection table if the usable receive queues changed from `old`.
+    fn update_reta(&self, old: u32) {
+        let now = self.rx_enabled.load(Ordering::Acquire);
+        if now != old {
+            let queues: Vec<u16> = (0..32).filter(|k| now & (1 << k) != 0).collect();
+            self.reta.store(Arc::new(Reta::new(&queues)));
+        }
+    }
+
+    /// The current indirection table.
+    pub(crate) fn reta(&self) -> Arc<Reta> {
+        self.reta.load_full()
     }
 
     pub(crate) fn guest_error(&self, what: &str, vring: usize, first: bool) {
@@ -354,6 +378,11 @@ impl VhostUserPort {
         (0..self.dev.pairs)
             .filter(|&p| self.dev.vrings[usize::from(p) * 2].lock().usable())
             .collect()
+    }
+
+    /// The receive-side indirection table (vRSS) over the enabled queue pairs.
+    pub fn reta(&self) -> Arc<Reta> {
+        self.dev.reta()
     }
 
     /// Guest errors seen so far.

@@ -22,6 +22,7 @@ use super::chain::{self, Seg};
 use super::{Device, Vring};
 use crate::packet::{Pkt, BUF_SIZE, BURST, HEADROOM};
 use crate::port::TxDone;
+use crate::rss::Reta;
 use crate::stats::{DropReason, DropTally};
 
 /// Most receive chains one frame may use with MRG_RXBUF.
@@ -200,8 +201,8 @@ pub(crate) fn tx_burst(
     drops: &mut DropTally,
 ) -> TxDone {
     let mut done = TxDone::default();
-    let enabled = dev.rx_enabled.load(Ordering::Acquire);
-    if enabled == 0 {
+    let reta = dev.reta.load();
+    if reta.is_empty() {
         drops.count_n(DropReason::NoQueue, sel.len() as u32);
         return done;
     }
@@ -209,7 +210,7 @@ pub(crate) fn tx_burst(
     let mut pair_of = [0u8; BURST];
     let mut pairs_used: u32 = 0;
     for (k, &i) in sel.iter().enumerate() {
-        let p = pick_pair(pkts[usize::from(i)].frame(), enabled);
+        let p = pick_pair(dev, &reta, pkts[usize::from(i)].frame());
         pair_of[k] = p;
         pairs_used |= 1 << p;
     }
@@ -247,37 +248,15 @@ pub(crate) fn tx_burst(
     done
 }
 
-/// Picks the receive pair for a frame from the enabled set: flows stay on one pair.
-fn pick_pair(frame: &[u8], enabled: u32) -> u8 {
-    let n = enabled.count_ones();
-    let k = match qswitch_wire::flow::extract(frame) {
-        Some(key) if n > 1 => {
-            let mut h: u32 = u32::from(key.proto);
-            if let Some((s, d)) = key.ports {
-                h = h.wrapping_mul(31).wrapping_add(u32::from(s ^ d));
-            }
-            match key.ips {
-                qswitch_wire::flow::IpPair::V4 { src, dst } => {
-                    h = h
-                        .wrapping_mul(31)
-                        .wrapping_add(u32::from_be_bytes(src) ^ u32::from_be_bytes(dst))
-                }
-                qswitch_wire::flow::IpPair::V6 { src, dst } => {
-                    for (a, b) in src.iter().zip(dst.iter()) {
-                        h = h.wrapping_mul(31).wrapping_add(u32::from(a ^ b));
-                    }
-                }
-            }
-            (h ^ (h >> 16)) % n
-        }
-        _ => 0,
+/// Picks the receive pair for a frame (vRSS): the Toeplitz hash of its flow indexes the
+/// port's indirection table, which spans only the pairs the guest enabled. A flow always
+/// lands on the same pair; non-IP frames go to the first enabled pair.
+fn pick_pair(dev: &Device, reta: &Reta, frame: &[u8]) -> u8 {
+    let q = match qswitch_wire::flow::extract(frame) {
+        Some(key) if reta.queues().len() > 1 => reta.queue_for(dev.rss.hash_flow(&key, true)),
+        _ => reta.queue_for_non_ip(),
     };
-    // The k-th set bit of `enabled`.
-    let mut e = enabled;
-    for _ in 0..k {
-        e &= e - 1;
-    }
-    e.trailing_zeros() as u8
+    q as u8
 }
 
 /// Resolves offloads the guest cannot take, then writes the frame (or its segments).
