@@ -27,3 +27,5 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== tests"
 cargo test --workspace --release -- --test-threads=2
+echo "== fuzz (brief)"
+./fuzz/run.sh "${QSWITCH_FUZZ_SECONDS:-15}"

@@ -50,7 +50,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use qswitch_sys::epoll::Epoll;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost::vhost_user::{BackendReqHandler, Listener};
+use vhost::vhost_user::{BackendReqHandler, Error as VhostError, Listener};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -464,11 +464,26 @@ fn protocol_thread(
         let handler = Arc::new(StdMutex::new(Handler::new(dev.clone())));
         let mut req = BackendReqHandler::from_stream(stream, handler);
         loop {
-            if let Err(e) = req.handle_request() {
-                if !stop.load(Ordering::Relaxed) {
-                    tracing::info!(port = %dev.name, error = %e, "frontend disconnected");
+            match req.handle_request() {
+                Ok(()) => {}
+                // The request was read whole and refused; the connection is still in step.
+                // QEMU 7.2, for one, disables extra queue pairs before SET_FEATURES, which
+                // the vhost crate refuses: nothing to act on, rings start disabled anyway.
+                Err(
+                    e @ (VhostError::InactiveFeature(_)
+                    | VhostError::InactiveOperation(_)
+                    | VhostError::InvalidParam
+                    | VhostError::InvalidOperation(_)
+                    | VhostError::SocketRetry(_)),
+                ) => {
+                    tracing::debug!(port = %dev.name, error = %e, "request refused");
                 }
-                break;
+                Err(e) => {
+                    if !stop.load(Ordering::Relaxed) {
+                        tracing::info!(port = %dev.name, error = %e, "frontend disconnected");
+                    }
+                    break;
+                }
             }
         }
         dev.disconnect();

@@ -1,0 +1,17 @@
+//! The config file parser and validator: any text gives a config or a one-line error.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use qswitch_api::Config;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    match Config::from_toml(text) {
+        Ok(c) => {
+            if let Err(e) = c.validate(&[0, 1]) {
+                assert!(!e.to_string().contains('\n'));
+            }
+        }
+        Err(e) => assert!(!e.to_string().contains('\n')),
+    }
+});
