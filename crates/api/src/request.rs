@@ -168,6 +168,10 @@ pub struct WorkerStats {
     pub idle_ns: u64,
     pub sleeps: u64,
     pub wakeups: u64,
+    /// Current adaptive spin window in microseconds (shrinks when the worker's CPU is
+    /// contended).
+    #[serde(default)]
+    pub spin_us: f64,
     pub voluntary_ctx_switches: u64,
     pub involuntary_ctx_switches: u64,
     /// CPU time of the thread (user + system) in nanoseconds.

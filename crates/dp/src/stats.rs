@@ -30,6 +30,12 @@ impl Counter {
         );
     }
 
+    /// Sets the value (for gauges). Only the one writer may call this.
+    #[inline]
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+
     /// Current value.
     #[inline]
     pub fn get(&self) -> u64 {
@@ -176,6 +182,8 @@ pub struct WorkerCounters {
     pub idle_ns: Counter,
     pub sleeps: Counter,
     pub wakeups: Counter,
+    /// The current adaptive spin window in nanoseconds (a gauge).
+    pub spin_ns: Counter,
     /// The worker's kernel thread id, once it has started (0 before).
     pub tid: AtomicI32,
 }

@@ -539,6 +539,7 @@ impl Switch {
                     idle_ns: c.idle_ns.get(),
                     sleeps: c.sleeps.get(),
                     wakeups: c.wakeups.get(),
+                    spin_us: c.spin_ns.get() as f64 / 1000.0,
                     voluntary_ctx_switches: vol,
                     involuntary_ctx_switches: invol,
                     cpu_ns: if tid > 0 {

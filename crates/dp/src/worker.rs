@@ -103,7 +103,7 @@ impl Worker {
         let mut events = [Event::EMPTY; 16];
         let mut last = self.shared.now();
         let mut last_busy = last;
-        let spin = self.shared.spin_ns;
+        let mut spin = Spin::new(self.shared.spin_ns, last);
         while !self.shared.stopping() {
             let e = self.shared.epoch();
             if e != epoch {
@@ -126,7 +126,9 @@ impl Worker {
                 c.idle_ns.add(now - last);
             }
             last = now;
-            if now - last_busy < spin {
+            let window = spin.window(now);
+            c.spin_ns.set(window);
+            if now - last_busy < window {
                 continue;
             }
             let Some(timeout) = sleep_timeout(v, now) else {
@@ -309,6 +311,52 @@ impl Worker {
         let p = self.shared.fdb.lookup(mac, vlan, now);
         self.cache.looked_up = Some((mac, vlan, p, generation, now));
         p
+    }
+}
+
+/// The adaptive spin window: how long to keep polling after the last frame.
+///
+/// Busy-polling pays off when the worker has its CPU to itself; when other threads need
+/// that CPU (the kernel's TCP stacks behind TAP ports on a small machine, say), every
+/// microsecond spent spinning is taken from them. Every [`SPIN_ADJUST_NS`] the worker looks
+/// at its own involuntary context switches: if it was preempted, others are waiting for its
+/// CPU and the window halves (down to [`SPIN_MIN_NS`]); if not, it doubles back up to the
+/// configured maximum.
+struct Spin {
+    max: u64,
+    window: u64,
+    next_check: u64,
+    preempted: u64,
+}
+
+/// Shortest adaptive spin window.
+pub const SPIN_MIN_NS: u64 = 2_000;
+/// How often the spin window is adjusted.
+pub const SPIN_ADJUST_NS: u64 = 100_000_000;
+
+impl Spin {
+    fn new(max: u64, now: u64) -> Spin {
+        Spin {
+            max,
+            window: max,
+            next_check: now + SPIN_ADJUST_NS,
+            preempted: qswitch_sys::thread::own_involuntary_ctx_switches(),
+        }
+    }
+
+    #[inline]
+    fn window(&mut self, now: u64) -> u64 {
+        if now >= self.next_check {
+            self.next_check = now + SPIN_ADJUST_NS;
+            let p = qswitch_sys::thread::own_involuntary_ctx_switches();
+            self.window = if p > self.preempted + 1 {
+                (self.window / 2).max(SPIN_MIN_NS.min(self.max))
+            } else {
+                (self.window * 2).clamp(SPIN_MIN_NS.min(self.max), self.max)
+            };
+            self.preempted = p;
+        }
+        self.window
     }
 }
 

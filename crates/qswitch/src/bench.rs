@@ -1,12 +1,838 @@
-//! `qswitch bench SCENARIO`.
+//! `qswitch bench SCENARIO`: qswitch measured next to a peer on the same machine, in the same
+//! run, written as `OUT/SCENARIO.json` (config, every run with per-second samples, summary) and
+//! `OUT/SCENARIO.svg`, with a table and `RESULT` lines on stdout.
+//!
+//! # Scenarios
+//! - `tap-tcp`: iperf3 TCP from one network namespace to another, (a) through qswitch (two TAP
+//!   ports, the demo config) and (b) through the Linux bridge (two veth pairs).
+//!
+//! # Method
+//! Contenders are interleaved (A B, B A, A B ...) so that neither always runs first or on a
+//! machine warmed up by the other, and each run gets a freshly set-up topology that is torn
+//! down afterwards (an idle qswitch must not eat CPU during a bridge run). Results are medians
+//! over runs with min–max ranges. Each run also records the machine's busy CPUs for 1 s before
+//! the traffic (`idle_busy_cpus`): high values there mean something else was running.
+//!
+//! # Adding a scenario
+//! Write `fn(&Bench) -> anyhow::Result<()>` and add it to [`SCENARIOS`]. Shared pieces:
+//! [`Bench`] (arguments, Ctrl-C, progress), [`Topology`] and [`iperf_run`] (one iperf3 run
+//! between two namespaces with per-second samples), [`interleave`], [`summarise`],
+//! [`print_table`], [`warn_if_busy`], [`write_results`], [`median`].
+
+use std::fmt::Display;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use qswitch_api::request::Rates;
+use qswitch_api::{Request, Response};
+use serde::Serialize;
+
+use crate::netns::{self, Daemon, Link, Netns};
+use crate::plot::{self, Series};
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run.
+    /// Scenario to run (tap-tcp).
     pub scenario: String,
+    /// Runs per contender.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Seconds of traffic per run.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub seconds: u32,
+    /// Parallel TCP streams.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub streams: u32,
+    /// Directory for the JSON and SVG results.
+    #[arg(long, default_value = "bench/out", value_name = "DIR")]
+    pub out: PathBuf,
 }
 
+/// A named benchmark.
+struct Scenario {
+    name: &'static str,
+    about: &'static str,
+    run: fn(&Bench) -> anyhow::Result<()>,
+}
+
+/// Every scenario `qswitch bench` knows.
+const SCENARIOS: &[Scenario] = &[Scenario {
+    name: "tap-tcp",
+    about: "iperf3 TCP netns -> netns: qswitch (TAP ports) vs Linux bridge (veth)",
+    run: tap_tcp,
+}];
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("unknown scenario '{}'", args.scenario)
+    let Some(scenario) = SCENARIOS.iter().find(|s| s.name == args.scenario) else {
+        let known: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+        bail!(
+            "unknown scenario '{}'; known: {}",
+            args.scenario,
+            known.join(", ")
+        );
+    };
+    netns::require_root(&format!("qswitch bench {}", scenario.name))?;
+    let bench = Bench::new(args)?;
+    bench.say(format_args!("{}: {}", scenario.name, scenario.about));
+    let result = (scenario.run)(&bench);
+    if result.is_err() {
+        println!(); // end a progress line
+                    // Ctrl-C reaches the children too; their failure is not the news.
+        bench.check()?;
+    }
+    result
+}
+
+/// What every scenario gets: its arguments, the Ctrl-C flag, and progress output.
+pub struct Bench {
+    pub args: BenchArgs,
+    /// Process id: makes names of namespaces, interfaces and files unique.
+    pub id: u32,
+    interrupted: Arc<AtomicBool>,
+    started: Instant,
+}
+
+impl Bench {
+    fn new(args: BenchArgs) -> anyhow::Result<Bench> {
+        let interrupted = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register(sig, interrupted.clone())?;
+        }
+        Ok(Bench {
+            args,
+            id: std::process::id(),
+            interrupted,
+            started: Instant::now(),
+        })
+    }
+
+    /// Fails once Ctrl-C (or SIGTERM) arrived; the guards then clean up on the way out.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.interrupted.load(Ordering::Relaxed) {
+            bail!("interrupted; cleaned up");
+        }
+        Ok(())
+    }
+
+    /// Sleeps, but returns early with an error on Ctrl-C.
+    pub fn sleep(&self, d: Duration) -> anyhow::Result<()> {
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            self.check()?;
+            std::thread::sleep(
+                until
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(50)),
+            );
+        }
+        self.check()
+    }
+
+    /// Prints a progress line, prefixed with the time since the start.
+    pub fn say(&self, msg: impl Display) {
+        println!("[{:>4.0}s] {msg}", self.started.elapsed().as_secs_f64());
+    }
+
+    /// Like [`Bench::say`] without the newline (a run's result follows on the same line).
+    pub fn say_start(&self, msg: impl Display) {
+        print!("[{:>4.0}s] {msg}", self.started.elapsed().as_secs_f64());
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// One second of a run. Qswitch fields are `None` for other contenders.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// End of the second, in seconds since the iperf3 client started.
+    pub t_s: f64,
+    /// iperf3 interval throughput (all streams).
+    pub gbps: f64,
+    pub retransmits: Option<u64>,
+    /// Machine busy CPUs in this second.
+    pub busy_cpus: Option<f64>,
+    /// Busy % per qswitch worker (share of wall time in polls that moved frames).
+    pub worker_busy_pct: Option<Vec<f64>>,
+    /// CPU % per qswitch worker thread.
+    pub worker_cpu_pct: Option<Vec<f64>>,
+    /// Context switches per second, all qswitch workers.
+    pub ctx_switches_ps: Option<f64>,
+}
+
+/// One run of one contender.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub contender: String,
+    /// 1-based round.
+    pub round: u32,
+    /// 1-based position in the interleaved order of all runs.
+    pub seq: usize,
+    /// iperf3 `end.sum_received.bits_per_second` / 1e9.
+    pub gbps: f64,
+    pub retransmits: u64,
+    /// Machine busy CPUs over the traffic (from /proc/stat).
+    pub busy_cpus: f64,
+    /// Machine busy CPUs in the second before the traffic, topology up.
+    pub idle_busy_cpus: f64,
+    pub cpu_per_gbps: f64,
+    /// Over the whole run, qswitch only: busy % per worker, context switches/s.
+    pub worker_busy_pct: Option<Vec<f64>>,
+    pub ctx_switches_ps: Option<f64>,
+    pub samples: Vec<Sample>,
+}
+
+/// Medians (and ranges) of one contender's runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContenderSummary {
+    pub contender: String,
+    pub runs: usize,
+    pub gbps_median: f64,
+    pub gbps_min: f64,
+    pub gbps_max: f64,
+    pub cpu_per_gbps_median: f64,
+    pub cpu_per_gbps_min: f64,
+    pub cpu_per_gbps_max: f64,
+    pub retransmits_median: f64,
+}
+
+/// First contender's medians over the second's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub of: String,
+    pub gbps: f64,
+    pub cpu_per_gbps: f64,
+}
+
+/// What `OUT/SCENARIO.json` holds.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub config: serde_json::Value,
+    pub runs: Vec<RunResult>,
+    pub summary: Vec<ContenderSummary>,
+    pub ratio: Option<Ratio>,
+}
+
+/// Median of `v` (mean of the middle two for an even count); 0 for an empty slice.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// The order of runs as (0-based round, contender index): forwards in even rounds, backwards
+/// in odd ones (A B, B A, A B ...).
+pub fn interleave(contenders: usize, rounds: u32) -> Vec<(u32, usize)> {
+    (0..rounds)
+        .flat_map(|r| {
+            let order: Vec<usize> = if r % 2 == 0 {
+                (0..contenders).collect()
+            } else {
+                (0..contenders).rev().collect()
+            };
+            order.into_iter().map(move |c| (r, c))
+        })
+        .collect()
+}
+
+/// Per-contender medians, in the order of `names`; and the ratio of the first two.
+pub fn summarise(names: &[&str], runs: &[RunResult]) -> (Vec<ContenderSummary>, Option<Ratio>) {
+    let summary: Vec<ContenderSummary> = names
+        .iter()
+        .map(|&name| {
+            let mine: Vec<&RunResult> = runs.iter().filter(|r| r.contender == name).collect();
+            let g: Vec<f64> = mine.iter().map(|r| r.gbps).collect();
+            let c: Vec<f64> = mine.iter().map(|r| r.cpu_per_gbps).collect();
+            let retr: Vec<f64> = mine.iter().map(|r| r.retransmits as f64).collect();
+            let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            ContenderSummary {
+                contender: name.to_string(),
+                runs: mine.len(),
+                gbps_median: median(&g),
+                gbps_min: min(&g),
+                gbps_max: max(&g),
+                cpu_per_gbps_median: median(&c),
+                cpu_per_gbps_min: min(&c),
+                cpu_per_gbps_max: max(&c),
+                retransmits_median: median(&retr),
+            }
+        })
+        .collect();
+    let ratio = match summary.as_slice() {
+        [a, b, ..] if b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0 => Some(Ratio {
+            of: format!("{} / {}", a.contender, b.contender),
+            gbps: a.gbps_median / b.gbps_median,
+            cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
+        }),
+        _ => None,
+    };
+    (summary, ratio)
+}
+
+/// The final table, then one `RESULT scenario contender key=value ...` line per contender
+/// (and one for the ratio), for scripts.
+pub fn print_table(
+    scenario: &str,
+    title: &str,
+    summary: &[ContenderSummary],
+    ratio: Option<&Ratio>,
+) {
+    println!();
+    println!(
+        "{title:<43}{:<28}CPU per Gbit/s",
+        "Gbit/s (median [min-max])"
+    );
+    for s in summary {
+        let g = format!("{:.1} [{:.1}-{:.1}]", s.gbps_median, s.gbps_min, s.gbps_max);
+        println!("  {:<41}{g:<28}{:.2}", s.contender, s.cpu_per_gbps_median);
+    }
+    if let Some(r) = ratio {
+        println!(
+            "  {:<41}{:<28.2}{:.2}",
+            format!("ratio {}", r.of),
+            r.gbps,
+            r.cpu_per_gbps
+        );
+    }
+    println!();
+    for s in summary {
+        println!(
+            "RESULT {scenario} {} gbps={:.2} cpu_per_gbps={:.3}",
+            s.contender, s.gbps_median, s.cpu_per_gbps_median
+        );
+    }
+    if let Some(r) = ratio {
+        println!(
+            "RESULT {scenario} {} gbps_ratio={:.3} cpu_per_gbps_ratio={:.3}",
+            r.of.replace(' ', ""),
+            r.gbps,
+            r.cpu_per_gbps
+        );
+    }
+}
+
+/// Warns about runs that began on a busy machine (more than half a CPU busy in the idle
+/// second before the traffic).
+pub fn warn_if_busy(runs: &[RunResult]) {
+    let busy: Vec<String> = runs
+        .iter()
+        .filter(|r| r.idle_busy_cpus > 0.5)
+        .map(|r| format!("#{}", r.seq))
+        .collect();
+    if !busy.is_empty() {
+        println!(
+            "warning: the machine was busy before run(s) {} (> 0.5 CPUs busy while idle): other \
+             work competed with the measurement; rerun on a quiet machine before quoting these",
+            busy.join(" ")
+        );
+    }
+}
+
+/// Writes `out/NAME.json` and `out/NAME.svg` and prints their paths.
+pub fn write_results(out: &Path, name: &str, report: &Report, svg: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let json = out.join(format!("{name}.json"));
+    let svg_path = out.join(format!("{name}.svg"));
+    std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    std::fs::write(&svg_path, svg)
+        .with_context(|| format!("cannot write {}", svg_path.display()))?;
+    println!("wrote {}", json.display());
+    println!("wrote {}", svg_path.display());
+    Ok(())
+}
+
+/// Two namespaces connected somehow; dropping it tears everything down.
+pub trait Topology {
+    /// Where the iperf3 client runs.
+    fn client(&self) -> &Netns;
+    /// Where the iperf3 server runs.
+    fn server(&self) -> &Netns;
+    /// The server's address.
+    fn server_addr(&self) -> &str;
+    /// The qswitch daemon in the path, if any (for per-second worker stats).
+    fn daemon(&self) -> Option<&Daemon> {
+        None
+    }
+}
+
+/// One iperf3 TCP run client → server over `topo`: 1 s idle baseline, then `seconds` of
+/// traffic with `streams` streams, sampling machine CPU (and the daemon's rates) every second.
+/// Prints a dot per second.
+pub fn iperf_run(
+    b: &Bench,
+    topo: &dyn Topology,
+    (contender, round, seq): (&str, u32, usize),
+) -> anyhow::Result<RunResult> {
+    let (seconds, streams) = (b.args.seconds, b.args.streams);
+    let addr = topo.server_addr();
+    let _server = topo
+        .server()
+        .spawn(&["iperf3", "-s", "-1", "-B", addr], Stdio::null())?;
+    if let Err(e) = netns::wait_listening(topo.server(), 5201) {
+        b.check()?; // Ctrl-C also stops the server: say so rather than "nothing listens"
+        return Err(e);
+    }
+    let idle_from = netns::cpu_jiffies();
+    b.sleep(Duration::from_secs(1))?;
+    let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
+
+    let first_stats = topo.daemon().map(Daemon::stats).transpose()?;
+    let (secs, p) = (seconds.to_string(), streams.to_string());
+    let args = [
+        "iperf3",
+        "-c",
+        addr,
+        "-t",
+        &secs,
+        "-P",
+        &p,
+        "-J",
+        "--connect-timeout",
+        "3000",
+    ];
+    let mut client = topo.client().spawn(&args, Stdio::piped())?;
+    let cpu_from = netns::cpu_jiffies();
+    let t0 = Instant::now();
+    // Drain the pipes while iperf3 runs, so a long JSON cannot block it.
+    let child = client.0.as_mut().context("no iperf3 child")?;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+
+    let mut ticks: Vec<(f64, Option<Rates>)> = Vec::new();
+    let (mut prev_cpu, mut prev_stats) = (cpu_from, first_stats.clone());
+    let limit = Duration::from_secs(u64::from(seconds) + 20);
+    for k in 1u32.. {
+        b.check()?;
+        let next = t0 + Duration::from_secs(u64::from(k));
+        if client
+            .wait_timeout(next.saturating_duration_since(Instant::now()))?
+            .is_some()
+        {
+            break;
+        }
+        if t0.elapsed() > limit {
+            bail!("iperf3 did not finish within {} s", limit.as_secs());
+        }
+        let cpu = netns::cpu_jiffies();
+        let busy = netns::busy_cpus(prev_cpu, cpu);
+        prev_cpu = cpu;
+        let rates = match (topo.daemon(), &prev_stats) {
+            (Some(d), Some(prev)) => {
+                let cur = d.stats()?;
+                let r = qswitch_dp::report::rates(prev, &cur);
+                prev_stats = Some(cur);
+                Some(r)
+            }
+            _ => None,
+        };
+        ticks.push((busy, rates));
+        print!(".");
+        let _ = std::io::stdout().flush();
+    }
+    b.check()?;
+    let busy_cpus = netns::busy_cpus(cpu_from, netns::cpu_jiffies());
+    let totals = match (topo.daemon(), &first_stats) {
+        (Some(d), Some(first)) => Some(qswitch_dp::report::rates(first, &d.stats()?)),
+        _ => None,
+    };
+    let out = stdout.join().unwrap_or_default();
+    let err = String::from_utf8_lossy(&stderr.join().unwrap_or_default())
+        .trim()
+        .to_string();
+    let json: serde_json::Value = serde_json::from_slice(&out)
+        .with_context(|| format!("iperf3 printed no JSON result (stderr: {err})"))?;
+    if let Some(e) = json.get("error").and_then(|e| e.as_str()) {
+        bail!("iperf3 ({contender}): {e}");
+    }
+    let gbps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9;
+    if gbps <= 0.0 {
+        bail!("iperf3 ({contender}) measured no traffic");
+    }
+    let samples = json["intervals"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, iv)| {
+            let sum = &iv["sum"];
+            let tick = ticks.get(i);
+            let rates = tick.and_then(|t| t.1.as_ref());
+            Sample {
+                t_s: sum["end"].as_f64().unwrap_or(i as f64 + 1.0),
+                gbps: sum["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9,
+                retransmits: sum["retransmits"].as_u64(),
+                busy_cpus: tick.map(|t| t.0),
+                worker_busy_pct: rates.map(|r| r.workers.iter().map(|w| w.busy_pct).collect()),
+                worker_cpu_pct: rates.map(|r| r.workers.iter().map(|w| w.cpu_pct).collect()),
+                ctx_switches_ps: rates.map(|r| r.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+            }
+        })
+        .collect();
+    Ok(RunResult {
+        contender: contender.to_string(),
+        round,
+        seq,
+        gbps,
+        retransmits: json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+        busy_cpus,
+        idle_busy_cpus,
+        cpu_per_gbps: busy_cpus / gbps,
+        worker_busy_pct: totals
+            .as_ref()
+            .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+        ctx_switches_ps: totals
+            .as_ref()
+            .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+        samples,
+    })
+}
+
+/// One line about a finished run (continues the line [`Bench::say_start`] began).
+fn run_line(r: &RunResult) -> String {
+    let mut s = format!(
+        " {:>6.2} Gbit/s  retr {:<5} busy {:.2} CPUs (idle {:.2})  {:.3} CPU per Gbit/s",
+        r.gbps, r.retransmits, r.busy_cpus, r.idle_busy_cpus, r.cpu_per_gbps
+    );
+    if let (Some(busy), Some(cs)) = (&r.worker_busy_pct, r.ctx_switches_ps) {
+        let b: Vec<String> = busy.iter().map(|b| format!("{b:.0}%")).collect();
+        s.push_str(&format!("  workers busy {} {cs:.0} cs/s", b.join("/")));
+    }
+    s
+}
+
+/// Removes a directory on drop.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tap-tcp
+
+/// Two namespaces joined by qswitch: TAP `qsbA<n>` ↔ port a ↔ workers ↔ port b ↔ TAP `qsbB<n>`.
+/// Field order is drop order: the daemon stops before its namespaces go.
+struct QswitchTopo {
+    daemon: Daemon,
+    a: Netns,
+    b: Netns,
+    _dir: RemoveDir,
+}
+
+impl Topology for QswitchTopo {
+    fn client(&self) -> &Netns {
+        &self.a
+    }
+    fn server(&self) -> &Netns {
+        &self.b
+    }
+    fn server_addr(&self) -> &str {
+        "10.98.0.2"
+    }
+    fn daemon(&self) -> Option<&Daemon> {
+        Some(&self.daemon)
+    }
+}
+
+fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<QswitchTopo> {
+    let n = id % 10_000;
+    let (tap_a, tap_b) = (format!("qsbA{n}"), format!("qsbB{n}"));
+    let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-{id}")));
+    let control = dir.0.join("control.sock");
+    let text = crate::demo::config(workers, &control.display().to_string(), &tap_a, &tap_b);
+    let a = Netns::create(&format!("qsbench-qs-a-{id}"))?;
+    let b = Netns::create(&format!("qsbench-qs-b-{id}"))?;
+    let daemon = Daemon::start(&dir.0, &text)?;
+    let topo = QswitchTopo {
+        daemon,
+        a,
+        b,
+        _dir: dir,
+    };
+    topo.a.adopt(&tap_a, "10.98.0.1/24")?;
+    topo.b.adopt(&tap_b, "10.98.0.2/24")?;
+    Ok(topo)
+}
+
+/// Two namespaces joined by the Linux bridge `qsbr<n>` in the root namespace, through veth
+/// pairs `qsvA<n>`↔`qspA<n>` and `qsvB<n>`↔`qspB<n>`.
+struct BridgeTopo {
+    _veth_a: Link,
+    _veth_b: Link,
+    _bridge: Link,
+    a: Netns,
+    b: Netns,
+}
+
+impl Topology for BridgeTopo {
+    fn client(&self) -> &Netns {
+        &self.a
+    }
+    fn server(&self) -> &Netns {
+        &self.b
+    }
+    fn server_addr(&self) -> &str {
+        "10.98.1.2"
+    }
+}
+
+fn setup_bridge(id: u32) -> anyhow::Result<BridgeTopo> {
+    let n = id % 10_000;
+    let a = Netns::create(&format!("qsbench-br-a-{id}"))?;
+    let b = Netns::create(&format!("qsbench-br-b-{id}"))?;
+    let bridge = Link::bridge(&format!("qsbr{n}"))?;
+    let veth_a = Link::veth(&format!("qsvA{n}"), &format!("qspA{n}"))?;
+    let veth_b = Link::veth(&format!("qsvB{n}"), &format!("qspB{n}"))?;
+    for (veth, ns, peer, addr) in [
+        (&veth_a, &a, format!("qspA{n}"), "10.98.1.1/24"),
+        (&veth_b, &b, format!("qspB{n}"), "10.98.1.2/24"),
+    ] {
+        veth.attach(&bridge)?;
+        ns.adopt(&peer, addr)?;
+    }
+    Ok(BridgeTopo {
+        _veth_a: veth_a,
+        _veth_b: veth_b,
+        _bridge: bridge,
+        a,
+        b,
+    })
+}
+
+/// The offloads qswitch's first port reports (for the record).
+fn port_offloads(d: &Daemon) -> Option<Vec<String>> {
+    match crate::client::call(&d.control, &Request::PortList).ok()? {
+        Response::Ports { ports } => ports.first().map(|p| p.offloads.clone()),
+        _ => None,
+    }
+}
+
+/// A file's first line, trimmed ("" if unreadable).
+fn first_line(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
+    for (tool, pkg) in [("ip", "iproute2"), ("ss", "iproute2"), ("iperf3", "iperf3")] {
+        netns::ensure_tool(tool, pkg)?;
+    }
+    const NAMES: [&str; 2] = ["qswitch", "linux-bridge"];
+    let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
+    let workers = crate::demo::worker_cpus(2)?;
+    let order = interleave(NAMES.len(), runs);
+    let s = if streams == 1 { "" } else { "s" };
+    b.say(format_args!(
+        "{runs} round(s) of {} and {}, {seconds} s each, {streams} stream{s}; qswitch workers on CPUs {workers}",
+        NAMES[0], NAMES[1]
+    ));
+    let nf = first_line("/proc/sys/net/bridge/bridge-nf-call-iptables");
+    if nf == "1" {
+        b.say("note: br_netfilter is loaded and bridge-nf-call-iptables=1: bridged frames pass netfilter hooks");
+    }
+    let mut config = serde_json::json!({
+        "runs": runs,
+        "seconds": seconds,
+        "streams": streams,
+        "contenders": NAMES,
+        "order": order.iter().map(|&(_, c)| NAMES[c]).collect::<Vec<_>>(),
+        "qswitch_workers": workers,
+        "qswitch_version": env!("CARGO_PKG_VERSION"),
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "kernel": first_line("/proc/sys/kernel/osrelease"),
+        "loadavg_at_start": first_line("/proc/loadavg"),
+        "bridge_nf_call_iptables": nf,
+        "iperf3": netns::run(&["iperf3", "--version"])
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_string())
+            .unwrap_or_default(),
+        "started_unix_s": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    });
+
+    let mut results = Vec::new();
+    let mut offloads = None;
+    for (seq, &(round, c)) in order.iter().enumerate() {
+        b.check()?;
+        let name = NAMES[c];
+        b.say_start(format_args!(
+            "[{:>2}/{}] round {} {name:<13}",
+            seq + 1,
+            order.len(),
+            round + 1
+        ));
+        let topo: Box<dyn Topology> = match c {
+            0 => Box::new(setup_qswitch(b.id, &workers)?),
+            _ => Box::new(setup_bridge(b.id)?),
+        };
+        if offloads.is_none() {
+            offloads = topo.daemon().and_then(port_offloads);
+        }
+        let r = iperf_run(b, topo.as_ref(), (name, round + 1, seq + 1))?;
+        drop(topo);
+        println!("{}", run_line(&r));
+        results.push(r);
+    }
+    config["qswitch_port_offloads"] = serde_json::json!(offloads);
+
+    let (summary, ratio) = summarise(&NAMES, &results);
+    let title = format!("tap-tcp ({streams} stream{s}, {seconds} s, {runs} runs each)");
+    print_table("tap-tcp", &title, &summary, ratio.as_ref());
+    warn_if_busy(&results);
+    let svg = tap_tcp_svg(&title, &summary, &results);
+    let report = Report {
+        scenario: "tap-tcp".into(),
+        config,
+        runs: results,
+        summary,
+        ratio,
+    };
+    write_results(&b.args.out, "tap-tcp", &report, &svg)
+}
+
+/// Medians with min–max whiskers (Gbit/s, CPU per Gbit/s), then per-second Gbit/s of every run.
+fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) -> String {
+    let bars = |f: fn(&ContenderSummary) -> (f64, f64, f64)| {
+        let group: Vec<(String, f64)> = summary
+            .iter()
+            .map(|s| (s.contender.clone(), f(s).0))
+            .collect();
+        let ranges: Vec<(f64, f64)> = summary.iter().map(|s| (f(s).1, f(s).2)).collect();
+        (vec![(title.to_string(), group)], vec![ranges])
+    };
+    let (g, r) = bars(|s| (s.gbps_median, s.gbps_min, s.gbps_max));
+    let gbps = plot::bar_chart_with_ranges(
+        "Throughput: median Gbit/s (whiskers: min-max over runs; higher is better)",
+        "Gbit/s",
+        &g,
+        &r,
+    );
+    let (g, r) = bars(|s| {
+        (
+            s.cpu_per_gbps_median,
+            s.cpu_per_gbps_min,
+            s.cpu_per_gbps_max,
+        )
+    });
+    let cpu = plot::bar_chart_with_ranges(
+        "Cost: machine busy CPUs per Gbit/s (median, min-max; lower is better)",
+        "busy CPUs per Gbit/s",
+        &g,
+        &r,
+    );
+    let mut sorted: Vec<&RunResult> = runs.iter().collect();
+    sorted.sort_by_key(|r| {
+        (
+            summary.iter().position(|s| s.contender == r.contender),
+            r.round,
+        )
+    });
+    let series: Vec<Series> = sorted
+        .iter()
+        .map(|r| Series {
+            name: format!("{} run {} (#{})", r.contender, r.round, r.seq),
+            points: r.samples.iter().map(|s| (s.t_s, s.gbps)).collect(),
+        })
+        .collect();
+    let per_second = plot::line_chart(
+        "iperf3 Gbit/s per second, every run (#: position in the interleaved order)",
+        "seconds since the client started",
+        "Gbit/s",
+        &series,
+        &[],
+    );
+    plot::stack(&[gbps, cpu, per_second])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn interleave_alternates() {
+        let o: Vec<usize> = interleave(2, 3).into_iter().map(|x| x.1).collect();
+        assert_eq!(o, [0, 1, 1, 0, 0, 1]);
+        assert_eq!(interleave(2, 2).last(), Some(&(1, 0)));
+    }
+
+    #[test]
+    fn summary_and_ratio() {
+        let run = |c: &str, gbps: f64, cpu: f64| RunResult {
+            contender: c.into(),
+            round: 1,
+            seq: 1,
+            gbps,
+            retransmits: 0,
+            busy_cpus: cpu * gbps,
+            idle_busy_cpus: 0.0,
+            cpu_per_gbps: cpu,
+            worker_busy_pct: None,
+            ctx_switches_ps: None,
+            samples: vec![],
+        };
+        let runs = [
+            run("q", 10.0, 0.2),
+            run("q", 12.0, 0.1),
+            run("q", 8.0, 0.3),
+            run("b", 20.0, 0.1),
+        ];
+        let (s, r) = summarise(&["q", "b"], &runs);
+        assert_eq!(
+            (s[0].gbps_median, s[0].gbps_min, s[0].gbps_max),
+            (10.0, 8.0, 12.0)
+        );
+        let r = r.unwrap();
+        assert_eq!((r.gbps, r.cpu_per_gbps, r.of.as_str()), (0.5, 2.0, "q / b"));
+        let svg = tap_tcp_svg("t", &s, &runs);
+        assert!(svg.starts_with("<svg") && svg.contains("q run 1") && !svg.contains("NaN"));
+    }
 }

@@ -186,6 +186,18 @@ pub fn process_cpu_ns() -> u64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
+/// Involuntary context switches of the calling thread so far (`getrusage(RUSAGE_THREAD)`):
+/// how often something else took its CPU.
+pub fn own_involuntary_ctx_switches() -> u64 {
+    // SAFETY: rusage is plain data; zeroed is a valid value for it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the kernel to fill.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+        return 0;
+    }
+    ru.ru_nivcsw as u64
+}
+
 /// Sets the process's file mode creation mask and returns the previous one.
 pub fn set_umask(mask: u32) -> u32 {
     // SAFETY: umask() has no preconditions, cannot fail and touches no memory.

@@ -67,7 +67,7 @@ impl Handler {
 
     /// Starts a ring once it has an address and a kick fd.
     fn maybe_start(&self, index: u32, v: &mut Vring) {
-        if v.kick.is_some() && v.queue.desc_table() != 0 && !v.started {
+        if v.kick.is_some() && v.addr_set && !v.started {
             v.started = true;
             v.broken = false;
             v.queue.set_ready(true);
@@ -185,7 +185,11 @@ impl VhostUserBackendReqHandlerMut for Handler {
         // After a guest driver restart the used index in memory is the truth.
         if let Ok(idx) = q.used_idx(&*mem, std::sync::atomic::Ordering::Relaxed) {
             q.set_next_used(idx.0);
+            v.used_signalled = idx.0;
         }
+        v.used_pending = 0;
+        v.addr_set = true;
+        self.maybe_start(index, &mut v);
         Ok(())
     }
 

@@ -141,6 +141,12 @@ pub(crate) struct Vring {
     pub(crate) broken: bool,
     /// Guest notifications are enabled (the worker is about to sleep).
     pub(crate) notify: bool,
+    /// SET_VRING_ADDR was received (a ring may legally sit at guest address 0).
+    pub(crate) addr_set: bool,
+    /// Used elements written but not yet published with the used index.
+    pub(crate) used_pending: u16,
+    /// The used index when the guest was last considered for a notification.
+    pub(crate) used_signalled: u16,
     pub(crate) scratch: rings::Scratch,
 }
 
@@ -154,6 +160,9 @@ impl Vring {
             started: false,
             broken: false,
             notify: false,
+            addr_set: false,
+            used_pending: 0,
+            used_signalled: 0,
             scratch: rings::Scratch::default(),
         }
     }

@@ -10,7 +10,7 @@
 //!   if the guest queued something meanwhile, say so (the worker polls again instead).
 
 use std::io::Read;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 
 use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
 use virtio_bindings::virtio_net::*;
@@ -47,16 +47,85 @@ fn avail_no_interrupt(v: &Vring, mem: &GuestMemoryMmap) -> bool {
         && u16::from_le_bytes(flags) & 1 != 0
 }
 
-/// Signals the guest if it wants to be told about new used entries.
+/// Writes a used element after the ones already staged; the guest does not see it until
+/// [`publish_used`]. Returns false if `head` is not a valid index or the ring is not
+/// writable.
+fn stage_used(v: &mut Vring, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+    let size = v.queue.size();
+    if head >= size {
+        return false;
+    }
+    let pos = v.queue.next_used().wrapping_add(v.used_pending) % size;
+    let addr = GuestAddress(v.queue.used_ring() + 4 + u64::from(pos) * 8);
+    let mut elem = [0u8; 8];
+    elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+    elem[4..].copy_from_slice(&len.to_le_bytes());
+    if mem.write_slice(&elem, addr).is_err() {
+        return false;
+    }
+    v.used_pending = v.used_pending.wrapping_add(1);
+    true
+}
+
+/// Makes every staged used element visible with one store of the used index, so a guest
+/// never sees part of a frame that spans several buffers (MRG_RXBUF).
+fn publish_used(v: &mut Vring, mem: &GuestMemoryMmap) -> bool {
+    if v.used_pending == 0 {
+        return true;
+    }
+    let idx = v.queue.next_used().wrapping_add(v.used_pending);
+    fence(Ordering::Release);
+    let addr = GuestAddress(v.queue.used_ring() + 2);
+    if mem.store(idx.to_le(), addr, Ordering::Release).is_err() {
+        return false;
+    }
+    v.queue.set_next_used(idx);
+    v.used_pending = 0;
+    true
+}
+
+/// Signals the guest if it asked to hear about the used entries published since the last
+/// check: with EVENT_IDX when the used index passed `used_event` (the kernel's
+/// `vring_need_event`), without it unless VRING_AVAIL_F_NO_INTERRUPT is set.
 fn notify(dev: &Device, v: &mut Vring, mem: &GuestMemoryMmap) {
+    let new = v.queue.next_used();
+    let old = v.used_signalled;
+    if new == old {
+        return;
+    }
+    v.used_signalled = new;
+    // The used index store must be visible before the guest's event index is read.
+    fence(Ordering::SeqCst);
     let wants = if dev.has(VIRTIO_RING_F_EVENT_IDX) {
-        v.queue.needs_notification(mem).unwrap_or(true)
+        let size = u64::from(v.queue.size());
+        let mut b = [0u8; 2];
+        let at = GuestAddress(v.queue.avail_ring() + 4 + 2 * size);
+        match mem.read_slice(&mut b, at) {
+            Ok(()) => {
+                let event = u16::from_le_bytes(b);
+                new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+            }
+            Err(_) => true,
+        }
     } else {
         !avail_no_interrupt(v, mem)
     };
     if wants {
         v.signal();
     }
+}
+
+/// Publishes staged used elements and signals the guest if it wants that. A used ring that
+/// cannot be written stops the ring.
+fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestMemoryMmap) {
+    if !publish_used(v, mem) {
+        let first = !v.broken;
+        v.broken = true;
+        dev.guest_error("used ring not writable; ring stopped", vi, first);
+        dev.note_ring(vi, v);
+        return;
+    }
+    notify(dev, v, mem);
 }
 
 /// Pops up to `max` chain heads; a jumping avail index breaks the ring.
@@ -116,7 +185,6 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
     let table = GuestAddress(v.queue.desc_table());
     let qsize = v.queue.size();
     let mut n = 0;
-    let mut used = 0;
     for &head in &heads[..nh] {
         let pkt = &mut pkts[n];
         match read_chain(&mem, table, qsize, head, hdr_len, pkt, &mut v.scratch.segs) {
@@ -132,22 +200,19 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
                 }
             }
         }
-        if v.queue.add_used(&*mem, head, 0).is_err() {
+        if !stage_used(v, &mem, head, 0) {
             let first = !v.broken;
             v.broken = true;
             dev.guest_error(
-                "used ring not writable or bad head index; ring stopped",
+                "bad head index or used ring not writable; ring stopped",
                 vi,
                 first,
             );
             dev.note_ring(vi, v);
             break;
         }
-        used += 1;
     }
-    if used > 0 {
-        notify(dev, v, &mem);
-    }
+    complete(dev, vi, v, &mem);
     n
 }
 
@@ -242,7 +307,7 @@ pub(crate) fn tx_burst(
             }
         }
         if wrote {
-            notify(dev, v, &mem);
+            complete(dev, vi, v, &mem);
         }
     }
     done
@@ -414,7 +479,7 @@ fn write_rx_chains(
                 }
             }
         }
-        ok &= v.queue.add_used(mem, head, written).is_ok();
+        ok &= stage_used(v, mem, head, written);
     }
     if ok {
         Ok(())
