@@ -5,6 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use qswitch_dp::port::vhost_user::chain::{walk, MAX_SEGS};
+use qswitch_dp::port::vhost_user::mem::GuestView;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 fuzz_target!(|data: &[u8]| {
@@ -17,6 +18,6 @@ fuzz_target!(|data: &[u8]| {
     let table = &data[4..data.len().min(4 + 0x10000)];
     mem.write_slice(table, GuestAddress(0)).unwrap();
     let mut out = Vec::new();
-    let _ = walk(&mem, GuestAddress(0), qsize.max(1), head, &mut out);
+    let _ = walk(&GuestView::new(&mem), GuestAddress(0), qsize.max(1), head, &mut out);
     assert!(out.len() <= MAX_SEGS);
 });

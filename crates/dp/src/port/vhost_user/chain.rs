@@ -9,7 +9,9 @@
 //! (loops and over-long chains are errors), never reads outside guest memory, never follows a
 //! nested indirect table, and never overflows a length.
 
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Address, GuestAddress};
+
+use super::mem::GuestView;
 
 /// Most descriptors one chain may have, direct and indirect together.
 pub const MAX_SEGS: usize = 1024;
@@ -69,13 +71,14 @@ struct Desc {
     next: u16,
 }
 
-fn read_desc(mem: &GuestMemoryMmap, table: GuestAddress, index: u16) -> Result<Desc, ChainError> {
+fn read_desc(mem: &GuestView<'_>, table: GuestAddress, index: u16) -> Result<Desc, ChainError> {
     let addr = table
         .checked_add(u64::from(index) * DESC_SIZE)
         .ok_or(ChainError::OutOfMemory)?;
     let mut b = [0u8; DESC_SIZE as usize];
-    mem.read_slice(&mut b, addr)
-        .map_err(|_| ChainError::OutOfMemory)?;
+    if !mem.read(addr.0, &mut b) {
+        return Err(ChainError::OutOfMemory);
+    }
     Ok(Desc {
         addr: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
         len: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
@@ -87,7 +90,7 @@ fn read_desc(mem: &GuestMemoryMmap, table: GuestAddress, index: u16) -> Result<D
 /// Walks the chain starting at `head` of a queue of `queue_size` entries whose descriptor
 /// table is at `table`. Fills `out` (cleared first) and returns the total length.
 pub fn walk(
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     table: GuestAddress,
     queue_size: u16,
     head: u16,
@@ -100,7 +103,7 @@ pub fn walk(
             return Err(ChainError::TooLong);
         }
         total = total.checked_add(d.len).ok_or(ChainError::LengthOverflow)?;
-        if d.len > 0 && !mem.check_range(GuestAddress(d.addr), d.len as usize) {
+        if d.len > 0 && !mem.check(d.addr, d.len as usize) {
             return Err(ChainError::OutOfMemory);
         }
         out.push(Seg {
@@ -141,7 +144,7 @@ pub fn walk(
 }
 
 fn walk_indirect(
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     d: &Desc,
     out: &mut Vec<Seg>,
     push: &mut impl FnMut(&mut Vec<Seg>, &Desc) -> Result<(), ChainError>,
@@ -153,7 +156,7 @@ fn walk_indirect(
         return Err(ChainError::BadIndirect);
     }
     let table = GuestAddress(d.addr);
-    if !mem.check_range(table, d.len as usize) {
+    if !mem.check(table.0, d.len as usize) {
         return Err(ChainError::OutOfMemory);
     }
     let n = (u64::from(d.len) / DESC_SIZE) as u16;
@@ -178,6 +181,7 @@ fn walk_indirect(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vm_memory::{Bytes, GuestMemoryMmap};
 
     const TABLE: u64 = 0x1000;
 
@@ -197,7 +201,7 @@ mod tests {
 
     fn w(m: &GuestMemoryMmap, head: u16) -> Result<Vec<Seg>, ChainError> {
         let mut out = Vec::new();
-        walk(m, GuestAddress(TABLE), 256, head, &mut out).map(|_| out)
+        walk(&GuestView::new(m), GuestAddress(TABLE), 256, head, &mut out).map(|_| out)
     }
 
     #[test]
@@ -275,7 +279,7 @@ mod tests {
         // Descriptor table itself outside memory.
         let mut out = Vec::new();
         assert_eq!(
-            walk(&m, GuestAddress(0xfff8), 256, 0, &mut out),
+            walk(&GuestView::new(&m), GuestAddress(0xfff8), 256, 0, &mut out),
             Err(ChainError::OutOfMemory)
         );
     }
@@ -287,7 +291,7 @@ mod tests {
             let m = mem();
             m.write_slice(&bytes, GuestAddress(TABLE)).unwrap();
             let mut out = Vec::new();
-            let _ = walk(&m, GuestAddress(TABLE), qs, head, &mut out);
+            let _ = walk(&GuestView::new(&m), GuestAddress(TABLE), qs, head, &mut out);
             prop_assert!(out.len() <= MAX_SEGS);
         });
     }

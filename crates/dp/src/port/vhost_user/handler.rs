@@ -188,6 +188,7 @@ impl VhostUserBackendReqHandlerMut for Handler {
             v.used_signalled = idx.0;
         }
         v.used_pending = 0;
+        v.avail_cached = v.queue.next_avail();
         v.addr_set = true;
         self.maybe_start(index, &mut v);
         Ok(())
@@ -196,6 +197,7 @@ impl VhostUserBackendReqHandlerMut for Handler {
     fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
         let mut v = self.vring(index)?.lock();
         v.queue.set_next_avail(base as u16);
+        v.avail_cached = base as u16;
         Ok(())
     }
 

@@ -34,6 +34,7 @@
 
 pub mod chain;
 mod handler;
+pub mod mem;
 mod rings;
 
 use std::fs::File;
@@ -143,6 +144,8 @@ pub(crate) struct Vring {
     pub(crate) notify: bool,
     /// SET_VRING_ADDR was received (a ring may legally sit at guest address 0).
     pub(crate) addr_set: bool,
+    /// The guest's avail index as last read (heads up to it are known to be there).
+    pub(crate) avail_cached: u16,
     /// Used elements written but not yet published with the used index.
     pub(crate) used_pending: u16,
     /// The used index when the guest was last considered for a notification.
@@ -161,6 +164,7 @@ impl Vring {
             broken: false,
             notify: false,
             addr_set: false,
+            avail_cached: 0,
             used_pending: 0,
             used_signalled: 0,
             scratch: rings::Scratch::default(),

@@ -15,10 +15,11 @@ use std::sync::atomic::{fence, Ordering};
 use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::{QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use super::chain::{self, Seg};
+use super::mem::GuestView;
 use super::{Device, Vring};
 use crate::packet::{Pkt, BUF_SIZE, BURST, HEADROOM};
 use crate::port::TxDone;
@@ -40,27 +41,25 @@ pub(crate) struct Scratch {
     gso: Vec<u8>,
 }
 
-fn avail_no_interrupt(v: &Vring, mem: &GuestMemoryMmap) -> bool {
+fn avail_no_interrupt(v: &Vring, mem: &GuestView<'_>) -> bool {
     let mut flags = [0u8; 2];
-    mem.read_slice(&mut flags, GuestAddress(v.queue.avail_ring()))
-        .is_ok()
-        && u16::from_le_bytes(flags) & 1 != 0
+    mem.read(v.queue.avail_ring(), &mut flags) && u16::from_le_bytes(flags) & 1 != 0
 }
 
 /// Writes a used element after the ones already staged; the guest does not see it until
 /// [`publish_used`]. Returns false if `head` is not a valid index or the ring is not
 /// writable.
-fn stage_used(v: &mut Vring, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+fn stage_used(v: &mut Vring, mem: &GuestView<'_>, head: u16, len: u32) -> bool {
     let size = v.queue.size();
     if head >= size {
         return false;
     }
     let pos = v.queue.next_used().wrapping_add(v.used_pending) % size;
-    let addr = GuestAddress(v.queue.used_ring() + 4 + u64::from(pos) * 8);
+    let addr = v.queue.used_ring() + 4 + u64::from(pos) * 8;
     let mut elem = [0u8; 8];
     elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
     elem[4..].copy_from_slice(&len.to_le_bytes());
-    if mem.write_slice(&elem, addr).is_err() {
+    if !mem.write(addr, &elem) {
         return false;
     }
     v.used_pending = v.used_pending.wrapping_add(1);
@@ -69,14 +68,13 @@ fn stage_used(v: &mut Vring, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool
 
 /// Makes every staged used element visible with one store of the used index, so a guest
 /// never sees part of a frame that spans several buffers (MRG_RXBUF).
-fn publish_used(v: &mut Vring, mem: &GuestMemoryMmap) -> bool {
+fn publish_used(v: &mut Vring, mem: &GuestView<'_>) -> bool {
     if v.used_pending == 0 {
         return true;
     }
     let idx = v.queue.next_used().wrapping_add(v.used_pending);
     fence(Ordering::Release);
-    let addr = GuestAddress(v.queue.used_ring() + 2);
-    if mem.store(idx.to_le(), addr, Ordering::Release).is_err() {
+    if !mem.store_u16(v.queue.used_ring() + 2, idx, Ordering::Release) {
         return false;
     }
     v.queue.set_next_used(idx);
@@ -87,7 +85,7 @@ fn publish_used(v: &mut Vring, mem: &GuestMemoryMmap) -> bool {
 /// Signals the guest if it asked to hear about the used entries published since the last
 /// check: with EVENT_IDX when the used index passed `used_event` (the kernel's
 /// `vring_need_event`), without it unless VRING_AVAIL_F_NO_INTERRUPT is set.
-fn notify(dev: &Device, v: &mut Vring, mem: &GuestMemoryMmap) {
+fn notify(dev: &Device, v: &mut Vring, mem: &GuestView<'_>) {
     let new = v.queue.next_used();
     let old = v.used_signalled;
     if new == old {
@@ -98,14 +96,9 @@ fn notify(dev: &Device, v: &mut Vring, mem: &GuestMemoryMmap) {
     fence(Ordering::SeqCst);
     let wants = if dev.has(VIRTIO_RING_F_EVENT_IDX) {
         let size = u64::from(v.queue.size());
-        let mut b = [0u8; 2];
-        let at = GuestAddress(v.queue.avail_ring() + 4 + 2 * size);
-        match mem.read_slice(&mut b, at) {
-            Ok(()) => {
-                let event = u16::from_le_bytes(b);
-                new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
-            }
-            Err(_) => true,
+        match mem.load_u16(v.queue.avail_ring() + 4 + 2 * size, Ordering::Acquire) {
+            Some(event) => new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old),
+            None => true,
         }
     } else {
         !avail_no_interrupt(v, mem)
@@ -117,7 +110,7 @@ fn notify(dev: &Device, v: &mut Vring, mem: &GuestMemoryMmap) {
 
 /// Publishes staged used elements and signals the guest if it wants that. A used ring that
 /// cannot be written stops the ring.
-fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestMemoryMmap) {
+fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
     if !publish_used(v, mem) {
         let first = !v.broken;
         v.broken = true;
@@ -128,36 +121,50 @@ fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestMemoryMmap) {
     notify(dev, v, mem);
 }
 
-/// Pops up to `max` chain heads; a jumping avail index breaks the ring.
+/// Pops up to `heads.len()` chain heads. The guest's avail index is read only when the
+/// heads already seen run out; one that moves more than the queue size ahead breaks the ring.
 fn pop_heads(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     heads: &mut [u16],
 ) -> usize {
-    match v.queue.iter(mem) {
-        Ok(iter) => {
-            let mut n = 0;
-            for c in iter.take(heads.len()) {
-                heads[n] = c.head_index();
-                n += 1;
+    let size = v.queue.size();
+    let ring = v.queue.avail_ring();
+    let mut next = v.queue.next_avail();
+    let mut n = 0;
+    while n < heads.len() {
+        if next == v.avail_cached {
+            let Some(idx) = mem.load_u16(ring + 2, Ordering::Acquire) else {
+                break;
+            };
+            if idx.wrapping_sub(next) > size {
+                let first = !v.broken;
+                v.broken = true;
+                dev.guest_error(
+                    "avail index moved beyond the queue size; ring stopped",
+                    vi,
+                    first,
+                );
+                dev.note_ring(vi, v);
+                break;
             }
-            n
+            v.avail_cached = idx;
+            if idx == next {
+                break;
+            }
         }
-        Err(virtio_queue::Error::InvalidAvailRingIndex) => {
-            let first = !v.broken;
-            v.broken = true;
-            dev.guest_error(
-                "avail index moved beyond the queue size; ring stopped",
-                vi,
-                first,
-            );
-            dev.note_ring(vi, v);
-            0
-        }
-        Err(_) => 0,
+        let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(next % size), Ordering::Relaxed)
+        else {
+            break;
+        };
+        heads[n] = head;
+        n += 1;
+        next = next.wrapping_add(1);
     }
+    v.queue.set_next_avail(next);
+    n
 }
 
 /// The guest's transmit queue `queue` → up to `pkts.len()` frames.
@@ -171,9 +178,10 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
     if !v.usable() {
         return 0;
     }
-    let mem = dev.mem.memory();
+    let guard = dev.mem.memory();
+    let mem = GuestView::new(&guard);
     if v.notify {
-        let _ = v.queue.disable_notification(&*mem);
+        let _ = v.queue.disable_notification(&*guard);
         v.notify = false;
     }
     let mut heads = [0u16; BURST];
@@ -218,7 +226,7 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
 
 /// Copies one transmit chain into `pkt`.
 fn read_chain(
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     table: GuestAddress,
     qsize: u16,
     head: u16,
@@ -242,8 +250,9 @@ fn read_chain(
     let mut off = start;
     for s in segs.iter() {
         let len = s.len as usize;
-        mem.read_slice(&mut buf[off..off + len], GuestAddress(s.addr))
-            .map_err(|_| DropReason::BadDescriptor)?;
+        if !mem.read(s.addr, &mut buf[off..off + len]) {
+            return Err(DropReason::BadDescriptor);
+        }
         off += len;
     }
     let hdr = VirtioNetHdr::parse(&buf[start..HEADROOM]).map_err(|_| DropReason::BadVnetHdr)?;
@@ -290,7 +299,8 @@ pub(crate) fn tx_burst(
             drops.count_n(DropReason::NoQueue, n as u32);
             continue;
         }
-        let mem = dev.mem.memory();
+        let guard = dev.mem.memory();
+        let mem = GuestView::new(&guard);
         let mut wrote = false;
         for (k, &i) in sel.iter().enumerate() {
             if pair_of[k] != p {
@@ -329,7 +339,7 @@ fn deliver(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
     let hdr = pkt.hdr;
@@ -369,7 +379,7 @@ fn deliver_segmented(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
     let mut scratch = std::mem::take(&mut v.scratch.gso);
@@ -395,7 +405,7 @@ fn write_rx(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     hdr: &VirtioNetHdr,
     frame: &[u8],
 ) -> Result<(), DropReason> {
@@ -410,7 +420,7 @@ fn write_rx_chains(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestMemoryMmap,
+    mem: &GuestView<'_>,
     hdr: &VirtioNetHdr,
     frame: &[u8],
     sc: &mut Scratch,
@@ -471,7 +481,7 @@ fn write_rx_chains(
             for src in [&mut src_hdr, &mut src_frame] {
                 let n = room.min(src.len());
                 if n > 0 {
-                    ok &= mem.write_slice(&src[..n], GuestAddress(addr)).is_ok();
+                    ok &= mem.write(addr, &src[..n]);
                     *src = &src[n..];
                     addr += n as u64;
                     room -= n;
