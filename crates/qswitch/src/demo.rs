@@ -98,7 +98,7 @@ fn traffic(
 
     println!("== iperf3 TCP, {streams} stream(s), {seconds} s, 10.99.0.1 -> 10.99.0.2");
     let _server = ns_b.spawn(&["iperf3", "-s", "-1", "-B", "10.99.0.2"], Stdio::null())?;
-    wait_listening(ns_b, 5201)?;
+    netns::wait_listening(ns_b, 5201)?;
     let secs = seconds.to_string();
     let p = streams.to_string();
     let mut client = ns_a.spawn(
@@ -179,21 +179,6 @@ fn traffic(
     );
     println!("   drops               {drops}");
     Ok(())
-}
-
-/// Waits until something listens on TCP `port` inside `ns` (up to 5 s).
-fn wait_listening(ns: &Netns, port: u16) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let needle = format!(":{port}");
-    while Instant::now() < deadline {
-        if let Ok(out) = ns.exec(&["ss", "-ltn"]) {
-            if String::from_utf8_lossy(&out.stdout).contains(&needle) {
-                return Ok(());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("nothing listens on port {port} in {}", ns.name)
 }
 
 struct RemoveDir(std::path::PathBuf);
