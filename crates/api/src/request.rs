@@ -23,6 +23,8 @@ pub enum Request {
     Fdb,
     /// Counters, and rates over the last second.
     Stats,
+    /// A port's receive-side indirection table (vRSS).
+    Rss { port: String },
 }
 
 /// The daemon's answer.
@@ -45,6 +47,11 @@ pub enum Response {
         entries: Vec<FdbEntry>,
     },
     Stats(Box<StatsReport>),
+    /// The enabled receive queues and the 128-entry indirection table over them.
+    Rss {
+        queues: Vec<u16>,
+        table: Vec<u16>,
+    },
 }
 
 /// One port as `port list` shows it.

@@ -44,6 +44,8 @@ pub enum SwitchError {
     IfnameInUse { ifname: String, port: String },
     #[error("socket '{socket}' is already used by port '{port}'")]
     SocketInUse { socket: String, port: String },
+    #[error("port '{0}' has no receive-side scaling (only vhost-user ports do)")]
+    NoRss(String),
     #[error("the switch is full ({MAX_PORTS} ports)")]
     Full,
     #[error(transparent)]
@@ -411,6 +413,20 @@ impl Switch {
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
+        }
+    }
+
+    /// The receive-side indirection table of a multi-queue port (vhost-user).
+    pub fn reta(&self, name: &str) -> Result<Arc<crate::rss::Reta>, SwitchError> {
+        let table = self.shared.ports.load_full();
+        let p = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        match &p.dev {
+            Device::VhostUser(v) => Ok(v.reta()),
+            _ => Err(SwitchError::NoRss(name.to_string())),
         }
     }
 

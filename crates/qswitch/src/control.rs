@@ -160,6 +160,17 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         Request::Stats => return Response::Stats(Box::new(daemon.stats())),
         Request::PortAdd { port } => sw.add_port(&port).map(|_| ()),
         Request::PortDel { name } => sw.del_port(&name),
+        Request::Rss { port } => {
+            return match sw.reta(&port) {
+                Ok(r) => Response::Rss {
+                    queues: r.queues().to_vec(),
+                    table: r.table().to_vec(),
+                },
+                Err(e) => Response::Error {
+                    message: error_chain(&e),
+                },
+            }
+        }
     };
     match result {
         Ok(()) => Response::Ok,

@@ -17,6 +17,7 @@ mod daemon;
 mod demo;
 mod netns;
 mod plot;
+mod rss_cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -67,6 +68,9 @@ enum Command {
         #[arg(long)]
         watch: bool,
     },
+    /// Toeplitz hashes and receive-side indirection tables (vRSS).
+    #[command(subcommand)]
+    Rss(rss_cli::RssCmd),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
 }
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         }
         Command::Port(cmd) => cli::port(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
+        Command::Rss(cmd) => rss_cli::run(&control, cmd),
         Command::Stats { json, watch } => cli::stats(&control, json, watch),
         Command::Bench(args) => {
             init_logging();
