@@ -132,6 +132,10 @@ pub struct PortStats {
     /// For gen ports: what the sink saw.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sink: Option<SinkStats>,
+    /// For vhost-user ports: guest errors seen (bad descriptor chains, rings stopped for a
+    /// jumping avail index or an unwritable used ring).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_errors: Option<u64>,
     /// For gen ports: frames generated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generated: Option<u64>,

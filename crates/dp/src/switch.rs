@@ -626,6 +626,10 @@ fn port_stats(p: &PortEntry) -> PortStats {
         Device::Gen(g) => (Some(g.sink_stats()), Some(g.generated())),
         _ => (None, None),
     };
+    let guest_errors = match &p.dev {
+        Device::VhostUser(v) => Some(v.guest_errors()),
+        _ => None,
+    };
     PortStats {
         name: p.config.name.clone(),
         rx_packets: queues.iter().map(|q| q.rx_packets).sum(),
@@ -640,5 +644,6 @@ fn port_stats(p: &PortEntry) -> PortStats {
         queues,
         sink,
         generated,
+        guest_errors,
     }
 }

@@ -131,6 +131,16 @@ impl VhostUserBackendReqHandlerMut for Handler {
         let mut regions = Vec::with_capacity(ctx.len());
         let mut mappings = Vec::with_capacity(ctx.len());
         for (region, file) in ctx.iter().zip(files) {
+            // A mapping past the end of the file would SIGBUS the first worker that touches
+            // it: refuse regions their file cannot back.
+            let file_len = file.metadata().map_err(Error::ReqHandlerError)?.len();
+            // Copies: the message struct is packed.
+            let (offset, size) = (region.mmap_offset, region.memory_size);
+            if offset.checked_add(size).is_none_or(|end| end > file_len) || size == 0 {
+                tracing::warn!(port = %self.dev.name, file_len, offset, size,
+                    "memory region larger than its file; refused");
+                return Err(Error::InvalidParam);
+            }
             let mmap = region.mmap_region(file)?;
             let r = GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr))
                 .ok_or(Error::InvalidParam)?;

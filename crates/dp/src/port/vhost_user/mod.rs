@@ -255,6 +255,7 @@ impl Device {
     /// The frontend went away: stop every ring (memory stays mapped until replaced).
     pub(crate) fn disconnect(&self) {
         self.connected.store(false, Ordering::Relaxed);
+        self.features.store(0, Ordering::Relaxed);
         for (i, v) in self.vrings.iter().enumerate() {
             let mut v = v.lock();
             if let Some(k) = v.kick.take() {
