@@ -115,7 +115,7 @@ pub fn parse_hex(s: &str) -> anyhow::Result<Vec<u8>> {
         .chars()
         .filter(|c| !c.is_whitespace() && *c != ':')
         .collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         bail!("odd number of hex digits");
     }
     (0..digits.len())

@@ -18,9 +18,34 @@ pub fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Reads what is waiting on socket `fd` without consuming it (`recv(MSG_PEEK)`); blocks
+/// like a read when nothing is there (unless the socket is non-blocking).
+pub fn peek(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    let raw = fd.as_fd().as_raw_fd();
+    // SAFETY: recv writes at most `buf.len()` bytes into `buf`, which is valid and writable
+    // for that length; the fd is borrowed and open.
+    let n = unsafe { libc::recv(raw, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peek_leaves_the_data() {
+        use std::io::{Read, Write};
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.write_all(b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        assert_eq!(peek(&b, &mut buf).unwrap(), 5);
+        let mut again = [0u8; 5];
+        b.read_exact(&mut again).unwrap();
+        assert_eq!(&again, b"hello");
+    }
 
     #[test]
     fn sets_the_flag() {

@@ -33,6 +33,8 @@ pub struct Handler {
     acked_features: u64,
     acked_protocol: u64,
     mappings: Vec<Mapping>,
+    /// SET_VRING_ENABLE requests that arrived before SET_FEATURES (see `defer_enable`).
+    early_enables: Vec<(u32, bool)>,
 }
 
 fn unsupported(what: &'static str) -> Error {
@@ -47,6 +49,16 @@ impl Handler {
             acked_features: 0,
             acked_protocol: 0,
             mappings: Vec::new(),
+            early_enables: Vec::new(),
+        }
+    }
+
+    /// Records a SET_VRING_ENABLE that came before SET_FEATURES (QEMU 7.2 sends one), to be
+    /// applied when the features arrive.
+    pub(crate) fn defer_enable(&mut self, index: u32, enable: bool) {
+        if (index as usize) < self.dev.vrings.len() {
+            self.early_enables.retain(|(i, _)| *i != index);
+            self.early_enables.push((index, enable));
         }
     }
 
@@ -114,6 +126,11 @@ impl VhostUserBackendReqHandlerMut for Handler {
             // Without PROTOCOL_FEATURES there is no SET_VRING_ENABLE: rings start enabled.
             if features & F_PROTOCOL_FEATURES == 0 {
                 v.enabled = true;
+            }
+        }
+        if features & F_PROTOCOL_FEATURES != 0 {
+            for (index, enable) in self.early_enables.drain(..) {
+                self.dev.vrings[index as usize].lock().enabled = enable;
             }
         }
         for (i, v) in self.dev.vrings.iter().enumerate() {

@@ -475,11 +475,22 @@ fn protocol_thread(
         }
         tracing::info!(port = %dev.name, "frontend connected");
         dev.connected.store(true, Ordering::Relaxed);
+        let peek = stream.try_clone().ok();
         let handler = Arc::new(StdMutex::new(Handler::new(dev.clone())));
-        let mut req = BackendReqHandler::from_stream(stream, handler);
+        let mut req = BackendReqHandler::from_stream(stream, handler.clone());
         loop {
+            let enable = peek.as_ref().and_then(peek_vring_enable);
             match req.handle_request() {
                 Ok(()) => {}
+                // QEMU 7.2 enables (and, after a reconnect, re-enables) rings before
+                // SET_FEATURES; the vhost crate refuses that. Remember it and apply it once
+                // PROTOCOL_FEATURES is acked, or the rings would stay disabled.
+                Err(VhostError::InactiveFeature(_)) if enable.is_some() => {
+                    if let (Some((index, on)), Ok(mut h)) = (enable, handler.lock()) {
+                        tracing::debug!(port = %dev.name, vring = index, on, "early vring enable deferred");
+                        h.defer_enable(index, on);
+                    }
+                }
                 // The request was read whole and refused; the connection is still in step.
                 // QEMU 7.2, for one, disables extra queue pairs before SET_FEATURES, which
                 // the vhost crate refuses: nothing to act on, rings start disabled anyway.
@@ -505,6 +516,18 @@ fn protocol_thread(
             *c = None;
         }
     }
+}
+
+/// `VHOST_USER_SET_VRING_ENABLE`.
+const SET_VRING_ENABLE: u32 = 18;
+
+/// If the next message waiting on the socket is SET_VRING_ENABLE, its (vring, enable).
+fn peek_vring_enable(stream: &UnixStream) -> Option<(u32, bool)> {
+    // Header: request, flags, size (u32 each, native order); body: vring index, num.
+    let mut b = [0u8; 20];
+    let n = qswitch_sys::fd::peek(stream, &mut b).ok()?;
+    let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    (n == b.len() && word(0) == SET_VRING_ENABLE && word(8) == 8).then(|| (word(12), word(16) == 1))
 }
 
 impl Port for VhostUserPort {
