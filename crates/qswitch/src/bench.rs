@@ -5,6 +5,8 @@
 //! # Scenarios
 //! - `tap-tcp`: iperf3 TCP from one network namespace to another, (a) through qswitch (two TAP
 //!   ports, the demo config) and (b) through the Linux bridge (two veth pairs).
+//! - `pvp`: vhost-user to vhost-user with one switch core, 64 B and 1518 B frames, qswitch
+//!   next to OVS-DPDK, driven by one in-process virtio-net generator/sink (see [`pvp`]).
 //!
 //! # Method
 //! Contenders are interleaved (A B, B A, A B ...) so that neither always runs first or on a
@@ -35,10 +37,12 @@ use serde::Serialize;
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
 
+mod pvp;
+
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run (tap-tcp).
+    /// Scenario to run (tap-tcp, pvp).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -62,11 +66,18 @@ struct Scenario {
 }
 
 /// Every scenario `qswitch bench` knows.
-const SCENARIOS: &[Scenario] = &[Scenario {
-    name: "tap-tcp",
-    about: "iperf3 TCP netns -> netns: qswitch (TAP ports) vs Linux bridge (veth)",
-    run: tap_tcp,
-}];
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "tap-tcp",
+        about: "iperf3 TCP netns -> netns: qswitch (TAP ports) vs Linux bridge (veth)",
+        run: tap_tcp,
+    },
+    Scenario {
+        name: "pvp",
+        about: "vhost-user -> vhost-user, one switch core: qswitch vs OVS-DPDK (NORMAL)",
+        run: pvp::run,
+    },
+];
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let Some(scenario) = SCENARIOS.iter().find(|s| s.name == args.scenario) else {
