@@ -26,6 +26,10 @@ cargo fmt --all --check
 echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== tests"
-cargo test --workspace --release -- --test-threads=2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --release -- --test-threads=2 2>&1 | tee "$log"
 echo "== fuzz (brief)"
 ./fuzz/run.sh "${QSWITCH_FUZZ_SECONDS:-15}"
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
