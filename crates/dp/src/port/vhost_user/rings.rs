@@ -46,6 +46,15 @@ fn avail_no_interrupt(v: &Vring, mem: &GuestView<'_>) -> bool {
     mem.read(v.queue.avail_ring(), &mut flags) && u16::from_le_bytes(flags) & 1 != 0
 }
 
+/// Stops ring `vi` because its guest broke it (logged once per ring); the frontend has to
+/// set it up again.
+fn stop_ring(dev: &Device, vi: usize, v: &mut Vring, why: &str) {
+    let first = !v.broken;
+    v.broken = true;
+    dev.guest_error(why, vi, first);
+    dev.note_ring(vi, v);
+}
+
 /// Writes a used element after the ones already staged; the guest does not see it until
 /// [`publish_used`]. Returns false if `head` is not a valid index or the ring is not
 /// writable.
@@ -112,10 +121,7 @@ fn notify(dev: &Device, v: &mut Vring, mem: &GuestView<'_>) {
 /// cannot be written stops the ring.
 fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
     if !publish_used(v, mem) {
-        let first = !v.broken;
-        v.broken = true;
-        dev.guest_error("used ring not writable; ring stopped", vi, first);
-        dev.note_ring(vi, v);
+        stop_ring(dev, vi, v, "used ring not writable; ring stopped");
         return;
     }
     notify(dev, v, mem);
@@ -140,14 +146,12 @@ fn pop_heads(
                 break;
             };
             if idx.wrapping_sub(next) > size {
-                let first = !v.broken;
-                v.broken = true;
-                dev.guest_error(
-                    "avail index moved beyond the queue size; ring stopped",
+                stop_ring(
+                    dev,
                     vi,
-                    first,
+                    v,
+                    "avail index moved beyond the queue size; ring stopped",
                 );
-                dev.note_ring(vi, v);
                 break;
             }
             v.avail_cached = idx;
@@ -209,14 +213,12 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
             }
         }
         if !stage_used(v, &mem, head, 0) {
-            let first = !v.broken;
-            v.broken = true;
-            dev.guest_error(
-                "bad head index or used ring not writable; ring stopped",
+            stop_ring(
+                dev,
                 vi,
-                first,
+                v,
+                "bad head index or used ring not writable; ring stopped",
             );
-            dev.note_ring(vi, v);
             break;
         }
     }
@@ -454,10 +456,7 @@ fn write_rx_chains(
             }
             _ => {
                 v.queue.set_next_avail(saved);
-                let first = !v.broken;
-                v.broken = true;
-                dev.guest_error("bad receive descriptor chain; ring stopped", vi, first);
-                dev.note_ring(vi, v);
+                stop_ring(dev, vi, v, "bad receive descriptor chain; ring stopped");
                 return Err(DropReason::BadDescriptor);
             }
         }
@@ -494,10 +493,7 @@ fn write_rx_chains(
     if ok {
         Ok(())
     } else {
-        let first = !v.broken;
-        v.broken = true;
-        dev.guest_error("receive ring not writable; ring stopped", vi, first);
-        dev.note_ring(vi, v);
+        stop_ring(dev, vi, v, "receive ring not writable; ring stopped");
         Err(DropReason::BadDescriptor)
     }
 }
