@@ -399,20 +399,7 @@ pub fn iperf_run(
     let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
 
     let first_stats = topo.daemon().map(Daemon::stats).transpose()?;
-    let (secs, p) = (seconds.to_string(), streams.to_string());
-    let args = [
-        "iperf3",
-        "-c",
-        addr,
-        "-t",
-        &secs,
-        "-P",
-        &p,
-        "-J",
-        "--connect-timeout",
-        "3000",
-    ];
-    let mut client = topo.client().spawn(&args, Stdio::piped())?;
+    let mut client = netns::iperf3_client(topo.client(), addr, seconds, streams)?;
     let cpu_from = netns::cpu_jiffies();
     let t0 = Instant::now();
     // Drain the pipes while iperf3 runs, so a long JSON cannot block it.
@@ -482,13 +469,8 @@ pub fn iperf_run(
         .to_string();
     let json: serde_json::Value = serde_json::from_slice(&out)
         .with_context(|| format!("iperf3 printed no JSON result (stderr: {err})"))?;
-    if let Some(e) = json.get("error").and_then(|e| e.as_str()) {
-        bail!("iperf3 ({contender}): {e}");
-    }
-    let gbps = json["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap_or(0.0)
-        / 1e9;
+    let (gbps, retransmits) =
+        netns::iperf3_summary(&json).with_context(|| format!("contender {contender}"))?;
     if gbps <= 0.0 {
         bail!("iperf3 ({contender}) measured no traffic");
     }
@@ -518,7 +500,7 @@ pub fn iperf_run(
         round,
         seq,
         gbps,
-        retransmits: json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+        retransmits,
         busy_cpus,
         idle_busy_cpus,
         cpu_per_gbps: busy_cpus / gbps,

@@ -99,28 +99,11 @@ fn traffic(
     println!("== iperf3 TCP, {streams} stream(s), {seconds} s, 10.99.0.1 -> 10.99.0.2");
     let _server = ns_b.spawn(&["iperf3", "-s", "-1", "-B", "10.99.0.2"], Stdio::null())?;
     netns::wait_listening(ns_b, 5201)?;
-    let secs = seconds.to_string();
-    let p = streams.to_string();
-    let mut client = ns_a.spawn(
-        &[
-            "iperf3",
-            "-c",
-            "10.99.0.2",
-            "-t",
-            &secs,
-            "-P",
-            &p,
-            "-J",
-            "--connect-timeout",
-            "3000",
-        ],
-        Stdio::piped(),
-    )?;
+    let mut client = netns::iperf3_client(ns_a, "10.99.0.2", seconds, streams)?;
     let start_stats = daemon.stats()?;
     let cpu_before = netns::cpu_jiffies();
     let started = Instant::now();
     let mut prev = start_stats.clone();
-    let mut samples = Vec::new();
     let mut printed_header = false;
     loop {
         if interrupted.load(Ordering::Relaxed) {
@@ -139,7 +122,6 @@ fn traffic(
             printed_header = true;
         }
         println!("{}", crate::cli::rate_line(&cur, &rates));
-        samples.push(rates);
         prev = cur;
     }
     let busy_cpus = netns::busy_cpus(cpu_before, netns::cpu_jiffies());
@@ -147,14 +129,7 @@ fn traffic(
     let out = client.output()?;
     let json: serde_json::Value =
         serde_json::from_slice(&out.stdout).context("iperf3 printed no JSON result")?;
-    if let Some(err) = json.get("error").and_then(|e| e.as_str()) {
-        bail!("iperf3: {err}");
-    }
-    let gbps = json["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap_or(0.0)
-        / 1e9;
-    let retr = json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+    let (gbps, retr) = netns::iperf3_summary(&json)?;
     let total = qswitch_dp::report::rates(&start_stats, &end_stats);
     let cs: f64 = total.workers.iter().map(|w| w.ctx_switches_ps).sum();
     let busy: Vec<String> = total

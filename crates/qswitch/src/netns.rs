@@ -342,3 +342,41 @@ impl Drop for Link {
             .status();
     }
 }
+
+/// Starts an iperf3 TCP client in `ns` toward `addr` for `seconds` with `streams` parallel
+/// streams, printing its result as JSON (`-J`) when it ends.
+pub fn iperf3_client(
+    ns: &Netns,
+    addr: &str,
+    seconds: u32,
+    streams: u32,
+) -> anyhow::Result<ChildGuard> {
+    let (secs, p) = (seconds.to_string(), streams.to_string());
+    let args = [
+        "iperf3",
+        "-c",
+        addr,
+        "-t",
+        &secs,
+        "-P",
+        &p,
+        "-J",
+        "--connect-timeout",
+        "3000",
+    ];
+    ns.spawn(&args, Stdio::piped())
+}
+
+/// What an iperf3 `-J` result says overall: Gbit/s received and the sender's retransmits.
+/// An error iperf3 reports becomes `Err`.
+pub fn iperf3_summary(json: &serde_json::Value) -> anyhow::Result<(f64, u64)> {
+    if let Some(e) = json.get("error").and_then(|e| e.as_str()) {
+        bail!("iperf3: {e}");
+    }
+    let gbps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9;
+    let retransmits = json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+    Ok((gbps, retransmits))
+}

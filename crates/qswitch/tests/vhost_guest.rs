@@ -22,14 +22,12 @@ mod common;
 mod common_guest;
 
 use std::fmt::Write as _;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use common::{request, worker_cpus, ChildGuard, Daemon, Netns, TempDir, QSWITCH};
+use common::{request, worker_cpus, ChildGuard, Daemon, Netns, TempDir};
 use common_guest::{Guest, GuestConfig, SocketMode};
 use serde_json::Value;
 
@@ -112,25 +110,15 @@ fn tap_ifname(n: u8) -> String {
     format!("qvg{n}-{}", std::process::id() % 100_000)
 }
 
-/// Starts `qswitch run --config config` (stderr to `log`) without waiting for it; like
-/// [`Daemon::spawn`], but the log has the vhost-user protocol too (debug level).
+/// Starts `qswitch run --config config` (stderr to `log`) without waiting for it, with the
+/// vhost-user protocol in the log (debug level).
 fn spawn_daemon(config: &Path, control: &Path, log: &Path) -> Daemon {
-    let err = File::create(log).expect("daemon log file");
-    let child = Command::new(QSWITCH)
-        .args(["run", "--config"])
-        .arg(config)
-        .env("QSWITCH_LOG", "info,qswitch_dp::port::vhost_user=debug")
-        .env("RUST_BACKTRACE", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(err))
-        .spawn()
-        .expect("start qswitch run");
-    Daemon {
-        child: ChildGuard::new(child),
-        control: control.to_path_buf(),
-        log: log.to_path_buf(),
-    }
+    Daemon::spawn_logging(
+        config,
+        control,
+        log,
+        "info,qswitch_dp::port::vhost_user=debug",
+    )
 }
 
 /// The last `n` lines of `s`.

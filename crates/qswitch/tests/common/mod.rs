@@ -314,11 +314,17 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `qswitch run --config config` without waiting for it.
     pub fn spawn(config: &Path, control: &Path, log: &Path) -> Daemon {
+        Daemon::spawn_logging(config, control, log, "info")
+    }
+
+    /// Like [`Daemon::spawn`], with `filter` as the daemon's `QSWITCH_LOG`.
+    #[allow(dead_code)] // not every test file that includes this module uses it
+    pub fn spawn_logging(config: &Path, control: &Path, log: &Path, filter: &str) -> Daemon {
         let err = File::create(log).expect("daemon log file");
         let child = Command::new(QSWITCH)
             .args(["run", "--config"])
             .arg(config)
-            .env("QSWITCH_LOG", "info")
+            .env("QSWITCH_LOG", filter)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
