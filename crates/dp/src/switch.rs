@@ -336,6 +336,7 @@ impl Switch {
                 config.mac.as_deref(),
                 config.queues,
                 config.generate.as_ref(),
+                self.workers.len(),
             )),
         })
     }

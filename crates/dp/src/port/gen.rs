@@ -14,8 +14,16 @@
 //! As a **sink** (tx side), it counts what arrives and, for frames with the trailer, checks
 //! the sequence of each (source, flow): a gap counts as lost, a step back as reordered.
 //! Generating costs no syscall, so a gen → switch → gen pipeline measures the switch itself.
+//!
+//! The sink keeps its counts per worker (each worker locks only its own, so workers do not
+//! contend). The next expected sequence number of a flow is one atomic shared by all workers:
+//! a flow comes from one generator queue, which one worker at a time polls (a queue that
+//! moves is handed off at a burst boundary), so the atomic has one writer at a time and the
+//! check stays exact across moves.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use qswitch_api::config::{parse_mac, parse_unicast_mac, GenConfig};
@@ -90,10 +98,12 @@ impl GenQueue {
     }
 }
 
+/// One worker's share of the sink.
 #[derive(Debug, Default)]
 struct Sink {
     stats: SinkStats,
-    next_seq: HashMap<(u16, u16), u64>,
+    /// This worker's handles on the shared next-sequence atomics.
+    next_seq: HashMap<(u16, u16), Arc<AtomicU64>>,
 }
 
 /// A generator/sink port.
@@ -102,11 +112,16 @@ pub struct GenPort {
     mac: MacAddr,
     queues: Vec<Mutex<GenQueue>>,
     generated: Vec<Counter>,
-    sink: Mutex<Sink>,
+    /// Per worker (index `worker % len`).
+    sinks: Vec<Mutex<Sink>>,
+    /// Next expected sequence number per (source, flow), shared by the workers' sinks; locked
+    /// only the first time a worker sees a flow.
+    flows: Mutex<HashMap<(u16, u16), Arc<AtomicU64>>>,
 }
 
 impl GenPort {
-    /// A gen port with `queues` queues; `gen` says what to generate (None: sink only).
+    /// A gen port with `queues` queues; `gen` says what to generate (None: sink only);
+    /// `workers` is how many workers may transmit to it.
     /// `mac` and `gen.dst` must already be validated ([`qswitch_api::PortConfig::validate`]).
     pub fn new(
         id: PortId,
@@ -114,6 +129,7 @@ impl GenPort {
         mac: Option<&str>,
         queues: u16,
         gen: Option<&GenConfig>,
+        workers: usize,
     ) -> GenPort {
         let mac = mac
             .and_then(|m| parse_unicast_mac(m).ok())
@@ -154,7 +170,8 @@ impl GenPort {
             mac,
             generated: (0..nq).map(|_| Counter::default()).collect(),
             queues,
-            sink: Mutex::new(Sink::default()),
+            sinks: (0..workers.max(1)).map(|_| Mutex::default()).collect(),
+            flows: Mutex::default(),
         }
     }
 
@@ -168,9 +185,23 @@ impl GenPort {
         self.generated.iter().map(Counter::get).sum()
     }
 
-    /// What the sink has seen so far.
+    /// Whether any queue generates frames (a gen port without `generate` only sinks).
+    pub fn generates(&self) -> bool {
+        self.queues.iter().any(|q| !q.lock().flows.is_empty())
+    }
+
+    /// What the sink has seen so far, over all workers.
     pub fn sink_stats(&self) -> SinkStats {
-        self.sink.lock().stats.clone()
+        let mut total = SinkStats::default();
+        for s in &self.sinks {
+            let s = &s.lock().stats;
+            total.received += s.received;
+            total.lost += s.lost;
+            total.reordered += s.reordered;
+            total.foreign += s.foreign;
+        }
+        total.lost = total.lost.saturating_sub(total.reordered);
+        total
     }
 }
 
@@ -242,12 +273,12 @@ impl Port for GenPort {
 
     fn tx_burst(
         &self,
-        _worker: usize,
+        worker: usize,
         pkts: &mut [Pkt],
         sel: &[u8],
         _drops: &mut DropTally,
     ) -> TxDone {
-        let mut sink = self.sink.lock();
+        let mut sink = self.sinks[worker % self.sinks.len()].lock();
         let sink = &mut *sink;
         let mut done = TxDone::default();
         for &i in sel {
@@ -259,13 +290,18 @@ impl Port for GenPort {
                 continue;
             };
             sink.stats.received += 1;
-            let next = sink.next_seq.entry((src, flow)).or_insert(0);
-            if seq >= *next {
-                sink.stats.lost += seq - *next;
-                *next = seq + 1;
+            let next = sink
+                .next_seq
+                .entry((src, flow))
+                .or_insert_with(|| self.flows.lock().entry((src, flow)).or_default().clone());
+            let n = next.load(Ordering::Acquire);
+            if seq >= n {
+                sink.stats.lost += seq - n;
+                next.store(seq + 1, Ordering::Release);
             } else {
+                // A late frame was counted lost when its gap opened: `sink_stats` takes it
+                // back out.
                 sink.stats.reordered += 1;
-                sink.stats.lost = sink.stats.lost.saturating_sub(1);
             }
         }
         done
@@ -293,7 +329,14 @@ mod tests {
             flows,
             count,
         };
-        GenPort::new(PortId(7), "g", Some("02:00:00:00:00:01"), queues, Some(&g))
+        GenPort::new(
+            PortId(7),
+            "g",
+            Some("02:00:00:00:00:01"),
+            queues,
+            Some(&g),
+            1,
+        )
     }
 
     #[test]
@@ -344,7 +387,7 @@ mod tests {
     #[test]
     fn sink_counts_loss_and_reordering() {
         let src = gen(0, 0, 1, 1);
-        let sink = GenPort::new(PortId(9), "s", None, 1, None);
+        let sink = GenPort::new(PortId(9), "s", None, 1, None, 2);
         let mut b = Burst::new();
         let mut d = DropTally::default();
         assert_eq!(src.rx_burst(0, &mut b.pkts, 0, &mut d), 32);
