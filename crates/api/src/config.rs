@@ -6,6 +6,8 @@
 //! workers = "0-1"                  # CPUs for datapath workers: "0-3", "2-14:2", "1,3"
 //! control = "/run/qswitch/control.sock"
 //! fdb_aging = 300                  # seconds a learned MAC lives without traffic
+//! reserved_cpus = "0"              # CPUs no queue is placed on (default: none)
+//! placement = "dynamic"            # or "static": no moves by load
 //!
 //! [[port]]
 //! name = "a"
@@ -13,6 +15,7 @@
 //! ifname = "qs-a"                  # created, or attached if a persistent TAP exists
 //! queues = 2                       # IFF_MULTI_QUEUE
 //! vlan = 10                        # optional access VLAN
+//! cpus = "0-1"                     # optional CPU set for the port's queues
 //!
 //! [[port]]
 //! name = "g"
@@ -71,6 +74,46 @@ pub struct SwitchConfig {
     /// shorter leaves more CPU to other processes on small machines.
     #[serde(default = "default_poll_spin_us")]
     pub poll_spin_us: u64,
+    /// CPUs no queue is ever placed on (a CPU list); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_cpus: Option<String>,
+    /// How queues are placed on workers: `dynamic` (by measured load) or `static`.
+    #[serde(default)]
+    pub placement: PlacementMode,
+}
+
+/// `[switch] placement`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementMode {
+    /// Every ~second, queues are coalesced onto fewer workers at low load and spread at
+    /// high load.
+    #[default]
+    Dynamic,
+    /// Queues stay where the placement rules put them (and where an operator pins them).
+    Static,
+}
+
+impl fmt::Display for PlacementMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PlacementMode::Dynamic => "dynamic",
+            PlacementMode::Static => "static",
+        })
+    }
+}
+
+impl FromStr for PlacementMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "dynamic" => Ok(PlacementMode::Dynamic),
+            "static" => Ok(PlacementMode::Static),
+            other => Err(format!(
+                "unknown placement mode '{other}' (expected dynamic or static)"
+            )),
+        }
+    }
 }
 
 fn default_poll_spin_us() -> u64 {
@@ -94,6 +137,8 @@ impl Default for SwitchConfig {
             control: default_control(),
             fdb_aging: default_fdb_aging(),
             poll_spin_us: default_poll_spin_us(),
+            reserved_cpus: None,
+            placement: PlacementMode::default(),
         }
     }
 }
@@ -187,6 +232,10 @@ pub struct PortConfig {
     /// gen: what to generate; a gen port without it only sinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate: Option<GenConfig>,
+    /// CPUs the port's queues may run on (a CPU list, `"2-14:2"`); by default each port
+    /// gets a set disjoint from the other ports' wherever the workers allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<String>,
 }
 
 fn default_queues() -> u16 {
@@ -241,6 +290,12 @@ pub enum ConfigError {
     PollSpin(u64),
     #[error("[switch] control must be an absolute path, got '{0}'")]
     Control(String),
+    #[error("[switch] reserved_cpus = \"{value}\": {source}")]
+    Reserved {
+        value: String,
+        #[source]
+        source: CpuListError,
+    },
     #[error("port '{name}': {message}")]
     Port { name: String, message: String },
     #[error("duplicate port name '{0}'")]
@@ -302,6 +357,7 @@ impl Config {
         if self.switch.poll_spin_us > 10_000 {
             return Err(ConfigError::PollSpin(self.switch.poll_spin_us));
         }
+        self.switch.reserved_list()?;
         if !self.switch.control.is_absolute() {
             return Err(ConfigError::Control(
                 self.switch.control.display().to_string(),
@@ -326,6 +382,20 @@ impl SwitchConfig {
             value: self.workers.clone(),
             source,
         })
+    }
+
+    /// The reserved CPUs (empty when none are).
+    pub fn reserved_list(&self) -> Result<Vec<usize>, ConfigError> {
+        match &self.reserved_cpus {
+            None => Ok(Vec::new()),
+            Some(v) => v
+                .parse::<CpuList>()
+                .map(|l| l.cpus().to_vec())
+                .map_err(|source| ConfigError::Reserved {
+                    value: v.clone(),
+                    source,
+                }),
+        }
     }
 }
 
@@ -373,6 +443,7 @@ impl PortConfig {
             generate: None,
             socket: None,
             mode: None,
+            cpus: None,
         }
     }
 
@@ -388,6 +459,7 @@ impl PortConfig {
             generate: None,
             socket: Some(socket.to_path_buf()),
             mode: Some(mode),
+            cpus: None,
         }
     }
 
@@ -403,6 +475,7 @@ impl PortConfig {
             generate: None,
             socket: None,
             mode: None,
+            cpus: None,
         }
     }
 
@@ -435,6 +508,7 @@ impl PortConfig {
                 return Err(err(format!("vlan = {v} is out of range 1..=4094")));
             }
         }
+        self.cpu_set()?;
         match self.kind {
             PortType::Tap => {
                 let ifname = self
@@ -514,6 +588,21 @@ impl PortConfig {
 }
 
 impl PortConfig {
+    /// The port's CPU set, if it has one.
+    pub fn cpu_set(&self) -> Result<Option<Vec<usize>>, ConfigError> {
+        self.cpus
+            .as_deref()
+            .map(|v| {
+                v.parse::<CpuList>()
+                    .map(|l| l.cpus().to_vec())
+                    .map_err(|e| ConfigError::Port {
+                        name: self.name.clone(),
+                        message: format!("cpus = \"{v}\": {e}"),
+                    })
+            })
+            .transpose()
+    }
+
     fn refuse_vhost_keys(&self) -> Result<(), ConfigError> {
         for (key, set) in [
             ("socket", self.socket.is_some()),
@@ -683,5 +772,23 @@ vlan = 10
         assert!(parse_mac("02:00:00:00:00:00:00").is_err());
         assert!(parse_mac("2:00:00:00:00:00").is_err());
         assert!(parse_mac("zz:00:00:00:00:00").is_err());
+    }
+
+    #[test]
+    fn placement_keys() {
+        let cfg = Config::from_toml(
+            "[switch]\nworkers='0-1'\nreserved_cpus='0'\nplacement='static'\n[[port]]\nname='a'\ntype='tap'\nifname='x'\ncpus='0-1:1'\n",
+        )
+        .unwrap();
+        cfg.validate(ONLINE).unwrap();
+        assert_eq!(cfg.switch.reserved_list().unwrap(), vec![0]);
+        assert_eq!(cfg.switch.placement, PlacementMode::Static);
+        assert_eq!(cfg.ports[0].cpu_set().unwrap(), Some(vec![0, 1]));
+        let e = check("[switch]\nreserved_cpus='x'\n").unwrap_err();
+        assert!(e.to_string().starts_with("[switch] reserved_cpus"), "{e}");
+        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\ncpus='3-1'\n").unwrap_err();
+        assert!(e.to_string().contains("cpus = \"3-1\""), "{e}");
+        let e = check("[switch]\nplacement='wild'\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
     }
 }

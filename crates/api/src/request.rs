@@ -25,6 +25,16 @@ pub enum Request {
     Stats,
     /// A port's receive-side indirection table (vRSS).
     Rss { port: String },
+    /// Where every queue runs, its load, and why.
+    Placement,
+    /// Pin a port's rx queue to the worker on `cpu`; `cpu: null` removes the pin.
+    PlacementPin {
+        port: String,
+        queue: u16,
+        cpu: Option<usize>,
+    },
+    /// Switch between dynamic and static placement.
+    PlacementMode { mode: crate::config::PlacementMode },
 }
 
 /// The daemon's answer.
@@ -52,6 +62,73 @@ pub enum Response {
         queues: Vec<u16>,
         table: Vec<u16>,
     },
+    Placement(Box<PlacementReport>),
+}
+
+/// `qswitch placement`: where each rx queue runs, how loaded it is, and why it is there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlacementReport {
+    /// `dynamic` or `static`.
+    pub mode: String,
+    pub reserved_cpus: Vec<usize>,
+    /// Every rx queue, by port then queue.
+    pub queues: Vec<QueuePlacementInfo>,
+    pub workers: Vec<WorkerPlacementInfo>,
+    /// The CPU set each port ended up with.
+    pub port_sets: Vec<PortSetInfo>,
+    /// Overlapping operator sets, reserved CPUs in sets, sharing forced by too few CPUs, ...
+    pub warnings: Vec<String>,
+    /// The most recent queue moves, oldest first.
+    pub moves: Vec<MoveInfo>,
+}
+
+/// One rx queue's placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuePlacementInfo {
+    pub port: String,
+    pub queue: u16,
+    /// The worker and CPU polling it; none when no CPU is available.
+    pub worker: Option<usize>,
+    pub cpu: Option<usize>,
+    /// The CPU the static placement rules give it.
+    pub home_cpu: Option<usize>,
+    /// Fraction of a core spent on its bursts over the last evaluation interval.
+    pub load: f64,
+    /// `home`, `pinned`, `coalesced` or `spread`.
+    pub state: String,
+    /// Why it is there, in words: the rules behind the home CPU, or the move that took it away.
+    pub why: String,
+}
+
+/// One worker's share of the placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerPlacementInfo {
+    pub id: usize,
+    pub cpu: usize,
+    /// Fraction of the last evaluation interval spent on bursts.
+    pub busy: f64,
+    pub queues: usize,
+}
+
+/// A port's CPU set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortSetInfo {
+    pub port: String,
+    pub cpus: Vec<usize>,
+    /// Whether the operator gave it (`cpus = ...`) or the default rules chose it.
+    pub operator: bool,
+}
+
+/// A queue that moved between workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoveInfo {
+    /// Milliseconds since the switch started.
+    pub at_ms: u64,
+    pub port: String,
+    pub queue: u16,
+    pub from_cpu: Option<usize>,
+    pub to_cpu: usize,
+    pub reason: String,
 }
 
 /// One port as `port list` shows it.

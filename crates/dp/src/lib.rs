@@ -30,6 +30,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod balance;
 pub mod fdb;
 pub mod ids;
 pub mod packet;

@@ -144,6 +144,9 @@ impl DropTally {
 pub struct QueueCounters {
     pub rx_packets: Counter,
     pub rx_bytes: Counter,
+    /// Nanoseconds the owning worker spent on this queue's bursts (rx, switching, tx): the
+    /// load that dynamic placement balances.
+    pub busy_ns: Counter,
     pub drops: DropCounters,
 }
 

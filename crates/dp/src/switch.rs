@@ -6,6 +6,17 @@
 //! the new view between bursts. A removed port's device is closed once every worker has moved
 //! past the epoch that removed it, so no worker ever touches a closed fd, and traffic between
 //! the other ports is not disturbed.
+//!
+//! # Placement and queue hand-off
+//! Every rx queue has one owning worker. Where it goes comes from [`crate::placement::plan`]
+//! (the static rules: operator and default sets, SMT, NUMA, reserved CPUs), from operator
+//! pins, and in dynamic mode from [`crate::balance`], which a housekeeping thread runs every
+//! [`BALANCE_EVERY_NS`] on the queues' measured busy time. A queue moves between workers in
+//! two published steps: first it is taken from its old worker (and given to nobody), and only
+//! once that worker has acknowledged the new epoch, which it does between bursts, is it given
+//! to the new one. The old worker's last burst from the queue has then been transmitted in
+//! full, so the new worker's first frame from it leaves after the old worker's last: nothing is
+//! lost (frames wait in the queue meanwhile) and nothing is reordered.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,16 +24,21 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
+
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use qswitch_api::request::{
-    FdbEntry, PortInfo, PortStats, QueueInfo, QueueStats, StatsReport, WorkerStats,
+    FdbEntry, MoveInfo, PlacementReport, PortInfo, PortSetInfo, PortStats, QueueInfo,
+    QueuePlacementInfo, QueueStats, StatsReport, WorkerPlacementInfo, WorkerStats,
 };
-use qswitch_api::{PortConfig, PortType, VhostMode};
+use qswitch_api::{PlacementMode, PortConfig, PortType, VhostMode};
 use qswitch_sys::eventfd::EventFd;
 
+use crate::balance::{Balancer, Decision, QueueLoad};
 use crate::fdb::Fdb;
 use crate::ids::PortId;
+use crate::placement::{self, PortReq, Rule, Topology};
 use crate::port::gen::GenPort;
 use crate::port::tap::{TapError, TapPort};
 use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
@@ -32,6 +48,14 @@ use crate::worker;
 
 /// Most ports a switch holds.
 pub const MAX_PORTS: usize = 4096;
+/// How often dynamic placement looks at the queues' load.
+pub const BALANCE_EVERY_NS: u64 = 500_000_000;
+/// How often the housekeeping thread wakes up.
+const HOUSEKEEP_EVERY: Duration = Duration::from_millis(100);
+/// How often learned addresses are aged out.
+const SWEEP_EVERY_NS: u64 = 1_000_000_000;
+/// Queue moves kept for `placement` to show.
+const MOVES_KEPT: usize = 64;
 
 /// Errors of control operations. Each leaves the switch unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +70,16 @@ pub enum SwitchError {
     SocketInUse { socket: String, port: String },
     #[error("port '{0}' has no receive-side scaling (only vhost-user ports do)")]
     NoRss(String),
+    #[error("port '{port}' has no rx queue {queue} (it has {queues})")]
+    NoSuchQueue {
+        port: String,
+        queue: u16,
+        queues: u16,
+    },
+    #[error("no worker runs on CPU {cpu} (workers: {workers})")]
+    NoWorkerOnCpu { cpu: usize, workers: String },
+    #[error("CPU {0} is reserved: no queue may run there")]
+    ReservedCpu(usize),
     #[error("the switch is full ({MAX_PORTS} ports)")]
     Full,
     #[error(transparent)]
@@ -89,12 +123,18 @@ pub(crate) struct Shared {
 }
 
 /// Switch-wide settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// How long a learned MAC address lives without being seen.
     pub fdb_aging: Duration,
     /// How long a worker keeps polling after its last frame before it sleeps.
     pub poll_spin: Duration,
+    /// CPUs no queue is placed on.
+    pub reserved: Vec<usize>,
+    /// Dynamic (by load) or static placement.
+    pub placement: PlacementMode,
+    /// The CPU topology; read from /sys when `None`.
+    pub topology: Option<Topology>,
 }
 
 impl Default for Options {
@@ -102,6 +142,9 @@ impl Default for Options {
         Options {
             fdb_aging: Duration::from_secs(300),
             poll_spin: Duration::from_nanos(worker::SPIN_NS),
+            reserved: Vec::new(),
+            placement: PlacementMode::Dynamic,
+            topology: None,
         }
     }
 }
@@ -134,31 +177,82 @@ pub(crate) struct WorkerShared {
     pub(crate) seen_epoch: AtomicU64,
 }
 
-/// Gives each of `queues` rx queues of port `id` to the worker with the fewest queues.
-fn assign_queues(assign: &mut [Vec<(PortId, u16)>], id: PortId, queues: u16) {
-    for q in 0..queues {
-        if let Some(w) = (0..assign.len()).min_by_key(|&w| (assign[w].len(), w)) {
-            assign[w].push((id, q));
-        }
-    }
+/// Why a queue is on its worker.
+#[derive(Debug, Clone, PartialEq)]
+enum Reason {
+    /// Where the static rules put it.
+    Home,
+    /// Pinned by the operator.
+    Pinned,
+    /// Gathered with the others at low load.
+    Coalesced { total: f64 },
+    /// Moved off a worker that was too busy.
+    Spread { cpu: usize, busy: f64 },
+}
+
+/// Control-plane view of one rx queue.
+#[derive(Debug, Clone)]
+struct QueueState {
+    /// The worker that owns it (published), or none when no CPU is available.
+    worker: Option<usize>,
+    /// The worker of its CPU in the static plan.
+    home: Option<usize>,
+    /// Workers it may run on: its operator set, or any unreserved worker.
+    allowed: Vec<usize>,
+    /// The static rules behind the home CPU, in words.
+    why: String,
+    pin: Option<usize>,
+    reason: Reason,
+    /// Its busy-time counter at the last evaluation, and the load since.
+    prev_busy_ns: u64,
+    load: f64,
 }
 
 /// Control-plane state, behind one mutex.
 struct Control {
-    /// Per worker: the (port, queue) pairs it polls.
-    assign: Vec<Vec<(PortId, u16)>>,
+    /// Per worker: the (port, queue) pairs it polls now (as published).
+    published: Vec<Vec<(PortId, u16)>>,
+    queues: BTreeMap<(PortId, u16), QueueState>,
+    /// Operator pins by port name and queue: the worker.
+    pins: BTreeMap<(String, u16), usize>,
+    mode: PlacementMode,
+    plan_warnings: Vec<String>,
+    port_sets: Vec<PortSetInfo>,
+    balancer: Balancer,
+    /// Time of the last evaluation and each worker's busy counter then.
+    last_eval: Option<(u64, Vec<u64>)>,
+    worker_busy: Vec<f64>,
+    moves: VecDeque<MoveInfo>,
+    next_sweep: u64,
+}
+
+/// Everything the switch's threads share with it.
+pub struct Core {
+    shared: Arc<Shared>,
+    workers: Vec<Arc<WorkerShared>>,
+    control: Mutex<Control>,
+    topology: Topology,
+    reserved: Vec<usize>,
 }
 
 /// A running switch.
 pub struct Switch {
-    shared: Arc<Shared>,
-    workers: Vec<Arc<WorkerShared>>,
+    core: Arc<Core>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    control: Mutex<Control>,
+}
+
+/// The switch's methods are written against its shared core, which the housekeeping thread
+/// holds too.
+impl std::ops::Deref for Switch {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
 }
 
 impl Switch {
-    /// Starts one pinned worker per CPU in `cpus`, with no ports.
+    /// Starts one pinned worker per CPU in `cpus`, with no ports, and the housekeeping thread
+    /// (address aging, dynamic placement).
     pub fn start(cpus: &[usize], options: &Options) -> Result<Switch, SwitchError> {
         let shared = Arc::new(Shared {
             ports: ArcSwap::from_pointee(Vec::new()),
@@ -184,13 +278,31 @@ impl Switch {
                 seen_epoch: AtomicU64::new(u64::MAX),
             }));
         }
-        let sw = Switch {
+        let topology = options.topology.clone().unwrap_or_else(|| {
+            Topology::read_sysfs(std::path::Path::new("/sys")).unwrap_or_default()
+        });
+        let core = Arc::new(Core {
             shared: shared.clone(),
             workers: workers.clone(),
-            threads: Mutex::new(Vec::new()),
             control: Mutex::new(Control {
-                assign: vec![Vec::new(); workers.len()],
+                published: vec![Vec::new(); workers.len()],
+                queues: BTreeMap::new(),
+                pins: BTreeMap::new(),
+                mode: options.placement,
+                plan_warnings: Vec::new(),
+                port_sets: Vec::new(),
+                balancer: Balancer::default(),
+                last_eval: None,
+                worker_busy: vec![0.0; workers.len()],
+                moves: VecDeque::new(),
+                next_sweep: 0,
             }),
+            topology,
+            reserved: options.reserved.clone(),
+        });
+        let sw = Switch {
+            core: core.clone(),
+            threads: Mutex::new(Vec::new()),
         };
         for w in workers {
             let (id, cpu) = (w.id, w.cpu);
@@ -201,6 +313,20 @@ impl Switch {
             })?;
             sw.threads.lock().push(t);
         }
+        let housekeeper = std::thread::Builder::new()
+            .name("qs-housekeep".into())
+            .spawn(move || {
+                while !core.shared.stopping() {
+                    std::thread::sleep(HOUSEKEEP_EVERY);
+                    core.housekeep();
+                }
+            })
+            .map_err(|source| SwitchError::Worker {
+                worker: usize::MAX,
+                cpu: usize::MAX,
+                source,
+            })?;
+        sw.threads.lock().push(housekeeper);
         Ok(sw)
     }
 
@@ -234,7 +360,6 @@ impl Switch {
         let table = self.shared.ports.load_full();
         let mut new_table = (*table).clone();
         let mut ids = Vec::with_capacity(configs.len());
-        let mut assign = ctl.assign.clone();
         for config in configs {
             let id = self.prepare(&new_table, config)?;
             let dev = self.open_device(id, config)?;
@@ -243,11 +368,10 @@ impl Switch {
                 new_table.push(None);
             }
             new_table[slot] = Some(self.entry(id, config, dev));
-            assign_queues(&mut assign, id, config.queues);
             ids.push(id);
         }
-        ctl.assign = assign;
-        self.publish(&mut ctl, new_table);
+        self.replan(&mut ctl, &new_table);
+        self.apply(&mut ctl, Some(new_table));
         for c in configs {
             tracing::info!(port = %c.name, kind = %c.kind, "port added");
         }
@@ -306,8 +430,8 @@ impl Switch {
             table.push(None);
         }
         table[slot] = Some(self.entry(id, &config, Device::Inject(port.clone())));
-        assign_queues(&mut ctl.assign, id, 1);
-        self.publish(&mut ctl, table);
+        self.replan(&mut ctl, &table);
+        self.apply(&mut ctl, Some(table));
         Ok(port)
     }
 
@@ -369,11 +493,10 @@ impl Switch {
         while new_table.last().is_some_and(Option::is_none) {
             new_table.pop();
         }
-        for a in &mut ctl.assign {
-            a.retain(|(p, _)| *p != entry.id);
-        }
+        ctl.pins.retain(|(port, _), _| port != name);
         drop(table);
-        self.publish(&mut ctl, new_table);
+        self.replan(&mut ctl, &new_table);
+        self.apply(&mut ctl, Some(new_table));
         self.shared.fdb.remove_port(entry.id);
         drop(ctl);
         // Wait (bounded) until the last worker reference is gone, so the device closes now.
@@ -383,38 +506,6 @@ impl Switch {
         }
         tracing::info!(port = %name, "port removed");
         Ok(())
-    }
-
-    /// Publishes a new table and assignment, and waits (bounded) until every worker runs it.
-    fn publish(&self, ctl: &mut Control, table: PortTable) {
-        let table = Arc::new(table);
-        for (w, a) in self.workers.iter().zip(&ctl.assign) {
-            let queues: Vec<_> = a
-                .iter()
-                .filter_map(|(p, q)| table[usize::from(p.0)].clone().map(|e| (e, *q)))
-                .collect();
-            w.queues.store(Arc::new(queues));
-        }
-        self.shared.ports.store(table);
-        let epoch = self.shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        for w in &self.workers {
-            let _ = w.wake.notify();
-        }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        for w in &self.workers {
-            while w.seen_epoch.load(Ordering::Acquire) < epoch
-                || w.seen_epoch.load(Ordering::Acquire) == u64::MAX
-            {
-                if Instant::now() > deadline || self.stopping() {
-                    tracing::warn!(
-                        worker = w.id,
-                        "worker did not pick up a port change within 2 s"
-                    );
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
     }
 
     /// The receive-side indirection table of a multi-queue port (vhost-user).
@@ -438,11 +529,6 @@ impl Switch {
         }
     }
 
-    /// Forgets MAC addresses that have aged out. Call about once a second.
-    pub fn tick(&self) {
-        self.shared.fdb.sweep(self.shared.now());
-    }
-
     /// Ports as `port list` shows them.
     pub fn ports(&self) -> Vec<PortInfo> {
         let table = self.shared.ports.load_full();
@@ -451,21 +537,17 @@ impl Switch {
             .iter()
             .flatten()
             .map(|p| {
-                let mut queues: Vec<QueueInfo> = ctl
-                    .assign
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(w, a)| {
-                        a.iter()
-                            .filter(|(id, _)| *id == p.id)
-                            .map(move |(_, q)| QueueInfo {
-                                queue: *q,
-                                worker: w,
-                                cpu: self.workers[w].cpu,
-                            })
+                let queues: Vec<QueueInfo> = ctl
+                    .queues
+                    .range((p.id, 0)..=(p.id, u16::MAX))
+                    .filter_map(|(&(_, queue), st)| {
+                        st.worker.map(|w| QueueInfo {
+                            queue,
+                            worker: w,
+                            cpu: self.workers[w].cpu,
+                        })
                     })
                     .collect();
-                queues.sort_by_key(|q| q.queue);
                 let (created, mac) = match &p.dev {
                     Device::Tap(t) => (t.created(), None),
                     Device::Gen(g) => (false, Some(g.mac().to_string())),
@@ -576,7 +658,8 @@ impl Switch {
         }
     }
 
-    /// Stops the workers and closes every port (TAPs qswitch created disappear).
+    /// Stops the workers and the housekeeping thread, and closes every port (TAPs qswitch
+    /// created disappear).
     pub fn shutdown(&self) {
         self.shared.request_stop();
         self.kick();
@@ -588,6 +671,571 @@ impl Switch {
         }
         self.shared.ports.store(Arc::new(Vec::new()));
     }
+}
+
+impl PortEntry {
+    /// Rx queues the port has to poll: none for a gen port that only sinks.
+    pub fn rx_queues(&self) -> u16 {
+        match &self.dev {
+            Device::Gen(g) if !g.generates() => 0,
+            #[cfg(any(test, feature = "test-utils"))]
+            Device::Inject(_) => 1,
+            _ => self.config.queues,
+        }
+    }
+}
+
+impl Core {
+    /// The workers running on `cpu`.
+    fn workers_on(&self, cpu: usize) -> impl Iterator<Item = usize> + '_ {
+        self.workers
+            .iter()
+            .filter(move |w| w.cpu == cpu)
+            .map(|w| w.id)
+    }
+
+    /// Recomputes the static plan for the ports of `table` and brings every queue's state up
+    /// to date: new queues go home (or to their pin), queues of removed ports are forgotten.
+    /// In static mode every queue goes home; in dynamic mode a queue stays where it is while
+    /// that is allowed.
+    fn replan(&self, ctl: &mut Control, table: &PortTable) {
+        let ports: Vec<&Arc<PortEntry>> = table.iter().flatten().collect();
+        let reqs: Vec<PortReq> = ports
+            .iter()
+            .map(|p| PortReq {
+                name: p.config.name.clone(),
+                queues: p.rx_queues(),
+                cpus: p.config.cpu_set().ok().flatten(),
+                numa_node: None,
+            })
+            .collect();
+        let cpus: Vec<usize> = self.workers.iter().map(|w| w.cpu).collect();
+        let plan = placement::plan(&self.topology, &cpus, &self.reserved, &reqs);
+        let explained: BTreeMap<(String, u16), String> = plan
+            .explain()
+            .lines()
+            .filter_map(|line| {
+                let (head, why) = line.split_once(": ")?;
+                let (pq, _) = head.split_once(" -> ")?;
+                let (port, queue) = pq.rsplit_once('/')?;
+                Some(((port.to_string(), queue.parse().ok()?), why.to_string()))
+            })
+            .collect();
+        let unreserved: Vec<usize> = self
+            .workers
+            .iter()
+            .filter(|w| !self.reserved.contains(&w.cpu))
+            .map(|w| w.id)
+            .collect();
+        // Home workers: the plan's CPU; several workers on one CPU take turns.
+        let mut per_cpu_turn: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut states = BTreeMap::new();
+        for (p, req) in ports.iter().zip(&reqs) {
+            let set = plan
+                .port_sets
+                .iter()
+                .find(|(n, _)| *n == req.name)
+                .map(|(_, s)| s.clone())
+                .unwrap_or_default();
+            let operator = req.cpus.is_some()
+                && plan
+                    .queues
+                    .iter()
+                    .any(|q| q.port == req.name && q.rules.first() == Some(&Rule::OperatorSet));
+            let allowed: Vec<usize> = if operator {
+                set.iter().flat_map(|&c| self.workers_on(c)).collect()
+            } else {
+                unreserved.clone()
+            };
+            for q in plan.queues.iter().filter(|q| q.port == req.name) {
+                let on_cpu: Vec<usize> = self.workers_on(q.cpu).collect();
+                let turn = per_cpu_turn.entry(q.cpu).or_insert(0);
+                let home = on_cpu.get(*turn % on_cpu.len().max(1)).copied();
+                *turn += 1;
+                let key = (p.id, q.queue);
+                let old = ctl.queues.get(&key);
+                let pin = ctl.pins.get(&(req.name.clone(), q.queue)).copied();
+                let stay = old
+                    .and_then(|o| o.worker)
+                    .filter(|w| ctl.mode == PlacementMode::Dynamic && allowed.contains(w));
+                let (worker, reason) = match (pin, stay) {
+                    (Some(w), _) => (Some(w), Reason::Pinned),
+                    (None, Some(w)) => (
+                        Some(w),
+                        old.map_or(Reason::Home, |o| {
+                            if o.reason == Reason::Pinned || Some(w) == home {
+                                Reason::Home
+                            } else {
+                                o.reason.clone()
+                            }
+                        }),
+                    ),
+                    (None, None) => (home, Reason::Home),
+                };
+                states.insert(
+                    key,
+                    QueueState {
+                        worker,
+                        home,
+                        allowed: allowed.clone(),
+                        why: explained
+                            .get(&(req.name.clone(), q.queue))
+                            .cloned()
+                            .unwrap_or_default(),
+                        pin,
+                        reason,
+                        prev_busy_ns: old.map_or(0, |o| o.prev_busy_ns),
+                        load: old.map_or(0.0, |o| o.load),
+                    },
+                );
+            }
+        }
+        ctl.queues = states;
+        ctl.plan_warnings = plan.warnings.iter().map(ToString::to_string).collect();
+        ctl.port_sets = plan
+            .port_sets
+            .iter()
+            .map(|(port, cpus)| PortSetInfo {
+                port: port.clone(),
+                cpus: cpus.clone(),
+                operator: reqs.iter().any(|r| r.name == *port && r.cpus.is_some()),
+            })
+            .collect();
+    }
+
+    /// Publishes the queue states (and `table`, if given) to the workers. A queue that changes
+    /// worker is handed off in two steps (see the module documentation).
+    fn apply(&self, ctl: &mut Control, table: Option<PortTable>) {
+        let table_given = table.is_some();
+        let table = match table {
+            Some(t) => Arc::new(t),
+            None => self.shared.ports.load_full(),
+        };
+        let mut target: Vec<Vec<(PortId, u16)>> = vec![Vec::new(); self.workers.len()];
+        for (&key, st) in &ctl.queues {
+            if let Some(w) = st.worker {
+                target[w].push(key);
+            }
+        }
+        if !table_given && target == ctl.published {
+            return;
+        }
+        let mut owner: BTreeMap<(PortId, u16), usize> = BTreeMap::new();
+        for (w, list) in ctl.published.iter().enumerate() {
+            for &k in list {
+                owner.insert(k, w);
+            }
+        }
+        // Step 1: nobody gets a queue that another worker still has.
+        let step1: Vec<Vec<(PortId, u16)>> = target
+            .iter()
+            .enumerate()
+            .map(|(w, list)| {
+                list.iter()
+                    .copied()
+                    .filter(|k| owner.get(k).is_none_or(|&o| o == w))
+                    .collect()
+            })
+            .collect();
+        let handoff = step1 != target;
+        let acked = self.publish(&table, &step1);
+        ctl.published = step1;
+        if handoff {
+            if !acked {
+                // A worker did not let go within the bound: giving its queue to another now
+                // could have two workers on it. Leave the queue unpolled; the next change
+                // retries.
+                tracing::error!("a worker did not release its queues; moves postponed");
+                return;
+            }
+            self.publish(&table, &target);
+            ctl.published = target;
+        }
+    }
+
+    /// Stores per-worker queue lists and the table, bumps the epoch, wakes the workers and
+    /// waits (bounded) until each runs it. Returns whether all did.
+    fn publish(&self, table: &Arc<PortTable>, lists: &[Vec<(PortId, u16)>]) -> bool {
+        for (w, list) in self.workers.iter().zip(lists) {
+            let queues: Vec<_> = list
+                .iter()
+                .filter_map(|(p, q)| {
+                    table
+                        .get(usize::from(p.0))
+                        .cloned()
+                        .flatten()
+                        .map(|e| (e, *q))
+                })
+                .collect();
+            w.queues.store(Arc::new(queues));
+        }
+        self.shared.ports.store(table.clone());
+        let epoch = self.shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        for w in &self.workers {
+            let _ = w.wake.notify();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut all = true;
+        for w in &self.workers {
+            loop {
+                let seen = w.seen_epoch.load(Ordering::Acquire);
+                if seen != u64::MAX && seen >= epoch {
+                    break;
+                }
+                if Instant::now() > deadline || self.shared.stopping() {
+                    tracing::warn!(worker = w.id, "worker did not pick up a change within 5 s");
+                    all = false;
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        all
+    }
+
+    /// Periodic work: age out addresses every second, evaluate placement every
+    /// [`BALANCE_EVERY_NS`].
+    fn housekeep(&self) {
+        let now = self.shared.now();
+        let mut ctl = self.control.lock();
+        if now >= ctl.next_sweep {
+            ctl.next_sweep = now + SWEEP_EVERY_NS;
+            self.shared.fdb.sweep(now);
+        }
+        let due = ctl
+            .last_eval
+            .as_ref()
+            .is_none_or(|(t, _)| now.saturating_sub(*t) >= BALANCE_EVERY_NS);
+        if due && !self.shared.stopping() {
+            self.rebalance(&mut ctl, now);
+            // Also retries a hand-off that a slow worker made us postpone.
+            self.apply(&mut ctl, None);
+        }
+    }
+
+    /// Measures every queue's and worker's load since the last evaluation and, in dynamic
+    /// mode, carries out what the balancer decides.
+    fn rebalance(&self, ctl: &mut Control, now: u64) {
+        let table = self.shared.ports.load_full();
+        let busy_now: Vec<u64> = self
+            .workers
+            .iter()
+            .map(|w| w.counters.busy_ns.get())
+            .collect();
+        let Some((then, busy_then)) = ctl.last_eval.replace((now, busy_now.clone())) else {
+            for (&(p, q), st) in ctl.queues.iter_mut() {
+                st.prev_busy_ns = queue_busy(&table, p, q);
+            }
+            return;
+        };
+        let dt = now.saturating_sub(then).max(1) as f64;
+        ctl.worker_busy = busy_now
+            .iter()
+            .zip(&busy_then)
+            .map(|(n, t)| (n.saturating_sub(*t) as f64 / dt).min(1.0))
+            .collect();
+        for (&(p, q), st) in ctl.queues.iter_mut() {
+            let b = queue_busy(&table, p, q);
+            st.load = (b.saturating_sub(st.prev_busy_ns) as f64 / dt).min(1.0);
+            st.prev_busy_ns = b;
+        }
+        if ctl.mode != PlacementMode::Dynamic {
+            return;
+        }
+        let keys: Vec<(PortId, u16)> = ctl
+            .queues
+            .iter()
+            .filter(|(_, st)| st.worker.is_some() && st.home.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        let loads: Vec<QueueLoad> = keys
+            .iter()
+            .map(|k| {
+                let st = &ctl.queues[k];
+                let current = st.worker.unwrap_or_default();
+                let mut allowed = st.allowed.clone();
+                if !allowed.contains(&current) {
+                    allowed.push(current);
+                }
+                allowed.sort_unstable();
+                QueueLoad {
+                    load: st.load,
+                    current,
+                    home: st.home.unwrap_or(current),
+                    allowed,
+                    pinned: st.pin.is_some(),
+                }
+            })
+            .collect();
+        let busy = ctl.worker_busy.clone();
+        let (targets, reason) = match ctl.balancer.evaluate(&loads, &busy) {
+            Decision::Keep => return,
+            Decision::Coalesce { targets, total, .. } => (targets, Reason::Coalesced { total }),
+            Decision::Spread { targets, hot, busy } => (
+                targets,
+                Reason::Spread {
+                    cpu: self.workers[hot].cpu,
+                    busy,
+                },
+            ),
+        };
+        let mut moved = 0;
+        for (k, &to) in keys.iter().zip(&targets) {
+            let name = table
+                .get(usize::from(k.0 .0))
+                .and_then(|e| e.as_ref())
+                .map(|e| e.config.name.clone())
+                .unwrap_or_default();
+            let Some(st) = ctl.queues.get_mut(k) else {
+                continue;
+            };
+            if st.worker == Some(to) {
+                continue;
+            }
+            let from_cpu = st.worker.map(|w| self.workers[w].cpu);
+            st.worker = Some(to);
+            st.reason = if st.home == Some(to) {
+                Reason::Home
+            } else {
+                reason.clone()
+            };
+            let why = match &reason {
+                Reason::Coalesced { total } => format!(
+                    "coalesce: all queues together use {:.1}% of a core",
+                    total * 100.0
+                ),
+                Reason::Spread { cpu, busy } => {
+                    format!(
+                        "spread: the worker on CPU {cpu} was {:.0}% busy",
+                        busy * 100.0
+                    )
+                }
+                _ => String::new(),
+            };
+            tracing::info!(port = %name, queue = k.1, from = ?from_cpu, to = self.workers[to].cpu, "{why}");
+            record_move(ctl, now, name, k.1, from_cpu, self.workers[to].cpu, why);
+            moved += 1;
+        }
+        if moved > 0 {
+            self.apply(ctl, None);
+        }
+    }
+
+    /// Pins rx queue `queue` of port `port` to the worker on `cpu` (`None` removes the pin).
+    /// The queue moves there at once, without loss or reordering.
+    pub fn pin(&self, port: &str, queue: u16, cpu: Option<usize>) -> Result<(), SwitchError> {
+        let mut ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let entry = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == port)
+            .ok_or_else(|| SwitchError::NoSuchPort(port.to_string()))?;
+        let key = (entry.id, queue);
+        if !ctl.queues.contains_key(&key) {
+            return Err(SwitchError::NoSuchQueue {
+                port: port.to_string(),
+                queue,
+                queues: entry.rx_queues(),
+            });
+        }
+        let worker = match cpu {
+            Some(cpu) => {
+                if self.reserved.contains(&cpu) {
+                    return Err(SwitchError::ReservedCpu(cpu));
+                }
+                Some(self.workers_on(cpu).next().ok_or_else(|| {
+                    SwitchError::NoWorkerOnCpu {
+                        cpu,
+                        workers: qswitch_api::CpuList::from_cpus(
+                            self.workers.iter().map(|w| w.cpu),
+                        )
+                        .map_or_else(|| "none".into(), |l| l.to_string()),
+                    }
+                })?)
+            }
+            None => None,
+        };
+        let now = self.shared.now();
+        let mode = ctl.mode;
+        let (from, to) = match ctl.queues.get_mut(&key) {
+            Some(st) => {
+                let from = st.worker;
+                st.pin = worker;
+                st.reason = if worker.is_some() {
+                    Reason::Pinned
+                } else {
+                    Reason::Home
+                };
+                if worker.is_some() {
+                    st.worker = worker;
+                } else if mode == PlacementMode::Static {
+                    st.worker = st.home;
+                }
+                (from, st.worker)
+            }
+            None => (None, None),
+        };
+        match worker {
+            Some(w) => ctl.pins.insert((port.to_string(), queue), w),
+            None => ctl.pins.remove(&(port.to_string(), queue)),
+        };
+        if let (Some(to), true) = (to, to != from) {
+            let (from_cpu, to_cpu) = (from.map(|w| self.workers[w].cpu), self.workers[to].cpu);
+            let why = if worker.is_some() {
+                "pinned by the operator"
+            } else {
+                "unpinned"
+            };
+            record_move(
+                &mut ctl,
+                now,
+                port.to_string(),
+                queue,
+                from_cpu,
+                to_cpu,
+                why.into(),
+            );
+        }
+        self.apply(&mut ctl, None);
+        Ok(())
+    }
+
+    /// Switches placement between dynamic and static. Going static sends every queue that is
+    /// not pinned home.
+    pub fn set_placement_mode(&self, mode: PlacementMode) {
+        let mut ctl = self.control.lock();
+        ctl.mode = mode;
+        ctl.balancer = Balancer::default();
+        if mode == PlacementMode::Static {
+            let now = self.shared.now();
+            let table = self.shared.ports.load_full();
+            let mut moves = Vec::new();
+            for (&(p, q), st) in ctl.queues.iter_mut() {
+                if st.pin.is_none() && st.worker != st.home {
+                    moves.push((p, q, st.worker, st.home));
+                    st.worker = st.home;
+                    st.reason = Reason::Home;
+                }
+            }
+            for (p, q, from, to) in moves {
+                if let Some(to) = to {
+                    let name = table
+                        .get(usize::from(p.0))
+                        .and_then(|e| e.as_ref())
+                        .map(|e| e.config.name.clone())
+                        .unwrap_or_default();
+                    let from_cpu = from.map(|w| self.workers[w].cpu);
+                    let to_cpu = self.workers[to].cpu;
+                    record_move(
+                        &mut ctl,
+                        now,
+                        name,
+                        q,
+                        from_cpu,
+                        to_cpu,
+                        "static placement".into(),
+                    );
+                }
+            }
+        }
+        self.apply(&mut ctl, None);
+        tracing::info!(%mode, "placement mode changed");
+    }
+
+    /// Where every queue runs, its load and why; per-worker load; warnings; recent moves.
+    pub fn placement(&self) -> PlacementReport {
+        let ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let cpu = |w: Option<usize>| w.map(|w| self.workers[w].cpu);
+        let queues = ctl
+            .queues
+            .iter()
+            .filter_map(|(&(p, q), st)| {
+                let entry = table.get(usize::from(p.0))?.as_ref()?;
+                let (state, why) = match &st.reason {
+                    Reason::Pinned => ("pinned", "pinned by the operator".to_string()),
+                    Reason::Home => ("home", st.why.clone()),
+                    Reason::Coalesced { total } => (
+                        "coalesced",
+                        format!(
+                            "coalesced at low load (all queues together {:.1}% of a core); \
+                             home: {}",
+                            total * 100.0,
+                            st.why
+                        ),
+                    ),
+                    Reason::Spread { cpu, busy } => (
+                        "spread",
+                        format!(
+                            "spread off CPU {cpu} ({:.0}% busy); home: {}",
+                            busy * 100.0,
+                            st.why
+                        ),
+                    ),
+                };
+                Some(QueuePlacementInfo {
+                    port: entry.config.name.clone(),
+                    queue: q,
+                    worker: st.worker,
+                    cpu: cpu(st.worker),
+                    home_cpu: cpu(st.home),
+                    load: st.load,
+                    state: state.to_string(),
+                    why,
+                })
+            })
+            .collect();
+        let workers = self
+            .workers
+            .iter()
+            .map(|w| WorkerPlacementInfo {
+                id: w.id,
+                cpu: w.cpu,
+                busy: ctl.worker_busy.get(w.id).copied().unwrap_or(0.0),
+                queues: ctl.published.get(w.id).map_or(0, Vec::len),
+            })
+            .collect();
+        PlacementReport {
+            mode: ctl.mode.to_string(),
+            reserved_cpus: self.reserved.clone(),
+            queues,
+            workers,
+            port_sets: ctl.port_sets.clone(),
+            warnings: ctl.plan_warnings.clone(),
+            moves: ctl.moves.iter().cloned().collect(),
+        }
+    }
+}
+
+fn queue_busy(table: &PortTable, p: PortId, q: u16) -> u64 {
+    table
+        .get(usize::from(p.0))
+        .and_then(|e| e.as_ref())
+        .and_then(|e| e.counters.rx.get(usize::from(q)))
+        .map_or(0, |c| c.busy_ns.get())
+}
+
+fn record_move(
+    ctl: &mut Control,
+    now: u64,
+    port: String,
+    queue: u16,
+    from_cpu: Option<usize>,
+    to_cpu: usize,
+    reason: String,
+) {
+    if ctl.moves.len() == MOVES_KEPT {
+        ctl.moves.pop_front();
+    }
+    ctl.moves.push_back(MoveInfo {
+        at_ms: now / 1_000_000,
+        port,
+        queue,
+        from_cpu,
+        to_cpu,
+        reason,
+    });
 }
 
 impl Drop for Switch {

@@ -112,11 +112,22 @@ impl Worker {
                 me.seen_epoch.store(e, Ordering::Release);
             }
             let Some(v) = view.as_mut() else { break };
+            // Each burst's time is charged to its queue: the load dynamic placement balances.
+            // The clock is read once per burst that moved frames, not per packet.
             let mut moved = 0;
+            let mut t = last;
             for (entry, q) in v.queues.iter() {
-                moved += self.poll(v, entry, *q, last);
+                let n = self.poll(v, entry, *q, t);
+                if n > 0 {
+                    let t1 = self.shared.now();
+                    entry.counters.rx[usize::from(*q)]
+                        .busy_ns
+                        .add(t1.saturating_sub(t));
+                    t = t1;
+                    moved += n;
+                }
             }
-            let now = self.shared.now();
+            let now = if moved > 0 { t } else { self.shared.now() };
             if moved > 0 {
                 c.busy_polls.add(1);
                 c.busy_ns.add(now - last);

@@ -20,7 +20,7 @@ pub enum PortCmd {
     /// Add a port to the running switch.
     Add {
         name: String,
-        /// Port type (tap or gen).
+        /// Port type (tap, gen or vhost-user).
         #[arg(long = "type", value_name = "TYPE")]
         kind: PortType,
         /// TAP interface name (created if absent).
@@ -37,6 +37,9 @@ pub enum PortCmd {
         /// vhost-user: server (qswitch listens) or client (qswitch connects).
         #[arg(long)]
         mode: Option<qswitch_api::VhostMode>,
+        /// CPUs the port's queues may run on ("2-5", "0-14:2").
+        #[arg(long)]
+        cpus: Option<String>,
     },
     /// Remove a port from the running switch.
     Del { name: String },
@@ -97,6 +100,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
             vlan,
             socket,
             mode,
+            cpus,
         } => {
             let port = PortConfig {
                 name,
@@ -108,6 +112,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 generate: None,
                 socket,
                 mode,
+                cpus,
             };
             port.validate()?;
             call(control, &Request::PortAdd { port })?;

@@ -160,6 +160,12 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         Request::Stats => return Response::Stats(Box::new(daemon.stats())),
         Request::PortAdd { port } => sw.add_port(&port).map(|_| ()),
         Request::PortDel { name } => sw.del_port(&name),
+        Request::Placement => return Response::Placement(Box::new(sw.placement())),
+        Request::PlacementPin { port, queue, cpu } => sw.pin(&port, queue, cpu),
+        Request::PlacementMode { mode } => {
+            sw.set_placement_mode(mode);
+            Ok(())
+        }
         Request::Rss { port } => {
             return match sw.reta(&port) {
                 Ok(r) => Response::Rss {

@@ -74,6 +74,9 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
     let options = qswitch_dp::Options {
         fdb_aging: Duration::from_secs(config.switch.fdb_aging),
         poll_spin: Duration::from_micros(config.switch.poll_spin_us),
+        reserved: config.switch.reserved_list()?,
+        placement: config.switch.placement,
+        topology: None,
     };
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.
@@ -104,7 +107,6 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
             let cur = daemon.switch.stats();
             *daemon.rates.lock() = Some(qswitch_dp::report::rates(&prev, &cur));
             prev = cur;
-            daemon.switch.tick();
         }
     }
     // A worker that failed stops the switch by itself; a signal stops it by request.

@@ -16,6 +16,7 @@ mod control;
 mod daemon;
 mod demo;
 mod netns;
+mod placement_cli;
 mod plot;
 mod rss_cli;
 
@@ -71,6 +72,8 @@ enum Command {
     /// Toeplitz hashes and receive-side indirection tables (vRSS).
     #[command(subcommand)]
     Rss(rss_cli::RssCmd),
+    /// Where each rx queue runs, its load and why; `pin`, `unpin`, `mode`.
+    Placement(placement_cli::PlacementArgs),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
 }
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::Port(cmd) => cli::port(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),
+        Command::Placement(args) => placement_cli::run(&control, args),
         Command::Stats { json, watch } => cli::stats(&control, json, watch),
         Command::Bench(args) => {
             init_logging();
