@@ -98,25 +98,38 @@ impl GenQueue {
     }
 }
 
+/// Keeps what different workers write per frame on cache lines of its own (128 bytes: the
+/// adjacent-line prefetcher pairs 64-byte lines), so scaling is not eaten by false sharing.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// One worker's share of the sink.
 #[derive(Debug, Default)]
 struct Sink {
     stats: SinkStats,
     /// This worker's handles on the shared next-sequence atomics.
-    next_seq: HashMap<(u16, u16), Arc<AtomicU64>>,
+    next_seq: HashMap<(u16, u16), Arc<Padded<AtomicU64>>>,
 }
 
 /// A generator/sink port.
 #[derive(Debug)]
 pub struct GenPort {
     mac: MacAddr,
-    queues: Vec<Mutex<GenQueue>>,
-    generated: Vec<Counter>,
+    queues: Vec<Padded<Mutex<GenQueue>>>,
+    generated: Vec<Padded<Counter>>,
     /// Per worker (index `worker % len`).
-    sinks: Vec<Mutex<Sink>>,
+    sinks: Vec<Padded<Mutex<Sink>>>,
     /// Next expected sequence number per (source, flow), shared by the workers' sinks; locked
     /// only the first time a worker sees a flow.
-    flows: Mutex<HashMap<(u16, u16), Arc<AtomicU64>>>,
+    flows: Mutex<HashMap<(u16, u16), Arc<Padded<AtomicU64>>>>,
 }
 
 impl GenPort {
@@ -139,7 +152,7 @@ impl GenPort {
         let queues = (0..nq)
             .map(|q| {
                 let Some(g) = gen else {
-                    return Mutex::new(GenQueue {
+                    return Padded(Mutex::new(GenQueue {
                         template: Vec::new(),
                         flows: Vec::new(),
                         next_flow: 0,
@@ -147,7 +160,7 @@ impl GenPort {
                         limit: Some(0),
                         sent: 0,
                         start: None,
-                    });
+                    }));
                 };
                 let dst = MacAddr(parse_mac(&g.dst).unwrap_or([0xff; 6]));
                 let flows = (0..g.flows)
@@ -155,7 +168,7 @@ impl GenPort {
                     .map(|f| (f, 0))
                     .collect();
                 let share = |total: u64| total / nq + u64::from(q < total % nq);
-                Mutex::new(GenQueue {
+                Padded(Mutex::new(GenQueue {
                     template: template(id, mac, dst, usize::from(g.size)),
                     flows,
                     next_flow: 0,
@@ -163,14 +176,14 @@ impl GenPort {
                     limit: (g.count > 0).then(|| share(g.count)),
                     sent: 0,
                     start: None,
-                })
+                }))
             })
             .collect();
         GenPort {
             mac,
-            generated: (0..nq).map(|_| Counter::default()).collect(),
+            generated: (0..nq).map(|_| Padded::default()).collect(),
             queues,
-            sinks: (0..workers.max(1)).map(|_| Mutex::default()).collect(),
+            sinks: (0..workers.max(1)).map(|_| Padded::default()).collect(),
             flows: Mutex::default(),
         }
     }
@@ -182,7 +195,7 @@ impl GenPort {
 
     /// Frames generated so far.
     pub fn generated(&self) -> u64 {
-        self.generated.iter().map(Counter::get).sum()
+        self.generated.iter().map(|c| c.get()).sum()
     }
 
     /// Whether any queue generates frames (a gen port without `generate` only sinks).
