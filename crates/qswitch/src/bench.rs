@@ -7,6 +7,8 @@
 //!   ports, the demo config) and (b) through the Linux bridge (two veth pairs).
 //! - `pvp`: vhost-user to vhost-user with one switch core, 64 B and 1518 B frames, qswitch
 //!   next to OVS-DPDK, driven by one in-process virtio-net generator/sink (see [`pvp`]).
+//! - `rss`, `placement`: gen ports only, one worker vs two, overlapping vs disjoint CPU sets
+//!   (see [`gen`]).
 //!
 //! # Method
 //! Contenders are interleaved (A B, B A, A B ...) so that neither always runs first or on a
@@ -37,12 +39,13 @@ use serde::Serialize;
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
 
+mod gen;
 mod pvp;
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run (tap-tcp, pvp).
+    /// Scenario to run (tap-tcp, pvp, rss, placement).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -76,6 +79,16 @@ const SCENARIOS: &[Scenario] = &[
         name: "pvp",
         about: "vhost-user -> vhost-user, one switch core: qswitch vs OVS-DPDK (NORMAL)",
         run: pvp::run,
+    },
+    Scenario {
+        name: "rss",
+        about: "gen -> switch -> sink, 2 rx queues: 1 worker vs 2 workers (Mpps, ratio)",
+        run: gen::rss,
+    },
+    Scenario {
+        name: "placement",
+        about: "two uplink-like gen ports: overlapping vs disjoint CPU sets (Mpps, busy %)",
+        run: gen::placement,
     },
 ];
 
