@@ -111,12 +111,15 @@ impl<T> std::ops::Deref for Padded<T> {
     }
 }
 
+/// The next expected sequence number of one (source, flow).
+type NextSeq = Arc<Padded<AtomicU64>>;
+
 /// One worker's share of the sink.
 #[derive(Debug, Default)]
 struct Sink {
     stats: SinkStats,
     /// This worker's handles on the shared next-sequence atomics.
-    next_seq: HashMap<(u16, u16), Arc<Padded<AtomicU64>>>,
+    next_seq: HashMap<(u16, u16), NextSeq>,
 }
 
 /// A generator/sink port.
@@ -129,7 +132,7 @@ pub struct GenPort {
     sinks: Vec<Padded<Mutex<Sink>>>,
     /// Next expected sequence number per (source, flow), shared by the workers' sinks; locked
     /// only the first time a worker sees a flow.
-    flows: Mutex<HashMap<(u16, u16), Arc<Padded<AtomicU64>>>>,
+    flows: Mutex<HashMap<(u16, u16), NextSeq>>,
 }
 
 impl GenPort {
