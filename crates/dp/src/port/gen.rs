@@ -59,9 +59,10 @@ pub fn default_mac(name: &str) -> MacAddr {
 #[derive(Debug)]
 struct GenQueue {
     template: Vec<u8>,
-    /// Flows this queue generates, and the next sequence number of each.
-    flows: Vec<(u16, u64)>,
-    next_flow: usize,
+    /// Flows this queue generates, in turn: frame *k* of the queue is flow `flows[k % n]`
+    /// with sequence number `k / n`, so nothing per flow is written per frame (a write there
+    /// could share a cache line with another queue's state).
+    flows: Vec<u16>,
     rate: u64,
     limit: Option<u64>,
     sent: u64,
@@ -158,7 +159,6 @@ impl GenPort {
                     return Padded(Mutex::new(GenQueue {
                         template: Vec::new(),
                         flows: Vec::new(),
-                        next_flow: 0,
                         rate: 0,
                         limit: Some(0),
                         sent: 0,
@@ -166,15 +166,11 @@ impl GenPort {
                     }));
                 };
                 let dst = MacAddr(parse_mac(&g.dst).unwrap_or([0xff; 6]));
-                let flows = (0..g.flows)
-                    .filter(|f| u64::from(*f) % nq == q)
-                    .map(|f| (f, 0))
-                    .collect();
+                let flows = (0..g.flows).filter(|f| u64::from(*f) % nq == q).collect();
                 let share = |total: u64| total / nq + u64::from(q < total % nq);
                 Padded(Mutex::new(GenQueue {
                     template: template(id, mac, dst, usize::from(g.size)),
                     flows,
-                    next_flow: 0,
                     rate: share(g.rate),
                     limit: (g.count > 0).then(|| share(g.count)),
                     sent: 0,
@@ -269,11 +265,17 @@ impl Port for GenPort {
         }
         let n = q.due(now, pkts.len());
         let size = q.template.len();
+        let nf = q.flows.len() as u64;
+        let (mut i, mut seq) = ((q.sent % nf) as usize, q.sent / nf);
         for pkt in &mut pkts[..n] {
-            let i = q.next_flow;
-            q.next_flow = if i + 1 == q.flows.len() { 0 } else { i + 1 };
-            let (flow, seq) = q.flows[i];
-            q.flows[i].1 = seq + 1;
+            let flow = q.flows[i];
+            i += 1;
+            let this = seq;
+            if i == q.flows.len() {
+                i = 0;
+                seq += 1;
+            }
+            let seq = this;
             let buf = pkt.frame_buf_mut();
             buf[..size].copy_from_slice(&q.template);
             buf[34..36].copy_from_slice(&(UDP_SRC_BASE.wrapping_add(flow)).to_be_bytes());
