@@ -340,6 +340,11 @@ fn daemon_with_gen_ports_serves_the_cli() {
         assert_eq!(p["mac"], mac);
         assert_eq!(p["created"], false);
         let queues = p["queues"].as_array().expect("queues");
+        if name == "g2" {
+            // A gen port that only sinks has no rx queue to poll or place.
+            assert!(queues.is_empty(), "{p}");
+            continue;
+        }
         assert_eq!(queues.len(), 1, "{p}");
         assert_eq!(queues[0]["cpu"].as_u64(), Some(cpu), "{p}");
     }
