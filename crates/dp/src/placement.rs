@@ -28,8 +28,9 @@
 //! give the same plan.
 //!
 //! # Limitations
-//! This is the static plan; moving queues by measured load (Dynamic VMQ) is left to the
-//! caller. A port with no queues gets an empty set.
+//! This is the static plan; moving queues by measured load (Dynamic VMQ) is
+//! [`crate::balance`]'s, and the switch carries both out (`switch.rs`). A port with no queues
+//! gets an empty set.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -306,27 +307,33 @@ impl Plan {
     pub fn explain(&self) -> String {
         let mut out = String::new();
         for q in &self.queues {
-            let mut why: Vec<String> = Vec::new();
-            for (k, rule) in q.rules.iter().enumerate() {
-                why.push(self.describe(q, *rule));
-                // After the set the CPU came from: whether it has its core to itself.
-                if k == 0 && !q.rules.contains(&Rule::SmtSibling) {
-                    why.push("one thread per core".into());
-                }
-            }
             let _ = writeln!(
                 out,
                 "{}/{} -> cpu {}: {}",
                 q.port,
                 q.queue,
                 q.cpu,
-                why.join(", ")
+                self.why(q)
             );
         }
         for w in &self.warnings {
             let _ = writeln!(out, "warning: {w}");
         }
         out
+    }
+
+    /// Why `q` is on its CPU, in words: `default disjoint set, one thread per core, NUMA
+    /// node 0`.
+    pub fn why(&self, q: &QueuePlacement) -> String {
+        let mut why: Vec<String> = Vec::new();
+        for (k, rule) in q.rules.iter().enumerate() {
+            why.push(self.describe(q, *rule));
+            // After the set the CPU came from: whether it has its core to itself.
+            if k == 0 && !q.rules.contains(&Rule::SmtSibling) {
+                why.push("one thread per core".into());
+            }
+        }
+        why.join(", ")
     }
 
     /// The words for one rule of a placement.

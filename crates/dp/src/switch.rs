@@ -711,16 +711,6 @@ impl Core {
             .collect();
         let cpus: Vec<usize> = self.workers.iter().map(|w| w.cpu).collect();
         let plan = placement::plan(&self.topology, &cpus, &self.reserved, &reqs);
-        let explained: BTreeMap<(String, u16), String> = plan
-            .explain()
-            .lines()
-            .filter_map(|line| {
-                let (head, why) = line.split_once(": ")?;
-                let (pq, _) = head.split_once(" -> ")?;
-                let (port, queue) = pq.rsplit_once('/')?;
-                Some(((port.to_string(), queue.parse().ok()?), why.to_string()))
-            })
-            .collect();
         let unreserved: Vec<usize> = self
             .workers
             .iter()
@@ -778,10 +768,7 @@ impl Core {
                         worker,
                         home,
                         allowed: allowed.clone(),
-                        why: explained
-                            .get(&(req.name.clone(), q.queue))
-                            .cloned()
-                            .unwrap_or_default(),
+                        why: plan.why(q),
                         pin,
                         reason,
                         prev_busy_ns: old.map_or(0, |o| o.prev_busy_ns),
