@@ -18,13 +18,11 @@
 //! full, so the new worker's first frame from it leaves after the old worker's last: nothing is
 //! lost (frames wait in the queue meanwhile) and nothing is reordered.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use std::collections::VecDeque;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
