@@ -56,6 +56,9 @@ pub struct BenchArgs {
     /// Directory for the JSON and SVG results.
     #[arg(long, default_value = "bench/out", value_name = "DIR")]
     pub out: PathBuf,
+    /// Run only this contender (e.g. `qswitch`), for quick iterations; no ratios then.
+    #[arg(long, value_name = "NAME")]
+    pub only: Option<String>,
 }
 
 /// A named benchmark.

@@ -12,6 +12,7 @@
 //!   persistence, non-blocking read/write/writev.
 //! - [`netif`]: interface existence, up/down, "is this a TAP" (via `/sys/class/net` and
 //!   `SIOCGIFFLAGS`/`SIOCSIFFLAGS`).
+//! - [`cpu`]: cache prefetch hints for the data path.
 //! - [`epoll`]: level-triggered `EPOLLIN` readiness with `u64` tokens.
 //! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
@@ -29,6 +30,7 @@
 //! - Creating or configuring TAP interfaces and changing link state need
 //!   `CAP_NET_ADMIN`.
 
+pub mod cpu;
 pub mod epoll;
 pub mod eventfd;
 pub mod fd;

@@ -10,7 +10,8 @@
 use std::sync::atomic::Ordering;
 
 use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice,
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileMemory,
+    VolatileSlice,
 };
 
 /// Regions resolved up front; QEMU typically passes one or two.
@@ -51,7 +52,7 @@ impl<'a> GuestView<'a> {
     }
 
     /// The slice `[addr, addr + len)` if it lies inside one resolved region.
-    #[inline]
+    #[inline(always)]
     fn find(&self, addr: u64, len: usize) -> Option<VolatileSlice<'a>> {
         for r in self.regions.iter().map_while(Option::as_ref) {
             if addr >= r.start && addr - r.start < r.len {
@@ -89,6 +90,28 @@ impl<'a> GuestView<'a> {
                 true
             }
             None => self.mem.write_slice(buf, GuestAddress(addr)).is_ok(),
+        }
+    }
+
+    /// Reads one 16-byte split-ring descriptor (one load, no copy loop).
+    #[inline]
+    pub fn read_16(&self, addr: u64) -> Option<[u8; 16]> {
+        match self.find(addr, 16) {
+            Some(s) => s.get_ref::<[u8; 16]>(0).ok().map(|r| r.load()),
+            None => {
+                let mut b = [0u8; 16];
+                self.mem.read_slice(&mut b, GuestAddress(addr)).ok()?;
+                Some(b)
+            }
+        }
+    }
+
+    /// Hints the CPU to fetch the cache line at `addr` (a descriptor or a frame about to be
+    /// read); no-op outside guest memory.
+    #[inline]
+    pub fn prefetch(&self, addr: u64) {
+        if let Some(s) = self.find(addr, 1) {
+            qswitch_sys::cpu::prefetch(s.ptr_guard().as_ptr());
         }
     }
 
@@ -143,5 +166,13 @@ mod tests {
         assert!(v.store_u16(0x10002, 0xbeef, Ordering::Release));
         assert_eq!(v.load_u16(0x10002, Ordering::Acquire), Some(0xbeef));
         assert_eq!(v.load_u16(0x5000, Ordering::Acquire), None);
+        let d: [u8; 16] = std::array::from_fn(|i| i as u8);
+        assert!(v.write(0x100, &d));
+        assert_eq!(v.read_16(0x100), Some(d));
+        assert!(v.write(0xff8, &d));
+        assert_eq!(v.read_16(0xff8), Some(d), "across regions: slow path");
+        assert_eq!(v.read_16(0x10ff8), None);
+        v.prefetch(0x100);
+        v.prefetch(0x5000);
     }
 }
