@@ -67,13 +67,13 @@ impl<'a> GuestView<'a> {
     }
 
     /// Whether `[addr, addr + len)` is guest memory.
-    #[inline]
+    #[inline(always)]
     pub fn check(&self, addr: u64, len: usize) -> bool {
         self.find(addr, len).is_some() || self.mem.check_range(GuestAddress(addr), len)
     }
 
     /// Copies guest memory at `addr` into `buf`; false if any of it is not guest memory.
-    #[inline]
+    #[inline(always)]
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
         match self.find(addr, buf.len()) {
             Some(s) => s.copy_to(buf) == buf.len(),
@@ -82,7 +82,7 @@ impl<'a> GuestView<'a> {
     }
 
     /// Copies `buf` into guest memory at `addr`; false if any of it is not guest memory.
-    #[inline]
+    #[inline(always)]
     pub fn write(&self, addr: u64, buf: &[u8]) -> bool {
         match self.find(addr, buf.len()) {
             Some(s) => {
@@ -116,7 +116,7 @@ impl<'a> GuestView<'a> {
     }
 
     /// Reads a little-endian u16 (ring indices and flags).
-    #[inline]
+    #[inline(always)]
     pub fn load_u16(&self, addr: u64, order: Ordering) -> Option<u16> {
         match self.find(addr, 2) {
             Some(s) => s.load::<u16>(0, order).ok().map(u16::from_le),
@@ -129,7 +129,7 @@ impl<'a> GuestView<'a> {
     }
 
     /// Writes a little-endian u16 with the given ordering (the used index).
-    #[inline]
+    #[inline(always)]
     pub fn store_u16(&self, addr: u64, v: u16, order: Ordering) -> bool {
         match self.find(addr, 2) {
             Some(s) => s.store(v.to_le(), 0, order).is_ok(),

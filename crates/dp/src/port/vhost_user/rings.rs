@@ -342,13 +342,15 @@ pub(crate) fn tx_burst(
         let mem = GuestView::new(&guard);
         let frames = pair_of[..sel.len()].iter().filter(|&&q| q == p).count();
         prefetch_rx_chains(v, &mem, frames);
+        // Moving the scratch vectors out for the burst and back costs no allocation.
+        let mut sc = std::mem::take(&mut v.scratch);
         let mut wrote = false;
         for (k, &i) in sel.iter().enumerate() {
             if pair_of[k] != p {
                 continue;
             }
             let pkt = &mut pkts[usize::from(i)];
-            match deliver(dev, vi, v, &mem, pkt) {
+            match deliver(dev, vi, v, &mem, &mut sc, pkt) {
                 Ok(()) => {
                     done.packets += 1;
                     done.bytes += pkt.len() as u64;
@@ -357,6 +359,7 @@ pub(crate) fn tx_burst(
                 Err(reason) => drops.count(reason),
             }
         }
+        v.scratch = sc;
         if wrote {
             complete(dev, vi, v, &mem);
         }
@@ -407,6 +410,7 @@ fn deliver(
     vi: usize,
     v: &mut Vring,
     mem: &GuestView<'_>,
+    sc: &mut Scratch,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
     let hdr = pkt.hdr;
@@ -419,13 +423,13 @@ fn deliver(
     } && (hdr.gso_type & virtio_net_hdr::GSO_ECN == 0
         || dev.has(VIRTIO_NET_F_GUEST_ECN));
     if !guest_tso {
-        return deliver_segmented(dev, vi, v, mem, pkt);
+        return deliver_segmented(dev, vi, v, mem, sc, pkt);
     }
     if hdr.flags & FLAG_NEEDS_CSUM != 0 && !dev.has(VIRTIO_NET_F_GUEST_CSUM) {
         complete_csum(pkt)?;
     }
     let out = pkt.hdr;
-    write_rx(dev, vi, v, mem, &out, pkt.frame())
+    write_rx_chains(dev, vi, v, mem, &out, pkt.frame(), sc)
 }
 
 fn complete_csum(pkt: &mut Pkt) -> Result<(), DropReason> {
@@ -447,9 +451,10 @@ fn deliver_segmented(
     vi: usize,
     v: &mut Vring,
     mem: &GuestView<'_>,
+    sc: &mut Scratch,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
-    let mut scratch = std::mem::take(&mut v.scratch.gso);
+    let mut scratch = std::mem::take(&mut sc.gso);
     if scratch.len() < BUF_SIZE {
         scratch.resize(BUF_SIZE, 0);
     }
@@ -457,10 +462,10 @@ fn deliver_segmented(
     let hdr = pkt.hdr;
     let seg = qswitch_wire::gso::segment(pkt.frame(), &hdr, &mut scratch, |frame| {
         if result.is_ok() {
-            result = write_rx(dev, vi, v, mem, &VirtioNetHdr::default(), frame);
+            result = write_rx_chains(dev, vi, v, mem, &VirtioNetHdr::default(), frame, sc);
         }
     });
-    v.scratch.gso = scratch;
+    sc.gso = scratch;
     seg.map_err(|_| DropReason::Offload)?;
     result
 }
@@ -468,21 +473,6 @@ fn deliver_segmented(
 /// Writes header + frame into as many receive chains as needed (several only with
 /// MRG_RXBUF). On failure nothing is consumed, except that a malformed receive chain stops
 /// the ring (the guest is broken or hostile).
-fn write_rx(
-    dev: &Device,
-    vi: usize,
-    v: &mut Vring,
-    mem: &GuestView<'_>,
-    hdr: &VirtioNetHdr,
-    frame: &[u8],
-) -> Result<(), DropReason> {
-    // Moving the scratch vectors out and back costs no allocation.
-    let mut sc = std::mem::take(&mut v.scratch);
-    let r = write_rx_chains(dev, vi, v, mem, hdr, frame, &mut sc);
-    v.scratch = sc;
-    r
-}
-
 fn write_rx_chains(
     dev: &Device,
     vi: usize,
