@@ -115,6 +115,15 @@ impl<'a> GuestView<'a> {
         }
     }
 
+    /// Hints the CPU to fetch the cache line at `addr` for writing (a receive buffer or a
+    /// used-ring slot about to be written); no-op outside guest memory.
+    #[inline]
+    pub fn prefetch_write(&self, addr: u64) {
+        if let Some(s) = self.find(addr, 1) {
+            qswitch_sys::cpu::prefetch_write(s.ptr_guard().as_ptr());
+        }
+    }
+
     /// Reads a little-endian u16 (ring indices and flags).
     #[inline(always)]
     pub fn load_u16(&self, addr: u64, order: Ordering) -> Option<u16> {
@@ -174,5 +183,7 @@ mod tests {
         assert_eq!(v.read_16(0x10ff8), None);
         v.prefetch(0x100);
         v.prefetch(0x5000);
+        v.prefetch_write(0x100);
+        v.prefetch_write(u64::MAX);
     }
 }

@@ -202,6 +202,7 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
     for &head in &heads[..nh] {
         mem.prefetch(table.0.wrapping_add(u64::from(head) * 16));
     }
+    prefetch_used(v, &mem, nh);
     let segs = &mut v.scratch.segs;
     segs.clear();
     let mut ends = [0u32; BURST];
@@ -367,9 +368,11 @@ pub(crate) fn tx_burst(
     done
 }
 
-/// Touches the descriptors of the next `want` receive chains the guest offers, so that
-/// walking them for the burst's frames does not wait on the other core's cache one chain
-/// at a time. Reads only; nothing is consumed.
+/// Gets the next `want` receive buffers the guest offers, and the used-ring slots they will
+/// take, on their way into this core's cache for writing, so that writing a burst's frames
+/// does not wait on the guest's core one cache line at a time. Only hints: it reads the
+/// avail ring and the chains' first descriptors, consumes nothing and trusts nothing it
+/// read (the chains are walked and checked again when they are used).
 fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
     let size = v.queue.size();
     if size == 0 {
@@ -384,10 +387,32 @@ fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
     let table = v.queue.desc_table();
     for i in 0..want.min(ready) as u16 {
         let slot = ring + 4 + 2 * u64::from(next.wrapping_add(i) % size);
-        if let Some(head) = mem.load_u16(slot, Ordering::Relaxed) {
-            mem.prefetch(table.wrapping_add(u64::from(head) * 16));
-        }
+        let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
+            return;
+        };
+        let Some(d) = mem.read_16(table.wrapping_add(u64::from(head) * 16)) else {
+            continue;
+        };
+        let addr = u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
+        mem.prefetch_write(addr);
+        mem.prefetch_write(addr.wrapping_add(64));
     }
+    prefetch_used(v, mem, want);
+}
+
+/// Gets the used-ring slots of the next `n` used elements ready for writing.
+fn prefetch_used(v: &Vring, mem: &GuestView<'_>, n: usize) {
+    let size = v.queue.size();
+    if size == 0 {
+        return;
+    }
+    let first = v.queue.next_used().wrapping_add(v.used_pending);
+    let base = v.queue.used_ring() + 4;
+    // One hint per cache line: 8 used elements of 8 bytes each.
+    for i in (0..n.min(usize::from(size)) as u16).step_by(8) {
+        mem.prefetch_write(base + 8 * u64::from(first.wrapping_add(i) % size));
+    }
+    mem.prefetch_write(base + 8 * u64::from(first.wrapping_add(n as u16).wrapping_sub(1) % size));
 }
 
 /// Picks the receive pair for a frame (vRSS): the Toeplitz hash of its flow indexes the
