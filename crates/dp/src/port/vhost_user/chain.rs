@@ -71,16 +71,17 @@ struct Desc {
     next: u16,
 }
 
+#[inline(always)]
 fn read_desc(mem: &GuestView<'_>, table: GuestAddress, index: u16) -> Result<Desc, ChainError> {
     let addr = table
         .checked_add(u64::from(index) * DESC_SIZE)
         .ok_or(ChainError::OutOfMemory)?;
-    let b = mem.read_16(addr.0).ok_or(ChainError::OutOfMemory)?;
+    let [addr, w] = mem.read_desc(addr.0).ok_or(ChainError::OutOfMemory)?;
     Ok(Desc {
-        addr: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-        len: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
-        flags: u16::from_le_bytes([b[12], b[13]]),
-        next: u16::from_le_bytes([b[14], b[15]]),
+        addr,
+        len: w as u32,
+        flags: (w >> 32) as u16,
+        next: (w >> 48) as u16,
     })
 }
 

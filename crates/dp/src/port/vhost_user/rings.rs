@@ -390,10 +390,9 @@ fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
         let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
             return;
         };
-        let Some(d) = mem.read_16(table.wrapping_add(u64::from(head) * 16)) else {
+        let Some([addr, _]) = mem.read_desc(table.wrapping_add(u64::from(head) * 16)) else {
             continue;
         };
-        let addr = u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
         mem.prefetch_write(addr);
         mem.prefetch_write(addr.wrapping_add(64));
     }
@@ -510,6 +509,9 @@ fn write_rx_chains(
     let hdr_len = dev.hdr_len();
     let mrg = dev.has(VIRTIO_NET_F_MRG_RXBUF);
     let total = hdr_len + frame.len();
+    if write_rx_single(v, mem, hdr, hdr_len, frame) {
+        return Ok(());
+    }
     let table = GuestAddress(v.queue.desc_table());
     let qsize = v.queue.size();
     let saved = v.queue.next_avail();
@@ -576,6 +578,56 @@ fn write_rx_chains(
         stop_ring(dev, vi, v, "receive ring not writable; ring stopped");
         Err(DropReason::BadDescriptor)
     }
+}
+
+/// The common case, done without the general chain walk: the next receive chain is one
+/// device-writable descriptor (not indirect) that holds header and frame. Writes them, stages
+/// the used element and returns true; returns false, having consumed and written nothing,
+/// in every other case (no chain available, a longer or indirect chain, a buffer too small
+/// or outside guest memory), which the general path then handles and judges.
+#[inline(always)]
+fn write_rx_single(
+    v: &mut Vring,
+    mem: &GuestView<'_>,
+    hdr: &VirtioNetHdr,
+    hdr_len: usize,
+    frame: &[u8],
+) -> bool {
+    let size = v.queue.size();
+    let next = v.queue.next_avail();
+    if next == v.avail_cached || size == 0 {
+        return false; // the general path reads (and checks) the avail index
+    }
+    let ring = v.queue.avail_ring();
+    let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(next % size), Ordering::Relaxed) else {
+        return false;
+    };
+    if head >= size {
+        return false;
+    }
+    let Some([addr, w]) = mem.read_desc(v.queue.desc_table().wrapping_add(u64::from(head) * 16))
+    else {
+        return false;
+    };
+    let (len, flags) = (w as u32 as usize, (w >> 32) as u16);
+    let total = hdr_len + frame.len();
+    if flags != chain::F_WRITE || len < total || !mem.check(addr, total) {
+        return false;
+    }
+    let mut h = [0u8; virtio_net_hdr::LEN];
+    VirtioNetHdr {
+        num_buffers: 1,
+        ..*hdr
+    }
+    .emit(&mut h);
+    if !(mem.write(addr, &h[..hdr_len]) && mem.write(addr + hdr_len as u64, frame)) {
+        return false;
+    }
+    if !stage_used(v, mem, head, total as u32) {
+        return false;
+    }
+    v.queue.set_next_avail(next.wrapping_add(1));
+    true
 }
 
 /// Before a worker sleeps on `queue`: drain the kick, enable notifications, and report
