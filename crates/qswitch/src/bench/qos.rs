@@ -63,7 +63,12 @@ fn set(port: &'static str, min: Option<u64>, max: Option<u64>, clear: bool) -> S
 
 /// The steps: (label, settings changes in order).
 pub fn steps() -> Vec<(&'static str, Vec<Set>)> {
-    let mins = |m: u64| vec![set("vm1", Some(m * M), None, false), set("vm2", Some(m * M), None, false)];
+    let mins = |m: u64| {
+        vec![
+            set("vm1", Some(m * M), None, false),
+            set("vm2", Some(m * M), None, false),
+        ]
+    };
     let mut last = vec![
         set("vm1", Some(150 * M), None, true),
         set("vm2", Some(150 * M), None, true),
@@ -220,7 +225,8 @@ fn setup(b: &Bench) -> anyhow::Result<Lab> {
         rx,
         _dir: dir,
     };
-    lab.rx.adopt(&format!("qsq{n}up"), &format!("{RX_ADDR}/24"))?;
+    lab.rx
+        .adopt(&format!("qsq{n}up"), &format!("{RX_ADDR}/24"))?;
     for (i, ns) in lab.senders.iter().enumerate() {
         ns.adopt(&format!("qsq{n}s{i}"), &format!("10.97.0.{}/24", i + 1))?;
     }
@@ -274,7 +280,16 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     for (i, ns) in lab.senders.iter().enumerate() {
         let (port, t) = ((5201 + i).to_string(), total.to_string());
         let args = [
-            "iperf3", "-c", RX_ADDR, "-p", &port, "-t", &t, "-J", "--connect-timeout", "3000",
+            "iperf3",
+            "-c",
+            RX_ADDR,
+            "-p",
+            &port,
+            "-t",
+            &t,
+            "-J",
+            "--connect-timeout",
+            "3000",
         ];
         lab.clients.push(ns.spawn(&args, Stdio::piped())?);
     }
@@ -391,7 +406,11 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         "RESULT qos pass={} refused={} link_mbps={:?}",
         result.pass,
         result.refused.is_some(),
-        result.steps.iter().map(|s| s.link_mbps.round()).collect::<Vec<_>>()
+        result
+            .steps
+            .iter()
+            .map(|s| s.link_mbps.round())
+            .collect::<Vec<_>>()
     );
     if !result.pass {
         bail!("the qos scenario failed its criteria (see above)");
@@ -429,7 +448,9 @@ pub fn evaluate(
             let (n, m) = (SENDERS[i], med[i]);
             if let Some(min) = mbps(cur[i].0) {
                 if m < 0.95 * min {
-                    failures.push(format!("{n}: {m:.1} Mbit/s < 95% of its guarantee {min:.0}"));
+                    failures.push(format!(
+                        "{n}: {m:.1} Mbit/s < 95% of its guarantee {min:.0}"
+                    ));
                 }
             }
             if let Some(max) = mbps(cur[i].1) {
