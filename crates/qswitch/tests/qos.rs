@@ -238,35 +238,44 @@ fn seed001_scenario() {
     if !common::root_or_skip() {
         return;
     }
-    let dir = TempDir::new("qos-seed001");
+    // A machine busy with other work (a parallel build) can starve the senders; the
+    // scenario then gets one more try, and each attempt's result is printed.
     let secs = std::env::var("QSWITCH_QOS_SECS").unwrap_or_else(|_| "8".into());
-    let out = run_timeout(
-        Command::new(QSWITCH)
-            .args(["bench", "qos", "--seconds", &secs, "--out"])
-            .arg(dir.path())
-            .env("RUST_BACKTRACE", "1"),
-        Duration::from_secs(240),
-    );
-    eprintln!("{}", out.stdout);
-    out.assert_no_panic();
-    let json: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("qos.json")).expect("qos.json written"),
-    )
-    .expect("qos.json parses");
-    assert!(dir.join("qos.svg").exists() && dir.join("qos.csv").exists());
-    for s in json["steps"].as_array().expect("steps") {
-        eprintln!(
-            "step {}: medians {} Mbit/s, expected {}, link {:.0}",
-            s["label"],
-            s["median_mbps"],
-            s["expected_mbps"],
-            s["link_mbps"].as_f64().unwrap_or(0.0)
+    let mut last = String::new();
+    for attempt in 1..=2 {
+        let dir = TempDir::new(&format!("qos-seed001-{attempt}"));
+        let out = run_timeout(
+            Command::new(QSWITCH)
+                .args(["bench", "qos", "--seconds", &secs, "--out"])
+                .arg(dir.path())
+                .env("RUST_BACKTRACE", "1"),
+            Duration::from_secs(240),
         );
+        eprintln!("attempt {attempt}:\n{}", out.stdout);
+        out.assert_no_panic();
+        let json: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("qos.json")).expect("qos.json written"),
+        )
+        .expect("qos.json parses");
+        assert!(dir.join("qos.svg").exists() && dir.join("qos.csv").exists());
+        for s in json["steps"].as_array().expect("steps") {
+            eprintln!(
+                "step {}: medians {} Mbit/s, expected {}, link {:.0}",
+                s["label"],
+                s["median_mbps"],
+                s["expected_mbps"],
+                s["link_mbps"].as_f64().unwrap_or(0.0)
+            );
+        }
+        assert!(
+            json["refused"].is_string(),
+            "over-reservation not refused: {json}"
+        );
+        if json["pass"] == true {
+            out.assert_ok("qswitch bench qos");
+            return;
+        }
+        last = out.stdout;
     }
-    assert!(
-        json["refused"].is_string(),
-        "over-reservation not refused: {json}"
-    );
-    assert_eq!(json["pass"], true, "criteria failed: {}", out.stdout);
-    out.assert_ok("qswitch bench qos");
+    panic!("the seed-001 criteria failed twice; last attempt: {last}");
 }

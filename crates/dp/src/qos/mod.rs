@@ -64,8 +64,9 @@ pub const TICK: Duration = Duration::from_millis(10);
 pub const HISTORY: usize = 300;
 /// Lowest rate ever published to a shaped port, so its bucket always refills.
 const MIN_RATE: u64 = 8_000;
-/// Bucket depth: this much time at the allocated rate, but at least [`MIN_DEPTH`] bytes.
-const DEPTH_NS: u64 = 10_000_000;
+/// Bucket depth: this much time at the allocated rate, but at least [`MIN_DEPTH`] bytes. A
+/// worker or sender that lost its CPU for up to this long catches up afterwards.
+const DEPTH_NS: u64 = 40_000_000;
 /// Three TSO segments.
 const MIN_DEPTH: u64 = 3 * 65_536;
 /// Frames admitted per poll per this many bytes of tokens (the size of a TSO segment).

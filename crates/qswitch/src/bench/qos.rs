@@ -173,6 +173,10 @@ pub struct QosResult {
     pub refused: Option<String>,
     /// iperf3 retransmits per sender over the whole run.
     pub retransmits: Vec<Option<u64>>,
+    /// CPU the qswitch process used over the steps, in CPUs (1.0 = one core busy).
+    pub qswitch_cpus: f64,
+    /// Machine busy CPUs over the steps (everything, also other processes).
+    pub machine_busy_cpus: f64,
     pub samples: Vec<QosSample>,
     pub pass: bool,
 }
@@ -307,6 +311,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     b.sleep(Duration::from_secs(1))?;
 
+    let cpu0 = (lab.daemon.stats()?.process_cpu_ns, netns::cpu_jiffies());
     let mut cur = [(None, None); 6];
     let mut samples: Vec<QosSample> = Vec::new();
     let mut bounds = Vec::new();
@@ -377,9 +382,11 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join("  ")
         );
-        // Keep the expected allocation with the step.
-        let _ = expected(&cur);
     }
+    let wall = t0.elapsed().as_secs_f64();
+    let qswitch_cpus =
+        lab.daemon.stats()?.process_cpu_ns.saturating_sub(cpu0.0) as f64 / 1e9 / wall;
+    let machine_busy_cpus = netns::busy_cpus(cpu0.1, netns::cpu_jiffies());
     for c in &mut lab.clients {
         let _ = c.wait_timeout(Duration::from_secs(8));
         c.stop();
@@ -395,7 +402,12 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         .collect();
     drop(lab);
 
-    let result = evaluate(secs, &steps, samples, refused, retransmits);
+    let mut result = evaluate(secs, &steps, samples, refused, retransmits);
+    result.qswitch_cpus = qswitch_cpus;
+    result.machine_busy_cpus = machine_busy_cpus;
+    b.say(format_args!(
+        "qswitch used {qswitch_cpus:.2} CPUs; the machine was {machine_busy_cpus:.2} CPUs busy"
+    ));
     write(b, &result, &bounds, &steps)?;
     for s in &result.steps {
         for f in &s.failures {
@@ -490,6 +502,8 @@ pub fn evaluate(
         steps: out,
         refused,
         retransmits,
+        qswitch_cpus: 0.0,
+        machine_busy_cpus: 0.0,
         samples,
         pass,
     }

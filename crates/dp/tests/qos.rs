@@ -1,0 +1,142 @@
+//! Port QoS in process: a guarantee on a vhost-user port (an in-process virtio-net frontend
+//! sending as fast as its ring allows) holds while a gen port floods toward the same uplink,
+//! and the flood is held back by back-pressure, not drops.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qswitch_api::{GenConfig, PortConfig, QosConfig, VhostMode};
+use qswitch_dp::{Options, Switch};
+use qswitch_virtio_driver::{Driver, DriverOptions, NetHdr};
+
+const UPLINK: &str = "02:00:00:00:00:10";
+const VM: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn gen(name: &str, mac: &str, dst: &str, size: u16, rate: u64) -> PortConfig {
+    let mut p = PortConfig::gen(name);
+    p.mac = Some(mac.into());
+    p.generate = Some(GenConfig {
+        dst: dst.into(),
+        size,
+        rate,
+        flows: 1,
+        count: 0,
+    });
+    p
+}
+
+fn rate_mbps(sw: &Switch, name: &str, last: usize) -> f64 {
+    let r = sw.qos_show();
+    let p = r.ports.iter().find(|p| p.name == name).expect("port");
+    let h = &p.history[p.history.len().saturating_sub(last)..];
+    let mut v = h.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0) / 1e6
+}
+
+fn wait_seconds(sw: &Switch, n: u64) {
+    let start = sw.qos_show().seconds;
+    let deadline = Instant::now() + Duration::from_secs(n + 10);
+    while sw.qos_show().seconds < start + n {
+        assert!(Instant::now() < deadline, "allocator stalled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn vhost_user_guarantee_holds_while_another_port_floods() {
+    let dir = Dir(std::env::temp_dir().join(format!("qswitch-qos-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let cpus = qswitch_sys::thread::online_cpus().unwrap();
+    let sw = Switch::start(&cpus[cpus.len() - 1..], &Options::default()).unwrap();
+
+    // The uplink (a sink with a 500M capacity) says hello to the VM now and then, so its
+    // address is learned; the flooder sends 1514-byte frames at it as fast as it can.
+    let mut up = gen("up", UPLINK, "02:00:00:00:00:01", 60, 50);
+    up.capacity = Some("500M".into());
+    let flood = gen("flood", "02:00:00:00:00:02", UPLINK, 1514, 0);
+    let sock = dir.0.join("vm.sock");
+    let mut vm = PortConfig::vhost_user("vm", &sock, VhostMode::Server);
+    vm.qos = Some(QosConfig {
+        min: Some("300M".into()),
+        ..QosConfig::default()
+    });
+    sw.add_ports(&[up, flood, vm]).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let sender = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        std::thread::spawn(move || {
+            let mut d = Driver::connect(
+                &sock,
+                DriverOptions {
+                    mem_size: 8 << 20,
+                    ..DriverOptions::default()
+                },
+            )
+            .expect("connect");
+            let hdr = NetHdr::default().to_bytes()[..d.hdr_len()].to_vec();
+            let mut frame = vec![0u8; 1514];
+            frame[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 0x10]);
+            frame[6..12].copy_from_slice(&VM);
+            frame[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+            while !stop.load(Ordering::Relaxed) {
+                let n = d.send_burst(0, &hdr, &frame, 32).unwrap_or(0);
+                sent.fetch_add(n as u64, Ordering::Relaxed);
+                let _ = d.recv_discard(0, 64);
+                if n == 0 {
+                    // Ring full: the switch is holding us back.
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            d.close();
+        })
+    };
+    wait_seconds(&sw, 5);
+    let (vm_rate, flood_rate) = (rate_mbps(&sw, "vm", 3), rate_mbps(&sw, "flood", 3));
+    // Lift the guarantee live: it takes effect within a tick.
+    sw.qos_set(
+        "vm",
+        &qswitch_dp::qos::QosUpdate {
+            min: Some(400_000_000),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    wait_seconds(&sw, 3);
+    let (vm_rate2, flood_rate2) = (rate_mbps(&sw, "vm", 2), rate_mbps(&sw, "flood", 2));
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    eprintln!(
+        "min 300M: vm {vm_rate:.1} flood {flood_rate:.1}; min 400M: vm {vm_rate2:.1} flood {flood_rate2:.1} Mbit/s; sent {}",
+        sent.load(Ordering::Relaxed)
+    );
+    assert!(vm_rate >= 0.95 * 300.0, "vm {vm_rate}");
+    assert!(flood_rate >= 0.9 * 200.0, "flood {flood_rate}");
+    assert!(vm_rate + flood_rate <= 1.02 * 500.0);
+    assert!(vm_rate2 >= 0.95 * 400.0, "vm {vm_rate2}");
+    assert!(flood_rate2 >= 0.9 * 100.0, "flood {flood_rate2}");
+    // Held back, not dropped: no frame of either source was lost inside the switch.
+    let stats = sw.stats();
+    for p in &stats.ports {
+        assert!(
+            !p.drops.contains_key("tx_full"),
+            "{}: {:?}",
+            p.name,
+            p.drops
+        );
+    }
+    sw.shutdown();
+}
