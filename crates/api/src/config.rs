@@ -346,9 +346,8 @@ pub fn format_rate(bps: u64) -> String {
     if (x - x.round()).abs() < 1e-9 {
         format!("{}{suffix}", x.round())
     } else {
-        format!("{:.3}{suffix}", x)
-            .trim_end_matches('0')
-            .to_string()
+        let n = format!("{x:.3}");
+        format!("{}{suffix}", n.trim_end_matches('0').trim_end_matches('.'))
     }
 }
 
@@ -919,6 +918,66 @@ vlan = 10
         cfg.validate(ONLINE).unwrap();
         let g = cfg.ports[0].generate.as_ref().unwrap();
         assert_eq!((g.size, g.rate, g.flows, g.count), (64, 1000, 4, 0));
+    }
+
+    #[test]
+    fn rates_parse_and_format() {
+        assert_eq!(parse_rate("200M"), Ok(200_000_000));
+        assert_eq!(parse_rate("1.5G"), Ok(1_500_000_000));
+        assert_eq!(parse_rate("64k"), Ok(64_000));
+        assert_eq!(parse_rate("800000"), Ok(800_000));
+        assert_eq!(parse_rate(" 1T "), Ok(1_000_000_000_000));
+        for bad in ["", "M", "1.2.3M", "-5M", "1X", "1e9", "10 M", "1Mbit"] {
+            assert!(
+                parse_rate(bad).unwrap_err().contains("is not a rate"),
+                "{bad}"
+            );
+        }
+        assert!(parse_rate("2000T").unwrap_err().contains("largest"));
+        assert_eq!(format_rate(150_000_000), "150M");
+        assert_eq!(format_rate(1_500_000_000), "1.5G");
+        assert_eq!(format_rate(900_000_000), "900M");
+        assert_eq!(format_rate(999), "999");
+    }
+
+    #[test]
+    fn qos_keys_validate() {
+        let ok = check(
+            "[switch]\nreservable = 0.8\n[[port]]\nname='up'\ntype='tap'\nifname='u'\ncapacity='1G'\n\
+             [[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='400M', max='1G', weight=2}\n\
+             [[port]]\nname='b'\ntype='tap'\nifname='b'\nqos={min='400M'}\n",
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        let cfg = Config::from_toml(
+            "[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='400M', max='1G', weight=2}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.ports[0].qos_settings().unwrap(),
+            QosSettings {
+                min: Some(400_000_000),
+                max: Some(1_000_000_000),
+                weight: 2
+            }
+        );
+        for (text, needle) in [
+            ("[switch]\nreservable = 0.7\n[[port]]\nname='up'\ntype='tap'\nifname='u'\ncapacity='1G'\n[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='400M'}\n[[port]]\nname='b'\ntype='tap'\nifname='b'\nqos={min='400M'}\n", "add up to 800M, above reservable 0.7 x capacity 1G = 700M"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={weight=0}\n", "weight = 0 is out of range"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={max='0'}\n", "max must be above 0"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='2G', max='1G'}\n", "min 2G is above max 1G"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={max='fast'}\n", "qos max: 'fast' is not a rate"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='0'\n", "capacity must be above 0"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\nqos={max='1G'}\n", "takes no qos"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\ncapacity='1G'\n", "both uplinks"),
+            ("[switch]\nreservable = 0\n", "reservable = 0 is out of range"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={mni='1G'}\n", "mni"),
+        ] {
+            let e = check(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+            assert!(!e.contains('\n'));
+        }
+        // Uplinks of different VLANs are independent.
+        check("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\nvlan=5\ncapacity='1G'\n").unwrap();
     }
 
     #[test]
