@@ -90,7 +90,7 @@ fn weights_share_spare_capacity_and_settings_apply_live() {
     assert!((r[1] / r[0] - 2.0).abs() <= 0.1, "{r:?}");
     assert!((r[2] / r[0] - 4.0).abs() <= 0.2, "{r:?}");
     let sum: f64 = r.iter().sum();
-    assert!(sum >= 0.95 * 700.0 && sum <= 1.02 * 700.0, "{r:?}");
+    assert!((0.95 * 700.0..=1.02 * 700.0).contains(&sum), "{r:?}");
     // Floods are throttled by back-pressure, not dropped.
     let stats = d.stats();
     for p in stats["ports"].as_array().expect("ports") {

@@ -9,10 +9,10 @@
 //!  netns vm4   ─ TAP ─┘   one iperf3 TCP stream per sender, for the whole run
 //! ```
 //!
-//! The steps change settings live (`qos set`) while the streams run:
-//! 1. no QoS; 2. max 100M on host1 and host2; 3.–6. min 100M, 200M, 300M, 400M on vm1 and
-//! vm2; 7. min 150M on all six (host limits removed). At step 6 a guarantee that would lift
-//! the sum above 90% of the uplink is tried and must be refused.
+//! The steps change settings live (`qos set`) while the streams run: (1) no QoS; (2) max
+//! 100M on host1 and host2; (3)–(6) min 100M, 200M, 300M, 400M on vm1 and vm2; (7) min 150M
+//! on all six (host limits removed). At step 6 a guarantee that would lift the sum above 90%
+//! of the uplink is tried and must be refused.
 //!
 //! Every port's rate is sampled each second (qswitch's own metering: L2 bits/s, TSO segments
 //! counted as the frames they become). A step passes on the medians of its samples after its
