@@ -104,8 +104,24 @@ fn vhost_user_guarantee_holds_while_another_port_floods() {
             d.close();
         })
     };
-    wait_seconds(&sw, 5);
-    let (vm_rate, flood_rate) = (rate_mbps(&sw, "vm", 3), rate_mbps(&sw, "flood", 3));
+    // The medians of the last 3 seconds must meet `ok`; on a busy machine give it up to
+    // 15 s to get there (the sender thread competes with everything else for the CPUs).
+    let settle = |ok: &dyn Fn(f64, f64) -> bool| {
+        wait_seconds(&sw, 3);
+        let mut r = (0.0, 0.0);
+        for _ in 0..15 {
+            r = (rate_mbps(&sw, "vm", 3), rate_mbps(&sw, "flood", 3));
+            if ok(r.0, r.1) {
+                break;
+            }
+            wait_seconds(&sw, 1);
+        }
+        r
+    };
+    let first = |vm: f64, flood: f64| {
+        vm >= 0.95 * 300.0 && flood >= 0.9 * 200.0 && vm + flood <= 1.02 * 500.0
+    };
+    let (vm_rate, flood_rate) = settle(&first);
     // Lift the guarantee live: it takes effect within a tick.
     sw.qos_set(
         "vm",
@@ -115,19 +131,22 @@ fn vhost_user_guarantee_holds_while_another_port_floods() {
         },
     )
     .unwrap();
-    wait_seconds(&sw, 3);
-    let (vm_rate2, flood_rate2) = (rate_mbps(&sw, "vm", 2), rate_mbps(&sw, "flood", 2));
+    let second = |vm: f64, flood: f64| vm >= 0.95 * 400.0 && flood >= 0.9 * 100.0;
+    let (vm_rate2, flood_rate2) = settle(&second);
     stop.store(true, Ordering::Relaxed);
     sender.join().unwrap();
     eprintln!(
         "min 300M: vm {vm_rate:.1} flood {flood_rate:.1}; min 400M: vm {vm_rate2:.1} flood {flood_rate2:.1} Mbit/s; sent {}",
         sent.load(Ordering::Relaxed)
     );
-    assert!(vm_rate >= 0.95 * 300.0, "vm {vm_rate}");
-    assert!(flood_rate >= 0.9 * 200.0, "flood {flood_rate}");
-    assert!(vm_rate + flood_rate <= 1.02 * 500.0);
-    assert!(vm_rate2 >= 0.95 * 400.0, "vm {vm_rate2}");
-    assert!(flood_rate2 >= 0.9 * 100.0, "flood {flood_rate2}");
+    assert!(
+        first(vm_rate, flood_rate),
+        "vm {vm_rate} flood {flood_rate}"
+    );
+    assert!(
+        second(vm_rate2, flood_rate2),
+        "vm {vm_rate2} flood {flood_rate2}"
+    );
     // Held back, not dropped: no frame of either source was lost inside the switch.
     let stats = sw.stats();
     for p in &stats.ports {
@@ -138,5 +157,78 @@ fn vhost_user_guarantee_holds_while_another_port_floods() {
             p.drops
         );
     }
+    sw.shutdown();
+}
+
+/// A settings change shows in the published allocation within about one allocator tick
+/// (10 ms), and a refused change leaves everything as it was.
+#[test]
+fn changes_apply_within_a_tick_and_refusals_change_nothing() {
+    let cpus = qswitch_sys::thread::online_cpus().unwrap();
+    let sw = Switch::start(&cpus[..1], &Options::default()).unwrap();
+    let mut up = PortConfig::gen("up");
+    up.capacity = Some("1G".into());
+    let a = PortConfig::gen("a");
+    let b = PortConfig::gen("b");
+    sw.add_ports(&[up, a, b]).unwrap();
+    let alloc = |name: &str| {
+        sw.qos_show()
+            .ports
+            .into_iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.alloc_bps)
+    };
+    let start = Instant::now();
+    while alloc("a").is_none() {
+        assert!(start.elapsed() < Duration::from_secs(2), "no allocation");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sw.qos_set(
+        "a",
+        &qswitch_dp::qos::QosUpdate {
+            max: Some(5_000_000),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let t = Instant::now();
+    while alloc("a").unwrap_or(u64::MAX) > 5_000_000 {
+        assert!(t.elapsed() < Duration::from_secs(2), "limit not applied");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let took = t.elapsed();
+    eprintln!("limit applied after {took:?}");
+    // One tick is 10 ms; allow for a busy machine.
+    assert!(took < Duration::from_millis(200), "{took:?}");
+
+    // Admission: 900M reservable of 1G.
+    let set = |name: &str, min: u64| {
+        sw.qos_set(
+            name,
+            &qswitch_dp::qos::QosUpdate {
+                min: Some(min),
+                ..Default::default()
+            },
+        )
+    };
+    set("b", 900_000_000).unwrap();
+    let e = set("a", 1).unwrap_err().to_string();
+    assert!(e.contains("nothing changed"), "{e}");
+    let a = sw
+        .qos_show()
+        .ports
+        .into_iter()
+        .find(|p| p.name == "a")
+        .unwrap();
+    assert_eq!((a.min, a.max), (None, Some(5_000_000)));
+    // A port added live with a guarantee beyond the reservable share is refused too.
+    let mut c = PortConfig::gen("c");
+    c.qos = Some(QosConfig {
+        min: Some("1M".into()),
+        ..QosConfig::default()
+    });
+    let e = sw.add_port(&c).unwrap_err().to_string();
+    assert!(e.contains("would add up to"), "{e}");
+    assert!(sw.ports().iter().all(|p| p.name != "c"));
     sw.shutdown();
 }

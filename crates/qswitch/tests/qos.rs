@@ -67,6 +67,27 @@ fn wait_seconds(control: &std::path::Path, n: u64) -> Value {
     panic!("the allocator did not complete {n} seconds");
 }
 
+/// Waits `n` seconds, then up to 15 more until the medians of the last `n` one-second rates
+/// of s1..s3 satisfy `ok` (a busy machine may need a moment); returns them and the report.
+fn settle(control: &std::path::Path, n: usize, ok: &dyn Fn(&[f64]) -> bool) -> (Vec<f64>, Value) {
+    let mut show = wait_seconds(control, n as u64 + 1);
+    for _ in 0..15 {
+        let r: Vec<f64> = ["s1", "s2", "s3"]
+            .iter()
+            .map(|p| recent_mbps(&show, p, n))
+            .collect();
+        if ok(&r) {
+            return (r, show);
+        }
+        show = wait_seconds(control, 1);
+    }
+    let r = ["s1", "s2", "s3"]
+        .iter()
+        .map(|p| recent_mbps(&show, p, n))
+        .collect();
+    (r, show)
+}
+
 #[test]
 fn weights_share_spare_capacity_and_settings_apply_live() {
     let dir = TempDir::new("qos-weights");
@@ -81,16 +102,15 @@ fn weights_share_spare_capacity_and_settings_apply_live() {
         ],
     );
     let d = Daemon::start(dir.path(), "qos", &text, &control);
-    let show = wait_seconds(&control, 5);
-    let r: Vec<f64> = ["s1", "s2", "s3"]
-        .iter()
-        .map(|n| recent_mbps(&show, n, 3))
-        .collect();
+    let weights_ok = |r: &[f64]| {
+        let sum: f64 = r.iter().sum();
+        (r[1] / r[0] - 2.0).abs() <= 0.1
+            && (r[2] / r[0] - 4.0).abs() <= 0.2
+            && (0.95 * 700.0..=1.02 * 700.0).contains(&sum)
+    };
+    let (r, _) = settle(&control, 3, &weights_ok);
     eprintln!("weights 1:2:4 on 700M: {r:?} Mbit/s");
-    assert!((r[1] / r[0] - 2.0).abs() <= 0.1, "{r:?}");
-    assert!((r[2] / r[0] - 4.0).abs() <= 0.2, "{r:?}");
-    let sum: f64 = r.iter().sum();
-    assert!((0.95 * 700.0..=1.02 * 700.0).contains(&sum), "{r:?}");
+    assert!(weights_ok(&r), "{r:?}");
     // Floods are throttled by back-pressure, not dropped.
     let stats = d.stats();
     for p in stats["ports"].as_array().expect("ports") {
@@ -101,15 +121,12 @@ fn weights_share_spare_capacity_and_settings_apply_live() {
     // takes the rest.
     qs(&control, &["qos", "set", "s1", "--min", "400M"]).assert_ok("qos set s1");
     qs(&control, &["qos", "set", "s3", "--max", "100M"]).assert_ok("qos set s3");
-    let show = wait_seconds(&control, 4);
-    let r: Vec<f64> = ["s1", "s2", "s3"]
-        .iter()
-        .map(|n| recent_mbps(&show, n, 2))
-        .collect();
+    let live_ok = |r: &[f64]| {
+        r[0] >= 0.95 * 400.0 && r[2] <= 1.02 * 100.0 && r[2] >= 0.9 * 100.0 && r[1] >= 0.9 * 200.0
+    };
+    let (r, show) = settle(&control, 2, &live_ok);
     eprintln!("s1 min 400M, s3 max 100M: {r:?} Mbit/s");
-    assert!(r[0] >= 0.95 * 400.0, "{r:?}");
-    assert!(r[2] <= 1.02 * 100.0 && r[2] >= 0.9 * 100.0, "{r:?}");
-    assert!(r[1] >= 0.9 * 200.0, "{r:?}");
+    assert!(live_ok(&r), "{r:?}");
     assert_eq!(port(&show, "s1")["min"], 400_000_000u64);
     assert_eq!(port(&show, "s3")["max"], 100_000_000u64);
     assert_eq!(port(&show, "s2")["uplink"], "up");
