@@ -1,6 +1,6 @@
 //! A minimum guarantee on a vhost-user port fed by DPDK testpmd (virtio-user, txonly, as fast
-//! as it can) holds while a gen port floods toward the same uplink. Root only; skipped
-//! without `dpdk-testpmd` (see `testpmd.rs` for how it is installed).
+//! as it can) holds while a gen port floods toward the same uplink. Root only; installs
+//! `dpdk-dev` when `dpdk-testpmd` is missing (as `testpmd.rs` does), skipped if that fails.
 
 mod common;
 
@@ -37,15 +37,30 @@ fn testpmd_guarantee_holds_while_gen_floods() {
         return;
     }
     let cpus = qswitch_sys::thread::online_cpus().expect("online CPUs");
-    let have = Command::new(TESTPMD)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if cpus.len() < 2 || !have {
-        eprintln!("skipped: needs two CPUs and {TESTPMD}");
+    let have = || {
+        Command::new(TESTPMD)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    };
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs two online CPUs");
         return;
+    }
+    if !have() {
+        // As testpmd.rs does: install it when missing.
+        let out = common::run_timeout(
+            Command::new("apt-get")
+                .args(["install", "-y", "dpdk-dev"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            Duration::from_secs(300),
+        );
+        if !out.ok() || !have() {
+            eprintln!("skipped: {TESTPMD} missing and apt-get install dpdk-dev failed: {out:?}");
+            return;
+        }
     }
     let dir = TempDir::new("qos-testpmd");
     let sock = dir.join("vm1.sock");
