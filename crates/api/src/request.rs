@@ -292,6 +292,14 @@ mod tests {
             },
             Request::Fdb,
             Request::Stats,
+            Request::QosShow,
+            Request::QosSet {
+                port: "vm1".into(),
+                min: Some(200_000_000),
+                max: None,
+                weight: Some(2),
+                clear: false,
+            },
         ] {
             let s = serde_json::to_string(&r).unwrap();
             assert!(!s.contains('\n'));
@@ -309,6 +317,18 @@ mod tests {
         assert_eq!(r, Request::PortDel { name: "x".into() });
         assert!(serde_json::from_str::<Request>(r#"{"request":"port-del","nme":"x"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"request":"reboot"}"#).is_err());
+        let r: Request =
+            serde_json::from_str(r#"{"request":"qos-set","port":"vm1","min":100000000}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::QosSet {
+                port: "vm1".into(),
+                min: Some(100_000_000),
+                max: None,
+                weight: None,
+                clear: false
+            }
+        );
         let s = serde_json::to_string(&Response::Error {
             message: "no".into(),
         })
