@@ -571,3 +571,55 @@ fn write(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples at exactly a_i pass; a starved unreserved port, a missed guarantee and a
+    /// broken limit each fail their step with a message naming the port.
+    #[test]
+    fn criteria() {
+        let steps = steps();
+        let mut cur = [(None, None); 6];
+        let mut samples = Vec::new();
+        for (k, (_, sets)) in steps.iter().enumerate() {
+            apply(&mut cur, sets);
+            let exp: Vec<f64> = expected(&cur).iter().map(|a| a / 1e6).collect();
+            for s in 0..6 {
+                let mut mbps = exp.clone();
+                match k {
+                    // Step 4: vm3 starved as in seed 001.
+                    3 => mbps[4] = 90.0,
+                    // Step 5: vm1's guarantee missed.
+                    4 => mbps[2] = 280.0,
+                    // Step 2: host1 over its limit.
+                    1 => mbps[0] = 103.0,
+                    _ => {}
+                }
+                samples.push(QosSample {
+                    t_s: (k * 6 + s) as f64,
+                    step: k + 1,
+                    counted: s > 0,
+                    mbps,
+                    alloc_mbps: exp.clone(),
+                });
+            }
+        }
+        let r = evaluate(6, &steps, samples, Some("refused".into()), vec![None; 6]);
+        assert!(!r.pass);
+        let fails = |i: usize| r.steps[i].failures.join("; ");
+        assert!(fails(0).is_empty() && fails(2).is_empty() && fails(6).is_empty());
+        assert!(fails(1).contains("host1: 103.0 Mbit/s > 102% of its limit 100"));
+        assert!(fails(3).contains("vm3: 90.0 Mbit/s < 90% of its allocation 200.0"));
+        assert!(fails(4).contains("vm1: 280.0 Mbit/s < 95% of its guarantee 300"));
+        assert_eq!(
+            r.steps[5].expected_mbps,
+            [50.0, 50.0, 400.0, 400.0, 50.0, 50.0]
+        );
+        assert_eq!(r.steps[5].samples, 5);
+        // Without the refusal the run fails too.
+        let r = evaluate(6, &steps, Vec::new(), None, Vec::new());
+        assert!(!r.pass && r.steps[0].failures[0].contains("only 0 samples"));
+    }
+}
