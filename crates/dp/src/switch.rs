@@ -51,6 +51,8 @@ pub enum SwitchError {
     Full,
     #[error("{0}")]
     Qos(String),
+    #[error("cannot start the QoS allocator thread")]
+    QosThread(#[source] std::io::Error),
     #[error(transparent)]
     Config(#[from] qswitch_api::ConfigError),
     #[error(transparent)]
@@ -215,11 +217,7 @@ impl Switch {
         let t = std::thread::Builder::new()
             .name("qs-qos".into())
             .spawn(move || qos::run(s))
-            .map_err(|source| SwitchError::Worker {
-                worker: usize::MAX,
-                cpu: usize::MAX,
-                source,
-            })?;
+            .map_err(SwitchError::QosThread)?;
         sw.threads.lock().push(t);
         Ok(sw)
     }
