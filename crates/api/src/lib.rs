@@ -13,6 +13,9 @@ pub mod config;
 pub mod cpulist;
 pub mod request;
 
-pub use config::{Config, ConfigError, GenConfig, PortConfig, PortType, SwitchConfig, VhostMode};
+pub use config::{
+    Config, ConfigError, GenConfig, PortConfig, PortType, QosConfig, QosSettings, SwitchConfig,
+    VhostMode,
+};
 pub use cpulist::{CpuList, CpuListError};
 pub use request::{Request, Response};

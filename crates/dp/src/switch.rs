@@ -27,6 +27,7 @@ use crate::port::gen::GenPort;
 use crate::port::tap::{TapError, TapPort};
 use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
 use crate::port::{Device, Port};
+use crate::qos;
 use crate::stats::{DropCounters, DropReason, PortCounters, WorkerCounters};
 use crate::worker;
 
@@ -48,6 +49,10 @@ pub enum SwitchError {
     NoRss(String),
     #[error("the switch is full ({MAX_PORTS} ports)")]
     Full,
+    #[error("{0}")]
+    Qos(String),
+    #[error("cannot start the QoS allocator thread")]
+    QosThread(#[source] std::io::Error),
     #[error(transparent)]
     Config(#[from] qswitch_api::ConfigError),
     #[error(transparent)]
@@ -72,6 +77,8 @@ pub struct PortEntry {
     pub vlan: u16,
     pub dev: Device,
     pub counters: PortCounters,
+    /// QoS: allocation, token bucket, live settings (see [`crate::qos`]).
+    pub qos: qos::PortQos,
 }
 
 /// Port table indexed by [`PortId`].
@@ -86,6 +93,7 @@ pub(crate) struct Shared {
     base: Instant,
     /// How long workers poll after their last frame before sleeping.
     pub(crate) spin_ns: u64,
+    pub(crate) qos: qos::QosShared,
 }
 
 /// Switch-wide settings.
@@ -95,6 +103,8 @@ pub struct Options {
     pub fdb_aging: Duration,
     /// How long a worker keeps polling after its last frame before it sleeps.
     pub poll_spin: Duration,
+    /// Share of an uplink's capacity that guarantees may reserve (QoS admission control).
+    pub reservable: f64,
 }
 
 impl Default for Options {
@@ -102,6 +112,7 @@ impl Default for Options {
         Options {
             fdb_aging: Duration::from_secs(300),
             poll_spin: Duration::from_nanos(worker::SPIN_NS),
+            reservable: qswitch_api::config::DEFAULT_RESERVABLE,
         }
     }
 }
@@ -167,6 +178,7 @@ impl Switch {
             stop: AtomicBool::new(false),
             base: Instant::now(),
             spin_ns: options.poll_spin.as_nanos() as u64,
+            qos: qos::QosShared::new(options.reservable),
         });
         let mut workers = Vec::new();
         for (id, &cpu) in cpus.iter().enumerate() {
@@ -201,6 +213,12 @@ impl Switch {
             })?;
             sw.threads.lock().push(t);
         }
+        let s = shared.clone();
+        let t = std::thread::Builder::new()
+            .name("qs-qos".into())
+            .spawn(move || qos::run(s))
+            .map_err(SwitchError::QosThread)?;
+        sw.threads.lock().push(t);
         Ok(sw)
     }
 
@@ -246,6 +264,7 @@ impl Switch {
             assign_queues(&mut assign, id, config.queues);
             ids.push(id);
         }
+        qos::admit(&new_table, self.shared.qos.reservable, None).map_err(SwitchError::Qos)?;
         ctl.assign = assign;
         self.publish(&mut ctl, new_table);
         for c in configs {
@@ -347,7 +366,23 @@ impl Switch {
             vlan: config.vlan.unwrap_or(0),
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
+            qos: qos::PortQos::new(config, self.shared.now()),
         })
+    }
+
+    /// Changes a port's QoS settings live (effective at the next allocator tick), unless
+    /// admission control refuses; a refused change changes nothing.
+    pub fn qos_set(
+        &self,
+        name: &str,
+        update: &qos::QosUpdate,
+    ) -> Result<qswitch_api::QosSettings, SwitchError> {
+        qos::set(&self.shared, name, update)
+    }
+
+    /// QoS settings, allocations and measured rates of every port.
+    pub fn qos_show(&self) -> qswitch_api::request::QosReport {
+        qos::report(&self.shared)
     }
 
     /// Removes a port. Returns once no worker uses it any more (its device is then closed:

@@ -38,16 +38,17 @@ use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
 
 mod pvp;
+mod qos;
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run (tap-tcp, pvp).
+    /// Scenario to run (tap-tcp, pvp, qos).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: u32,
-    /// Seconds of traffic per run.
+    /// Seconds of traffic per run (qos: per step).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
     pub seconds: u32,
     /// Parallel TCP streams.
@@ -74,6 +75,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "tap-tcp",
         about: "iperf3 TCP netns -> netns: qswitch (TAP ports) vs Linux bridge (veth)",
         run: tap_tcp,
+    },
+    Scenario {
+        name: "qos",
+        about: "seed-001 port QoS: 7 steps of guarantees and limits, 6 TCP senders, 1G uplink",
+        run: qos::run,
     },
     Scenario {
         name: "pvp",

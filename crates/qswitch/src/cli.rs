@@ -108,6 +108,8 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 generate: None,
                 socket,
                 mode,
+                qos: None,
+                capacity: None,
             };
             port.validate()?;
             call(control, &Request::PortAdd { port })?;
@@ -262,4 +264,93 @@ pub fn rate_line(s: &StatsReport, r: &Rates) -> String {
         ));
     }
     line
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QosCmd {
+    /// Change a port's guarantee, limit or weight (live, within one allocator tick). Rates
+    /// are bits/s of L2 frames with k/M/G suffixes, e.g. 200M.
+    Set {
+        port: String,
+        /// Minimum guarantee (0 removes it).
+        #[arg(long, value_parser = parse_rate_arg)]
+        min: Option<u64>,
+        /// Maximum limit.
+        #[arg(long, value_parser = parse_rate_arg)]
+        max: Option<u64>,
+        /// Weight (1-1000) in the share of what the guarantees leave.
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Reset guarantee, limit and weight first (then apply the other options).
+        #[arg(long)]
+        clear: bool,
+    },
+    /// Settings, current allocation and measured rate per port.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_rate_arg(s: &str) -> Result<u64, String> {
+    qswitch_api::config::parse_rate(s)
+}
+
+fn rate(r: Option<u64>) -> String {
+    r.map_or_else(|| "-".into(), qswitch_api::config::format_rate)
+}
+
+pub fn qos(control: &Path, cmd: QosCmd) -> anyhow::Result<()> {
+    match cmd {
+        QosCmd::Set {
+            port,
+            min,
+            max,
+            weight,
+            clear,
+        } => {
+            call(
+                control,
+                &Request::QosSet {
+                    port,
+                    min,
+                    max,
+                    weight,
+                    clear,
+                },
+            )?;
+        }
+        QosCmd::Show { json } => {
+            let Response::Qos(r) = call(control, &Request::QosShow)? else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                return Ok(());
+            }
+            println!(
+                "{:<12} {:<10} {:>8} {:>8} {:>6} {:>9} {:>10}",
+                "PORT", "UPLINK", "MIN", "MAX", "WEIGHT", "ALLOC", "RATE(1s)"
+            );
+            for p in &r.ports {
+                let uplink = match (&p.uplink, p.capacity) {
+                    (_, Some(c)) => format!("cap {}", qswitch_api::config::format_rate(c)),
+                    (Some(u), _) => u.clone(),
+                    _ => "-".into(),
+                };
+                println!(
+                    "{:<12} {:<10} {:>8} {:>8} {:>6} {:>9} {:>9.1}M",
+                    p.name,
+                    uplink,
+                    rate(p.min),
+                    rate(p.max),
+                    p.weight,
+                    rate(p.alloc_bps),
+                    p.rate_bps / 1e6
+                );
+            }
+            println!("reservable: {} of each uplink's capacity", r.reservable);
+        }
+    }
+    Ok(())
 }

@@ -160,6 +160,24 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         Request::Stats => return Response::Stats(Box::new(daemon.stats())),
         Request::PortAdd { port } => sw.add_port(&port).map(|_| ()),
         Request::PortDel { name } => sw.del_port(&name),
+        Request::QosShow => return Response::Qos(Box::new(sw.qos_show())),
+        Request::QosSet {
+            port,
+            min,
+            max,
+            weight,
+            clear,
+        } => sw
+            .qos_set(
+                &port,
+                &qswitch_dp::qos::QosUpdate {
+                    min,
+                    max,
+                    weight,
+                    clear,
+                },
+            )
+            .map(|_| ()),
         Request::Rss { port } => {
             return match sw.reta(&port) {
                 Ok(r) => Response::Rss {

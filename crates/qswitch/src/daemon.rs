@@ -74,6 +74,7 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
     let options = qswitch_dp::Options {
         fdb_aging: Duration::from_secs(config.switch.fdb_aging),
         poll_spin: Duration::from_micros(config.switch.poll_spin_us),
+        reservable: config.switch.reservable,
     };
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.

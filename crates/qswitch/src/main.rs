@@ -68,6 +68,9 @@ enum Command {
         #[arg(long)]
         watch: bool,
     },
+    /// Port QoS: guarantees, limits and weights; allocations and rates.
+    #[command(subcommand)]
+    Qos(cli::QosCmd),
     /// Toeplitz hashes and receive-side indirection tables (vRSS).
     #[command(subcommand)]
     Rss(rss_cli::RssCmd),
@@ -91,6 +94,7 @@ fn main() -> ExitCode {
         }
         Command::Port(cmd) => cli::port(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
+        Command::Qos(cmd) => cli::qos(&control, cmd),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),
         Command::Stats { json, watch } => cli::stats(&control, json, watch),
         Command::Bench(args) => {
