@@ -7,6 +7,9 @@
 //! - [`cli`]: control subcommands and how they print.
 //! - [`demo`]: `qswitch demo` — two namespaces, ping and iperf3 through a qswitch it starts.
 //! - [`bench`]: `qswitch bench SCENARIO` — measurements next to peers, JSON + SVG.
+//! - [`http`]: the HTTP server (`/metrics`, JSON API, dashboard) on `[switch] http`.
+//! - [`metrics`]: Prometheus text exposition of every counter.
+//! - [`series`]: the 15-minute, 1-second history behind the JSON API and the dashboard.
 //! - [`netns`]: network namespace and process helpers shared by demo and bench.
 
 mod bench;
@@ -15,9 +18,12 @@ mod client;
 mod control;
 mod daemon;
 mod demo;
+mod http;
+mod metrics;
 mod netns;
 mod plot;
 mod rss_cli;
+mod series;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
