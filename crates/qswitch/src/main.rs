@@ -73,6 +73,10 @@ enum Command {
         /// Print one line per second until interrupted.
         #[arg(long)]
         watch: bool,
+        /// With --watch: one row per worker each second (busy %, CPU %, sleeps/s, context
+        /// switches/s, queues) instead of one row for the whole switch.
+        #[arg(long, requires = "watch")]
+        workers: bool,
     },
     /// Toeplitz hashes and receive-side indirection tables (vRSS).
     #[command(subcommand)]
@@ -98,7 +102,11 @@ fn main() -> ExitCode {
         Command::Port(cmd) => cli::port(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),
-        Command::Stats { json, watch } => cli::stats(&control, json, watch),
+        Command::Stats {
+            json,
+            watch,
+            workers,
+        } => cli::stats(&control, json, watch, workers),
         Command::Bench(args) => {
             init_logging();
             bench::run(args)

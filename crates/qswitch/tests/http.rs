@@ -244,6 +244,30 @@ fn json_api_and_bad_clients() {
         counter(&daemon.stats(), "sink", "tx_packets") > before
     }));
     assert!(daemon.running());
+
+    // `stats --watch` and its per-worker view: a row per second (per worker).
+    for (args, needle) in [
+        (&["stats", "--watch"][..], "src rx/tx Gb/s"),
+        (&["stats", "--watch", "--workers"][..], "SLEEPS/s"),
+    ] {
+        let log = dir.join("watch.out");
+        let child = Command::new(QSWITCH)
+            .arg("--control")
+            .arg(&control)
+            .args(args)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut child = ChildGuard::new(child);
+        std::thread::sleep(Duration::from_millis(2600));
+        child.stop();
+        let text = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains(needle), "{text}");
+        let rows = if args.len() == 3 { 2 * 2 } else { 2 };
+        assert!(lines.len() > rows, "{text}");
+        assert!(lines[1..].iter().all(|l| !l.contains(needle)), "{text}");
+    }
     let st = daemon.terminate(Duration::from_secs(10));
     assert!(st.is_some_and(|s| s.success()), "{}", daemon.log_text());
 }
