@@ -19,6 +19,7 @@ mod control;
 mod daemon;
 mod demo;
 mod http;
+mod load;
 mod metrics;
 mod netns;
 mod plot;
@@ -83,6 +84,9 @@ enum Command {
     Rss(rss_cli::RssCmd),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
+    /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
+    #[command(subcommand, hide = true)]
+    Load(load::LoadCmd),
 }
 
 fn main() -> ExitCode {
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
             watch,
             workers,
         } => cli::stats(&control, json, watch, workers),
+        Command::Load(cmd) => load::run(cmd),
         Command::Bench(args) => {
             init_logging();
             bench::run(args)
