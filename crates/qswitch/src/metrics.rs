@@ -47,6 +47,11 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Frames dropped, per port (rx and tx side) and reason.",
     ),
     (
+        "qswitch_port_rx_queue_drops_total",
+        "counter",
+        "Frames dropped on receive, per port, rx queue and reason (part of qswitch_port_drops_total).",
+    ),
+    (
         "qswitch_gen_generated_frames_total",
         "counter",
         "Frames a gen port generated.",
@@ -138,6 +143,10 @@ impl Out {
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        debug_assert!(
+            FAMILIES.iter().any(|f| f.0 == name),
+            "undeclared family {name}"
+        );
         self.text.push_str(name);
         if !labels.is_empty() {
             let l: Vec<String> = labels
@@ -199,6 +208,19 @@ pub fn render(s: &StatsReport, ports: &[PortInfo]) -> String {
                 &[("port", &p.name), ("reason", reason)],
                 n,
             );
+        }
+    }
+    o.family("qswitch_port_rx_queue_drops_total");
+    for p in &s.ports {
+        for q in &p.queues {
+            let queue = q.queue.to_string();
+            for (reason, n) in &q.drops {
+                o.sample(
+                    "qswitch_port_rx_queue_drops_total",
+                    &[("port", &p.name), ("queue", &queue), ("reason", reason)],
+                    n,
+                );
+            }
         }
     }
     o.family("qswitch_gen_generated_frames_total");

@@ -120,6 +120,13 @@ fn metrics_parse_and_every_counter_counts() {
     );
     let families: BTreeMap<String, Value> = serde_json::from_str(&out.stdout).unwrap();
 
+    // No sample without its family's TYPE line.
+    for (name, fam) in &families {
+        assert!(
+            fam["type"] == "counter" || fam["type"] == "gauge",
+            "{name}: {fam}"
+        );
+    }
     // Every family the code declares is there, with its type; counters end in _total.
     let mut counters = 0;
     for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
@@ -157,6 +164,10 @@ fn metrics_parse_and_every_counter_counts() {
         serde_json::json!(["port", "reason"])
     );
     assert!(text.contains("qswitch_port_drops_total{port=\"lonely\",reason=\"no_destination\"}"));
+    assert_eq!(
+        families["qswitch_port_rx_queue_drops"]["labels"],
+        serde_json::json!(["port", "queue", "reason"])
+    );
     assert_eq!(
         families["qswitch_worker_context_switches"]["labels"],
         serde_json::json!(["cpu", "kind", "worker"])
