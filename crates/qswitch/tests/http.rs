@@ -326,6 +326,7 @@ fn chromium(profile: &Path, args: &[&str], url: &str) -> (String, String) {
                 "--headless",
                 "--no-sandbox",
                 "--disable-gpu",
+                "--disable-dev-shm-usage",
                 "--no-first-run",
                 "--disable-extensions",
                 "--enable-logging=stderr",
