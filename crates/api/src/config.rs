@@ -93,6 +93,10 @@ pub struct SwitchConfig {
     /// in total; changes beyond it are refused.
     #[serde(default = "default_reservable")]
     pub reservable: f64,
+    /// Address of the HTTP server (`/metrics`, `/api/...`, the dashboard at `/`), e.g.
+    /// "127.0.0.1:9470". Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
 }
 
 /// Default `[switch] reservable`.
@@ -124,6 +128,7 @@ impl Default for SwitchConfig {
             fdb_aging: default_fdb_aging(),
             poll_spin_us: default_poll_spin_us(),
             reservable: default_reservable(),
+            http: None,
         }
     }
 }
@@ -401,6 +406,8 @@ pub enum ConfigError {
     FdbAging,
     #[error("[switch] poll_spin_us = {0} is out of range 0..=10000")]
     PollSpin(u64),
+    #[error("[switch] http = \"{0}\": expected an IP address and port, e.g. \"127.0.0.1:9470\"")]
+    Http(String),
     #[error("[switch] control must be an absolute path, got '{0}'")]
     Control(String),
     #[error("[switch] reservable = {0} is out of range (0, 1]")]
@@ -473,6 +480,7 @@ impl Config {
                 self.switch.control.display().to_string(),
             ));
         }
+        self.switch.http_addr()?;
         let mut names = HashSet::new();
         for p in &self.ports {
             p.validate()?;
@@ -490,6 +498,14 @@ impl Config {
 }
 
 impl SwitchConfig {
+    /// The HTTP server's address, if configured.
+    pub fn http_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        self.http
+            .as_deref()
+            .map(|a| a.parse().map_err(|_| ConfigError::Http(a.to_string())))
+            .transpose()
+    }
+
     /// The worker CPUs as a parsed list.
     pub fn workers_list(&self) -> Result<CpuList, ConfigError> {
         self.workers.parse().map_err(|source| ConfigError::Workers {
@@ -844,6 +860,26 @@ vlan = 10
         assert!(!s.contains('\n'));
         let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\ncolour='red'\n").unwrap_err();
         assert!(e.to_string().contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn http_address() {
+        let cfg = Config::from_toml("[switch]\nhttp = \"127.0.0.1:9470\"\n").unwrap();
+        cfg.validate(ONLINE).unwrap();
+        assert_eq!(
+            cfg.switch.http_addr().unwrap(),
+            Some("127.0.0.1:9470".parse().unwrap())
+        );
+        assert_eq!(Config::default().switch.http_addr().unwrap(), None);
+        assert!(check("[switch]\nhttp = \"[::1]:80\"\n").is_ok());
+        for bad in ["localhost:9470", "127.0.0.1", "127.0.0.1:99999", ""] {
+            let e = check(&format!("[switch]\nhttp = \"{bad}\"\n")).unwrap_err();
+            assert_eq!(e, ConfigError::Http(bad.into()));
+            assert!(
+                e.to_string().contains("expected an IP address and port"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -37,8 +37,12 @@ use serde::Serialize;
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
 
+mod affinity;
+mod bypass;
+mod multiqueue;
 mod pvp;
 mod qos;
+mod txn;
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
@@ -85,6 +89,21 @@ const SCENARIOS: &[Scenario] = &[
         name: "pvp",
         about: "vhost-user -> vhost-user, one switch core: qswitch vs OVS-DPDK (NORMAL)",
         run: pvp::run,
+    },
+    Scenario {
+        name: "bypass",
+        about: "per-packet cost: iperf3 bulk and MSS 100 through qswitch vs Linux bridge, CPU per Gbit/s",
+        run: bypass::run,
+    },
+    Scenario {
+        name: "affinity",
+        about: "TCP request/response with the worker on the endpoints' CPU vs another CPU; context switches",
+        run: affinity::run,
+    },
+    Scenario {
+        name: "multiqueue",
+        about: "many 1 MB transfers through TAP ports with 1 vs 4 queues",
+        run: multiqueue::run,
     },
 ];
 
@@ -392,7 +411,17 @@ pub trait Topology {
 pub fn iperf_run(
     b: &Bench,
     topo: &dyn Topology,
+    who: (&str, u32, usize),
+) -> anyhow::Result<RunResult> {
+    iperf_run_with(b, topo, who, &[])
+}
+
+/// [`iperf_run`] with extra iperf3 client arguments (e.g. `-M 100`).
+pub fn iperf_run_with(
+    b: &Bench,
+    topo: &dyn Topology,
     (contender, round, seq): (&str, u32, usize),
+    extra: &[&str],
 ) -> anyhow::Result<RunResult> {
     let (seconds, streams) = (b.args.seconds, b.args.streams);
     let addr = topo.server_addr();
@@ -408,7 +437,7 @@ pub fn iperf_run(
     let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
 
     let first_stats = topo.daemon().map(Daemon::stats).transpose()?;
-    let mut client = netns::iperf3_client(topo.client(), addr, seconds, streams)?;
+    let mut client = netns::iperf3_client_with(topo.client(), addr, seconds, streams, extra)?;
     let cpu_from = netns::cpu_jiffies();
     let t0 = Instant::now();
     // Drain the pipes while iperf3 runs, so a long JSON cannot block it.

@@ -149,7 +149,7 @@ fn get_stats(control: &Path) -> anyhow::Result<StatsReport> {
     }
 }
 
-pub fn stats(control: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
+pub fn stats(control: &Path, json: bool, watch: bool, workers: bool) -> anyhow::Result<()> {
     if !watch {
         let s = get_stats(control)?;
         if json {
@@ -167,6 +167,14 @@ pub fn stats(control: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
         let rates = qswitch_dp::report::rates(&prev, &cur);
         if json {
             println!("{}", serde_json::to_string(&rates)?);
+        } else if workers {
+            if header_every == 0 {
+                println!("{}", worker_header());
+            }
+            header_every = (header_every + 1) % 4;
+            for line in worker_lines(&prev, &cur, &rates) {
+                println!("{line}");
+            }
         } else {
             if header_every == 0 {
                 println!("{}", rate_header(&cur));
@@ -232,6 +240,48 @@ fn print_totals(s: &StatsReport) {
     if let Some(r) = &s.rates {
         println!("last second: {}", rate_line(s, r));
     }
+}
+
+/// Column header for [`worker_lines`].
+pub fn worker_header() -> String {
+    format!(
+        "{:>6} {:>6} {:>4} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8}  QUEUES",
+        "time", "WORKER", "CPU", "BUSY%", "CPU%", "SLEEPS/s", "WAKEUPS/s", "CS/s", "SPIN_us"
+    )
+}
+
+/// One row per worker for the second between `prev` and `cur`.
+pub fn worker_lines(prev: &StatsReport, cur: &StatsReport, r: &Rates) -> Vec<String> {
+    let dt = cur.uptime_ms.saturating_sub(prev.uptime_ms).max(1) as f64 / 1000.0;
+    cur.workers
+        .iter()
+        .map(|w| {
+            let sleeps = prev
+                .workers
+                .iter()
+                .find(|o| o.id == w.id)
+                .map_or(0, |o| w.sleeps.saturating_sub(o.sleeps));
+            let rate = r
+                .workers
+                .iter()
+                .find(|x| x.id == w.id)
+                .cloned()
+                .unwrap_or_default();
+            format!(
+                "{:>6.0} {:>6} {:>4} {:>6.1} {:>6.1} {:>9.0} {:>9.0} {:>9.0} {:>8.1}  {}",
+                cur.uptime_ms as f64 / 1000.0,
+                w.id,
+                w.cpu,
+                rate.busy_pct,
+                rate.cpu_pct,
+                sleeps as f64 / dt,
+                rate.wakeups_ps,
+                rate.ctx_switches_ps,
+                w.spin_us,
+                w.queues.join(" ")
+            )
+        })
+        .collect()
 }
 
 /// Column header for [`rate_line`].

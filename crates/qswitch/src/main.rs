@@ -7,6 +7,9 @@
 //! - [`cli`]: control subcommands and how they print.
 //! - [`demo`]: `qswitch demo` — two namespaces, ping and iperf3 through a qswitch it starts.
 //! - [`bench`]: `qswitch bench SCENARIO` — measurements next to peers, JSON + SVG.
+//! - [`http`]: the HTTP server (`/metrics`, JSON API, dashboard) on `[switch] http`.
+//! - [`metrics`]: Prometheus text exposition of every counter.
+//! - [`series`]: the 15-minute, 1-second history behind the JSON API and the dashboard.
 //! - [`netns`]: network namespace and process helpers shared by demo and bench.
 
 mod bench;
@@ -15,9 +18,13 @@ mod client;
 mod control;
 mod daemon;
 mod demo;
+mod http;
+mod load;
+mod metrics;
 mod netns;
 mod plot;
 mod rss_cli;
+mod series;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -67,6 +74,10 @@ enum Command {
         /// Print one line per second until interrupted.
         #[arg(long)]
         watch: bool,
+        /// With --watch: one row per worker each second (busy %, CPU %, sleeps/s, context
+        /// switches/s, queues) instead of one row for the whole switch.
+        #[arg(long, requires = "watch")]
+        workers: bool,
     },
     /// Port QoS: guarantees, limits and weights; allocations and rates.
     #[command(subcommand)]
@@ -76,6 +87,9 @@ enum Command {
     Rss(rss_cli::RssCmd),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
+    /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
+    #[command(subcommand, hide = true)]
+    Load(load::LoadCmd),
 }
 
 fn main() -> ExitCode {
@@ -96,7 +110,12 @@ fn main() -> ExitCode {
         Command::Fdb { json } => cli::fdb(&control, json),
         Command::Qos(cmd) => cli::qos(&control, cmd),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),
-        Command::Stats { json, watch } => cli::stats(&control, json, watch),
+        Command::Stats {
+            json,
+            watch,
+            workers,
+        } => cli::stats(&control, json, watch, workers),
+        Command::Load(cmd) => load::run(cmd),
         Command::Bench(args) => {
             init_logging();
             bench::run(args)
