@@ -75,6 +75,30 @@ fn stage_used(v: &mut Vring, mem: &GuestView<'_>, head: u16, len: u32) -> bool {
     true
 }
 
+/// Stages a used element of length 0 for each of `heads` (transmit chains, read by the
+/// device) with at most two writes to the used ring. Returns false, staging nothing, if a
+/// head is not a valid index or the ring is not writable.
+fn stage_used_all(v: &mut Vring, mem: &GuestView<'_>, heads: &[u16]) -> bool {
+    let size = v.queue.size();
+    if heads.iter().any(|&h| h >= size) {
+        return false;
+    }
+    let mut elems = [0u8; 8 * BURST];
+    for (e, &h) in elems.chunks_exact_mut(8).zip(heads.iter().take(BURST)) {
+        e[..4].copy_from_slice(&u32::from(h).to_le_bytes());
+    }
+    let n = heads.len().min(BURST);
+    let first = usize::from(v.queue.next_used().wrapping_add(v.used_pending) % size);
+    let before_wrap = n.min(usize::from(size) - first);
+    let ring = v.queue.used_ring() + 4;
+    let ok = mem.write(ring + 8 * first as u64, &elems[..8 * before_wrap])
+        && (before_wrap == n || mem.write(ring, &elems[8 * before_wrap..8 * n]));
+    if ok {
+        v.used_pending = v.used_pending.wrapping_add(n as u16);
+    }
+    ok
+}
+
 /// Makes every staged used element visible with one store of the used index, so a guest
 /// never sees part of a frame that spans several buffers (MRG_RXBUF).
 fn publish_used(v: &mut Vring, mem: &GuestView<'_>) -> bool {
@@ -251,16 +275,13 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
             }
         }
     }
-    for &head in &heads[..nh] {
-        if !stage_used(v, &mem, head, 0) {
-            stop_ring(
-                dev,
-                vi,
-                v,
-                "bad head index or used ring not writable; ring stopped",
-            );
-            break;
-        }
+    if !stage_used_all(v, &mem, &heads[..nh]) {
+        stop_ring(
+            dev,
+            vi,
+            v,
+            "bad head index or used ring not writable; ring stopped",
+        );
     }
     complete(dev, vi, v, &mem);
     n
