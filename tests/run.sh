@@ -12,10 +12,18 @@ if [ "$(id -u)" = 0 ]; then
     command -v ip >/dev/null || need+=(iproute2)
     command -v ss >/dev/null || need+=(iproute2)
     command -v python3 >/dev/null || need+=(python3)
+    command -v chromium >/dev/null || need+=(chromium)
+    python3 -c 'import prometheus_client' 2>/dev/null || need_pip=1
     if [ ${#need[@]} -gt 0 ]; then
         echo "== installing ${need[*]}"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
+    if [ "${need_pip:-0}" = 1 ]; then
+        echo "== installing prometheus_client (pip)"
+        python3 -m pip install -q --break-system-packages prometheus_client >/dev/null 2>&1 ||
+            { apt-get install -y -qq python3-pip >/dev/null &&
+              python3 -m pip install -q --break-system-packages prometheus_client >/dev/null; }
     fi
 else
     echo "== not root: privileged tests (namespaces, TAPs, iperf3) will be skipped"

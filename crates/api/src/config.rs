@@ -22,7 +22,25 @@
 //! type = "gen"                     # internal generator/sink
 //! mac = "02:00:00:00:00:01"
 //! generate = { dst = "02:00:00:00:00:02", size = 64, rate = 0, flows = 4, count = 0 }
+//!
+//! # QoS (see `qswitch_dp::qos`)
+//! [switch]
+//! reservable = 0.9                 # share of an uplink's capacity guarantees may reserve
+//!
+//! [[port]]
+//! name = "up"
+//! type = "tap"
+//! ifname = "qs-up"
+//! capacity = "1G"                  # an uplink: the ports of its VLAN share this rate
+//!
+//! [[port]]
+//! name = "vm1"
+//! type = "tap"
+//! ifname = "qs-vm1"
+//! qos = { min = "200M", max = "1G", weight = 2 }
 //! ```
+//! Rates are bits per second of L2 frames (Ethernet header counted, FCS not) with an
+//! optional k/M/G/T suffix (powers of 1000): "150M", "1.5G", "800000".
 
 use std::collections::HashSet;
 use std::fmt;
@@ -80,6 +98,21 @@ pub struct SwitchConfig {
     /// How queues are placed on workers: `dynamic` (by measured load) or `static`.
     #[serde(default)]
     pub placement: PlacementMode,
+    /// The share (0 < r <= 1) of an uplink's capacity that minimum guarantees may reserve
+    /// in total; changes beyond it are refused.
+    #[serde(default = "default_reservable")]
+    pub reservable: f64,
+    /// Address of the HTTP server (`/metrics`, `/api/...`, the dashboard at `/`), e.g.
+    /// "127.0.0.1:9470". Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
+}
+
+/// Default `[switch] reservable`.
+pub const DEFAULT_RESERVABLE: f64 = 0.9;
+
+fn default_reservable() -> f64 {
+    DEFAULT_RESERVABLE
 }
 
 /// `[switch] placement`.
@@ -139,6 +172,8 @@ impl Default for SwitchConfig {
             poll_spin_us: default_poll_spin_us(),
             reserved_cpus: None,
             placement: PlacementMode::default(),
+            reservable: default_reservable(),
+            http: None,
         }
     }
 }
@@ -236,6 +271,138 @@ pub struct PortConfig {
     /// gets a set disjoint from the other ports' wherever the workers allow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<String>,
+    /// Port QoS: guarantee, limit and weight of what this port sends toward its VLAN's uplink.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosConfig>,
+    /// Makes the port an uplink with this capacity (bits/s, e.g. "1G"): the other ports of
+    /// its VLAN share it by the QoS rule. At most one uplink per VLAN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
+}
+
+/// `qos = { min = "200M", max = "1G", weight = 2 }` of a port. Every key is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosConfig {
+    /// Minimum guarantee, bits/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<String>,
+    /// Maximum limit, bits/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<String>,
+    /// Relative share of the capacity guarantees leave (1..=1000, default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+/// Largest QoS weight.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// Parsed QoS settings of a port: bits/s, `None` = no guarantee / no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosSettings {
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    pub weight: u32,
+}
+
+impl Default for QosSettings {
+    fn default() -> Self {
+        QosSettings {
+            min: None,
+            max: None,
+            weight: 1,
+        }
+    }
+}
+
+impl QosSettings {
+    /// Checks the settings on their own; the message names the key.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            return Err(format!(
+                "qos weight = {} is out of range 1..={MAX_WEIGHT}",
+                self.weight
+            ));
+        }
+        if self.max == Some(0) {
+            return Err("qos max must be above 0 (leave it out for no limit)".into());
+        }
+        if let (Some(min), Some(max)) = (self.min, self.max) {
+            if min > max {
+                return Err(format!(
+                    "qos min {} is above max {}",
+                    format_rate(min),
+                    format_rate(max)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QosConfig {
+    /// Parses the rates.
+    pub fn settings(&self) -> Result<QosSettings, String> {
+        let rate = |key: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|s| parse_rate(s).map_err(|m| format!("qos {key}: {m}")))
+                .transpose()
+        };
+        let s = QosSettings {
+            min: rate("min", &self.min)?.filter(|&m| m > 0),
+            max: rate("max", &self.max)?,
+            weight: self.weight.unwrap_or(1),
+        };
+        s.check()?;
+        Ok(s)
+    }
+}
+
+/// Parses a rate in bits/s: a number with an optional k, M, G or T suffix (powers of 1000),
+/// e.g. "150M", "1.5G", "800000".
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1e3),
+        Some((i, 'M')) => (&t[..i], 1e6),
+        Some((i, 'G')) => (&t[..i], 1e9),
+        Some((i, 'T')) => (&t[..i], 1e12),
+        _ => (t, 1.0),
+    };
+    let bad = || {
+        format!("'{s}' is not a rate (a number of bits/s with an optional k, M, G or T suffix, e.g. \"200M\")")
+    };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(bad());
+    }
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let bps = v * mult;
+    if !bps.is_finite() || bps > 1e15 {
+        return Err(format!("'{s}' is above the largest rate, 1000T"));
+    }
+    Ok(bps.round() as u64)
+}
+
+/// Formats bits/s with a k/M/G suffix ("150M", "1.5G").
+pub fn format_rate(bps: u64) -> String {
+    let v = bps as f64;
+    let (d, suffix) = if bps >= 1_000_000_000 {
+        (1e9, "G")
+    } else if bps >= 1_000_000 {
+        (1e6, "M")
+    } else if bps >= 1000 {
+        (1e3, "k")
+    } else {
+        (1.0, "")
+    };
+    let x = v / d;
+    if (x - x.round()).abs() < 1e-9 {
+        format!("{}{suffix}", x.round())
+    } else {
+        let n = format!("{x:.3}");
+        format!("{}{suffix}", n.trim_end_matches('0').trim_end_matches('.'))
+    }
 }
 
 fn default_queues() -> u16 {
@@ -288,6 +455,8 @@ pub enum ConfigError {
     FdbAging,
     #[error("[switch] poll_spin_us = {0} is out of range 0..=10000")]
     PollSpin(u64),
+    #[error("[switch] http = \"{0}\": expected an IP address and port, e.g. \"127.0.0.1:9470\"")]
+    Http(String),
     #[error("[switch] control must be an absolute path, got '{0}'")]
     Control(String),
     #[error("[switch] reserved_cpus = \"{value}\": {source}")]
@@ -296,6 +465,10 @@ pub enum ConfigError {
         #[source]
         source: CpuListError,
     },
+    #[error("[switch] reservable = {0} is out of range (0, 1]")]
+    Reservable(String),
+    #[error("{0}")]
+    Qos(String),
     #[error("port '{name}': {message}")]
     Port { name: String, message: String },
     #[error("duplicate port name '{0}'")]
@@ -363,6 +536,7 @@ impl Config {
                 self.switch.control.display().to_string(),
             ));
         }
+        self.switch.http_addr()?;
         let mut names = HashSet::new();
         for p in &self.ports {
             p.validate()?;
@@ -371,11 +545,23 @@ impl Config {
             }
         }
         check_ifnames(&self.ports)?;
+        if !(self.switch.reservable > 0.0 && self.switch.reservable <= 1.0) {
+            return Err(ConfigError::Reservable(self.switch.reservable.to_string()));
+        }
+        check_qos(&self.ports, self.switch.reservable)?;
         Ok(workers)
     }
 }
 
 impl SwitchConfig {
+    /// The HTTP server's address, if configured.
+    pub fn http_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        self.http
+            .as_deref()
+            .map(|a| a.parse().map_err(|_| ConfigError::Http(a.to_string())))
+            .transpose()
+    }
+
     /// The worker CPUs as a parsed list.
     pub fn workers_list(&self) -> Result<CpuList, ConfigError> {
         self.workers.parse().map_err(|source| ConfigError::Workers {
@@ -444,6 +630,8 @@ impl PortConfig {
             socket: None,
             mode: None,
             cpus: None,
+            qos: None,
+            capacity: None,
         }
     }
 
@@ -460,6 +648,8 @@ impl PortConfig {
             socket: Some(socket.to_path_buf()),
             mode: Some(mode),
             cpus: None,
+            qos: None,
+            capacity: None,
         }
     }
 
@@ -476,6 +666,8 @@ impl PortConfig {
             socket: None,
             mode: None,
             cpus: None,
+            qos: None,
+            capacity: None,
         }
     }
 
@@ -509,6 +701,8 @@ impl PortConfig {
             }
         }
         self.cpu_set()?;
+        self.qos_settings()?;
+        self.capacity_bps()?;
         match self.kind {
             PortType::Tap => {
                 let ifname = self
@@ -587,6 +781,41 @@ impl PortConfig {
     }
 }
 
+/// Fails if a VLAN has two uplinks, or if the guarantees of a VLAN's ports add up to more
+/// than `reservable` × its uplink's capacity.
+pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigError> {
+    let mut uplinks: Vec<(u16, &str, u64)> = Vec::new();
+    for p in ports {
+        if let Some(c) = p.capacity_bps()? {
+            let vlan = p.vlan.unwrap_or(0);
+            if let Some((_, first, _)) = uplinks.iter().find(|u| u.0 == vlan) {
+                return Err(ConfigError::Qos(format!(
+                    "ports '{first}' and '{}' are both uplinks (capacity) of VLAN {vlan}; at most one per VLAN",
+                    p.name
+                )));
+            }
+            uplinks.push((vlan, &p.name, c));
+        }
+    }
+    for (vlan, up, cap) in uplinks {
+        let sum: u64 = ports
+            .iter()
+            .filter(|p| p.vlan.unwrap_or(0) == vlan && p.capacity.is_none())
+            .map(|p| p.qos_settings().map(|s| s.min.unwrap_or(0)))
+            .sum::<Result<u64, _>>()?;
+        let limit = (reservable * cap as f64) as u64;
+        if sum > limit {
+            return Err(ConfigError::Qos(format!(
+                "the guarantees toward uplink '{up}' add up to {}, above reservable {reservable} x capacity {} = {}",
+                format_rate(sum),
+                format_rate(cap),
+                format_rate(limit)
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl PortConfig {
     /// The port's CPU set, if it has one.
     pub fn cpu_set(&self) -> Result<Option<Vec<usize>>, ConfigError> {
@@ -601,6 +830,40 @@ impl PortConfig {
                     })
             })
             .transpose()
+    }
+
+    /// The port's parsed QoS settings (defaults when it has no `qos`).
+    pub fn qos_settings(&self) -> Result<QosSettings, ConfigError> {
+        self.qos
+            .as_ref()
+            .map(QosConfig::settings)
+            .transpose()
+            .map(Option::unwrap_or_default)
+            .map_err(|message| ConfigError::Port {
+                name: self.name.clone(),
+                message,
+            })
+    }
+
+    /// The uplink capacity in bits/s, if the port is an uplink.
+    pub fn capacity_bps(&self) -> Result<Option<u64>, ConfigError> {
+        let Some(c) = self.capacity.as_deref() else {
+            return Ok(None);
+        };
+        let err = |message: String| ConfigError::Port {
+            name: self.name.clone(),
+            message,
+        };
+        let bps = parse_rate(c).map_err(|m| err(format!("capacity: {m}")))?;
+        if bps == 0 {
+            return Err(err("capacity must be above 0".into()));
+        }
+        if self.qos.is_some() {
+            return Err(err(
+                "an uplink (capacity) takes no qos; its ports share its capacity".into(),
+            ));
+        }
+        Ok(Some(bps))
     }
 
     fn refuse_vhost_keys(&self) -> Result<(), ConfigError> {
@@ -689,6 +952,26 @@ vlan = 10
     }
 
     #[test]
+    fn http_address() {
+        let cfg = Config::from_toml("[switch]\nhttp = \"127.0.0.1:9470\"\n").unwrap();
+        cfg.validate(ONLINE).unwrap();
+        assert_eq!(
+            cfg.switch.http_addr().unwrap(),
+            Some("127.0.0.1:9470".parse().unwrap())
+        );
+        assert_eq!(Config::default().switch.http_addr().unwrap(), None);
+        assert!(check("[switch]\nhttp = \"[::1]:80\"\n").is_ok());
+        for bad in ["localhost:9470", "127.0.0.1", "127.0.0.1:99999", ""] {
+            let e = check(&format!("[switch]\nhttp = \"{bad}\"\n")).unwrap_err();
+            assert_eq!(e, ConfigError::Http(bad.into()));
+            assert!(
+                e.to_string().contains("expected an IP address and port"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn bad_cpu_lists() {
         let e = check("[switch]\nworkers = \"1-0\"\n").unwrap_err();
         assert!(matches!(e, ConfigError::Workers { .. }), "{e}");
@@ -760,6 +1043,66 @@ vlan = 10
         cfg.validate(ONLINE).unwrap();
         let g = cfg.ports[0].generate.as_ref().unwrap();
         assert_eq!((g.size, g.rate, g.flows, g.count), (64, 1000, 4, 0));
+    }
+
+    #[test]
+    fn rates_parse_and_format() {
+        assert_eq!(parse_rate("200M"), Ok(200_000_000));
+        assert_eq!(parse_rate("1.5G"), Ok(1_500_000_000));
+        assert_eq!(parse_rate("64k"), Ok(64_000));
+        assert_eq!(parse_rate("800000"), Ok(800_000));
+        assert_eq!(parse_rate(" 1T "), Ok(1_000_000_000_000));
+        for bad in ["", "M", "1.2.3M", "-5M", "1X", "1e9", "10 M", "1Mbit"] {
+            assert!(
+                parse_rate(bad).unwrap_err().contains("is not a rate"),
+                "{bad}"
+            );
+        }
+        assert!(parse_rate("2000T").unwrap_err().contains("largest"));
+        assert_eq!(format_rate(150_000_000), "150M");
+        assert_eq!(format_rate(1_500_000_000), "1.5G");
+        assert_eq!(format_rate(900_000_000), "900M");
+        assert_eq!(format_rate(999), "999");
+    }
+
+    #[test]
+    fn qos_keys_validate() {
+        let ok = check(
+            "[switch]\nreservable = 0.8\n[[port]]\nname='up'\ntype='tap'\nifname='u'\ncapacity='1G'\n\
+             [[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='400M', max='1G', weight=2}\n\
+             [[port]]\nname='b'\ntype='tap'\nifname='b'\nqos={min='400M'}\n",
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        let cfg = Config::from_toml(
+            "[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='400M', max='1G', weight=2}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.ports[0].qos_settings().unwrap(),
+            QosSettings {
+                min: Some(400_000_000),
+                max: Some(1_000_000_000),
+                weight: 2
+            }
+        );
+        for (text, needle) in [
+            ("[switch]\nreservable = 0.7\n[[port]]\nname='up'\ntype='tap'\nifname='u'\ncapacity='1G'\n[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='400M'}\n[[port]]\nname='b'\ntype='tap'\nifname='b'\nqos={min='400M'}\n", "add up to 800M, above reservable 0.7 x capacity 1G = 700M"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={weight=0}\n", "weight = 0 is out of range"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={max='0'}\n", "max must be above 0"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='2G', max='1G'}\n", "min 2G is above max 1G"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={max='fast'}\n", "qos max: 'fast' is not a rate"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='0'\n", "capacity must be above 0"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\nqos={max='1G'}\n", "takes no qos"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\ncapacity='1G'\n", "both uplinks"),
+            ("[switch]\nreservable = 0\n", "reservable = 0 is out of range"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={mni='1G'}\n", "mni"),
+        ] {
+            let e = check(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+            assert!(!e.contains('\n'));
+        }
+        // Uplinks of different VLANs are independent.
+        check("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\nvlan=5\ncapacity='1G'\n").unwrap();
     }
 
     #[test]

@@ -14,7 +14,8 @@ pub mod cpulist;
 pub mod request;
 
 pub use config::{
-    Config, ConfigError, GenConfig, PlacementMode, PortConfig, PortType, SwitchConfig, VhostMode,
+    Config, ConfigError, GenConfig, PlacementMode, PortConfig, PortType, QosConfig, QosSettings,
+    SwitchConfig, VhostMode,
 };
 pub use cpulist::{CpuList, CpuListError};
 pub use request::{Request, Response};

@@ -35,6 +35,22 @@ pub enum Request {
     },
     /// Switch between dynamic and static placement.
     PlacementMode { mode: crate::config::PlacementMode },
+    /// Change a port's QoS settings (bits/s). Fields left out keep their value; `clear`
+    /// first resets all of them (no guarantee, no limit, weight 1). Refused, changing
+    /// nothing, when the guarantees toward the uplink would exceed its reservable share.
+    QosSet {
+        port: String,
+        #[serde(default)]
+        min: Option<u64>,
+        #[serde(default)]
+        max: Option<u64>,
+        #[serde(default)]
+        weight: Option<u32>,
+        #[serde(default)]
+        clear: bool,
+    },
+    /// QoS settings, allocations and measured rates of every port.
+    QosShow,
 }
 
 /// The daemon's answer.
@@ -63,6 +79,45 @@ pub enum Response {
         table: Vec<u16>,
     },
     Placement(Box<PlacementReport>),
+    Qos(Box<QosReport>),
+}
+
+/// `qos show`: per port, its settings, current allocation and measured rates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QosReport {
+    /// Allocator ticks so far (about one per 10 ms).
+    pub ticks: u64,
+    /// Completed one-second samples so far; `rate_bps` is from the latest one.
+    pub seconds: u64,
+    pub reservable: f64,
+    pub ports: Vec<QosPort>,
+}
+
+/// One port in a [`QosReport`]. Rates are bits/s of L2 frames (TSO segments counted as the
+/// frames they become on the wire).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QosPort {
+    pub name: String,
+    /// The uplink this port competes for (`None`: none in its VLAN, or it is an uplink).
+    pub uplink: Option<String>,
+    /// Set for uplinks: their capacity.
+    pub capacity: Option<u64>,
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    pub weight: u32,
+    /// Current allocation (`None`: not shaped).
+    pub alloc_bps: Option<u64>,
+    /// The allocator's demand estimate.
+    pub demand_bps: u64,
+    /// What the port sent into the switch over the last complete second (for an uplink:
+    /// what the switch sent out of it).
+    pub rate_bps: f64,
+    /// Allocation at the end of that second.
+    pub alloc_last_second: Option<u64>,
+    /// Polls skipped because the port was out of tokens (back-pressure), in total.
+    pub throttled: u64,
+    /// The last (up to) 300 one-second rates, oldest first.
+    pub history: Vec<f64>,
 }
 
 /// `qswitch placement`: where each rx queue runs, how loaded it is, and why it is there.
@@ -314,6 +369,14 @@ mod tests {
             },
             Request::Fdb,
             Request::Stats,
+            Request::QosShow,
+            Request::QosSet {
+                port: "vm1".into(),
+                min: Some(200_000_000),
+                max: None,
+                weight: Some(2),
+                clear: false,
+            },
         ] {
             let s = serde_json::to_string(&r).unwrap();
             assert!(!s.contains('\n'));
@@ -331,6 +394,18 @@ mod tests {
         assert_eq!(r, Request::PortDel { name: "x".into() });
         assert!(serde_json::from_str::<Request>(r#"{"request":"port-del","nme":"x"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"request":"reboot"}"#).is_err());
+        let r: Request =
+            serde_json::from_str(r#"{"request":"qos-set","port":"vm1","min":100000000}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::QosSet {
+                port: "vm1".into(),
+                min: Some(100_000_000),
+                max: None,
+                weight: None,
+                clear: false
+            }
+        );
         let s = serde_json::to_string(&Response::Error {
             message: "no".into(),
         })

@@ -18,6 +18,7 @@
 //! - [`fdb`]: the MAC learning table with aging.
 //! - [`packet`]: packet buffers with virtio-net header headroom; bursts.
 //! - [`rss`]: the Toeplitz hash (Microsoft's RSS) and the 128-entry indirection table.
+//! - [`qos`]: port QoS — the rate allocator, token buckets, admission control.
 //! - [`placement`]: which CPU each rx queue runs on (disjoint, SMT- and NUMA-aware sets).
 //! - [`stats`]: single-writer counters and the drop reasons.
 //! - [`ids`]: `PortId`, `WorkerId`.
@@ -36,6 +37,7 @@ pub mod ids;
 pub mod packet;
 pub mod placement;
 pub mod port;
+pub mod qos;
 pub mod report;
 pub mod rss;
 pub mod stats;

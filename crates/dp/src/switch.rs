@@ -41,6 +41,7 @@ use crate::port::gen::GenPort;
 use crate::port::tap::{TapError, TapPort};
 use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
 use crate::port::{Device, Port};
+use crate::qos;
 use crate::stats::{DropCounters, DropReason, PortCounters, WorkerCounters};
 use crate::worker;
 
@@ -80,6 +81,10 @@ pub enum SwitchError {
     ReservedCpu(usize),
     #[error("the switch is full ({MAX_PORTS} ports)")]
     Full,
+    #[error("{0}")]
+    Qos(String),
+    #[error("cannot start the QoS allocator thread")]
+    QosThread(#[source] std::io::Error),
     #[error(transparent)]
     Config(#[from] qswitch_api::ConfigError),
     #[error(transparent)]
@@ -104,6 +109,8 @@ pub struct PortEntry {
     pub vlan: u16,
     pub dev: Device,
     pub counters: PortCounters,
+    /// QoS: allocation, token bucket, live settings (see [`crate::qos`]).
+    pub qos: qos::PortQos,
 }
 
 /// Port table indexed by [`PortId`].
@@ -118,6 +125,7 @@ pub(crate) struct Shared {
     base: Instant,
     /// How long workers poll after their last frame before sleeping.
     pub(crate) spin_ns: u64,
+    pub(crate) qos: qos::QosShared,
 }
 
 /// Switch-wide settings.
@@ -133,6 +141,8 @@ pub struct Options {
     pub placement: PlacementMode,
     /// The CPU topology; read from /sys when `None`.
     pub topology: Option<Topology>,
+    /// Share of an uplink's capacity that guarantees may reserve (QoS admission control).
+    pub reservable: f64,
 }
 
 impl Default for Options {
@@ -143,6 +153,7 @@ impl Default for Options {
             reserved: Vec::new(),
             placement: PlacementMode::Dynamic,
             topology: None,
+            reservable: qswitch_api::config::DEFAULT_RESERVABLE,
         }
     }
 }
@@ -259,6 +270,7 @@ impl Switch {
             stop: AtomicBool::new(false),
             base: Instant::now(),
             spin_ns: options.poll_spin.as_nanos() as u64,
+            qos: qos::QosShared::new(options.reservable),
         });
         let mut workers = Vec::new();
         for (id, &cpu) in cpus.iter().enumerate() {
@@ -311,6 +323,12 @@ impl Switch {
             })?;
             sw.threads.lock().push(t);
         }
+        let s = shared.clone();
+        let t = std::thread::Builder::new()
+            .name("qs-qos".into())
+            .spawn(move || qos::run(s))
+            .map_err(SwitchError::QosThread)?;
+        sw.threads.lock().push(t);
         let housekeeper = std::thread::Builder::new()
             .name("qs-housekeep".into())
             .spawn(move || {
@@ -368,6 +386,7 @@ impl Switch {
             new_table[slot] = Some(self.entry(id, config, dev));
             ids.push(id);
         }
+        qos::admit(&new_table, self.shared.qos.reservable, None).map_err(SwitchError::Qos)?;
         self.replan(&mut ctl, &new_table);
         self.apply(&mut ctl, Some(new_table));
         for c in configs {
@@ -470,7 +489,23 @@ impl Switch {
             vlan: config.vlan.unwrap_or(0),
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
+            qos: qos::PortQos::new(config, self.shared.now()),
         })
+    }
+
+    /// Changes a port's QoS settings live (effective at the next allocator tick), unless
+    /// admission control refuses; a refused change changes nothing.
+    pub fn qos_set(
+        &self,
+        name: &str,
+        update: &qos::QosUpdate,
+    ) -> Result<qswitch_api::QosSettings, SwitchError> {
+        qos::set(&self.shared, name, update)
+    }
+
+    /// QoS settings, allocations and measured rates of every port.
+    pub fn qos_show(&self) -> qswitch_api::request::QosReport {
+        qos::report(&self.shared)
     }
 
     /// Removes a port. Returns once no worker uses it any more (its device is then closed:

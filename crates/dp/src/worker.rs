@@ -75,6 +75,8 @@ pub(crate) struct Worker {
     out: Vec<Vec<u8>>,
     touched: Vec<PortId>,
     cache: FdbCache,
+    /// Fds of queues out of QoS tokens, taken out of epoll while the worker sleeps.
+    parked: Vec<(RawFd, usize)>,
 }
 
 impl Worker {
@@ -89,6 +91,7 @@ impl Worker {
             out: Vec::new(),
             touched: Vec::with_capacity(BURST),
             cache: FdbCache::default(),
+            parked: Vec::new(),
         })
     }
 
@@ -147,11 +150,13 @@ impl Worker {
             };
             self.forget_dead(v);
             c.sleeps.add(1);
+            self.park_throttled(v);
             if let Ok(n) = self.epoll.wait(&mut events, timeout) {
                 if events[..n].iter().any(|ev| ev.token() == WAKE_TOKEN) {
                     let _ = me.wake.drain();
                 }
             }
+            self.unpark();
             c.wakeups.add(1);
             last = self.shared.now();
             // Polls right after a wake-up get a fresh spin window.
@@ -208,12 +213,34 @@ impl Worker {
         });
     }
 
+    /// Takes the fds of queues that are out of QoS tokens out of epoll for the sleep: they
+    /// are woken by time (see [`sleep_timeout`]), not by their (readable) fd.
+    fn park_throttled(&mut self, v: &View) {
+        for &(fd, i) in &v.registered {
+            if v.queues[i].0.qos.wait_ns().is_some() && self.epoll.delete(fd).is_ok() {
+                self.parked.push((fd, i));
+            }
+        }
+    }
+
+    fn unpark(&mut self) {
+        for (fd, i) in self.parked.drain(..) {
+            let _ = self.epoll.add(fd, i as u64);
+        }
+    }
+
     /// One rx burst from `queue` of `entry`, switched to completion. Returns frames received.
     fn poll(&mut self, v: &View, entry: &PortEntry, queue: u16, now: u64) -> usize {
         let mut drops = DropTally::default();
+        // QoS: a port out of tokens is not polled (back-pressure, no drop).
+        let budget = entry.qos.rx_budget(queue, now, BURST);
+        if budget == 0 {
+            return 0;
+        }
         let n = entry
             .dev
-            .rx_burst(queue, &mut self.burst.pkts, now, &mut drops);
+            .rx_burst(queue, &mut self.burst.pkts[..budget], now, &mut drops);
+        entry.qos.charge(queue, &self.burst.pkts[..n]);
         let qc = &entry.counters.rx[usize::from(queue)];
         if n == 0 {
             drops.flush(&qc.drops);
@@ -377,12 +404,20 @@ fn sleep_timeout(v: &View, now: u64) -> Option<i32> {
     let mut timeout = MAX_SLEEP_MS;
     let mut ready = true;
     for (entry, q) in v.queues.iter() {
+        // Out of QoS tokens: woken when the bucket refills, not by the queue.
+        if let Some(ns) = entry.qos.wait_ns() {
+            timeout = timeout.min(ns.div_ceil(1_000_000).clamp(1, MAX_SLEEP_MS as u64) as i32);
+            continue;
+        }
         ready &= entry.dev.rx_arm(*q);
     }
     if !ready {
         return None;
     }
     for (entry, q) in v.queues.iter() {
+        if entry.qos.wait_ns().is_some() {
+            continue;
+        }
         if let Some(ns) = entry.dev.rx_due_in(*q, now) {
             if ns == 0 {
                 return None;

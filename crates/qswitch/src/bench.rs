@@ -39,18 +39,23 @@ use serde::Serialize;
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
 
+mod affinity;
+mod bypass;
 mod gen;
+mod multiqueue;
 mod pvp;
+mod qos;
+mod txn;
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run (tap-tcp, pvp, rss, placement).
+    /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: u32,
-    /// Seconds of traffic per run.
+    /// Seconds of traffic per run (qos: per step).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=3600))]
     pub seconds: u32,
     /// Parallel TCP streams.
@@ -59,6 +64,9 @@ pub struct BenchArgs {
     /// Directory for the JSON and SVG results.
     #[arg(long, default_value = "bench/out", value_name = "DIR")]
     pub out: PathBuf,
+    /// Run only this contender (e.g. `qswitch`), for quick iterations; no ratios then.
+    #[arg(long, value_name = "NAME")]
+    pub only: Option<String>,
 }
 
 /// A named benchmark.
@@ -76,6 +84,11 @@ const SCENARIOS: &[Scenario] = &[
         run: tap_tcp,
     },
     Scenario {
+        name: "qos",
+        about: "seed-001 port QoS: 7 steps of guarantees and limits, 6 TCP senders, 1G uplink",
+        run: qos::run,
+    },
+    Scenario {
         name: "pvp",
         about: "vhost-user -> vhost-user, one switch core: qswitch vs OVS-DPDK (NORMAL)",
         run: pvp::run,
@@ -89,6 +102,21 @@ const SCENARIOS: &[Scenario] = &[
         name: "placement",
         about: "two uplink-like gen ports: overlapping vs disjoint CPU sets (Mpps, busy %)",
         run: gen::placement,
+    },
+    Scenario {
+        name: "bypass",
+        about: "per-packet cost: iperf3 bulk and MSS 100 through qswitch vs Linux bridge, CPU per Gbit/s",
+        run: bypass::run,
+    },
+    Scenario {
+        name: "affinity",
+        about: "TCP request/response with the worker on the endpoints' CPU vs another CPU; context switches",
+        run: affinity::run,
+    },
+    Scenario {
+        name: "multiqueue",
+        about: "many 1 MB transfers through TAP ports with 1 vs 4 queues",
+        run: multiqueue::run,
     },
 ];
 
@@ -396,7 +424,17 @@ pub trait Topology {
 pub fn iperf_run(
     b: &Bench,
     topo: &dyn Topology,
+    who: (&str, u32, usize),
+) -> anyhow::Result<RunResult> {
+    iperf_run_with(b, topo, who, &[])
+}
+
+/// [`iperf_run`] with extra iperf3 client arguments (e.g. `-M 100`).
+pub fn iperf_run_with(
+    b: &Bench,
+    topo: &dyn Topology,
     (contender, round, seq): (&str, u32, usize),
+    extra: &[&str],
 ) -> anyhow::Result<RunResult> {
     let (seconds, streams) = (b.args.seconds, b.args.streams);
     let addr = topo.server_addr();
@@ -412,7 +450,7 @@ pub fn iperf_run(
     let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
 
     let first_stats = topo.daemon().map(Daemon::stats).transpose()?;
-    let mut client = netns::iperf3_client(topo.client(), addr, seconds, streams)?;
+    let mut client = netns::iperf3_client_with(topo.client(), addr, seconds, streams, extra)?;
     let cpu_from = netns::cpu_jiffies();
     let t0 = Instant::now();
     // Drain the pipes while iperf3 runs, so a long JSON cannot block it.

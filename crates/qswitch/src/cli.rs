@@ -113,6 +113,8 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 socket,
                 mode,
                 cpus,
+                qos: None,
+                capacity: None,
             };
             port.validate()?;
             call(control, &Request::PortAdd { port })?;
@@ -152,7 +154,7 @@ fn get_stats(control: &Path) -> anyhow::Result<StatsReport> {
     }
 }
 
-pub fn stats(control: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
+pub fn stats(control: &Path, json: bool, watch: bool, workers: bool) -> anyhow::Result<()> {
     if !watch {
         let s = get_stats(control)?;
         if json {
@@ -170,6 +172,14 @@ pub fn stats(control: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
         let rates = qswitch_dp::report::rates(&prev, &cur);
         if json {
             println!("{}", serde_json::to_string(&rates)?);
+        } else if workers {
+            if header_every == 0 {
+                println!("{}", worker_header());
+            }
+            header_every = (header_every + 1) % 4;
+            for line in worker_lines(&prev, &cur, &rates) {
+                println!("{line}");
+            }
         } else {
             if header_every == 0 {
                 println!("{}", rate_header(&cur));
@@ -237,6 +247,48 @@ fn print_totals(s: &StatsReport) {
     }
 }
 
+/// Column header for [`worker_lines`].
+pub fn worker_header() -> String {
+    format!(
+        "{:>6} {:>6} {:>4} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8}  QUEUES",
+        "time", "WORKER", "CPU", "BUSY%", "CPU%", "SLEEPS/s", "WAKEUPS/s", "CS/s", "SPIN_us"
+    )
+}
+
+/// One row per worker for the second between `prev` and `cur`.
+pub fn worker_lines(prev: &StatsReport, cur: &StatsReport, r: &Rates) -> Vec<String> {
+    let dt = cur.uptime_ms.saturating_sub(prev.uptime_ms).max(1) as f64 / 1000.0;
+    cur.workers
+        .iter()
+        .map(|w| {
+            let sleeps = prev
+                .workers
+                .iter()
+                .find(|o| o.id == w.id)
+                .map_or(0, |o| w.sleeps.saturating_sub(o.sleeps));
+            let rate = r
+                .workers
+                .iter()
+                .find(|x| x.id == w.id)
+                .cloned()
+                .unwrap_or_default();
+            format!(
+                "{:>6.0} {:>6} {:>4} {:>6.1} {:>6.1} {:>9.0} {:>9.0} {:>9.0} {:>8.1}  {}",
+                cur.uptime_ms as f64 / 1000.0,
+                w.id,
+                w.cpu,
+                rate.busy_pct,
+                rate.cpu_pct,
+                sleeps as f64 / dt,
+                rate.wakeups_ps,
+                rate.ctx_switches_ps,
+                w.spin_us,
+                w.queues.join(" ")
+            )
+        })
+        .collect()
+}
+
 /// Column header for [`rate_line`].
 pub fn rate_header(s: &StatsReport) -> String {
     let mut h = String::from("  time ");
@@ -267,4 +319,93 @@ pub fn rate_line(s: &StatsReport, r: &Rates) -> String {
         ));
     }
     line
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QosCmd {
+    /// Change a port's guarantee, limit or weight (live, within one allocator tick). Rates
+    /// are bits/s of L2 frames with k/M/G suffixes, e.g. 200M.
+    Set {
+        port: String,
+        /// Minimum guarantee (0 removes it).
+        #[arg(long, value_parser = parse_rate_arg)]
+        min: Option<u64>,
+        /// Maximum limit.
+        #[arg(long, value_parser = parse_rate_arg)]
+        max: Option<u64>,
+        /// Weight (1-1000) in the share of what the guarantees leave.
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Reset guarantee, limit and weight first (then apply the other options).
+        #[arg(long)]
+        clear: bool,
+    },
+    /// Settings, current allocation and measured rate per port.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_rate_arg(s: &str) -> Result<u64, String> {
+    qswitch_api::config::parse_rate(s)
+}
+
+fn rate(r: Option<u64>) -> String {
+    r.map_or_else(|| "-".into(), qswitch_api::config::format_rate)
+}
+
+pub fn qos(control: &Path, cmd: QosCmd) -> anyhow::Result<()> {
+    match cmd {
+        QosCmd::Set {
+            port,
+            min,
+            max,
+            weight,
+            clear,
+        } => {
+            call(
+                control,
+                &Request::QosSet {
+                    port,
+                    min,
+                    max,
+                    weight,
+                    clear,
+                },
+            )?;
+        }
+        QosCmd::Show { json } => {
+            let Response::Qos(r) = call(control, &Request::QosShow)? else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                return Ok(());
+            }
+            println!(
+                "{:<12} {:<10} {:>8} {:>8} {:>6} {:>9} {:>10}",
+                "PORT", "UPLINK", "MIN", "MAX", "WEIGHT", "ALLOC", "RATE(1s)"
+            );
+            for p in &r.ports {
+                let uplink = match (&p.uplink, p.capacity) {
+                    (_, Some(c)) => format!("cap {}", qswitch_api::config::format_rate(c)),
+                    (Some(u), _) => u.clone(),
+                    _ => "-".into(),
+                };
+                println!(
+                    "{:<12} {:<10} {:>8} {:>8} {:>6} {:>9} {:>9.1}M",
+                    p.name,
+                    uplink,
+                    rate(p.min),
+                    rate(p.max),
+                    p.weight,
+                    rate(p.alloc_bps),
+                    p.rate_bps / 1e6
+                );
+            }
+            println!("reservable: {} of each uplink's capacity", r.reservable);
+        }
+    }
+    Ok(())
 }

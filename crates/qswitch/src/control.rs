@@ -166,6 +166,24 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
             sw.set_placement_mode(mode);
             Ok(())
         }
+        Request::QosShow => return Response::Qos(Box::new(sw.qos_show())),
+        Request::QosSet {
+            port,
+            min,
+            max,
+            weight,
+            clear,
+        } => sw
+            .qos_set(
+                &port,
+                &qswitch_dp::qos::QosUpdate {
+                    min,
+                    max,
+                    weight,
+                    clear,
+                },
+            )
+            .map(|_| ()),
         Request::Rss { port } => {
             return match sw.reta(&port) {
                 Ok(r) => Response::Rss {

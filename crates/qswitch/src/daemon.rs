@@ -23,6 +23,8 @@ pub struct Daemon {
     pub switch: Switch,
     /// Rates over the most recent complete second.
     pub rates: Mutex<Option<Rates>>,
+    /// The last 15 minutes, one point per second (for the HTTP API and the dashboard).
+    pub history: Mutex<crate::series::History>,
 }
 
 impl Daemon {
@@ -71,12 +73,17 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
         signal_hook::flag::register(sig, term.clone()).context("cannot install signal handler")?;
     }
     let socket = control::Socket::bind(&config.switch.control)?;
+    let http = match config.switch.http_addr()? {
+        Some(addr) => Some((addr, crate::http::bind(addr)?)),
+        None => None,
+    };
     let options = qswitch_dp::Options {
         fdb_aging: Duration::from_secs(config.switch.fdb_aging),
         poll_spin: Duration::from_micros(config.switch.poll_spin_us),
         reserved: config.switch.reserved_list()?,
         placement: config.switch.placement,
         topology: None,
+        reservable: config.switch.reservable,
     };
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.
@@ -84,6 +91,7 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
     let daemon = Arc::new(Daemon {
         switch,
         rates: Mutex::new(None),
+        history: Mutex::new(crate::series::History::new()),
     });
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());
@@ -91,6 +99,20 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
             .name("qs-control".into())
             .spawn(move || control::serve(socket, &daemon, &term))
             .context("cannot start the control thread")?
+    };
+    let http_server = match http {
+        Some((addr, listener)) => {
+            let (daemon, term) = (daemon.clone(), term.clone());
+            let t = std::thread::Builder::new()
+                .name("qs-http".into())
+                .spawn(move || crate::http::serve(listener, &daemon, &term))
+                .context("cannot start the http thread")?;
+            tracing::info!(
+                "http on http://{addr}/ (/metrics, /api/series, /api/stats, /api/ports)"
+            );
+            Some(t)
+        }
+        None => None,
     };
     tracing::info!(
         workers = ?cpus,
@@ -106,6 +128,10 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
             next += Duration::from_secs(1);
             let cur = daemon.switch.stats();
             *daemon.rates.lock() = Some(qswitch_dp::report::rates(&prev, &cur));
+            daemon
+                .history
+                .lock()
+                .push(&prev, &cur, crate::series::unix_ms());
             prev = cur;
         }
     }
@@ -114,6 +140,9 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
     tracing::info!("stopping");
     term.store(true, Ordering::Relaxed);
     let _ = server.join();
+    if let Some(t) = http_server {
+        let _ = t.join();
+    }
     daemon.switch.shutdown();
     if worker_failed {
         anyhow::bail!("a worker failed; see the log above");

@@ -7,6 +7,9 @@
 //! - [`cli`]: control subcommands and how they print.
 //! - [`demo`]: `qswitch demo` — two namespaces, ping and iperf3 through a qswitch it starts.
 //! - [`bench`]: `qswitch bench SCENARIO` — measurements next to peers, JSON + SVG.
+//! - [`http`]: the HTTP server (`/metrics`, JSON API, dashboard) on `[switch] http`.
+//! - [`metrics`]: Prometheus text exposition of every counter.
+//! - [`series`]: the 15-minute, 1-second history behind the JSON API and the dashboard.
 //! - [`netns`]: network namespace and process helpers shared by demo and bench.
 
 mod bench;
@@ -15,10 +18,14 @@ mod client;
 mod control;
 mod daemon;
 mod demo;
+mod http;
+mod load;
+mod metrics;
 mod netns;
 mod placement_cli;
 mod plot;
 mod rss_cli;
+mod series;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -68,7 +75,14 @@ enum Command {
         /// Print one line per second until interrupted.
         #[arg(long)]
         watch: bool,
+        /// With --watch: one row per worker each second (busy %, CPU %, sleeps/s, context
+        /// switches/s, queues) instead of one row for the whole switch.
+        #[arg(long, requires = "watch")]
+        workers: bool,
     },
+    /// Port QoS: guarantees, limits and weights; allocations and rates.
+    #[command(subcommand)]
+    Qos(cli::QosCmd),
     /// Toeplitz hashes and receive-side indirection tables (vRSS).
     #[command(subcommand)]
     Rss(rss_cli::RssCmd),
@@ -76,6 +90,9 @@ enum Command {
     Placement(placement_cli::PlacementArgs),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
+    /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
+    #[command(subcommand, hide = true)]
+    Load(load::LoadCmd),
 }
 
 fn main() -> ExitCode {
@@ -94,9 +111,15 @@ fn main() -> ExitCode {
         }
         Command::Port(cmd) => cli::port(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
+        Command::Qos(cmd) => cli::qos(&control, cmd),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),
         Command::Placement(args) => placement_cli::run(&control, args),
-        Command::Stats { json, watch } => cli::stats(&control, json, watch),
+        Command::Stats {
+            json,
+            watch,
+            workers,
+        } => cli::stats(&control, json, watch, workers),
+        Command::Load(cmd) => load::run(cmd),
         Command::Bench(args) => {
             init_logging();
             bench::run(args)

@@ -351,8 +351,19 @@ pub fn iperf3_client(
     seconds: u32,
     streams: u32,
 ) -> anyhow::Result<ChildGuard> {
+    iperf3_client_with(ns, addr, seconds, streams, &[])
+}
+
+/// [`iperf3_client`] with extra iperf3 arguments (e.g. `-M 100`).
+pub fn iperf3_client_with(
+    ns: &Netns,
+    addr: &str,
+    seconds: u32,
+    streams: u32,
+    extra: &[&str],
+) -> anyhow::Result<ChildGuard> {
     let (secs, p) = (seconds.to_string(), streams.to_string());
-    let args = [
+    let mut args = vec![
         "iperf3",
         "-c",
         addr,
@@ -364,6 +375,7 @@ pub fn iperf3_client(
         "--connect-timeout",
         "3000",
     ];
+    args.extend_from_slice(extra);
     ns.spawn(&args, Stdio::piped())
 }
 

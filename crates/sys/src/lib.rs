@@ -12,7 +12,10 @@
 //!   persistence, non-blocking read/write/writev.
 //! - [`netif`]: interface existence, up/down, "is this a TAP" (via `/sys/class/net` and
 //!   `SIOCGIFFLAGS`/`SIOCSIFFLAGS`).
+//! - [`cpu`]: cache prefetch hints for the data path.
 //! - [`epoll`]: level-triggered `EPOLLIN` readiness with `u64` tokens.
+//! - [`guest`]: a mapped guest memory region for the vhost-user data path: bounds-checked
+//!   copies, ring-index atomics, prefetch hints.
 //! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
 //!   CPU time, process CPU time, effective-uid check.
@@ -29,9 +32,11 @@
 //! - Creating or configuring TAP interfaces and changing link state need
 //!   `CAP_NET_ADMIN`.
 
+pub mod cpu;
 pub mod epoll;
 pub mod eventfd;
 pub mod fd;
+pub mod guest;
 pub mod netif;
 pub mod tap;
 pub mod thread;

@@ -180,7 +180,10 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let mut ovs_skipped = ovs_check(b).err().map(|e| format!("{e:#}"));
+    let mut ovs_skipped = match b.args.only.as_deref() {
+        Some(o) if o != CONTENDERS[1] => Some(format!("--only {o}")),
+        _ => ovs_check(b).err().map(|e| format!("{e:#}")),
+    };
     let ovs_version = ovs_skipped.is_none().then(ovs_version);
     match &ovs_skipped {
         Some(why) => b.say(format_args!(
@@ -208,7 +211,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             order.len(),
             round + 1
         );
-        if c == 1 && ovs_skipped.is_some() {
+        if (c == 1 && ovs_skipped.is_some()) || b.args.only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
         b.say_start(format_args!("{prefix} "));

@@ -71,19 +71,17 @@ struct Desc {
     next: u16,
 }
 
+#[inline(always)]
 fn read_desc(mem: &GuestView<'_>, table: GuestAddress, index: u16) -> Result<Desc, ChainError> {
     let addr = table
         .checked_add(u64::from(index) * DESC_SIZE)
         .ok_or(ChainError::OutOfMemory)?;
-    let mut b = [0u8; DESC_SIZE as usize];
-    if !mem.read(addr.0, &mut b) {
-        return Err(ChainError::OutOfMemory);
-    }
+    let [addr, w] = mem.read_desc(addr.0).ok_or(ChainError::OutOfMemory)?;
     Ok(Desc {
-        addr: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-        len: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
-        flags: u16::from_le_bytes([b[12], b[13]]),
-        next: u16::from_le_bytes([b[14], b[15]]),
+        addr,
+        len: w as u32,
+        flags: (w >> 32) as u16,
+        next: (w >> 48) as u16,
     })
 }
 
@@ -97,9 +95,37 @@ pub fn walk(
     out: &mut Vec<Seg>,
 ) -> Result<u32, ChainError> {
     out.clear();
+    walk_append(mem, table, queue_size, head, out)
+}
+
+/// Like [`walk`], but appends the chain's segments to `out` (a burst's chains side by side).
+/// On error `out` is left as it was.
+pub fn walk_append(
+    mem: &GuestView<'_>,
+    table: GuestAddress,
+    queue_size: u16,
+    head: u16,
+    out: &mut Vec<Seg>,
+) -> Result<u32, ChainError> {
+    let base = out.len();
+    let r = walk_from(mem, table, queue_size, head, out, base);
+    if r.is_err() {
+        out.truncate(base);
+    }
+    r
+}
+
+fn walk_from(
+    mem: &GuestView<'_>,
+    table: GuestAddress,
+    queue_size: u16,
+    head: u16,
+    out: &mut Vec<Seg>,
+    base: usize,
+) -> Result<u32, ChainError> {
     let mut total: u32 = 0;
     let mut push = |out: &mut Vec<Seg>, d: &Desc| -> Result<(), ChainError> {
-        if out.len() >= MAX_SEGS {
+        if out.len() - base >= MAX_SEGS {
             return Err(ChainError::TooLong);
         }
         total = total.checked_add(d.len).ok_or(ChainError::LengthOverflow)?;

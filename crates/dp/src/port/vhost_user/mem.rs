@@ -1,17 +1,17 @@
 //! A per-burst view of guest memory for the data path.
 //!
 //! vm-memory's `Bytes` methods on `GuestMemoryMmap` look up the region and walk a slice
-//! iterator on every access; on the data path that was most of the worker's time. A
-//! [`GuestView`] resolves each region to a `VolatileSlice` once per burst; after that an
-//! access is a linear scan of (usually one or two) regions, a bounds check and a copy.
-//! Accesses that cross a region boundary, or regions beyond [`MAX_FAST_REGIONS`], fall back
-//! to vm-memory's general path, so every access stays bounds-checked either way.
+//! iterator on every access, and its `VolatileSlice` accessors re-derive a checked sub-slice
+//! each time; on the data path that was most of the worker's instructions. A [`GuestView`]
+//! resolves each region to a [`Mapped`] (`qswitch_sys::guest`) once per burst; after that an
+//! access is a scan of (usually one or two) regions, a bounds check and a `memcpy`, load or
+//! store. Accesses that cross a region boundary, or regions beyond [`MAX_FAST_REGIONS`],
+//! fall back to vm-memory's general path, so every access stays bounds-checked either way.
 
 use std::sync::atomic::Ordering;
 
-use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice,
-};
+use qswitch_sys::guest::Mapped;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 /// Regions resolved up front; QEMU typically passes one or two.
 pub const MAX_FAST_REGIONS: usize = 8;
@@ -19,30 +19,51 @@ pub const MAX_FAST_REGIONS: usize = 8;
 #[derive(Clone, Copy)]
 struct Region<'a> {
     start: u64,
-    len: u64,
-    slice: VolatileSlice<'a>,
+    map: Mapped<'a>,
 }
+
+const NO_REGION: Region<'static> = Region {
+    start: 0,
+    map: Mapped::empty(),
+};
 
 /// Guest memory as the data path reads and writes it during one burst.
 pub struct GuestView<'a> {
     mem: &'a GuestMemoryMmap,
-    regions: [Option<Region<'a>>; MAX_FAST_REGIONS],
+    /// The first region, checked before any other (QEMU's guest RAM below 3 GiB; the only
+    /// one of a DPDK virtio-user frontend).
+    first: Region<'a>,
+    rest: [Region<'a>; MAX_FAST_REGIONS - 1],
+    n_rest: usize,
 }
 
 impl<'a> GuestView<'a> {
     /// Resolves the regions of `mem`.
     pub fn new(mem: &'a GuestMemoryMmap) -> GuestView<'a> {
-        let mut regions = [None; MAX_FAST_REGIONS];
-        for (slot, r) in regions.iter_mut().zip(mem.iter()) {
-            if let Ok(slice) = r.as_volatile_slice() {
-                *slot = Some(Region {
-                    start: r.start_addr().0,
-                    len: r.len(),
-                    slice,
-                });
+        let mut v = GuestView {
+            mem,
+            first: NO_REGION,
+            rest: [NO_REGION; MAX_FAST_REGIONS - 1],
+            n_rest: 0,
+        };
+        let mut n = 0;
+        for r in mem.iter() {
+            let Ok(slice) = r.as_volatile_slice() else {
+                continue;
+            };
+            let region = Region {
+                start: r.start_addr().0,
+                map: Mapped::new(&slice),
+            };
+            match n {
+                0 => v.first = region,
+                k if k < MAX_FAST_REGIONS => v.rest[k - 1] = region,
+                _ => break,
             }
+            n += 1;
         }
-        GuestView { mem, regions }
+        v.n_rest = n.saturating_sub(1);
+        v
     }
 
     /// The underlying memory.
@@ -50,53 +71,96 @@ impl<'a> GuestView<'a> {
         self.mem
     }
 
-    /// The slice `[addr, addr + len)` if it lies inside one resolved region.
-    #[inline]
-    fn find(&self, addr: u64, len: usize) -> Option<VolatileSlice<'a>> {
-        for r in self.regions.iter().map_while(Option::as_ref) {
-            if addr >= r.start && addr - r.start < r.len {
-                let off = addr - r.start;
-                if len as u64 > r.len - off {
-                    return None;
-                }
-                return r.slice.subslice(off as usize, len).ok();
-            }
+    /// The region holding `addr`, and the offset of `addr` in it. (An address below a
+    /// region's start wraps to an offset beyond its end.)
+    #[inline(always)]
+    fn find(&self, addr: u64) -> Option<(Mapped<'a>, u64)> {
+        let off = addr.wrapping_sub(self.first.start);
+        if off < self.first.map.len() as u64 {
+            return Some((self.first.map, off));
         }
-        None
+        self.find_rest(addr)
+    }
+
+    #[inline(never)]
+    fn find_rest(&self, addr: u64) -> Option<(Mapped<'a>, u64)> {
+        self.rest[..self.n_rest].iter().find_map(|r| {
+            let off = addr.wrapping_sub(r.start);
+            (off < r.map.len() as u64).then_some((r.map, off))
+        })
     }
 
     /// Whether `[addr, addr + len)` is guest memory.
-    #[inline]
+    #[inline(always)]
     pub fn check(&self, addr: u64, len: usize) -> bool {
-        self.find(addr, len).is_some() || self.mem.check_range(GuestAddress(addr), len)
+        match self.find(addr) {
+            Some((m, off)) if m.contains(off, len) => true,
+            _ => self.mem.check_range(GuestAddress(addr), len),
+        }
     }
 
     /// Copies guest memory at `addr` into `buf`; false if any of it is not guest memory.
-    #[inline]
+    #[inline(always)]
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
-        match self.find(addr, buf.len()) {
-            Some(s) => s.copy_to(buf) == buf.len(),
-            None => self.mem.read_slice(buf, GuestAddress(addr)).is_ok(),
+        match self.find(addr) {
+            Some((m, off)) if m.read(off, buf) => true,
+            _ => self.mem.read_slice(buf, GuestAddress(addr)).is_ok(),
         }
     }
 
     /// Copies `buf` into guest memory at `addr`; false if any of it is not guest memory.
-    #[inline]
+    #[inline(always)]
     pub fn write(&self, addr: u64, buf: &[u8]) -> bool {
-        match self.find(addr, buf.len()) {
-            Some(s) => {
-                s.copy_from(buf);
-                true
-            }
-            None => self.mem.write_slice(buf, GuestAddress(addr)).is_ok(),
+        match self.find(addr) {
+            Some((m, off)) if m.write(off, buf) => true,
+            _ => self.mem.write_slice(buf, GuestAddress(addr)).is_ok(),
+        }
+    }
+
+    /// Reads one 16-byte split-ring descriptor as two little-endian words: (addr,
+    /// len | flags << 32 | next << 48).
+    #[inline(always)]
+    pub fn read_desc(&self, addr: u64) -> Option<[u64; 2]> {
+        if let Some([a, b]) = self.find(addr).and_then(|(m, off)| m.read_u64x2(off)) {
+            return Some([u64::from_le(a), u64::from_le(b)]);
+        }
+        self.read_desc_slow(addr)
+    }
+
+    #[inline(never)]
+    fn read_desc_slow(&self, addr: u64) -> Option<[u64; 2]> {
+        let mut b = [0u8; 16];
+        self.mem.read_slice(&mut b, GuestAddress(addr)).ok()?;
+        let (lo, hi) = b.split_at(8);
+        Some([
+            u64::from_le_bytes(lo.try_into().ok()?),
+            u64::from_le_bytes(hi.try_into().ok()?),
+        ])
+    }
+
+    /// Hints the CPU to fetch the cache line at `addr` (a descriptor or a frame about to be
+    /// read); no-op outside guest memory.
+    #[inline(always)]
+    pub fn prefetch(&self, addr: u64) {
+        if let Some((m, off)) = self.find(addr) {
+            m.prefetch(off);
+        }
+    }
+
+    /// Hints the CPU to fetch the cache line at `addr` for writing (a receive buffer or a
+    /// used-ring slot about to be written); no-op outside guest memory.
+    #[inline(always)]
+    pub fn prefetch_write(&self, addr: u64) {
+        if let Some((m, off)) = self.find(addr) {
+            m.prefetch_write(off);
         }
     }
 
     /// Reads a little-endian u16 (ring indices and flags).
-    #[inline]
+    #[inline(always)]
     pub fn load_u16(&self, addr: u64, order: Ordering) -> Option<u16> {
-        match self.find(addr, 2) {
-            Some(s) => s.load::<u16>(0, order).ok().map(u16::from_le),
+        match self.find(addr).and_then(|(m, off)| m.load_u16(off, order)) {
+            Some(v) => Some(u16::from_le(v)),
             None => self
                 .mem
                 .load::<u16>(GuestAddress(addr), order)
@@ -106,11 +170,11 @@ impl<'a> GuestView<'a> {
     }
 
     /// Writes a little-endian u16 with the given ordering (the used index).
-    #[inline]
+    #[inline(always)]
     pub fn store_u16(&self, addr: u64, v: u16, order: Ordering) -> bool {
-        match self.find(addr, 2) {
-            Some(s) => s.store(v.to_le(), 0, order).is_ok(),
-            None => self.mem.store(v.to_le(), GuestAddress(addr), order).is_ok(),
+        match self.find(addr) {
+            Some((m, off)) if m.store_u16(off, v.to_le(), order) => true,
+            _ => self.mem.store(v.to_le(), GuestAddress(addr), order).is_ok(),
         }
     }
 }
@@ -143,5 +207,19 @@ mod tests {
         assert!(v.store_u16(0x10002, 0xbeef, Ordering::Release));
         assert_eq!(v.load_u16(0x10002, Ordering::Acquire), Some(0xbeef));
         assert_eq!(v.load_u16(0x5000, Ordering::Acquire), None);
+        let d: [u8; 16] = std::array::from_fn(|i| i as u8);
+        let words = [
+            u64::from_le_bytes(d[..8].try_into().unwrap()),
+            u64::from_le_bytes(d[8..].try_into().unwrap()),
+        ];
+        assert!(v.write(0x100, &d));
+        assert_eq!(v.read_desc(0x100), Some(words));
+        assert!(v.write(0xff8, &d));
+        assert_eq!(v.read_desc(0xff8), Some(words), "across regions: slow path");
+        assert_eq!(v.read_desc(0x10ff8), None);
+        v.prefetch(0x100);
+        v.prefetch(0x5000);
+        v.prefetch_write(0x100);
+        v.prefetch_write(u64::MAX);
     }
 }

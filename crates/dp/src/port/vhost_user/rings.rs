@@ -75,6 +75,30 @@ fn stage_used(v: &mut Vring, mem: &GuestView<'_>, head: u16, len: u32) -> bool {
     true
 }
 
+/// Stages a used element of length 0 for each of `heads` (transmit chains, read by the
+/// device) with at most two writes to the used ring. Returns false, staging nothing, if a
+/// head is not a valid index or the ring is not writable.
+fn stage_used_all(v: &mut Vring, mem: &GuestView<'_>, heads: &[u16]) -> bool {
+    let size = v.queue.size();
+    if heads.iter().any(|&h| h >= size) {
+        return false;
+    }
+    let mut elems = [0u8; 8 * BURST];
+    for (e, &h) in elems.chunks_exact_mut(8).zip(heads.iter().take(BURST)) {
+        e[..4].copy_from_slice(&u32::from(h).to_le_bytes());
+    }
+    let n = heads.len().min(BURST);
+    let first = usize::from(v.queue.next_used().wrapping_add(v.used_pending) % size);
+    let before_wrap = n.min(usize::from(size) - first);
+    let ring = v.queue.used_ring() + 4;
+    let ok = mem.write(ring + 8 * first as u64, &elems[..8 * before_wrap])
+        && (before_wrap == n || mem.write(ring, &elems[8 * before_wrap..8 * n]));
+    if ok {
+        v.used_pending = v.used_pending.wrapping_add(n as u16);
+    }
+    ok
+}
+
 /// Makes every staged used element visible with one store of the used index, so a guest
 /// never sees part of a frame that spans several buffers (MRG_RXBUF).
 fn publish_used(v: &mut Vring, mem: &GuestView<'_>) -> bool {
@@ -196,10 +220,48 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
     let hdr_len = dev.hdr_len();
     let table = GuestAddress(v.queue.desc_table());
     let qsize = v.queue.size();
-    let mut n = 0;
+    // The guest wrote these descriptors and frames on another core. Touch the whole
+    // burst's descriptors, then its frames, before copying anything, so the cache misses
+    // overlap instead of queueing up one frame at a time.
     for &head in &heads[..nh] {
-        let pkt = &mut pkts[n];
-        match read_chain(&mem, table, qsize, head, hdr_len, pkt, &mut v.scratch.segs) {
+        mem.prefetch(table.0.wrapping_add(u64::from(head) * 16));
+    }
+    prefetch_used(v, &mem, nh);
+    let segs = &mut v.scratch.segs;
+    segs.clear();
+    let mut ends = [0u32; BURST];
+    let mut totals = [0u32; BURST];
+    let mut bad: u32 = 0;
+    for (k, &head) in heads[..nh].iter().enumerate() {
+        match chain::walk_append(&mem, table, qsize, head, segs) {
+            Ok(total) => totals[k] = total,
+            Err(_) => bad |= 1 << k,
+        }
+        ends[k] = segs.len() as u32;
+    }
+    let mut start = 0usize;
+    for (k, &end) in ends[..nh].iter().enumerate() {
+        if bad & (1 << k) == 0 {
+            if let Some(s) = segs.get(start) {
+                mem.prefetch(s.addr);
+                if s.len > 64 {
+                    mem.prefetch(s.addr + 64);
+                }
+            }
+        }
+        start = end as usize;
+    }
+    let mut n = 0;
+    let mut start = 0usize;
+    for (k, &end) in ends[..nh].iter().enumerate() {
+        let chain = &segs[start..end as usize];
+        start = end as usize;
+        let r = if bad & (1 << k) != 0 {
+            Err(DropReason::BadDescriptor)
+        } else {
+            copy_chain(&mem, chain, totals[k], hdr_len, &mut pkts[n])
+        };
+        match r {
             Ok(()) => n += 1,
             Err(reason) => {
                 drops.count(reason);
@@ -212,32 +274,29 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
                 }
             }
         }
-        if !stage_used(v, &mem, head, 0) {
-            stop_ring(
-                dev,
-                vi,
-                v,
-                "bad head index or used ring not writable; ring stopped",
-            );
-            break;
-        }
+    }
+    if !stage_used_all(v, &mem, &heads[..nh]) {
+        stop_ring(
+            dev,
+            vi,
+            v,
+            "bad head index or used ring not writable; ring stopped",
+        );
     }
     complete(dev, vi, v, &mem);
     n
 }
 
-/// Copies one transmit chain into `pkt`.
-fn read_chain(
+/// Copies one transmit chain (`segs`, `total` bytes: virtio-net header, then the frame)
+/// into `pkt`.
+fn copy_chain(
     mem: &GuestView<'_>,
-    table: GuestAddress,
-    qsize: u16,
-    head: u16,
+    segs: &[Seg],
+    total: u32,
     hdr_len: usize,
     pkt: &mut Pkt,
-    segs: &mut Vec<Seg>,
 ) -> Result<(), DropReason> {
-    let total =
-        chain::walk(mem, table, qsize, head, segs).map_err(|_| DropReason::BadDescriptor)? as usize;
+    let total = total as usize;
     if segs.iter().any(|s| s.write) {
         return Err(DropReason::BadDescriptor);
     }
@@ -250,7 +309,7 @@ fn read_chain(
     }
     let buf = pkt.raw_buf_mut();
     let mut off = start;
-    for s in segs.iter() {
+    for s in segs {
         let len = s.len as usize;
         if !mem.read(s.addr, &mut buf[off..off + len]) {
             return Err(DropReason::BadDescriptor);
@@ -303,13 +362,17 @@ pub(crate) fn tx_burst(
         }
         let guard = dev.mem.memory();
         let mem = GuestView::new(&guard);
+        let frames = pair_of[..sel.len()].iter().filter(|&&q| q == p).count();
+        prefetch_rx_chains(v, &mem, frames);
+        // Moving the scratch vectors out for the burst and back costs no allocation.
+        let mut sc = std::mem::take(&mut v.scratch);
         let mut wrote = false;
         for (k, &i) in sel.iter().enumerate() {
             if pair_of[k] != p {
                 continue;
             }
             let pkt = &mut pkts[usize::from(i)];
-            match deliver(dev, vi, v, &mem, pkt) {
+            match deliver(dev, vi, v, &mem, &mut sc, pkt) {
                 Ok(()) => {
                     done.packets += 1;
                     done.bytes += pkt.len() as u64;
@@ -318,6 +381,7 @@ pub(crate) fn tx_burst(
                 Err(reason) => drops.count(reason),
             }
         }
+        v.scratch = sc;
         if wrote {
             complete(dev, vi, v, &mem);
         }
@@ -325,13 +389,62 @@ pub(crate) fn tx_burst(
     done
 }
 
+/// Gets the next `want` receive buffers the guest offers, and the used-ring slots they will
+/// take, on their way into this core's cache for writing, so that writing a burst's frames
+/// does not wait on the guest's core one cache line at a time. Only hints: it reads the
+/// avail ring and the chains' first descriptors, consumes nothing and trusts nothing it
+/// read (the chains are walked and checked again when they are used).
+fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
+    let size = v.queue.size();
+    if size == 0 {
+        return;
+    }
+    let ring = v.queue.avail_ring();
+    let next = v.queue.next_avail();
+    let Some(idx) = mem.load_u16(ring + 2, Ordering::Acquire) else {
+        return;
+    };
+    let ready = usize::from(idx.wrapping_sub(next)).min(usize::from(size));
+    let table = v.queue.desc_table();
+    for i in 0..want.min(ready) as u16 {
+        let slot = ring + 4 + 2 * u64::from(next.wrapping_add(i) % size);
+        let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
+            return;
+        };
+        let Some([addr, _]) = mem.read_desc(table.wrapping_add(u64::from(head) * 16)) else {
+            continue;
+        };
+        mem.prefetch_write(addr);
+        mem.prefetch_write(addr.wrapping_add(64));
+    }
+    prefetch_used(v, mem, want);
+}
+
+/// Gets the used-ring slots of the next `n` used elements ready for writing.
+fn prefetch_used(v: &Vring, mem: &GuestView<'_>, n: usize) {
+    let size = v.queue.size();
+    if size == 0 {
+        return;
+    }
+    let first = v.queue.next_used().wrapping_add(v.used_pending);
+    let base = v.queue.used_ring() + 4;
+    // One hint per cache line: 8 used elements of 8 bytes each.
+    for i in (0..n.min(usize::from(size)) as u16).step_by(8) {
+        mem.prefetch_write(base + 8 * u64::from(first.wrapping_add(i) % size));
+    }
+    mem.prefetch_write(base + 8 * u64::from(first.wrapping_add(n as u16).wrapping_sub(1) % size));
+}
+
 /// Picks the receive pair for a frame (vRSS): the Toeplitz hash of its flow indexes the
 /// port's indirection table, which spans only the pairs the guest enabled. A flow always
 /// lands on the same pair; non-IP frames go to the first enabled pair.
 fn pick_pair(dev: &Device, reta: &Reta, frame: &[u8]) -> u8 {
+    if reta.queues().len() < 2 {
+        return reta.queue_for_non_ip() as u8;
+    }
     let q = match qswitch_wire::flow::extract(frame) {
-        Some(key) if reta.queues().len() > 1 => reta.queue_for(dev.rss.hash_flow(&key, true)),
-        _ => reta.queue_for_non_ip(),
+        Some(key) => reta.queue_for(dev.rss.hash_flow(&key, true)),
+        None => reta.queue_for_non_ip(),
     };
     q as u8
 }
@@ -342,6 +455,7 @@ fn deliver(
     vi: usize,
     v: &mut Vring,
     mem: &GuestView<'_>,
+    sc: &mut Scratch,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
     let hdr = pkt.hdr;
@@ -354,13 +468,13 @@ fn deliver(
     } && (hdr.gso_type & virtio_net_hdr::GSO_ECN == 0
         || dev.has(VIRTIO_NET_F_GUEST_ECN));
     if !guest_tso {
-        return deliver_segmented(dev, vi, v, mem, pkt);
+        return deliver_segmented(dev, vi, v, mem, sc, pkt);
     }
     if hdr.flags & FLAG_NEEDS_CSUM != 0 && !dev.has(VIRTIO_NET_F_GUEST_CSUM) {
         complete_csum(pkt)?;
     }
     let out = pkt.hdr;
-    write_rx(dev, vi, v, mem, &out, pkt.frame())
+    write_rx_chains(dev, vi, v, mem, &out, pkt.frame(), sc)
 }
 
 fn complete_csum(pkt: &mut Pkt) -> Result<(), DropReason> {
@@ -382,9 +496,10 @@ fn deliver_segmented(
     vi: usize,
     v: &mut Vring,
     mem: &GuestView<'_>,
+    sc: &mut Scratch,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
-    let mut scratch = std::mem::take(&mut v.scratch.gso);
+    let mut scratch = std::mem::take(&mut sc.gso);
     if scratch.len() < BUF_SIZE {
         scratch.resize(BUF_SIZE, 0);
     }
@@ -392,10 +507,10 @@ fn deliver_segmented(
     let hdr = pkt.hdr;
     let seg = qswitch_wire::gso::segment(pkt.frame(), &hdr, &mut scratch, |frame| {
         if result.is_ok() {
-            result = write_rx(dev, vi, v, mem, &VirtioNetHdr::default(), frame);
+            result = write_rx_chains(dev, vi, v, mem, &VirtioNetHdr::default(), frame, sc);
         }
     });
-    v.scratch.gso = scratch;
+    sc.gso = scratch;
     seg.map_err(|_| DropReason::Offload)?;
     result
 }
@@ -403,21 +518,6 @@ fn deliver_segmented(
 /// Writes header + frame into as many receive chains as needed (several only with
 /// MRG_RXBUF). On failure nothing is consumed, except that a malformed receive chain stops
 /// the ring (the guest is broken or hostile).
-fn write_rx(
-    dev: &Device,
-    vi: usize,
-    v: &mut Vring,
-    mem: &GuestView<'_>,
-    hdr: &VirtioNetHdr,
-    frame: &[u8],
-) -> Result<(), DropReason> {
-    // Moving the scratch vectors out and back costs no allocation.
-    let mut sc = std::mem::take(&mut v.scratch);
-    let r = write_rx_chains(dev, vi, v, mem, hdr, frame, &mut sc);
-    v.scratch = sc;
-    r
-}
-
 fn write_rx_chains(
     dev: &Device,
     vi: usize,
@@ -430,6 +530,9 @@ fn write_rx_chains(
     let hdr_len = dev.hdr_len();
     let mrg = dev.has(VIRTIO_NET_F_MRG_RXBUF);
     let total = hdr_len + frame.len();
+    if write_rx_single(v, mem, hdr, hdr_len, frame) {
+        return Ok(());
+    }
     let table = GuestAddress(v.queue.desc_table());
     let qsize = v.queue.size();
     let saved = v.queue.next_avail();
@@ -496,6 +599,56 @@ fn write_rx_chains(
         stop_ring(dev, vi, v, "receive ring not writable; ring stopped");
         Err(DropReason::BadDescriptor)
     }
+}
+
+/// The common case, done without the general chain walk: the next receive chain is one
+/// device-writable descriptor (not indirect) that holds header and frame. Writes them, stages
+/// the used element and returns true; returns false, having consumed and written nothing,
+/// in every other case (no chain available, a longer or indirect chain, a buffer too small
+/// or outside guest memory), which the general path then handles and judges.
+#[inline(always)]
+fn write_rx_single(
+    v: &mut Vring,
+    mem: &GuestView<'_>,
+    hdr: &VirtioNetHdr,
+    hdr_len: usize,
+    frame: &[u8],
+) -> bool {
+    let size = v.queue.size();
+    let next = v.queue.next_avail();
+    if next == v.avail_cached || size == 0 {
+        return false; // the general path reads (and checks) the avail index
+    }
+    let ring = v.queue.avail_ring();
+    let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(next % size), Ordering::Relaxed) else {
+        return false;
+    };
+    if head >= size {
+        return false;
+    }
+    let Some([addr, w]) = mem.read_desc(v.queue.desc_table().wrapping_add(u64::from(head) * 16))
+    else {
+        return false;
+    };
+    let (len, flags) = (w as u32 as usize, (w >> 32) as u16);
+    let total = hdr_len + frame.len();
+    if flags != chain::F_WRITE || len < total || !mem.check(addr, total) {
+        return false;
+    }
+    let mut h = [0u8; virtio_net_hdr::LEN];
+    VirtioNetHdr {
+        num_buffers: 1,
+        ..*hdr
+    }
+    .emit(&mut h);
+    if !(mem.write(addr, &h[..hdr_len]) && mem.write(addr + hdr_len as u64, frame)) {
+        return false;
+    }
+    if !stage_used(v, mem, head, total as u32) {
+        return false;
+    }
+    v.queue.set_next_avail(next.wrapping_add(1));
+    true
 }
 
 /// Before a worker sleeps on `queue`: drain the kick, enable notifications, and report

@@ -1,0 +1,234 @@
+//! Port QoS in process: a guarantee on a vhost-user port (an in-process virtio-net frontend
+//! sending as fast as its ring allows) holds while a gen port floods toward the same uplink,
+//! and the flood is held back by back-pressure, not drops.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qswitch_api::{GenConfig, PortConfig, QosConfig, VhostMode};
+use qswitch_dp::{Options, Switch};
+use qswitch_virtio_driver::{Driver, DriverOptions, NetHdr};
+
+const UPLINK: &str = "02:00:00:00:00:10";
+const VM: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn gen(name: &str, mac: &str, dst: &str, size: u16, rate: u64) -> PortConfig {
+    let mut p = PortConfig::gen(name);
+    p.mac = Some(mac.into());
+    p.generate = Some(GenConfig {
+        dst: dst.into(),
+        size,
+        rate,
+        flows: 1,
+        count: 0,
+    });
+    p
+}
+
+fn rate_mbps(sw: &Switch, name: &str, last: usize) -> f64 {
+    let r = sw.qos_show();
+    let p = r.ports.iter().find(|p| p.name == name).expect("port");
+    let h = &p.history[p.history.len().saturating_sub(last)..];
+    let mut v = h.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0) / 1e6
+}
+
+fn wait_seconds(sw: &Switch, n: u64) {
+    let start = sw.qos_show().seconds;
+    let deadline = Instant::now() + Duration::from_secs(n + 10);
+    while sw.qos_show().seconds < start + n {
+        assert!(Instant::now() < deadline, "allocator stalled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn vhost_user_guarantee_holds_while_another_port_floods() {
+    let dir = Dir(std::env::temp_dir().join(format!("qswitch-qos-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let cpus = qswitch_sys::thread::online_cpus().unwrap();
+    let sw = Switch::start(&cpus[cpus.len() - 1..], &Options::default()).unwrap();
+
+    // The uplink (a sink with a 500M capacity) says hello to the VM now and then, so its
+    // address is learned; the flooder sends 1514-byte frames at it as fast as it can.
+    let mut up = gen("up", UPLINK, "02:00:00:00:00:01", 60, 50);
+    up.capacity = Some("500M".into());
+    let flood = gen("flood", "02:00:00:00:00:02", UPLINK, 1514, 0);
+    let sock = dir.0.join("vm.sock");
+    let mut vm = PortConfig::vhost_user("vm", &sock, VhostMode::Server);
+    vm.qos = Some(QosConfig {
+        min: Some("300M".into()),
+        ..QosConfig::default()
+    });
+    sw.add_ports(&[up, flood, vm]).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let sender = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        std::thread::spawn(move || {
+            let mut d = Driver::connect(
+                &sock,
+                DriverOptions {
+                    mem_size: 8 << 20,
+                    ..DriverOptions::default()
+                },
+            )
+            .expect("connect");
+            let hdr = NetHdr::default().to_bytes()[..d.hdr_len()].to_vec();
+            let mut frame = vec![0u8; 1514];
+            frame[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 0x10]);
+            frame[6..12].copy_from_slice(&VM);
+            frame[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+            while !stop.load(Ordering::Relaxed) {
+                let n = d.send_burst(0, &hdr, &frame, 32).unwrap_or(0);
+                sent.fetch_add(n as u64, Ordering::Relaxed);
+                let _ = d.recv_discard(0, 64);
+                if n == 0 {
+                    // Ring full: the switch is holding us back.
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            d.close();
+        })
+    };
+    // The medians of the last 3 seconds must meet `ok`; on a busy machine give it up to
+    // 15 s to get there (the sender thread competes with everything else for the CPUs).
+    let settle = |ok: &dyn Fn(f64, f64) -> bool| {
+        wait_seconds(&sw, 3);
+        let mut r = (0.0, 0.0);
+        for _ in 0..15 {
+            r = (rate_mbps(&sw, "vm", 3), rate_mbps(&sw, "flood", 3));
+            if ok(r.0, r.1) {
+                break;
+            }
+            wait_seconds(&sw, 1);
+        }
+        r
+    };
+    let first = |vm: f64, flood: f64| {
+        vm >= 0.95 * 300.0 && flood >= 0.9 * 200.0 && vm + flood <= 1.02 * 500.0
+    };
+    let (vm_rate, flood_rate) = settle(&first);
+    // Lift the guarantee live: it takes effect within a tick.
+    sw.qos_set(
+        "vm",
+        &qswitch_dp::qos::QosUpdate {
+            min: Some(400_000_000),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let second = |vm: f64, flood: f64| vm >= 0.95 * 400.0 && flood >= 0.9 * 100.0;
+    let (vm_rate2, flood_rate2) = settle(&second);
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    eprintln!(
+        "min 300M: vm {vm_rate:.1} flood {flood_rate:.1}; min 400M: vm {vm_rate2:.1} flood {flood_rate2:.1} Mbit/s; sent {}",
+        sent.load(Ordering::Relaxed)
+    );
+    assert!(
+        first(vm_rate, flood_rate),
+        "vm {vm_rate} flood {flood_rate}"
+    );
+    assert!(
+        second(vm_rate2, flood_rate2),
+        "vm {vm_rate2} flood {flood_rate2}"
+    );
+    // Held back, not dropped: no frame of either source was lost inside the switch.
+    let stats = sw.stats();
+    for p in &stats.ports {
+        assert!(
+            !p.drops.contains_key("tx_full"),
+            "{}: {:?}",
+            p.name,
+            p.drops
+        );
+    }
+    sw.shutdown();
+}
+
+/// A settings change shows in the published allocation within about one allocator tick
+/// (10 ms), and a refused change leaves everything as it was.
+#[test]
+fn changes_apply_within_a_tick_and_refusals_change_nothing() {
+    let cpus = qswitch_sys::thread::online_cpus().unwrap();
+    let sw = Switch::start(&cpus[..1], &Options::default()).unwrap();
+    let mut up = PortConfig::gen("up");
+    up.capacity = Some("1G".into());
+    let a = PortConfig::gen("a");
+    let b = PortConfig::gen("b");
+    sw.add_ports(&[up, a, b]).unwrap();
+    let alloc = |name: &str| {
+        sw.qos_show()
+            .ports
+            .into_iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.alloc_bps)
+    };
+    let start = Instant::now();
+    while alloc("a").is_none() {
+        assert!(start.elapsed() < Duration::from_secs(2), "no allocation");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sw.qos_set(
+        "a",
+        &qswitch_dp::qos::QosUpdate {
+            max: Some(5_000_000),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let t = Instant::now();
+    while alloc("a").unwrap_or(u64::MAX) > 5_000_000 {
+        assert!(t.elapsed() < Duration::from_secs(2), "limit not applied");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let took = t.elapsed();
+    eprintln!("limit applied after {took:?}");
+    // One tick is 10 ms; allow for a busy machine.
+    assert!(took < Duration::from_millis(200), "{took:?}");
+
+    // Admission: 900M reservable of 1G.
+    let set = |name: &str, min: u64| {
+        sw.qos_set(
+            name,
+            &qswitch_dp::qos::QosUpdate {
+                min: Some(min),
+                ..Default::default()
+            },
+        )
+    };
+    set("b", 900_000_000).unwrap();
+    let e = set("a", 1).unwrap_err().to_string();
+    assert!(e.contains("nothing changed"), "{e}");
+    let a = sw
+        .qos_show()
+        .ports
+        .into_iter()
+        .find(|p| p.name == "a")
+        .unwrap();
+    assert_eq!((a.min, a.max), (None, Some(5_000_000)));
+    // A port added live with a guarantee beyond the reservable share is refused too.
+    let mut c = PortConfig::gen("c");
+    c.qos = Some(QosConfig {
+        min: Some("1M".into()),
+        ..QosConfig::default()
+    });
+    let e = sw.add_port(&c).unwrap_err().to_string();
+    assert!(e.contains("would add up to"), "{e}");
+    assert!(sw.ports().iter().all(|p| p.name != "c"));
+    sw.shutdown();
+}

@@ -1,0 +1,119 @@
+//! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`
+//! and `multiqueue` bench scenarios (root): each writes its JSON with per-second records and
+//! a summary, and an SVG, and leaves no namespace behind. Timings are never asserted.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+#[test]
+fn load_generator_on_loopback() {
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let server = Command::new(QSWITCH)
+        .args(["load", "server", "--listen", &addr.to_string()])
+        .spawn()
+        .unwrap();
+    let _server = ChildGuard::new(server);
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(addr).is_ok()
+    }));
+    for args in [
+        &["rr", "--size", "64"][..],
+        &["files", "--size", "100000", "--parallel", "2"][..],
+    ] {
+        let out = run_timeout(
+            Command::new(QSWITCH).arg("load").args(args).args([
+                "--connect",
+                &addr.to_string(),
+                "--seconds",
+                "1",
+            ]),
+            CMD_TIMEOUT,
+        );
+        out.assert_ok("load client");
+        let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert!(v["total"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["per_second"].as_array().unwrap().len(), 1);
+    }
+    let out = run_timeout(
+        Command::new(QSWITCH).args(["load", "rr", "--connect", "127.0.0.1:1", "--seconds", "1"]),
+        CMD_TIMEOUT,
+    );
+    out.assert_no_panic();
+    assert_eq!(out.code, Some(1), "{out:?}");
+}
+
+fn namespaces() -> String {
+    sh(&["ip", "netns", "list"]).stdout
+}
+
+#[test]
+fn bypass_affinity_multiqueue_write_results() {
+    if !root_or_skip() {
+        return;
+    }
+    if qswitch_sys::thread::online_cpus().unwrap().len() < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    let dir = TempDir::new("bench-scen");
+    for (scenario, contenders) in [("bypass", 4), ("affinity", 4), ("multiqueue", 2)] {
+        let log = dir.join(&format!("{scenario}.out"));
+        let child = Command::new(QSWITCH)
+            .args(["bench", scenario, "--runs", "1", "--seconds", "2", "--out"])
+            .arg(dir.path())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = ChildGuard::new(child);
+        let pid = child.pid();
+        let status = child.wait_timeout(Duration::from_secs(180));
+        let stdout = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{scenario}: {status:?} {stdout}"
+        );
+        assert!(!stdout.contains("panicked"), "{stdout}");
+        assert!(stdout.contains(&format!("RESULT {scenario} ")), "{stdout}");
+        let text = std::fs::read_to_string(dir.join(&format!("{scenario}.json"))).unwrap();
+        let json: Value = serde_json::from_str(&text).unwrap();
+        let runs = json["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), contenders, "{scenario}");
+        assert!(
+            runs.iter()
+                .all(|r| !r["samples"].as_array().unwrap().is_empty()),
+            "{scenario}"
+        );
+        assert_eq!(json["summary"].as_array().unwrap().len(), contenders);
+        let svg = std::fs::read_to_string(dir.join(&format!("{scenario}.svg"))).unwrap();
+        assert!(
+            svg.starts_with("<svg") && !svg.contains("NaN"),
+            "{scenario}"
+        );
+        let left: Vec<String> = namespaces()
+            .lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|n| n.ends_with(&format!("-{pid}")))
+            })
+            .map(String::from)
+            .collect();
+        assert!(left.is_empty(), "{scenario} left namespaces {left:?}");
+    }
+    let affinity: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("affinity.json")).unwrap()).unwrap();
+    assert_eq!(
+        affinity["advice"].as_array().unwrap().len(),
+        2,
+        "{affinity}"
+    );
+}
