@@ -135,6 +135,9 @@ pub struct PlacementReport {
     pub warnings: Vec<String>,
     /// The most recent queue moves, oldest first.
     pub moves: Vec<MoveInfo>,
+    /// Queue moves since the switch started (`moves` keeps only the last ones).
+    #[serde(default)]
+    pub moves_total: u64,
 }
 
 /// One rx queue's placement.

@@ -232,6 +232,7 @@ struct Control {
     last_eval: Option<(u64, Vec<u64>)>,
     worker_busy: Vec<f64>,
     moves: VecDeque<MoveInfo>,
+    moves_total: u64,
     next_sweep: u64,
 }
 
@@ -305,6 +306,7 @@ impl Switch {
                 last_eval: None,
                 worker_busy: vec![0.0; workers.len()],
                 moves: VecDeque::new(),
+                moves_total: 0,
                 next_sweep: 0,
             }),
             topology,
@@ -1224,6 +1226,7 @@ impl Core {
             port_sets: ctl.port_sets.clone(),
             warnings: ctl.plan_warnings.clone(),
             moves: ctl.moves.iter().cloned().collect(),
+            moves_total: ctl.moves_total,
         }
     }
 }
@@ -1245,6 +1248,7 @@ fn record_move(
     to_cpu: usize,
     reason: String,
 ) {
+    ctl.moves_total += 1;
     if ctl.moves.len() == MOVES_KEPT {
         ctl.moves.pop_front();
     }

@@ -108,7 +108,7 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
                 .spawn(move || crate::http::serve(listener, &daemon, &term))
                 .context("cannot start the http thread")?;
             tracing::info!(
-                "http on http://{addr}/ (/metrics, /api/series, /api/stats, /api/ports)"
+                "http on http://{addr}/ (/metrics, /api/series, /api/stats, /api/ports, /api/placement)"
             );
             Some(t)
         }

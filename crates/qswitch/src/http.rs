@@ -1,5 +1,5 @@
 //! The HTTP server on `[switch] http`: `/metrics` (Prometheus), `/api/stats`, `/api/ports`,
-//! `/api/series?since=MS` (JSON), and the dashboard at `/`.
+//! `/api/placement`, `/api/series?since=MS` (JSON), and the dashboard at `/`.
 //!
 //! Deliberately small: a std `TcpListener` polled by one thread (`qs-http`), one short-lived
 //! thread per connection, at most [`MAX_CONNECTIONS`] at once (more get `503` and are
@@ -154,7 +154,11 @@ fn handle(s: &mut TcpStream, daemon: &Daemon) {
             DASHBOARD.as_bytes().to_vec(),
         ),
         "/metrics" => {
-            let text = crate::metrics::render(&daemon.switch.stats(), &daemon.switch.ports());
+            let text = crate::metrics::render(
+                &daemon.switch.stats(),
+                &daemon.switch.ports(),
+                &daemon.switch.placement(),
+            );
             (
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -163,6 +167,7 @@ fn handle(s: &mut TcpStream, daemon: &Daemon) {
         }
         "/api/stats" => (200, json, to_json(&daemon.stats())),
         "/api/ports" => (200, json, to_json(&daemon.switch.ports())),
+        "/api/placement" => (200, json, to_json(&daemon.switch.placement())),
         "/api/series" => match query_param(head.query, "since")
             .map(str::parse::<u64>)
             .unwrap_or(Ok(0))

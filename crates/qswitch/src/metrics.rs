@@ -7,7 +7,7 @@
 
 use std::fmt::Write;
 
-use qswitch_api::request::{PortInfo, StatsReport};
+use qswitch_api::request::{PlacementReport, PortInfo, StatsReport};
 
 /// (name, type, help) of every family, in output order.
 pub const FAMILIES: &[(&str, &str, &str)] = &[
@@ -80,6 +80,21 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "qswitch_queue_assignment",
         "gauge",
         "1 for each rx queue, labelled with the worker and CPU polling it.",
+    ),
+    (
+        "qswitch_queue_load_ratio",
+        "gauge",
+        "Fraction of a core an rx queue's bursts took over the last placement evaluation.",
+    ),
+    (
+        "qswitch_placement_moves_total",
+        "counter",
+        "Rx queue moves between workers (dynamic placement, pins, mode changes).",
+    ),
+    (
+        "qswitch_placement_warnings",
+        "gauge",
+        "Current placement warnings (overlapping operator CPU sets, sharing forced by too few CPUs, ...).",
     ),
     (
         "qswitch_worker_busy_seconds_total",
@@ -163,8 +178,8 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-/// The exposition of `s`, with the queue placement from `ports`.
-pub fn render(s: &StatsReport, ports: &[PortInfo]) -> String {
+/// The exposition of `s`, with the queue placement from `ports` and `placement`.
+pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) -> String {
     let mut o = Out {
         text: String::with_capacity(8192),
     };
@@ -283,6 +298,19 @@ pub fn render(s: &StatsReport, ports: &[PortInfo]) -> String {
             );
         }
     }
+    o.family("qswitch_queue_load_ratio");
+    for q in &placement.queues {
+        let queue = q.queue.to_string();
+        o.sample(
+            "qswitch_queue_load_ratio",
+            &[("port", &q.port), ("queue", &queue)],
+            q.load,
+        );
+    }
+    o.family("qswitch_placement_moves_total");
+    o.sample("qswitch_placement_moves_total", &[], placement.moves_total);
+    o.family("qswitch_placement_warnings");
+    o.sample("qswitch_placement_warnings", &[], placement.warnings.len());
 
     let workers: Vec<(String, String, _)> = s
         .workers
@@ -343,7 +371,7 @@ pub fn render(s: &StatsReport, ports: &[PortInfo]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qswitch_api::request::{PortStats, QueueInfo, QueueStats, WorkerStats};
+    use qswitch_api::request::{PortStats, QueueInfo, QueuePlacementInfo, QueueStats, WorkerStats};
 
     #[test]
     fn renders_every_family_with_labels() {
@@ -389,7 +417,26 @@ mod tests {
                 cpu: 1,
             }],
         }];
-        let t = render(&s, &ports);
+        let placement = PlacementReport {
+            mode: "dynamic".into(),
+            reserved_cpus: vec![],
+            queues: vec![QueuePlacementInfo {
+                port: "a\"b".into(),
+                queue: 1,
+                worker: Some(0),
+                cpu: Some(1),
+                home_cpu: Some(1),
+                load: 0.25,
+                state: "home".into(),
+                why: String::new(),
+            }],
+            workers: vec![],
+            port_sets: vec![],
+            warnings: vec!["w".into()],
+            moves: vec![],
+            moves_total: 3,
+        };
+        let t = render(&s, &ports, &placement);
         for (name, kind, _) in FAMILIES {
             assert!(t.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
         }
@@ -406,6 +453,9 @@ mod tests {
         assert!(t.contains(
             "qswitch_queue_assignment{port=\"a\\\"b\",queue=\"1\",worker=\"0\",cpu=\"1\"} 1\n"
         ));
+        assert!(t.contains("qswitch_queue_load_ratio{port=\"a\\\"b\",queue=\"1\"} 0.25\n"));
+        assert!(t.contains("qswitch_placement_moves_total 3\n"));
+        assert!(t.contains("qswitch_placement_warnings 1\n"));
         assert!(t
             .lines()
             .all(|l| l.starts_with('#') || l.starts_with("qswitch_")));
