@@ -20,14 +20,15 @@
 //! - [`rss`]: the Toeplitz hash (Microsoft's RSS) and the 128-entry indirection table.
 //! - [`qos`]: port QoS — the rate allocator, token buckets, admission control.
 //! - [`placement`]: which CPU each rx queue runs on (disjoint, SMT- and NUMA-aware sets).
+//! - [`balance`]: dynamic placement: coalesce queues at low load, spread them at high load.
 //! - [`stats`]: single-writer counters and the drop reasons.
 //! - [`ids`]: `PortId`, `WorkerId`.
 //! - [`report`]: per-second rates from two counter snapshots.
 //!
 //! # Limitations
 //! Ports are access ports: 802.1Q-tagged frames are dropped (counted as `vlan_tagged`), and a
-//! port's `vlan` decides its flooding and learning domain. Rx queues are placed on workers
-//! round-robin by load when a port is added, and stay there.
+//! port's `vlan` decides its flooding and learning domain. Dynamic placement moves whole rx
+//! queues; one hot queue cannot be split over workers.
 
 #![deny(unsafe_code)]
 
