@@ -474,6 +474,15 @@ fn deliver(
         complete_csum(pkt)?;
     }
     let out = pkt.hdr;
+    if dev.hdr_len() == HEADROOM {
+        // Header and frame as one run of bytes: the header goes into the packet's headroom.
+        pkt.hdr.num_buffers = 1;
+        let done = write_rx_single(v, mem, pkt.with_vnet_hdr());
+        pkt.hdr = out;
+        if done {
+            return Ok(());
+        }
+    }
     write_rx_chains(dev, vi, v, mem, &out, pkt.frame(), sc)
 }
 
@@ -530,9 +539,6 @@ fn write_rx_chains(
     let hdr_len = dev.hdr_len();
     let mrg = dev.has(VIRTIO_NET_F_MRG_RXBUF);
     let total = hdr_len + frame.len();
-    if write_rx_single(v, mem, hdr, hdr_len, frame) {
-        return Ok(());
-    }
     let table = GuestAddress(v.queue.desc_table());
     let qsize = v.queue.size();
     let saved = v.queue.next_avail();
@@ -602,24 +608,26 @@ fn write_rx_chains(
 }
 
 /// The common case, done without the general chain walk: the next receive chain is one
-/// device-writable descriptor (not indirect) that holds header and frame. Writes them, stages
-/// the used element and returns true; returns false, having consumed and written nothing,
-/// in every other case (no chain available, a longer or indirect chain, a buffer too small
-/// or outside guest memory), which the general path then handles and judges.
+/// device-writable descriptor (not indirect) that holds `bytes` (virtio-net header with
+/// `num_buffers` 1, then the frame). Writes them, stages the used element and returns true;
+/// returns false, having consumed and written nothing, in every other case (no chain known
+/// to be available, a longer or indirect chain, a buffer too small or outside guest
+/// memory), which the general path then handles and judges.
 #[inline(always)]
-fn write_rx_single(
-    v: &mut Vring,
-    mem: &GuestView<'_>,
-    hdr: &VirtioNetHdr,
-    hdr_len: usize,
-    frame: &[u8],
-) -> bool {
+fn write_rx_single(v: &mut Vring, mem: &GuestView<'_>, bytes: &[u8]) -> bool {
     let size = v.queue.size();
     let next = v.queue.next_avail();
-    if next == v.avail_cached || size == 0 {
-        return false; // the general path reads (and checks) the avail index
-    }
     let ring = v.queue.avail_ring();
+    if next == v.avail_cached {
+        match mem.load_u16(ring + 2, Ordering::Acquire) {
+            // A jump beyond the queue size is the general path's to judge.
+            Some(idx) if idx != next && idx.wrapping_sub(next) <= size => v.avail_cached = idx,
+            _ => return false,
+        }
+    }
+    if size == 0 {
+        return false;
+    }
     let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(next % size), Ordering::Relaxed) else {
         return false;
     };
@@ -631,20 +639,10 @@ fn write_rx_single(
         return false;
     };
     let (len, flags) = (w as u32 as usize, (w >> 32) as u16);
-    let total = hdr_len + frame.len();
-    if flags != chain::F_WRITE || len < total || !mem.check(addr, total) {
+    if flags != chain::F_WRITE || len < bytes.len() || !mem.write(addr, bytes) {
         return false;
     }
-    let mut h = [0u8; virtio_net_hdr::LEN];
-    VirtioNetHdr {
-        num_buffers: 1,
-        ..*hdr
-    }
-    .emit(&mut h);
-    if !(mem.write(addr, &h[..hdr_len]) && mem.write(addr + hdr_len as u64, frame)) {
-        return false;
-    }
-    if !stage_used(v, mem, head, total as u32) {
+    if !stage_used(v, mem, head, bytes.len() as u32) {
         return false;
     }
     v.queue.set_next_avail(next.wrapping_add(1));
