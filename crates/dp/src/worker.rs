@@ -357,9 +357,12 @@ impl Worker {
 /// Busy-polling pays off when the worker has its CPU to itself; when other threads need
 /// that CPU (the kernel's TCP stacks behind TAP ports on a small machine, say), every
 /// microsecond spent spinning is taken from them. Every [`SPIN_ADJUST_NS`] the worker looks
-/// at its own involuntary context switches: if it was preempted, others are waiting for its
-/// CPU and the window halves (down to [`SPIN_MIN_NS`]); if not, it doubles back up to the
-/// configured maximum.
+/// at its own involuntary context switches: if it was preempted more than
+/// [`SPIN_PREEMPT_LIMIT`] times, others are waiting for its CPU and the window halves (down
+/// to [`SPIN_MIN_NS`]); if not, it doubles back up to the configured maximum. A few
+/// preemptions per interval are the kernel's own housekeeping, not a competitor: halving on
+/// those made a worker that had its CPU to itself sleep thousands of times a second, and a
+/// guest on another CPU then paid a kick for each.
 struct Spin {
     max: u64,
     window: u64,
@@ -369,6 +372,10 @@ struct Spin {
 
 /// Shortest adaptive spin window.
 pub const SPIN_MIN_NS: u64 = 2_000;
+/// Preemptions per [`SPIN_ADJUST_NS`] tolerated before the spin window shrinks (a thread
+/// sharing the CPU under the kernel's fair scheduler preempts a spinning worker every few
+/// milliseconds, dozens of times per interval).
+pub const SPIN_PREEMPT_LIMIT: u64 = 4;
 /// How often the spin window is adjusted.
 pub const SPIN_ADJUST_NS: u64 = 100_000_000;
 
@@ -387,7 +394,7 @@ impl Spin {
         if now >= self.next_check {
             self.next_check = now + SPIN_ADJUST_NS;
             let p = qswitch_sys::thread::own_involuntary_ctx_switches();
-            self.window = if p > self.preempted + 1 {
+            self.window = if p > self.preempted + SPIN_PREEMPT_LIMIT {
                 (self.window / 2).max(SPIN_MIN_NS.min(self.max))
             } else {
                 (self.window * 2).clamp(SPIN_MIN_NS.min(self.max), self.max)

@@ -53,11 +53,34 @@ pub fn run(path: &Path) -> ExitCode {
         Ok(w) => w,
         Err(e) => return config_error(&e),
     };
+    keep_off_worker_cpus(&online, workers.cpus());
     match serve(&config, workers.cpus()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("qswitch: {}", crate::chain(&e));
             ExitCode::from(1)
+        }
+    }
+}
+
+/// Confines this thread, and so every thread the daemon starts from here on (control,
+/// vhost-user protocol, QoS allocator, housekeeping, HTTP), to the online CPUs that run no
+/// worker, when there are any: a control-plane tick on a worker's CPU preempts a busy-polling
+/// worker (seed 003: cross-core wake-ups and context switches are what cost). Workers pin
+/// themselves to their own CPUs.
+fn keep_off_worker_cpus(online: &[usize], workers: &[usize]) {
+    let others: Vec<usize> = online
+        .iter()
+        .copied()
+        .filter(|c| !workers.contains(c))
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    match qswitch_sys::thread::set_current_thread_cpus(&others) {
+        Ok(()) => tracing::debug!(cpus = ?others, "control-plane threads kept off the worker CPUs"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot keep control-plane threads off the worker CPUs")
         }
     }
 }

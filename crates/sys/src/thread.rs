@@ -10,11 +10,20 @@ const WORD_BITS: usize = libc::c_ulong::BITS as usize;
 /// Pins the calling thread to `cpu` (`sched_setaffinity(0, ...)`). `EINVAL` if `cpu` is
 /// offline, absent, or outside this process's cpuset.
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    set_current_thread_cpus(&[cpu])
+}
+
+/// Lets the calling thread (and the threads it creates from now on) run on `cpus` only.
+/// `EINVAL` if none of them is online and inside this process's cpuset, or `cpus` is empty.
+pub fn set_current_thread_cpus(cpus: &[usize]) -> io::Result<()> {
     // The kernel takes a bitmap of unsigned longs of any length; make it at least as long
-    // as a `cpu_set_t` and long enough to hold `cpu`.
-    let words = (cpu / WORD_BITS + 1).max(libc::CPU_SETSIZE as usize / WORD_BITS);
+    // as a `cpu_set_t` and long enough to hold every CPU.
+    let top = cpus.iter().copied().max().unwrap_or(0);
+    let words = (top / WORD_BITS + 1).max(libc::CPU_SETSIZE as usize / WORD_BITS);
     let mut mask: Vec<libc::c_ulong> = vec![0; words];
-    mask[cpu / WORD_BITS] |= 1 << (cpu % WORD_BITS);
+    for &cpu in cpus {
+        mask[cpu / WORD_BITS] |= 1 << (cpu % WORD_BITS);
+    }
     // SAFETY: the kernel reads `size_of_val(&mask)` bytes from the pointer, exactly the
     // live `mask` buffer; the `cpu_set_t` pointer type is only nominal (it is a bitmap
     // of unsigned longs too).
