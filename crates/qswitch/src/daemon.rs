@@ -85,6 +85,36 @@ fn keep_off_worker_cpus(online: &[usize], workers: &[usize]) {
     }
 }
 
+/// Puts the QoS settings and allocations into the history: the dashboard's QoS table (ports
+/// that compete for an uplink) and one gauge per such port, `qos.<port>.alloc_bps`, on every
+/// following one-second point. No uplink: "no QoS configured", and the gauges go.
+fn feed_qos(
+    history: &mut crate::series::History,
+    qos: &qswitch_api::request::QosReport,
+    gauges: &mut Vec<String>,
+) {
+    for g in gauges.drain(..) {
+        history.clear_gauge(&g);
+    }
+    let rows: Vec<crate::series::QosRow> = qos
+        .ports
+        .iter()
+        .filter(|p| p.uplink.is_some())
+        .map(|p| crate::series::QosRow {
+            port: p.name.clone(),
+            min_bps: p.min.unwrap_or(0) as f64,
+            max_bps: p.max.unwrap_or(0) as f64,
+            alloc_bps: p.alloc_bps.unwrap_or(0) as f64,
+        })
+        .collect();
+    for r in &rows {
+        let g = format!("qos.{}.alloc_bps", r.port);
+        history.set_gauge(&g, r.alloc_bps);
+        gauges.push(g);
+    }
+    history.set_qos((!rows.is_empty()).then_some(rows));
+}
+
 fn config_error(e: &qswitch_api::ConfigError) -> ExitCode {
     eprintln!("qswitch: {e}");
     ExitCode::from(EXIT_CONFIG)
@@ -144,6 +174,7 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
         "qswitch running"
     );
     let mut prev = daemon.switch.stats();
+    let mut qos_gauges: Vec<String> = Vec::new();
     let mut next = Instant::now() + Duration::from_secs(1);
     while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
         std::thread::sleep(Duration::from_millis(50));
@@ -151,10 +182,11 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
             next += Duration::from_secs(1);
             let cur = daemon.switch.stats();
             *daemon.rates.lock() = Some(qswitch_dp::report::rates(&prev, &cur));
-            daemon
-                .history
-                .lock()
-                .push(&prev, &cur, crate::series::unix_ms());
+            let qos = daemon.switch.qos_show();
+            let mut history = daemon.history.lock();
+            feed_qos(&mut history, &qos, &mut qos_gauges);
+            history.push(&prev, &cur, crate::series::unix_ms());
+            drop(history);
             prev = cur;
         }
     }

@@ -293,6 +293,41 @@ fn json_api_and_bad_clients() {
     assert!(st.is_some_and(|s| s.success()), "{}", daemon.log_text());
 }
 
+/// With an uplink, the series carries the QoS table (settings vs allocations) for the
+/// dashboard and a per-second allocation gauge per competing port.
+#[test]
+fn qos_settings_and_allocations_reach_the_series() {
+    let dir = TempDir::new("http-qos");
+    let control = dir.join("control.sock");
+    let addr = free_addr();
+    let cfg = config(&control, addr, 20_000)
+        .replace(
+            "name = \"sink\"\ntype = \"gen\"\n",
+            "name = \"sink\"\ntype = \"gen\"\ncapacity = \"100M\"\n",
+        )
+        .replace(
+            "name = \"src\"\ntype = \"gen\"\n",
+            "name = \"src\"\ntype = \"gen\"\nqos = { min = \"20M\", max = \"60M\" }\n",
+        );
+    let mut daemon = Daemon::start(dir.path(), "q", &cfg, &control);
+    let series = wait_points(addr, 2);
+    let rows = series["qos"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no qos rows: {series}"));
+    assert_eq!(rows.len(), 1, "only src competes for the uplink: {rows:?}");
+    assert_eq!(rows[0]["port"], "src");
+    assert_eq!(rows[0]["min_bps"], 2e7);
+    assert_eq!(rows[0]["max_bps"], 6e7);
+    let alloc = rows[0]["alloc_bps"].as_f64().unwrap();
+    assert!(alloc > 0.0 && alloc <= 6e7, "{alloc}");
+    let p = series["points"].as_array().unwrap().last().unwrap();
+    assert!(
+        p["gauges"]["qos.src.alloc_bps"].as_f64().is_some(),
+        "allocation gauge on the point: {p}"
+    );
+    assert!(daemon.terminate(Duration::from_secs(10)).is_some());
+}
+
 #[test]
 fn http_address_in_use_is_a_clear_error() {
     let dir = TempDir::new("http-busy");
