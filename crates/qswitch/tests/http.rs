@@ -41,6 +41,20 @@ fn config(control: &Path, http: SocketAddr, rate: u32) -> String {
     )
 }
 
+/// [`config`] with QoS: the sink is an uplink of 100 Mbit/s, and src has a 20M guarantee
+/// and a 60M limit toward it.
+fn qos_config(control: &Path, http: SocketAddr, rate: u32) -> String {
+    config(control, http, rate)
+        .replace(
+            "name = \"sink\"\ntype = \"gen\"\n",
+            "name = \"sink\"\ntype = \"gen\"\ncapacity = \"100M\"\n",
+        )
+        .replace(
+            "name = \"src\"\ntype = \"gen\"\n",
+            "name = \"src\"\ntype = \"gen\"\nqos = { min = \"20M\", max = \"60M\" }\n",
+        )
+}
+
 /// One HTTP/1.1 exchange; returns (status, body).
 fn get_raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
@@ -300,15 +314,7 @@ fn qos_settings_and_allocations_reach_the_series() {
     let dir = TempDir::new("http-qos");
     let control = dir.join("control.sock");
     let addr = free_addr();
-    let cfg = config(&control, addr, 20_000)
-        .replace(
-            "name = \"sink\"\ntype = \"gen\"\n",
-            "name = \"sink\"\ntype = \"gen\"\ncapacity = \"100M\"\n",
-        )
-        .replace(
-            "name = \"src\"\ntype = \"gen\"\n",
-            "name = \"src\"\ntype = \"gen\"\nqos = { min = \"20M\", max = \"60M\" }\n",
-        );
+    let cfg = qos_config(&control, addr, 20_000);
     let mut daemon = Daemon::start(dir.path(), "q", &cfg, &control);
     let series = wait_points(addr, 2);
     let rows = series["qos"]
@@ -428,7 +434,12 @@ fn dashboard_in_headless_chromium() {
     let dir = TempDir::new("http-browser");
     let control = dir.join("control.sock");
     let addr = free_addr();
-    let _daemon = Daemon::start(dir.path(), "b", &config(&control, addr, 20_000), &control);
+    let _daemon = Daemon::start(
+        dir.path(),
+        "b",
+        &qos_config(&control, addr, 20_000),
+        &control,
+    );
     wait_points(addr, 3);
     let url = format!("http://{addr}/?window=60");
     let budget = "--virtual-time-budget=3000";
@@ -452,15 +463,16 @@ fn dashboard_in_headless_chromium() {
                 "page errors: {dom}"
             );
             assert!(dom.contains(">live<"), "not live: {dom}");
-            assert!(dom.contains("no QoS configured"), "{dom}");
+            assert!(dom.contains("guarantee Mbit/s"), "QoS table missing: {dom}");
             assert!(dom.contains("worker 0"), "{dom}");
         }
     }
-    // The charts move with the traffic: the sink gets 20k frames/s of 1000 B (160 Mbit/s),
-    // and its line has new points in the later snapshot.
+    // The charts move with the traffic: src offers 20k frames/s of 1000 B (160 Mbit/s) and is
+    // shaped to its 60M limit toward the 100M uplink (sink); the sink's line has new points
+    // in the later snapshot.
     let mbps = cell(&dom3, "sink", "port-tx-mbps");
-    assert!(mbps > 100.0, "sink tx {mbps} Mbit/s");
-    assert!(cell(&dom3, "src", "port-rx-mbps") > 100.0);
+    assert!(mbps > 10.0, "sink tx {mbps} Mbit/s");
+    assert!(cell(&dom3, "src", "port-rx-mbps") > 10.0);
     let (l1, l3) = (polyline(&dom1, "sink tx"), polyline(&dom3, "sink tx"));
     assert!(
         !l3.is_empty() && l1 != l3,
