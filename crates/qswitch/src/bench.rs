@@ -390,8 +390,14 @@ pub fn warn_if_busy(runs: &[RunResult]) {
     }
 }
 
-/// Writes `out/NAME.json` and `out/NAME.svg` and prints their paths.
-pub fn write_results(out: &Path, name: &str, report: &Report, svg: &str) -> anyhow::Result<()> {
+/// Writes `out/NAME.json` (the report, pretty-printed) and `out/NAME.svg`, and prints their
+/// paths; every scenario ends with this.
+pub fn write_results(
+    out: &Path,
+    name: &str,
+    report: &impl serde::Serialize,
+    svg: &str,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let json = out.join(format!("{name}.json"));
     let svg_path = out.join(format!("{name}.svg"));

@@ -103,7 +103,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         summary,
         advice,
     };
-    txn::write(&b.args.out, &report, &svg)
+    super::write_results(&b.args.out, &report.scenario, &report, &svg)
 }
 
 /// What the qswitch pair says about where to put the worker.

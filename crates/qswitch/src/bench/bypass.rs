@@ -118,14 +118,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         ratio_mss100,
         qswitch_frames_per_s: fps,
     };
-    let out = &b.args.out;
-    std::fs::create_dir_all(out)?;
-    let json = out.join("bypass.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")?;
-    std::fs::write(out.join("bypass.svg"), svg)?;
-    println!("wrote {}", json.display());
-    println!("wrote {}", out.join("bypass.svg").display());
-    Ok(())
+    super::write_results(&b.args.out, "bypass", &report, &svg)
 }
 
 fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {

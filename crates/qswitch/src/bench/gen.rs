@@ -312,7 +312,7 @@ fn run_scenario(
         acceptance,
         results,
     };
-    write(&b.args.out, name, &report, &svg)
+    super::write_results(&b.args.out, name, &report, &svg)
 }
 
 fn pcts(v: &[f64]) -> String {
@@ -460,17 +460,4 @@ fn svg(name: &str, summary: &[GenSummary], runs: &[GenRun]) -> String {
         &[],
     );
     plot::stack(&[mpps, busy, per_second])
-}
-
-fn write(out: &Path, name: &str, report: &GenReport, svg: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let json = out.join(format!("{name}.json"));
-    let svg_path = out.join(format!("{name}.svg"));
-    std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    std::fs::write(&svg_path, svg)
-        .with_context(|| format!("cannot write {}", svg_path.display()))?;
-    println!("wrote {}", json.display());
-    println!("wrote {}", svg_path.display());
-    Ok(())
 }

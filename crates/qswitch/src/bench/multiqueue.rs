@@ -124,5 +124,5 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         summary,
         advice,
     };
-    txn::write(&b.args.out, &report, &svg)
+    super::write_results(&b.args.out, &report.scenario, &report, &svg)
 }

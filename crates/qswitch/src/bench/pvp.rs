@@ -320,7 +320,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         summary,
         ratio,
     };
-    write_report(&b.args.out, "pvp", &report, &svg)
+    super::write_results(&b.args.out, "pvp", &report, &svg)
 }
 
 /// CPU readings at one moment of a run.
@@ -600,20 +600,6 @@ fn warn_if_busy(runs: &[PvpRun], loadavg: &str) {
             busy.join(", ")
         );
     }
-}
-
-/// Writes `out/NAME.json` and `out/NAME.svg` and prints their paths.
-fn write_report(out: &Path, name: &str, report: &PvpReport, svg: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let json = out.join(format!("{name}.json"));
-    let svg_path = out.join(format!("{name}.svg"));
-    std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    std::fs::write(&svg_path, svg)
-        .with_context(|| format!("cannot write {}", svg_path.display()))?;
-    println!("wrote {}", json.display());
-    println!("wrote {}", svg_path.display());
-    Ok(())
 }
 
 /// Median Mpps with whiskers per frame size; switch CPU idle and under load; Mpps per

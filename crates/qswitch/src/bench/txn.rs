@@ -363,20 +363,6 @@ pub fn warn_if_busy(runs: &[TxnRun]) {
     }
 }
 
-/// Writes `out/NAME.json` and `out/NAME.svg`.
-pub fn write(out: &std::path::Path, report: &TxnReport, svg: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let json = out.join(format!("{}.json", report.scenario));
-    let svg_path = out.join(format!("{}.svg", report.scenario));
-    std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    std::fs::write(&svg_path, svg)
-        .with_context(|| format!("cannot write {}", svg_path.display()))?;
-    println!("wrote {}", json.display());
-    println!("wrote {}", svg_path.display());
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
