@@ -9,10 +9,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{qs, qs_json, wait_until, ChildGuard, Daemon, TempDir};
+use common::{qs, qs_json, wait_until, ChildGuard, Daemon, TempDir, TESTPMD};
 use serde_json::Value;
-
-const TESTPMD: &str = "dpdk-testpmd";
 
 /// Median of the last 3 one-second rates of `name`, Mbit/s.
 fn mbps(show: &Value, name: &str) -> f64 {
@@ -33,35 +31,9 @@ fn mbps(show: &Value, name: &str) -> f64 {
 
 #[test]
 fn testpmd_guarantee_holds_while_gen_floods() {
-    if !common::root_or_skip() {
+    let Some(worker) = common::testpmd_worker_cpu() else {
         return;
-    }
-    let cpus = qswitch_sys::thread::online_cpus().expect("online CPUs");
-    let have = || {
-        Command::new(TESTPMD)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok()
     };
-    if cpus.len() < 2 {
-        eprintln!("skipped: needs two online CPUs");
-        return;
-    }
-    if !have() {
-        // As testpmd.rs does: install it when missing.
-        let out = common::run_timeout(
-            Command::new("apt-get")
-                .args(["install", "-y", "dpdk-dev"])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            Duration::from_secs(300),
-        );
-        if !out.ok() || !have() {
-            eprintln!("skipped: {TESTPMD} missing and apt-get install dpdk-dev failed: {out:?}");
-            return;
-        }
-    }
     let dir = TempDir::new("qos-testpmd");
     let sock = dir.join("vm1.sock");
     let control = dir.join("control.sock");
@@ -72,7 +44,7 @@ fn testpmd_guarantee_holds_while_gen_floods() {
          generate = {{ dst = \"02:00:00:00:00:10\", size = 1514, rate = 0 }}\n\
          [[port]]\nname = \"vm1\"\ntype = \"vhost-user\"\nsocket = \"{}\"\nmode = \"server\"\n\
          qos = {{ min = \"300M\" }}\n",
-        cpus[1],
+        worker,
         control.display(),
         sock.display()
     );

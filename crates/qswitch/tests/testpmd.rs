@@ -10,43 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{counter, qs_json, wait_until, ChildGuard, Daemon, TempDir};
+use common::{counter, qs_json, wait_until, ChildGuard, Daemon, TempDir, TESTPMD};
 use serde_json::Value;
 
-const TESTPMD: &str = "dpdk-testpmd";
-
 /// The second online CPU as the worker list, or `None` (with a skip notice) when the test
-/// cannot run: not root, fewer than two CPUs, no testpmd.
+/// cannot run.
 fn setup() -> Option<String> {
-    if !common::root_or_skip() {
-        return None;
-    }
-    let cpus = qswitch_sys::thread::online_cpus().expect("online CPUs");
-    if cpus.len() < 2 {
-        eprintln!("skipped: needs two online CPUs");
-        return None;
-    }
-    let have = || {
-        Command::new(TESTPMD)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok()
-    };
-    if !have() {
-        let out = common::run_timeout(
-            Command::new("apt-get")
-                .args(["install", "-y", "dpdk-dev"])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            Duration::from_secs(300),
-        );
-        if !out.ok() || !have() {
-            eprintln!("skipped: {TESTPMD} missing and apt-get install dpdk-dev failed: {out:?}");
-            return None;
-        }
-    }
-    Some(cpus[1].to_string())
+    common::testpmd_worker_cpu().map(|c| c.to_string())
 }
 
 /// A running testpmd with its output in a log file; on drop it is stopped and its

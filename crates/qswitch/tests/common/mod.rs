@@ -28,6 +28,44 @@ pub fn root_or_skip() -> bool {
     false
 }
 
+/// DPDK's testpmd, installed from Debian's `dpdk-dev` when missing.
+pub const TESTPMD: &str = "dpdk-testpmd";
+
+/// For the testpmd tests: the second online CPU (the qswitch worker's; testpmd's lcores
+/// share the first), or `None` with a skip notice when they cannot run: not root, fewer
+/// than two CPUs, or no testpmd even after `apt-get install dpdk-dev`.
+pub fn testpmd_worker_cpu() -> Option<usize> {
+    if !root_or_skip() {
+        return None;
+    }
+    let cpus = qswitch_sys::thread::online_cpus().expect("online CPUs");
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs two online CPUs");
+        return None;
+    }
+    let have = || {
+        Command::new(TESTPMD)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    };
+    if !have() {
+        let out = run_timeout(
+            Command::new("apt-get")
+                .args(["install", "-y", "dpdk-dev"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            Duration::from_secs(300),
+        );
+        if !out.ok() || !have() {
+            eprintln!("skipped: {TESTPMD} missing and apt-get install dpdk-dev failed: {out:?}");
+            return None;
+        }
+    }
+    Some(cpus[1])
+}
+
 /// The lowest-numbered online CPU.
 pub fn first_cpu() -> usize {
     qswitch_sys::thread::online_cpus().expect("online CPUs")[0]
