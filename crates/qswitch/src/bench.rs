@@ -390,6 +390,17 @@ pub fn warn_if_busy(runs: &[RunResult]) {
     }
 }
 
+/// One line per iperf3 run (Gbit/s each second), named by contender, round and position in
+/// the interleaved order.
+pub fn gbps_per_run<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Vec<Series> {
+    runs.into_iter()
+        .map(|r| Series {
+            name: format!("{} run {} (#{})", r.contender, r.round, r.seq),
+            points: r.samples.iter().map(|s| (s.t_s, s.gbps)).collect(),
+        })
+        .collect()
+}
+
 /// Writes `out/NAME.json` (the report, pretty-printed) and `out/NAME.svg`, and prints their
 /// paths; every scenario ends with this.
 pub fn write_results(
@@ -819,13 +830,7 @@ fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) ->
             r.round,
         )
     });
-    let series: Vec<Series> = sorted
-        .iter()
-        .map(|r| Series {
-            name: format!("{} run {} (#{})", r.contender, r.round, r.seq),
-            points: r.samples.iter().map(|s| (s.t_s, s.gbps)).collect(),
-        })
-        .collect();
+    let series = gbps_per_run(sorted);
     let per_second = plot::line_chart(
         "iperf3 Gbit/s per second, every run (#: position in the interleaved order)",
         "seconds since the client started",

@@ -15,7 +15,7 @@ use super::{
     summarise, warn_if_busy, Bench, ContenderSummary, Ratio, Report, RunResult, Topology,
 };
 use crate::netns;
-use crate::plot::{self, Series};
+use crate::plot;
 
 const NAMES: [&str; 4] = [
     "qswitch",
@@ -164,13 +164,7 @@ fn svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) -> String 
         ],
         &ranges(|s| (s.cpu_per_gbps_min, s.cpu_per_gbps_max)),
     );
-    let series: Vec<Series> = runs
-        .iter()
-        .map(|r| Series {
-            name: format!("{} run {} (#{})", r.contender, r.round, r.seq),
-            points: r.samples.iter().map(|s| (s.t_s, s.gbps)).collect(),
-        })
-        .collect();
+    let series = super::gbps_per_run(runs);
     let lines = plot::line_chart(
         "iperf3 Gbit/s per second, every run",
         "seconds since the client started",
