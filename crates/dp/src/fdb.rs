@@ -9,13 +9,23 @@
 //! Time is passed in (`now`, nanoseconds on the switch's monotonic clock): no clock reads
 //! here, so aging is tested with an injected clock.
 //!
-//! # Limitations
-//! The table holds at most [`MAX_ENTRIES`] addresses; beyond that, new addresses are not
-//! learned (their frames are flooded) until aging frees room. A guest spraying random source
-//! MACs therefore cannot grow memory without bound.
+//! # Limits (hostile ports)
+//! The table holds at most [`MAX_ENTRIES`] addresses, and one port at most its MAC limit
+//! ([`DEFAULT_PORT_LIMIT`] unless [`Fdb::set_port_limit`] says otherwise): a guest spraying
+//! random source MACs fills its own share, not the table, so the other ports' addresses are
+//! still learned and their unicast is never flooded to it. Addresses beyond a limit are not
+//! learned (their frames still go out; replies to them are flooded) and each refusal is
+//! counted. Both checks read atomics before the write lock is taken, so a full table or a
+//! port at its limit costs a spraying port no more than a lookup.
+//!
+//! An address that moves between ports more than [`MOVES_PER_SEC`] times in a second is
+//! flapping (two ports claim it, or one spoofs it): further moves in that second are refused
+//! and counted as flaps on the port that claimed it, so a spoofer cannot keep stealing an
+//! address back and forth. A single move (a VM that migrated, a cable moved) is learned at
+//! once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 use qswitch_wire::MacAddr;
@@ -24,13 +34,23 @@ use crate::ids::PortId;
 
 /// Most addresses the table holds.
 pub const MAX_ENTRIES: usize = 65_536;
+/// Most addresses one port may have in the table unless configured otherwise.
+pub const DEFAULT_PORT_LIMIT: u32 = 4096;
+/// Port ids with their own limit and counters (larger ids share the table's limit only).
+pub const PORT_SLOTS: usize = 4096;
 /// A known address's time is rewritten at most this often.
 pub const REFRESH_NS: u64 = 100_000_000;
+/// Moves of one address allowed per second before it counts as flapping.
+pub const MOVES_PER_SEC: u32 = 4;
+const SEC: u64 = 1_000_000_000;
 
 #[derive(Debug)]
 struct Entry {
     port: AtomicU16,
     seen: AtomicU64,
+    /// Start of the current one-second move window, and moves in it (write lock only).
+    move_window: u64,
+    moves: u32,
 }
 
 /// One learned address, as listed.
@@ -43,13 +63,56 @@ pub struct Learned {
     pub age_ns: u64,
 }
 
+/// What [`Fdb::learn`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Learn {
+    /// Known on this port (its time refreshed if due).
+    Known,
+    /// New, now in the table.
+    Added,
+    /// Moved here from another port.
+    Moved { from: PortId },
+    /// Not learned: the port is at its MAC limit.
+    PortLimit,
+    /// Not learned: the table is full.
+    TableFull,
+    /// Not moved: the address is flapping between ports.
+    Flap,
+}
+
+/// Per-port MAC-table figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortFdbStats {
+    /// Addresses the port has in the table now.
+    pub entries: u32,
+    /// Its limit.
+    pub limit: u32,
+    /// Addresses not learned because the port was at its limit.
+    pub limit_refused: u64,
+    /// Moves to the port refused because the address was flapping.
+    pub flaps: u64,
+}
+
+#[derive(Debug)]
+struct PortSlot {
+    entries: AtomicU32,
+    limit: AtomicU32,
+    limit_refused: AtomicU64,
+    flaps: AtomicU64,
+}
+
 /// The forwarding database.
 #[derive(Debug)]
 pub struct Fdb {
     map: RwLock<HashMap<(MacAddr, u16), Entry>>,
+    /// `map.len()`, readable without the lock.
+    len: AtomicUsize,
+    ports: Box<[PortSlot]>,
     aging_ns: u64,
     /// Bumped whenever an address is added, moves or goes; lets workers validate caches.
     generation: AtomicU64,
+    /// Refused because the table was full.
+    full_refused: AtomicU64,
 }
 
 impl Fdb {
@@ -57,8 +120,18 @@ impl Fdb {
     pub fn new(aging_ns: u64) -> Fdb {
         Fdb {
             map: RwLock::new(HashMap::new()),
+            len: AtomicUsize::new(0),
+            ports: (0..PORT_SLOTS)
+                .map(|_| PortSlot {
+                    entries: AtomicU32::new(0),
+                    limit: AtomicU32::new(DEFAULT_PORT_LIMIT),
+                    limit_refused: AtomicU64::new(0),
+                    flaps: AtomicU64::new(0),
+                })
+                .collect(),
             aging_ns,
             generation: AtomicU64::new(0),
+            full_refused: AtomicU64::new(0),
         }
     }
 
@@ -68,31 +141,111 @@ impl Fdb {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// Sets how many addresses `port` may have in the table (addresses it already has stay).
+    pub fn set_port_limit(&self, port: PortId, limit: u32) {
+        if let Some(s) = self.slot(port) {
+            s.limit.store(limit, Ordering::Relaxed);
+        }
+    }
+
+    /// The port's MAC-table figures.
+    pub fn port_stats(&self, port: PortId) -> PortFdbStats {
+        self.slot(port)
+            .map_or_else(PortFdbStats::default, |s| PortFdbStats {
+                entries: s.entries.load(Ordering::Relaxed),
+                limit: s.limit.load(Ordering::Relaxed),
+                limit_refused: s.limit_refused.load(Ordering::Relaxed),
+                flaps: s.flaps.load(Ordering::Relaxed),
+            })
+    }
+
+    /// Addresses refused because the table was full.
+    pub fn full_refused(&self) -> u64 {
+        self.full_refused.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn slot(&self, port: PortId) -> Option<&PortSlot> {
+        self.ports.get(usize::from(port.0))
+    }
+
     /// Records that `mac` in `vlan` was seen on `port` at `now`.
-    pub fn learn(&self, mac: MacAddr, vlan: u16, port: PortId, now: u64) {
-        {
+    pub fn learn(&self, mac: MacAddr, vlan: u16, port: PortId, now: u64) -> Learn {
+        let known = {
             let map = self.map.read();
-            if let Some(e) = map.get(&(mac, vlan)) {
-                if e.port.load(Ordering::Relaxed) == port.0 {
+            match map.get(&(mac, vlan)) {
+                Some(e) if e.port.load(Ordering::Relaxed) == port.0 => {
                     if now.saturating_sub(e.seen.load(Ordering::Relaxed)) > REFRESH_NS {
                         e.seen.store(now, Ordering::Relaxed);
                     }
-                    return;
+                    return Learn::Known;
+                }
+                Some(_) => true,
+                None => false,
+            }
+        };
+        let slot = self.slot(port);
+        if !known {
+            // Refusals are decided on atomics, before the write lock.
+            if self.len.load(Ordering::Relaxed) >= MAX_ENTRIES {
+                self.full_refused.fetch_add(1, Ordering::Relaxed);
+                return Learn::TableFull;
+            }
+            if let Some(s) = slot {
+                if s.entries.load(Ordering::Relaxed) >= s.limit.load(Ordering::Relaxed) {
+                    s.limit_refused.fetch_add(1, Ordering::Relaxed);
+                    return Learn::PortLimit;
                 }
             }
         }
         let mut map = self.map.write();
-        if map.len() >= MAX_ENTRIES && !map.contains_key(&(mac, vlan)) {
-            return;
+        let outcome = match map.get_mut(&(mac, vlan)) {
+            Some(e) => {
+                let from = PortId(e.port.load(Ordering::Relaxed));
+                if from == port {
+                    return Learn::Known;
+                }
+                if now.saturating_sub(e.move_window) >= SEC {
+                    e.move_window = now;
+                    e.moves = 0;
+                }
+                if e.moves >= MOVES_PER_SEC {
+                    if let Some(s) = slot {
+                        s.flaps.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Learn::Flap;
+                }
+                e.moves += 1;
+                e.port.store(port.0, Ordering::Relaxed);
+                e.seen.store(now, Ordering::Relaxed);
+                if let Some(s) = self.slot(from) {
+                    s.entries.fetch_sub(1, Ordering::Relaxed);
+                }
+                Learn::Moved { from }
+            }
+            None => {
+                if map.len() >= MAX_ENTRIES {
+                    self.full_refused.fetch_add(1, Ordering::Relaxed);
+                    return Learn::TableFull;
+                }
+                map.insert(
+                    (mac, vlan),
+                    Entry {
+                        port: AtomicU16::new(port.0),
+                        seen: AtomicU64::new(now),
+                        move_window: now,
+                        moves: 0,
+                    },
+                );
+                self.len.store(map.len(), Ordering::Relaxed);
+                Learn::Added
+            }
+        };
+        if let Some(s) = slot {
+            s.entries.fetch_add(1, Ordering::Relaxed);
         }
-        map.insert(
-            (mac, vlan),
-            Entry {
-                port: AtomicU16::new(port.0),
-                seen: AtomicU64::new(now),
-            },
-        );
         self.generation.fetch_add(1, Ordering::AcqRel);
+        outcome
     }
 
     /// The port `mac` in `vlan` was last seen on, unless it has aged out.
@@ -111,16 +264,32 @@ impl Fdb {
         self.retain(|e| now.saturating_sub(e.seen.load(Ordering::Relaxed)) <= aging)
     }
 
-    /// Forgets every address learned on `port` (the port is going away).
+    /// Forgets every address learned on `port` (the port is going away); its limit goes back
+    /// to the default and its counters to zero, for the next port with that id.
     pub fn remove_port(&self, port: PortId) -> usize {
-        self.retain(|e| e.port.load(Ordering::Relaxed) != port.0)
+        let n = self.retain(|e| e.port.load(Ordering::Relaxed) != port.0);
+        if let Some(s) = self.slot(port) {
+            s.limit.store(DEFAULT_PORT_LIMIT, Ordering::Relaxed);
+            s.limit_refused.store(0, Ordering::Relaxed);
+            s.flaps.store(0, Ordering::Relaxed);
+        }
+        n
     }
 
     fn retain(&self, keep: impl Fn(&Entry) -> bool) -> usize {
         let mut map = self.map.write();
         let before = map.len();
-        map.retain(|_, e| keep(e));
+        map.retain(|_, e| {
+            let k = keep(e);
+            if !k {
+                if let Some(s) = self.slot(PortId(e.port.load(Ordering::Relaxed))) {
+                    s.entries.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            k
+        });
         let removed = before - map.len();
+        self.len.store(map.len(), Ordering::Relaxed);
         if removed > 0 {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
@@ -146,7 +315,7 @@ impl Fdb {
 
     /// Number of entries (including expired ones not yet swept).
     pub fn len(&self) -> usize {
-        self.map.read().len()
+        self.len.load(Ordering::Relaxed)
     }
 
     /// Whether the table is empty.
@@ -224,13 +393,88 @@ mod tests {
         assert_eq!(f.lookup(B, 0, 0), Some(PortId(2)));
     }
 
+    fn mac(i: usize) -> MacAddr {
+        let b = (i as u32).to_be_bytes();
+        MacAddr([6, 0, b[0], b[1], b[2], b[3]])
+    }
+
     #[test]
     fn table_is_bounded() {
         let f = Fdb::new(10 * SEC);
         for i in 0..MAX_ENTRIES + 10 {
-            let b = (i as u32).to_be_bytes();
-            f.learn(MacAddr([2, 0, b[0], b[1], b[2], b[3]]), 0, PortId(1), 0);
+            // Spread over ports so that no port's own limit is what stops it.
+            let port = PortId((i / DEFAULT_PORT_LIMIT as usize) as u16);
+            f.learn(mac(i), 0, port, 0);
         }
         assert_eq!(f.len(), MAX_ENTRIES);
+        assert_eq!(f.full_refused(), 10);
+        assert_eq!(f.learn(A, 0, PortId(100), 0), Learn::TableFull);
+    }
+
+    #[test]
+    fn one_port_cannot_fill_the_table() {
+        // F4: port 1 sprays more source MACs than the table holds; ports 2 and 3 are still
+        // learned, so unicast between them is not flooded to port 1.
+        let f = Fdb::new(10 * SEC);
+        for i in 0..MAX_ENTRIES + 64 {
+            f.learn(mac(i), 0, PortId(1), 0);
+        }
+        let s = f.port_stats(PortId(1));
+        assert_eq!(s.entries, DEFAULT_PORT_LIMIT);
+        assert_eq!(
+            s.limit_refused,
+            (MAX_ENTRIES + 64) as u64 - u64::from(DEFAULT_PORT_LIMIT)
+        );
+        assert_eq!(f.learn(A, 0, PortId(2), 0), Learn::Added);
+        assert_eq!(f.learn(B, 0, PortId(3), 0), Learn::Added);
+        assert_eq!(f.lookup(A, 0, 1), Some(PortId(2)));
+        assert_eq!(f.lookup(B, 0, 1), Some(PortId(3)));
+    }
+
+    #[test]
+    fn port_limit_is_configurable_and_freed_by_aging() {
+        let f = Fdb::new(10 * SEC);
+        f.set_port_limit(PortId(1), 2);
+        assert_eq!(f.learn(mac(1), 0, PortId(1), 0), Learn::Added);
+        assert_eq!(f.learn(mac(2), 0, PortId(1), 0), Learn::Added);
+        assert_eq!(f.learn(mac(3), 0, PortId(1), 0), Learn::PortLimit);
+        assert_eq!(f.port_stats(PortId(1)).entries, 2);
+        f.sweep(11 * SEC);
+        assert_eq!(f.port_stats(PortId(1)).entries, 0);
+        assert_eq!(f.learn(mac(3), 0, PortId(1), 11 * SEC), Learn::Added);
+        // A move counts against the new port's limit and frees the old port's.
+        f.set_port_limit(PortId(2), 1);
+        assert_eq!(
+            f.learn(mac(3), 0, PortId(2), 11 * SEC),
+            Learn::Moved { from: PortId(1) }
+        );
+        assert_eq!(f.port_stats(PortId(1)).entries, 0);
+        assert_eq!(f.port_stats(PortId(2)).entries, 1);
+        assert_eq!(f.remove_port(PortId(2)), 1);
+        assert_eq!(
+            f.port_stats(PortId(2)),
+            PortFdbStats {
+                limit: DEFAULT_PORT_LIMIT,
+                ..PortFdbStats::default()
+            }
+        );
+    }
+
+    #[test]
+    fn flapping_address_stops_moving() {
+        let f = Fdb::new(300 * SEC);
+        f.learn(A, 0, PortId(1), 0);
+        let mut moves = 0;
+        for i in 0..20u64 {
+            let port = PortId(2 + (i % 2) as u16);
+            if let Learn::Moved { .. } = f.learn(A, 0, port, i * 1000) {
+                moves += 1;
+            }
+        }
+        assert_eq!(moves, MOVES_PER_SEC);
+        assert!(f.port_stats(PortId(2)).flaps + f.port_stats(PortId(3)).flaps > 0);
+        // A second later the address may move again (a migration is learned at once).
+        let from = f.lookup(A, 0, 2 * SEC).unwrap();
+        assert_eq!(f.learn(A, 0, PortId(1), 2 * SEC), Learn::Moved { from });
     }
 }
