@@ -30,15 +30,30 @@ pub fn segment(
     scratch: &mut [u8],
     mut emit: impl FnMut(&[u8]),
 ) -> Result<u32> {
+    segment_while(frame, hdr, scratch, |s| {
+        emit(s);
+        true
+    })
+}
+
+/// [`segment`], stopping as soon as `emit` returns false (the destination is full: the rest
+/// would only be dropped, so it is not built). Returns the number of segments emitted.
+/// A `gso_size` below [`MIN_GSO_SIZE`](crate::virtio_net_hdr::MIN_GSO_SIZE) is refused.
+pub fn segment_while(
+    frame: &[u8],
+    hdr: &VirtioNetHdr,
+    scratch: &mut [u8],
+    mut emit: impl FnMut(&[u8]) -> bool,
+) -> Result<u32> {
     let v6 = match hdr.gso_type & !GSO_ECN {
         GSO_TCPV4 => false,
         GSO_TCPV6 => true,
         _ => return Err(Error::Malformed),
     };
-    let mss = usize::from(hdr.gso_size);
-    if mss == 0 {
+    if hdr.gso_size < crate::virtio_net_hdr::MIN_GSO_SIZE {
         return Err(Error::Malformed);
     }
+    let mss = usize::from(hdr.gso_size);
     let mut l3 = 14;
     if frame.len() < l3 {
         return Err(Error::Truncated);
@@ -140,7 +155,9 @@ pub fn segment(
         };
         let c = checksum::fold(checksum::sum16(&out[l4..], pseudo));
         out[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
-        emit(out);
+        if !emit(out) {
+            return Ok(i as u32 + 1);
+        }
     }
     Ok(chunks as u32)
 }
@@ -256,6 +273,34 @@ mod tests {
             segment(&f, &ok, &mut scratch[..100], |_| {}).is_err(),
             "scratch too small"
         );
+    }
+
+    #[test]
+    fn absurd_mss_is_refused_and_a_full_destination_stops_it() {
+        // F7: 64 KB with gso_size 1 would be 65 000 segments.
+        let f = tso_v4(60_000);
+        let mut scratch = vec![0u8; 2000];
+        let tiny = VirtioNetHdr {
+            gso_type: GSO_TCPV4,
+            gso_size: 1,
+            ..Default::default()
+        };
+        let mut n = 0;
+        assert!(segment(&f, &tiny, &mut scratch, |_| n += 1).is_err());
+        assert_eq!(n, 0);
+        let ok = VirtioNetHdr {
+            gso_type: GSO_TCPV4,
+            gso_size: crate::virtio_net_hdr::MIN_GSO_SIZE,
+            ..Default::default()
+        };
+        // The destination takes three segments, then is full: nothing more is built.
+        let mut built = 0;
+        let emitted = segment_while(&f, &ok, &mut scratch, |_| {
+            built += 1;
+            built < 3
+        })
+        .unwrap();
+        assert_eq!((built, emitted), (3, 3));
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub const GSO_TCPV6: u8 = 4;
 pub const GSO_UDP_L4: u8 = 5;
 /// `gso_type` bit: the TCP segments carry ECN (CWR must go in the first segment only).
 pub const GSO_ECN: u8 = 0x80;
+/// Smallest `gso_size` accepted. Linux never sends an MSS below `TCP_MIN_MSS` (88) less the
+/// TCP options it carries; a smaller one only multiplies the segments of a frame (64 KiB at a
+/// `gso_size` of 1 would be 65 000 segments).
+pub const MIN_GSO_SIZE: u16 = 64;
 
 /// A virtio-net header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,6 +74,9 @@ pub enum HdrError {
     CsumOutOfRange,
     /// A GSO type with `hdr_len` beyond the end of the frame.
     HdrLenOutOfRange,
+    /// A GSO type with a `gso_size` below [`MIN_GSO_SIZE`]: thousands of segments from one
+    /// frame, a way to make the switch segment for a long time.
+    GsoSizeTooSmall,
 }
 
 impl fmt::Display for HdrError {
@@ -79,6 +86,7 @@ impl fmt::Display for HdrError {
             HdrError::MissingGsoSize => "virtio-net GSO without gso_size",
             HdrError::CsumOutOfRange => "virtio-net checksum offset beyond the frame",
             HdrError::HdrLenOutOfRange => "virtio-net hdr_len beyond the frame",
+            HdrError::GsoSizeTooSmall => "virtio-net gso_size below the minimum",
         })
     }
 }
@@ -141,7 +149,8 @@ impl VirtioNetHdr {
     /// Validates the header against the frame it describes, `frame_len` bytes long. Rejects
     /// what Linux rejects: unknown GSO types (including [`GSO_ECN`] alone), GSO without
     /// `gso_size`, [`FLAG_NEEDS_CSUM`] with `csum_start + csum_offset + 2 > frame_len`, and GSO
-    /// with `hdr_len > frame_len`.
+    /// with `hdr_len > frame_len`; and, stricter than Linux, GSO with a `gso_size` below
+    /// [`MIN_GSO_SIZE`].
     pub fn validate(&self, frame_len: usize) -> core::result::Result<(), HdrError> {
         if self.gso_type != GSO_NONE
             && !matches!(
@@ -153,6 +162,9 @@ impl VirtioNetHdr {
         }
         if self.is_gso() && self.gso_size == 0 {
             return Err(HdrError::MissingGsoSize);
+        }
+        if self.is_gso() && self.gso_size < MIN_GSO_SIZE {
+            return Err(HdrError::GsoSizeTooSmall);
         }
         let csum_end = usize::from(self.csum_start) + usize::from(self.csum_offset) + 2;
         if self.flags & FLAG_NEEDS_CSUM != 0 && csum_end > frame_len {
@@ -309,6 +321,13 @@ mod tests {
             (
                 VirtioNetHdr { gso_size: 0, ..TSO },
                 HdrError::MissingGsoSize,
+            ),
+            (
+                VirtioNetHdr {
+                    gso_size: MIN_GSO_SIZE - 1,
+                    ..TSO
+                },
+                HdrError::GsoSizeTooSmall,
             ),
             (
                 VirtioNetHdr {
