@@ -17,6 +17,9 @@
 //! - [`guest`]: a mapped guest memory region for the vhost-user data path: bounds-checked
 //!   copies, ring-index atomics, prefetch hints.
 //! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`.
+//! - [`netns`]: move the calling thread into a network namespace.
+//! - [`xdp`]: AF_XDP sockets (UMEM and rings) and the XDP redirect program, loaded and
+//!   attached through `bpf(2)` from hand-written instructions.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
 //!   CPU time, process CPU time, effective-uid check.
 //!
@@ -38,8 +41,10 @@ pub mod eventfd;
 pub mod fd;
 pub mod guest;
 pub mod netif;
+pub mod netns;
 pub mod tap;
 pub mod thread;
+pub mod xdp;
 
 use std::io;
 

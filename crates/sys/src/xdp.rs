@@ -1,0 +1,767 @@
+//! AF_XDP: the XDP redirect program, its XSKMAP, and AF_XDP sockets bound to one NIC queue,
+//! with no BPF toolchain at build or run time.
+//!
+//! ```text
+//!   NIC queue q ──▶ XDP program ──▶ XSKMAP[q] ──▶ Socket (rx ring) ──▶ the switch
+//!                        │ no socket for q
+//!                        ▼
+//!                    XDP_PASS (the kernel's stack, as if nothing were attached)
+//! ```
+//!
+//! The program is five hand-written instructions, the one libxdp and OVS load:
+//! `return bpf_redirect_map(&xskmap, ctx->rx_queue_index, XDP_PASS)`. It is loaded with
+//! `bpf(BPF_PROG_LOAD)` and attached with a BPF link (`BPF_LINK_CREATE`), which belongs to
+//! this process: when the process exits, even by `kill -9`, the kernel detaches the program
+//! and the interface carries traffic to its stack again. Nothing is pinned in bpffs.
+//!
+//! A [`Socket`] owns its UMEM (anonymous memory registered with the kernel) and the four
+//! rings. The UMEM's frames are split in two: the first half is lent to the kernel through
+//! the fill ring for receiving, the second half is the transmit pool, returned through the
+//! completion ring. Each frame is [`FRAME_SIZE`] bytes, so one frame holds a 1518-byte frame
+//! (jumbo frames need multi-buffer, which this does not use).
+//!
+//! # Limitations
+//! - Needs `CAP_NET_ADMIN`, `CAP_NET_RAW` and `CAP_BPF` (root here).
+//! - One socket per queue, no shared UMEM between sockets.
+//! - An XDP program attached by someone else through netlink (not a link) makes
+//!   [`attach`] fail with `EBUSY`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::cvt;
+
+/// Bytes per UMEM frame.
+pub const FRAME_SIZE: u32 = 2048;
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_XDP: u32 = 37;
+const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
+const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+const BPF_FUNC_REDIRECT_MAP: i32 = 51;
+const XDP_PASS: i32 = 2;
+/// `offsetof(struct xdp_md, rx_queue_index)`.
+const XDP_MD_RX_QUEUE_INDEX: i16 = 16;
+
+/// `union bpf_attr`, as a byte buffer large enough for every command used here (the kernel
+/// checks that bytes past what it knows are zero).
+#[repr(C, align(8))]
+struct BpfAttr([u8; 128]);
+
+impl BpfAttr {
+    fn new() -> BpfAttr {
+        BpfAttr([0; 128])
+    }
+    fn u32(&mut self, off: usize, v: u32) -> &mut Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u64(&mut self, off: usize, v: u64) -> &mut Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_int> {
+    // SAFETY: `attr` is a zero-initialised, 8-byte aligned buffer of the size passed, laid out
+    // as the kernel's `union bpf_attr` for `cmd`; every pointer stored in it (by the callers)
+    // points to memory that outlives this call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.0.as_mut_ptr(),
+            std::mem::size_of::<BpfAttr>() as libc::c_uint,
+        )
+    };
+    cvt(r as libc::c_int)
+}
+
+fn owned(fd: libc::c_int) -> OwnedFd {
+    // SAFETY: `fd` was just returned by a successful syscall that creates a new descriptor,
+    // and nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// An XSKMAP: NIC queue index → AF_XDP socket.
+#[derive(Debug)]
+pub struct XskMap {
+    fd: OwnedFd,
+    entries: u32,
+}
+
+impl XskMap {
+    /// A map for queues `0..entries`.
+    pub fn new(entries: u32) -> io::Result<XskMap> {
+        let mut a = BpfAttr::new();
+        // map_type, key_size, value_size, max_entries
+        a.u32(0, BPF_MAP_TYPE_XSKMAP)
+            .u32(4, 4)
+            .u32(8, 4)
+            .u32(12, entries.max(1));
+        let fd = bpf(BPF_MAP_CREATE, &mut a)?;
+        Ok(XskMap {
+            fd: owned(fd),
+            entries: entries.max(1),
+        })
+    }
+
+    /// Steers queue `queue` to `socket`.
+    pub fn set(&self, queue: u32, socket: &Socket) -> io::Result<()> {
+        self.update(queue, Some(socket.as_raw_fd()))
+    }
+
+    /// Sends queue `queue` back to the kernel's stack.
+    pub fn clear(&self, queue: u32) -> io::Result<()> {
+        self.update(queue, None)
+    }
+
+    fn update(&self, queue: u32, fd: Option<RawFd>) -> io::Result<()> {
+        if queue >= self.entries {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("queue {queue} beyond the map's {} entries", self.entries),
+            ));
+        }
+        let key = queue;
+        let value = fd.unwrap_or(-1) as u32;
+        let mut a = BpfAttr::new();
+        // map_fd, (pad), key ptr, value ptr, flags
+        a.u32(0, self.fd.as_raw_fd() as u32)
+            .u64(8, std::ptr::addr_of!(key) as u64)
+            .u64(16, std::ptr::addr_of!(value) as u64)
+            .u64(24, 0);
+        match fd {
+            Some(_) => bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop),
+            None => match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+                r => r.map(drop),
+            },
+        }
+    }
+}
+
+/// The loaded redirect program.
+#[derive(Debug)]
+pub struct Program {
+    fd: OwnedFd,
+}
+
+/// One BPF instruction (`struct bpf_insn`).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Insn {
+    code: u8,
+    regs: u8, // dst:4 (low), src:4 (high)
+    off: i16,
+    imm: i32,
+}
+
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn {
+        code,
+        regs: (src << 4) | dst,
+        off,
+        imm,
+    }
+}
+
+/// `r2 = ctx->rx_queue_index; r1 = map; r3 = XDP_PASS; return bpf_redirect_map(r1, r2, r3)`.
+fn redirect_insns(map_fd: RawFd) -> [Insn; 6] {
+    const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
+    const LD_DW_IMM: u8 = 0x18; // BPF_LD | BPF_DW | BPF_IMM (two slots)
+    const MOV64_K: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
+    const CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
+    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
+    const PSEUDO_MAP_FD: u8 = 1;
+    [
+        insn(LDX_W, 2, 1, XDP_MD_RX_QUEUE_INDEX, 0),
+        insn(LD_DW_IMM, 1, PSEUDO_MAP_FD, 0, map_fd),
+        insn(0, 0, 0, 0, 0),
+        insn(MOV64_K, 3, 0, 0, XDP_PASS),
+        insn(CALL, 0, 0, 0, BPF_FUNC_REDIRECT_MAP),
+        insn(EXIT, 0, 0, 0, 0),
+    ]
+}
+
+impl Program {
+    /// Loads the redirect program for `map`. A verifier refusal comes back with the
+    /// verifier's log in the error.
+    pub fn redirect(map: &XskMap) -> io::Result<Program> {
+        let insns = redirect_insns(map.fd.as_raw_fd());
+        let license = CString::new("GPL").expect("no NUL");
+        let mut log = vec![0u8; 16 * 1024];
+        let mut a = BpfAttr::new();
+        // prog_type, insn_cnt, insns, license, log_level, log_size, log_buf, kern_version,
+        // prog_flags, prog_name[16] (at 48), prog_ifindex (64), expected_attach_type (68)
+        a.u32(0, BPF_PROG_TYPE_XDP)
+            .u32(4, insns.len() as u32)
+            .u64(8, insns.as_ptr() as u64)
+            .u64(16, license.as_ptr() as u64)
+            .u32(24, 1)
+            .u32(28, log.len() as u32)
+            .u64(32, log.as_mut_ptr() as u64)
+            .u32(68, BPF_XDP);
+        a.0[48..48 + 11].copy_from_slice(b"qs_redirect");
+        match bpf(BPF_PROG_LOAD, &mut a) {
+            Ok(fd) => Ok(Program { fd: owned(fd) }),
+            Err(e) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]);
+                Err(io::Error::new(
+                    e.kind(),
+                    format!("loading the XDP program: {e}; verifier: {}", text.trim()),
+                ))
+            }
+        }
+    }
+}
+
+/// How the program is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    /// In the driver (`XDP_FLAGS_DRV_MODE`): fails where the driver has no XDP.
+    Native,
+    /// Generic XDP on the skb (`XDP_FLAGS_SKB_MODE`): works on every interface.
+    Generic,
+}
+
+/// An attached program; dropping it (or the process ending) detaches it.
+#[derive(Debug)]
+pub struct Link {
+    _fd: OwnedFd,
+}
+
+/// Attaches `prog` to interface `ifindex`.
+pub fn attach(prog: &Program, ifindex: u32, mode: AttachMode) -> io::Result<Link> {
+    let flags = match mode {
+        AttachMode::Native => XDP_FLAGS_DRV_MODE,
+        AttachMode::Generic => XDP_FLAGS_SKB_MODE,
+    };
+    let mut a = BpfAttr::new();
+    // prog_fd, target_ifindex, attach_type, flags
+    a.u32(0, prog.fd.as_raw_fd() as u32)
+        .u32(4, ifindex)
+        .u32(8, BPF_XDP)
+        .u32(12, flags);
+    let fd = bpf(BPF_LINK_CREATE, &mut a)?;
+    Ok(Link { _fd: owned(fd) })
+}
+
+/// The index of interface `name` in this thread's network namespace.
+pub fn ifindex(name: &str) -> io::Result<u32> {
+    let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(i)
+}
+
+/// How a socket binds to its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMode {
+    /// The driver DMAs into the UMEM (`XDP_ZEROCOPY`); needs driver support.
+    ZeroCopy,
+    /// The kernel copies (`XDP_COPY`); works with native and generic XDP.
+    Copy,
+}
+
+/// A mapped ring shared with the kernel: producer and consumer indices and `size` entries.
+struct Ring<T> {
+    map: *mut libc::c_void,
+    map_len: usize,
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    flags: *const AtomicU32,
+    descs: *mut T,
+    mask: u32,
+}
+
+impl<T: Copy> Ring<T> {
+    /// Maps ring `off` of `fd` at page offset `pgoff`.
+    fn map(
+        fd: RawFd,
+        off: &libc::xdp_ring_offset,
+        size: u32,
+        pgoff: libc::off_t,
+    ) -> io::Result<Ring<T>> {
+        let map_len = off.desc as usize + size as usize * std::mem::size_of::<T>();
+        // SAFETY: a fresh shared mapping of the socket's ring at the offset the kernel
+        // defined for it; the kernel validates fd, length and offset.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = map.cast::<u8>();
+        // SAFETY: the kernel's offsets lie within the mapping of `map_len` bytes (the
+        // descriptors start at `desc`, the indices and flags before it), and are aligned for
+        // their types (u32 indices, u64/xdp_desc entries).
+        unsafe {
+            Ok(Ring {
+                map,
+                map_len,
+                producer: base.add(off.producer as usize).cast(),
+                consumer: base.add(off.consumer as usize).cast(),
+                flags: base.add(off.flags as usize).cast(),
+                descs: base.add(off.desc as usize).cast(),
+                mask: size - 1,
+            })
+        }
+    }
+
+    fn producer(&self) -> &AtomicU32 {
+        // SAFETY: points into the live mapping (see `map`); the kernel updates it
+        // concurrently, which is what the atomic is for.
+        unsafe { &*self.producer }
+    }
+    fn consumer(&self) -> &AtomicU32 {
+        // SAFETY: as in `producer`.
+        unsafe { &*self.consumer }
+    }
+    fn needs_wakeup(&self) -> bool {
+        // SAFETY: as in `producer`.
+        unsafe { &*self.flags }.load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
+    }
+    fn get(&self, idx: u32) -> T {
+        // SAFETY: `idx & mask` < size, so the slot lies in the mapping; the slot was
+        // published by the producer's release store that the caller acquired.
+        unsafe { std::ptr::read_volatile(self.descs.add((idx & self.mask) as usize)) }
+    }
+    fn set(&self, idx: u32, v: T) {
+        // SAFETY: `idx & mask` < size; the slot is ours until the producer index that
+        // covers it is released.
+        unsafe { std::ptr::write_volatile(self.descs.add((idx & self.mask) as usize), v) }
+    }
+}
+
+impl<T> Drop for Ring<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `map`; no reference into it outlives
+        // the ring.
+        unsafe { libc::munmap(self.map, self.map_len) };
+    }
+}
+
+/// A frame received: where it lies in the UMEM.
+#[derive(Debug, Clone, Copy)]
+pub struct RxFrame {
+    addr: u64,
+    len: u32,
+}
+
+/// Counters the kernel keeps for a socket (`XDP_STATISTICS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Dropped for other reasons (e.g. no fill buffer in time).
+    pub rx_dropped: u64,
+    /// Dropped because of invalid descriptors.
+    pub rx_invalid_descs: u64,
+    pub tx_invalid_descs: u64,
+    /// Dropped because the rx ring was full.
+    pub rx_ring_full: u64,
+    /// Times the fill ring was empty.
+    pub rx_fill_ring_empty_descs: u64,
+    pub tx_ring_empty_descs: u64,
+}
+
+/// An AF_XDP socket bound to one queue of one interface, with its UMEM and rings.
+pub struct Socket {
+    // Drop order: rings first, then the socket, then the UMEM the kernel may still use.
+    rx: Ring<libc::xdp_desc>,
+    tx: Ring<libc::xdp_desc>,
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+    fd: OwnedFd,
+    umem: Umem,
+    /// Transmit frames not in flight.
+    tx_free: Vec<u64>,
+    zero_copy: bool,
+}
+
+// SAFETY: the raw pointers refer to mappings owned by the socket; they are only used
+// through `&mut self` (or `&self` for read-only counters), so moving the socket to another
+// thread moves their sole user with it.
+unsafe impl Send for Socket {}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Socket")
+            .field("fd", &self.fd)
+            .field("zero_copy", &self.zero_copy)
+            .finish()
+    }
+}
+
+fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T) -> io::Result<()> {
+    // SAFETY: `v` points to a live `T` of the size passed; SOL_XDP options copy it in.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_XDP,
+            opt,
+            std::ptr::from_ref(v).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+impl Socket {
+    /// A socket on queue `queue` of interface `ifindex`, with `frames` UMEM frames (a power
+    /// of two ≥ 4; half for receiving, half for sending) and rings of `frames / 2` entries.
+    pub fn new(ifindex: u32, queue: u32, frames: u32, mode: BindMode) -> io::Result<Socket> {
+        if frames < 4 || !frames.is_power_of_two() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "UMEM frames must be a power of two >= 4",
+            ));
+        }
+        let ring = frames / 2;
+        // SAFETY: socket() has no memory-safety preconditions.
+        let fd = owned(cvt(unsafe {
+            libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0)
+        })?);
+        let raw = fd.as_raw_fd();
+        let umem_len = frames as usize * FRAME_SIZE as usize;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let umem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                umem_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if umem == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let umem = Umem {
+            ptr: umem.cast(),
+            len: umem_len,
+        };
+        let reg = libc::xdp_umem_reg {
+            addr: umem.ptr as u64,
+            len: umem_len as u64,
+            chunk_size: FRAME_SIZE,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        let setup = || -> io::Result<libc::xdp_mmap_offsets> {
+            setsockopt(raw, libc::XDP_UMEM_REG, &reg)?;
+            setsockopt(raw, libc::XDP_UMEM_FILL_RING, &ring)?;
+            setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &ring)?;
+            setsockopt(raw, libc::XDP_RX_RING, &ring)?;
+            setsockopt(raw, libc::XDP_TX_RING, &ring)?;
+            // SAFETY: all-zero is a valid xdp_mmap_offsets (plain integers).
+            let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+            // SAFETY: `off` and `len` are live and `len` is off's size; the kernel writes at
+            // most `len` bytes.
+            cvt(unsafe {
+                libc::getsockopt(
+                    raw,
+                    libc::SOL_XDP,
+                    libc::XDP_MMAP_OFFSETS,
+                    std::ptr::addr_of_mut!(off).cast(),
+                    &mut len,
+                )
+            })?;
+            Ok(off)
+        };
+        let off = setup()?;
+        let rings = (|| -> io::Result<_> {
+            Ok((
+                Ring::map(raw, &off.rx, ring, libc::XDP_PGOFF_RX_RING)?,
+                Ring::map(raw, &off.tx, ring, libc::XDP_PGOFF_TX_RING)?,
+                Ring::map(raw, &off.fr, ring, libc::XDP_UMEM_PGOFF_FILL_RING as i64)?,
+                Ring::map(
+                    raw,
+                    &off.cr,
+                    ring,
+                    libc::XDP_UMEM_PGOFF_COMPLETION_RING as i64,
+                )?,
+            ))
+        })();
+        let (rx, tx, fill, comp) = rings?;
+        let s = Socket {
+            rx,
+            tx,
+            fill,
+            comp,
+            fd,
+            umem,
+            tx_free: (ring..frames)
+                .map(|i| u64::from(i) * u64::from(FRAME_SIZE))
+                .collect(),
+            zero_copy: mode == BindMode::ZeroCopy,
+        };
+        // All receive frames go to the kernel before binding.
+        let p = s.fill.producer().load(Ordering::Relaxed);
+        for i in 0..ring {
+            s.fill
+                .set(p.wrapping_add(i), u64::from(i) * u64::from(FRAME_SIZE));
+        }
+        s.fill
+            .producer()
+            .store(p.wrapping_add(ring), Ordering::Release);
+        let sa = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: libc::XDP_USE_NEED_WAKEUP
+                | match mode {
+                    BindMode::ZeroCopy => libc::XDP_ZEROCOPY,
+                    BindMode::Copy => libc::XDP_COPY,
+                },
+            sxdp_ifindex: ifindex,
+            sxdp_queue_id: queue,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `sa` is a live sockaddr_xdp of the size passed.
+        cvt(unsafe {
+            libc::bind(
+                s.fd.as_raw_fd(),
+                std::ptr::addr_of!(sa).cast(),
+                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        })?;
+        Ok(s)
+    }
+
+    /// Whether the socket was bound zero-copy.
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    /// Receives up to `max` frames, handing each to `f`, then gives their buffers back to the
+    /// kernel. Returns the number of frames.
+    pub fn recv(&mut self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
+        let cons = self.rx.consumer().load(Ordering::Relaxed);
+        let avail = self
+            .rx
+            .producer()
+            .load(Ordering::Acquire)
+            .wrapping_sub(cons);
+        let n = avail.min(max as u32);
+        if n == 0 {
+            if self.fill.needs_wakeup() {
+                self.kick_rx();
+            }
+            return 0;
+        }
+        let fp = self.fill.producer().load(Ordering::Relaxed);
+        for i in 0..n {
+            let d = self.rx.get(cons.wrapping_add(i));
+            let frame = RxFrame {
+                addr: d.addr,
+                len: d.len,
+            };
+            if let Some(bytes) = self.frame(frame) {
+                f(bytes);
+            }
+            // The buffer's base address (the kernel may have added an offset).
+            let base = d.addr - d.addr % u64::from(FRAME_SIZE);
+            self.fill.set(fp.wrapping_add(i), base);
+        }
+        self.rx
+            .consumer()
+            .store(cons.wrapping_add(n), Ordering::Release);
+        // The fill ring has room: it is as large as the receive half of the UMEM, and each
+        // buffer is in exactly one of fill, rx or our hands.
+        self.fill
+            .producer()
+            .store(fp.wrapping_add(n), Ordering::Release);
+        n as usize
+    }
+
+    fn frame(&self, f: RxFrame) -> Option<&[u8]> {
+        let end = f.addr.checked_add(u64::from(f.len))?;
+        if end > self.umem.len as u64 {
+            return None;
+        }
+        // SAFETY: [addr, addr+len) lies within the UMEM (checked above), and the kernel
+        // finished writing it before publishing the descriptor we acquired; it does not
+        // touch the buffer again until we return it through the fill ring.
+        Some(unsafe {
+            std::slice::from_raw_parts(self.umem.ptr.add(f.addr as usize), f.len as usize)
+        })
+    }
+
+    /// Queues `frames` for transmission (each at most [`FRAME_SIZE`] bytes; longer ones are
+    /// skipped) and kicks the kernel. Returns how many were queued; the rest did not fit
+    /// (no free transmit frame or ring slot).
+    pub fn send<'a>(&mut self, frames: impl IntoIterator<Item = &'a [u8]>) -> usize {
+        self.reclaim();
+        let prod = self.tx.producer().load(Ordering::Relaxed);
+        let cons = self.tx.consumer().load(Ordering::Acquire);
+        let room = (self.tx.mask + 1) - prod.wrapping_sub(cons);
+        let mut n = 0u32;
+        for frame in frames {
+            if n == room || frame.len() > FRAME_SIZE as usize {
+                if n == room {
+                    break;
+                }
+                continue;
+            }
+            let Some(addr) = self.tx_free.pop() else {
+                break;
+            };
+            // SAFETY: `addr` is the base of a transmit frame of FRAME_SIZE bytes within the
+            // UMEM that the kernel is not using (it is in our free list), and
+            // frame.len() <= FRAME_SIZE.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    frame.as_ptr(),
+                    self.umem.ptr.add(addr as usize),
+                    frame.len(),
+                );
+            }
+            self.tx.set(
+                prod.wrapping_add(n),
+                libc::xdp_desc {
+                    addr,
+                    len: frame.len() as u32,
+                    options: 0,
+                },
+            );
+            n += 1;
+        }
+        if n > 0 {
+            self.tx
+                .producer()
+                .store(prod.wrapping_add(n), Ordering::Release);
+            if self.tx.needs_wakeup() || !self.zero_copy {
+                self.kick_tx();
+            }
+        }
+        n as usize
+    }
+
+    /// Returns completed transmit frames to the free list.
+    fn reclaim(&mut self) {
+        let cons = self.comp.consumer().load(Ordering::Relaxed);
+        let n = self
+            .comp
+            .producer()
+            .load(Ordering::Acquire)
+            .wrapping_sub(cons);
+        for i in 0..n {
+            self.tx_free.push(self.comp.get(cons.wrapping_add(i)));
+        }
+        if n > 0 {
+            self.comp
+                .consumer()
+                .store(cons.wrapping_add(n), Ordering::Release);
+        }
+    }
+
+    fn kick_tx(&self) {
+        // SAFETY: a zero-length sendto with no buffer and no address only kicks transmission.
+        unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+    }
+
+    fn kick_rx(&self) {
+        // SAFETY: a zero-length recvfrom with no buffer only wakes the kernel's receive path.
+        unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+    }
+
+    /// The kernel's counters for this socket.
+    pub fn stats(&self) -> io::Result<Stats> {
+        // SAFETY: all-zero is a valid xdp_statistics (plain integers).
+        let mut s: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::xdp_statistics>() as libc::socklen_t;
+        // SAFETY: `s` and `len` are live; the kernel writes at most `len` bytes.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_XDP,
+                libc::XDP_STATISTICS,
+                std::ptr::addr_of_mut!(s).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(Stats {
+            rx_dropped: s.rx_dropped,
+            rx_invalid_descs: s.rx_invalid_descs,
+            tx_invalid_descs: s.tx_invalid_descs,
+            rx_ring_full: s.rx_ring_full,
+            rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs,
+            tx_ring_empty_descs: s.tx_ring_empty_descs,
+        })
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// The UMEM mapping; the socket's last field, so it is unmapped after the rings and the
+/// socket are gone.
+struct Umem {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `Socket::new`; no slice into it outlives the
+        // socket, and the kernel released it when the socket closed.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_are_encoded_as_the_kernel_expects() {
+        let i = redirect_insns(7);
+        assert_eq!(std::mem::size_of::<Insn>(), 8);
+        assert_eq!((i[0].code, i[0].regs, i[0].off), (0x61, 0x12, 16));
+        assert_eq!((i[1].code, i[1].regs, i[1].imm), (0x18, 0x11, 7));
+        assert_eq!((i[3].code, i[3].regs, i[3].imm), (0xb7, 0x03, XDP_PASS));
+        assert_eq!((i[4].code, i[4].imm), (0x85, 51));
+        assert_eq!(i[5].code, 0x95);
+    }
+}
