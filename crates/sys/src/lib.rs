@@ -16,6 +16,8 @@
 //! - [`epoll`]: level-triggered `EPOLLIN` readiness with `u64` tokens.
 //! - [`guest`]: a mapped guest memory region for the vhost-user data path: bounds-checked
 //!   copies, ring-index atomics, prefetch hints.
+//! - [`dirty_log`]: the vhost-user dirty-page log (live migration): one atomic bit per
+//!   guest page.
 //! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`.
 //! - [`netns`]: move the calling thread into a network namespace.
 //! - [`xdp`]: AF_XDP sockets (UMEM and rings) and the XDP redirect program, loaded and
@@ -36,6 +38,7 @@
 //!   `CAP_NET_ADMIN`.
 
 pub mod cpu;
+pub mod dirty_log;
 pub mod epoll;
 pub mod eventfd;
 pub mod fd;
