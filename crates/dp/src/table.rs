@@ -112,8 +112,9 @@ impl Shared {
     }
     /// A thread failed: remember why (the first reason wins) and stop the switch.
     pub(crate) fn fail(&self, why: String) {
-        self.failure.record(why);
+        // Stopping first: whoever wakes on the record sees a stopping switch.
         self.request_stop();
+        self.failure.record(why);
     }
 }
 
