@@ -41,7 +41,7 @@
 mod ports;
 mod reports;
 mod runtime;
-mod start;
+pub(crate) mod start;
 
 use std::sync::Arc;
 use std::time::Duration;

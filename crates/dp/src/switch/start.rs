@@ -210,8 +210,10 @@ impl Drop for Switch {
 
 /// Every thread the switch starts goes through here: named `name`, confined to `cpus` (none:
 /// where the daemon may run), and a panic in `f` stops the switch with a message naming the
-/// thread ([`Switch::failed`]). `f` learns whether the confinement worked.
-pub(super) fn spawn(
+/// thread ([`Switch::failed`]). `f` learns whether the confinement worked. Threads a port
+/// needs (a vhost-user reactor, say) should be started here too, so their panics are not
+/// lost.
+pub(crate) fn spawn(
     shared: &Arc<Shared>,
     name: String,
     cpus: &[CpuId],
