@@ -120,7 +120,6 @@ impl Forwarder {
     }
 
     /// One rx burst from `queue` of `entry`, switched to completion. Returns frames received.
-    #[inline]
     pub fn poll(
         &mut self,
         view: &View,

@@ -109,6 +109,10 @@ impl Switch {
     /// back), runs housekeeping and the QoS allocator if they are due, then polls every rx
     /// queue once, worker by worker, each in its queue order. Returns the frames received.
     /// On a started switch it does nothing and returns 0.
+    ///
+    /// Busy time is not measured without threads, so dynamic placement sees every queue
+    /// idle (it may coalesce them, as on an idle started switch); pins and static placement
+    /// behave as on a started switch.
     pub fn poll_once(&self, now: u64) -> usize {
         let (Some(manual), Clock::Manual(clock)) = (&self.manual, &self.shared.clock) else {
             return 0;
