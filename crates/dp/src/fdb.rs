@@ -4,7 +4,7 @@
 //! reader-writer lock; only a new or moved address takes the write side. A refresh stores the
 //! time only when the stored time is more than [`REFRESH_NS`] old, so a busy flow does not
 //! keep writing the entry's cache line. Workers put a one-entry cache in front of both
-//! ([`crate::worker`]), so the table is touched about once per burst, not once per frame.
+//! ([`crate::engine`]), so the table is touched about once per burst, not once per frame.
 //!
 //! Time is passed in (`now`, nanoseconds on the switch's monotonic clock): no clock reads
 //! here, so aging is tested with an injected clock.

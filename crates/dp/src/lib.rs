@@ -12,8 +12,12 @@
 //! ```
 //!
 //! # Modules
-//! - [`switch`]: the port table, the workers, and live add/remove of ports.
-//! - [`worker`]: the poll loop, batch semantics and adaptive polling.
+//! - [`switch`]: the control plane: port lifecycle, the placement runtime, reports, start-up
+//!   (threads, or none under a manual clock); every change under one lock.
+//! - [`engine`]: the forwarding engine: one burst classified, learned, looked up, flooded,
+//!   admitted by QoS and transmitted, with no threads and time passed in.
+//! - [`worker`]: the worker thread: a loop around the engine, adaptive spin, sleep in epoll.
+//! - [`table`]: the port table and the state the switch shares with its workers.
 //! - [`port`]: the [`port::Port`] trait and the TAP, gen and (tests) inject ports.
 //! - [`fdb`]: the MAC learning table with aging.
 //! - [`packet`]: packet buffers with virtio-net header headroom; bursts.
@@ -22,7 +26,7 @@
 //! - [`placement`]: which CPU each rx queue runs on (disjoint, SMT- and NUMA-aware sets).
 //! - [`balance`]: dynamic placement: coalesce queues at low load, spread them at high load.
 //! - [`stats`]: single-writer counters and the drop reasons.
-//! - [`ids`]: `PortId`, `WorkerId`.
+//! - [`ids`]: `PortId`, `WorkerId`, `CpuId`.
 //! - [`report`]: per-second rates from two counter snapshots.
 //!
 //! # Limitations
@@ -33,6 +37,7 @@
 #![deny(unsafe_code)]
 
 pub mod balance;
+pub mod engine;
 pub mod fdb;
 pub mod ids;
 pub mod packet;
@@ -43,7 +48,8 @@ pub mod report;
 pub mod rss;
 pub mod stats;
 pub mod switch;
+pub mod table;
 pub mod worker;
 
-pub use ids::{PortId, WorkerId};
+pub use ids::{CpuId, PortId, WorkerId};
 pub use switch::{Options, Switch, SwitchError};

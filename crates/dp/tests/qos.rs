@@ -232,3 +232,75 @@ fn changes_apply_within_a_tick_and_refusals_change_nothing() {
     assert!(sw.ports().iter().all(|p| p.name != "c"));
     sw.shutdown();
 }
+
+/// One control lock: port additions with a guarantee and `qos set`s racing from many
+/// threads never leave the guarantees toward the uplink above reservable × capacity, and each
+/// one admitted is counted exactly once. 200 requests in 10 rounds; each round starts with
+/// 800M of the 900M reservable already taken, so every round races for the last 100M.
+#[test]
+fn racing_port_adds_and_qos_sets_never_over_admit() {
+    const ROUNDS: usize = 10;
+    const EACH: usize = 10;
+    const MIN: u64 = 100_000_000;
+    let min = |m: u64| qswitch_dp::qos::QosUpdate {
+        min: Some(m),
+        ..qswitch_dp::qos::QosUpdate::default()
+    };
+    let cpus = qswitch_sys::thread::online_cpus().unwrap();
+    let options = Options {
+        reservable: 0.9,
+        ..Options::default()
+    };
+    let sw = Arc::new(Switch::start(&cpus[..1], &options).unwrap());
+    let mut up = PortConfig::gen("up");
+    up.capacity = Some("1G".into());
+    let mut first = vec![up];
+    first.extend((0..8).map(|i| PortConfig::gen(&format!("base{i}"))));
+    first.extend((0..EACH).map(|i| PortConfig::gen(&format!("s{i}"))));
+    sw.add_ports(&first).unwrap();
+    for i in 0..8 {
+        sw.qos_set(&format!("base{i}"), &min(MIN)).unwrap();
+    }
+    for round in 0..ROUNDS {
+        let go = Arc::new(std::sync::Barrier::new(2 * EACH));
+        let threads: Vec<_> = (0..2 * EACH)
+            .map(|i| {
+                let (sw, go) = (sw.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    if i % 2 == 0 {
+                        let mut p = PortConfig::gen(&format!("a{i}"));
+                        p.qos = Some(QosConfig {
+                            min: Some("100M".into()),
+                            ..QosConfig::default()
+                        });
+                        sw.add_port(&p).is_ok()
+                    } else {
+                        sw.qos_set(&format!("s{}", i / 2), &min(MIN)).is_ok()
+                    }
+                })
+            })
+            .collect();
+        let admitted = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|&ok| ok)
+            .count() as u64;
+        let sum: u64 = sw.qos_show().ports.iter().filter_map(|p| p.min).sum();
+        assert!(
+            sum <= 900_000_000,
+            "round {round}: {sum} b/s of guarantees admitted"
+        );
+        assert_eq!(sum, 8 * MIN + admitted * MIN, "round {round}: counted once");
+        assert_eq!(
+            admitted, 1,
+            "round {round}: the last 100M goes to one request"
+        );
+        // Back to 800M for the next round.
+        for i in 0..EACH {
+            let _ = sw.del_port(&format!("a{}", 2 * i));
+            sw.qos_set(&format!("s{i}"), &min(0)).unwrap();
+        }
+    }
+    sw.shutdown();
+}

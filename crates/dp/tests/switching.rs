@@ -1,21 +1,19 @@
 //! End-to-end switching through internal ports: no privileges needed.
 //!
-//! Gen ports generate and sink; inject ports feed hand-made (and malformed) frames and capture
-//! what the switch sends them. Every test bounds its waits and stops its switch.
+//! Gen ports generate and sink on a started switch (real threads, real clock); inject ports
+//! feed hand-made (and malformed) frames to a switch with no threads ([`Switch::manual`]) and
+//! capture what it sends them, deterministically and without sleeping. Every test bounds its
+//! waits and stops its switch.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{frame, Sim, BCAST, MAC_A, MAC_B, MAC_C};
 use qswitch_api::request::PortStats;
 use qswitch_api::{GenConfig, PortConfig};
-use qswitch_dp::port::inject::InjectPort;
 use qswitch_dp::Switch;
 use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, GSO_TCPV4};
-
-const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
-const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
-const MAC_C: [u8; 6] = [2, 0, 0, 0, 0, 0xc];
-const BCAST: [u8; 6] = [0xff; 6];
 
 fn switch(workers: usize) -> Switch {
     let cpus = qswitch_sys::thread::online_cpus().unwrap();
@@ -46,24 +44,6 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
-    let mut f = vec![0u8; len];
-    f[0..6].copy_from_slice(&dst);
-    f[6..12].copy_from_slice(&src);
-    f[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
-    f
-}
-
-fn inject_and_wait(sw: &Switch, port: &Arc<InjectPort>, frames: &[Vec<u8>]) {
-    for f in frames {
-        port.inject(f);
-    }
-    sw.kick();
-    wait_until("injected frames to be consumed", || port.pending() == 0);
-    // Consumed frames are switched in the same burst; a further short wait lets the tx finish.
-    std::thread::sleep(Duration::from_millis(20));
 }
 
 #[test]
@@ -103,27 +83,27 @@ fn every_generated_frame_arrives_in_order() {
 
 #[test]
 fn floods_unknown_then_learns() {
-    let sw = switch(1);
-    let a = sw.add_inject_port("a", None).unwrap();
-    let b = sw.add_inject_port("b", None).unwrap();
-    let c = sw.add_inject_port("c", None).unwrap();
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    let c = sim.sw.add_inject_port("c", None).unwrap();
 
     // Broadcast from A reaches B and C, never back to A.
-    inject_and_wait(&sw, &a, &[frame(BCAST, MAC_A, 60)]);
+    sim.send(&a, &[frame(BCAST, MAC_A, 60)]);
     assert_eq!(b.take_captured().len(), 1);
     assert_eq!(c.take_captured().len(), 1);
     assert!(a.take_captured().is_empty());
 
     // Unknown unicast to B floods; B answers; now A -> B is unicast only.
-    inject_and_wait(&sw, &a, &[frame(MAC_B, MAC_A, 60)]);
+    sim.send(&a, &[frame(MAC_B, MAC_A, 60)]);
     assert_eq!((b.take_captured().len(), c.take_captured().len()), (1, 1));
-    inject_and_wait(&sw, &b, &[frame(MAC_A, MAC_B, 60)]);
+    sim.send(&b, &[frame(MAC_A, MAC_B, 60)]);
     assert_eq!(
         (a.take_captured().len(), c.take_captured().len()),
         (1, 0),
         "A was learned"
     );
-    inject_and_wait(&sw, &a, &[frame(MAC_B, MAC_A, 60)]);
+    sim.send(&a, &[frame(MAC_B, MAC_A, 60)]);
     assert_eq!(
         (b.take_captured().len(), c.take_captured().len()),
         (1, 0),
@@ -131,10 +111,10 @@ fn floods_unknown_then_learns() {
     );
 
     // Multicast floods.
-    inject_and_wait(&sw, &c, &[frame([0x01, 0, 0x5e, 0, 0, 1], MAC_C, 60)]);
+    sim.send(&c, &[frame([0x01, 0, 0x5e, 0, 0, 1], MAC_C, 60)]);
     assert_eq!((a.take_captured().len(), b.take_captured().len()), (1, 1));
 
-    let fdb = sw.fdb();
+    let fdb = sim.sw.fdb();
     let macs: Vec<(&str, &str)> = fdb
         .iter()
         .map(|e| (e.mac.as_str(), e.port.as_str()))
@@ -144,45 +124,45 @@ fn floods_unknown_then_learns() {
     assert!(macs.contains(&("02:00:00:00:00:0c", "c")), "{macs:?}");
 
     // A station that moves is relearned.
-    inject_and_wait(&sw, &c, &[frame(BCAST, MAC_A, 60)]);
+    sim.send(&c, &[frame(BCAST, MAC_A, 60)]);
     a.take_captured();
     b.take_captured();
-    inject_and_wait(&sw, &b, &[frame(MAC_A, MAC_B, 60)]);
+    sim.send(&b, &[frame(MAC_A, MAC_B, 60)]);
     assert_eq!(
         (a.take_captured().len(), c.take_captured().len()),
         (0, 1),
         "A moved to C"
     );
-    sw.shutdown();
+    sim.sw.shutdown();
 }
 
 #[test]
 fn vlans_isolate() {
-    let sw = switch(1);
-    let a10 = sw.add_inject_port("a10", Some(10)).unwrap();
-    let b10 = sw.add_inject_port("b10", Some(10)).unwrap();
-    let c20 = sw.add_inject_port("c20", Some(20)).unwrap();
-    let d0 = sw.add_inject_port("d0", None).unwrap();
-    inject_and_wait(&sw, &a10, &[frame(BCAST, MAC_A, 60)]);
+    let mut sim = Sim::new(1);
+    let a10 = sim.sw.add_inject_port("a10", Some(10)).unwrap();
+    let b10 = sim.sw.add_inject_port("b10", Some(10)).unwrap();
+    let c20 = sim.sw.add_inject_port("c20", Some(20)).unwrap();
+    let d0 = sim.sw.add_inject_port("d0", None).unwrap();
+    sim.send(&a10, &[frame(BCAST, MAC_A, 60)]);
     assert_eq!(b10.take_captured().len(), 1);
     assert!(c20.take_captured().is_empty() && d0.take_captured().is_empty());
     // Same MAC in another VLAN is a different station.
-    inject_and_wait(&sw, &c20, &[frame(MAC_A, MAC_C, 60)]);
+    sim.send(&c20, &[frame(MAC_A, MAC_C, 60)]);
     assert!(
         a10.take_captured().is_empty()
             && b10.take_captured().is_empty()
             && d0.take_captured().is_empty()
     );
-    inject_and_wait(&sw, &d0, &[frame(MAC_A, MAC_B, 60)]);
+    sim.send(&d0, &[frame(MAC_A, MAC_B, 60)]);
     assert!(a10.take_captured().is_empty() && c20.take_captured().is_empty());
-    sw.shutdown();
+    sim.sw.shutdown();
 }
 
 #[test]
 fn malformed_frames_are_counted_and_forwarding_goes_on() {
-    let sw = switch(1);
-    let a = sw.add_inject_port("a", None).unwrap();
-    let b = sw.add_inject_port("b", None).unwrap();
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
     let mut tagged = frame(BCAST, MAC_A, 64);
     tagged[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
     let bad_hdr = VirtioNetHdr {
@@ -191,8 +171,7 @@ fn malformed_frames_are_counted_and_forwarding_goes_on() {
         ..Default::default()
     };
     a.inject_with_hdr(bad_hdr, &frame(BCAST, MAC_A, 60));
-    inject_and_wait(
-        &sw,
+    sim.send(
         &a,
         &[
             vec![],
@@ -203,7 +182,7 @@ fn malformed_frames_are_counted_and_forwarding_goes_on() {
             frame(BCAST, MAC_A, 60),
         ],
     );
-    let st = port_stats(&sw, "a");
+    let st = port_stats(&sim.sw, "a");
     let d = |k: &str| st.drops.get(k).copied().unwrap_or(0);
     assert_eq!(d("runt"), 2, "{:?}", st.drops);
     assert_eq!(d("bad_src_mac"), 1);
@@ -212,17 +191,17 @@ fn malformed_frames_are_counted_and_forwarding_goes_on() {
     assert_eq!(d("bad_vnet_hdr"), 1);
     assert_eq!(b.take_captured().len(), 1, "the good frame still crossed");
     // Hairpin: a destination learned on the ingress port is dropped, not echoed.
-    inject_and_wait(&sw, &a, &[frame(MAC_A, [2, 0, 0, 0, 0, 0xee], 60)]);
-    assert_eq!(port_stats(&sw, "a").drops.get("same_port"), Some(&1));
+    sim.send(&a, &[frame(MAC_A, [2, 0, 0, 0, 0, 0xee], 60)]);
+    assert_eq!(port_stats(&sim.sw, "a").drops.get("same_port"), Some(&1));
     assert!(a.take_captured().is_empty());
-    sw.shutdown();
+    sim.sw.shutdown();
 }
 
 #[test]
 fn offload_metadata_crosses_the_switch() {
-    let sw = switch(1);
-    let a = sw.add_inject_port("a", None).unwrap();
-    let b = sw.add_inject_port("b", None).unwrap();
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
     // A 3000-byte "TSO" frame is forwarded whole.
     let hdr = VirtioNetHdr {
         gso_type: GSO_TCPV4,
@@ -231,11 +210,11 @@ fn offload_metadata_crosses_the_switch() {
         ..Default::default()
     };
     a.inject_with_hdr(hdr, &frame(BCAST, MAC_A, 3000));
-    inject_and_wait(&sw, &a, &[]);
+    sim.send(&a, &[]);
     let got = b.take_captured();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].len(), 3000);
-    sw.shutdown();
+    sim.sw.shutdown();
 }
 
 #[test]
@@ -269,5 +248,26 @@ fn ports_come_and_go_without_disturbing_traffic() {
             .is_err(),
         "duplicate name"
     );
+    sw.shutdown();
+}
+
+/// A thread that panics stops the switch, and the switch says which thread and why, for the
+/// daemon to report before it exits non-zero.
+#[test]
+fn a_panicking_worker_stops_the_switch_with_a_message() {
+    let sw = switch(1);
+    let a = sw.add_inject_port("a", None).unwrap();
+    assert_eq!(sw.failed(), None);
+    assert_eq!(sw.wait_failed(Some(Duration::from_millis(1))), None);
+    a.panic_on_next_rx();
+    a.inject(&frame(BCAST, MAC_A, 60));
+    sw.kick();
+    let why = sw
+        .wait_failed(Some(Duration::from_secs(10)))
+        .expect("the failure is reported");
+    assert!(why.contains("qs-worker-0"), "{why}");
+    assert!(why.contains("rx panic requested by the test"), "{why}");
+    assert!(sw.stopping());
+    assert_eq!(sw.failed().as_deref(), Some(why.as_str()));
     sw.shutdown();
 }

@@ -1,4 +1,5 @@
-//! CPU affinity, CPU lists, thread ids and per-thread / per-process CPU accounting.
+//! Thread spawning, CPU affinity, CPU lists, thread ids and per-thread / per-process CPU
+//! accounting.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -35,6 +36,43 @@ pub fn set_current_thread_cpus(cpus: &[usize]) -> io::Result<()> {
         )
     })?;
     Ok(())
+}
+
+/// Spawns every long-lived thread of the program: named `name` (the kernel keeps the first
+/// 15 bytes), confined to `cpus` before `f` runs (empty: left where the caller may run), and
+/// with panics caught. `f` gets the outcome of the confinement: a thread that could not be
+/// confined still runs, and `f` decides whether that matters. If `f` panics, `on_panic` runs
+/// on the dying thread with a message that names it and quotes the panic, e.g.
+/// `thread 'qs-worker-0' panicked: index out of bounds`; the thread then ends normally, so
+/// joining it does not propagate the panic.
+pub fn spawn<F, P>(
+    name: String,
+    cpus: &[usize],
+    on_panic: P,
+    f: F,
+) -> io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce(io::Result<()>) + Send + 'static,
+    P: FnOnce(String) + Send + 'static,
+{
+    let cpus = cpus.to_vec();
+    let thread_name = name.clone();
+    std::thread::Builder::new().name(name).spawn(move || {
+        let confined = if cpus.is_empty() {
+            Ok(())
+        } else {
+            set_current_thread_cpus(&cpus)
+        };
+        let run = std::panic::AssertUnwindSafe(move || f(confined));
+        if let Err(payload) = std::panic::catch_unwind(run) {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".to_string());
+            on_panic(format!("thread '{thread_name}' panicked: {what}"));
+        }
+    })
 }
 
 /// The calling thread's kernel thread id.
@@ -223,6 +261,39 @@ pub fn is_root() -> bool {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn spawn_names_confines_and_reports_a_panic() {
+        let cpu = online_cpus().unwrap()[0];
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = spawn(
+            "qs-test-ok".into(),
+            &[cpu],
+            |_| unreachable!("no panic here"),
+            move |confined| {
+                let name = std::thread::current().name().map(String::from);
+                tx.send((confined.is_ok(), name)).unwrap();
+            },
+        )
+        .unwrap();
+        t.join().unwrap();
+        let (_, name) = rx.recv().unwrap();
+        assert_eq!(name.as_deref(), Some("qs-test-ok"));
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = spawn(
+            "qs-test-boom".into(),
+            &[],
+            move |why| tx.send(why).unwrap(),
+            |_| panic!("boom {}", 42),
+        )
+        .unwrap();
+        t.join().expect("the panic is caught");
+        assert_eq!(
+            rx.recv().unwrap(),
+            "thread 'qs-test-boom' panicked: boom 42"
+        );
+    }
 
     #[test]
     fn cpu_list_parser() {

@@ -2,6 +2,7 @@
 //! Lets tests without privileges feed the switch malformed frames and bad virtio-net headers.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use qswitch_wire::virtio_net_hdr::VirtioNetHdr;
@@ -15,6 +16,8 @@ use crate::stats::{DropReason, DropTally};
 pub struct InjectPort {
     rx: Mutex<VecDeque<(VirtioNetHdr, Vec<u8>)>>,
     captured: Mutex<Vec<Vec<u8>>>,
+    /// Makes the next rx poll panic (to test how the switch reports a dead thread).
+    panic_on_rx: AtomicBool,
 }
 
 impl InjectPort {
@@ -37,6 +40,11 @@ impl InjectPort {
         std::mem::take(&mut *self.captured.lock())
     }
 
+    /// Makes the next poll of the port panic, in whichever thread polls it.
+    pub fn panic_on_next_rx(&self) {
+        self.panic_on_rx.store(true, Ordering::Relaxed);
+    }
+
     /// Frames still waiting to be received.
     pub fn pending(&self) -> usize {
         self.rx.lock().len()
@@ -45,6 +53,9 @@ impl InjectPort {
 
 impl Port for InjectPort {
     fn rx_burst(&self, _queue: u16, pkts: &mut [Pkt], _now: u64, drops: &mut DropTally) -> usize {
+        if self.panic_on_rx.swap(false, Ordering::Relaxed) {
+            panic!("inject port: rx panic requested by the test");
+        }
         let mut rx = self.rx.lock();
         let mut n = 0;
         while n < pkts.len() {

@@ -38,22 +38,18 @@
 //! - Traffic arriving on the uplink (toward the ports) is not shaped.
 
 pub mod alloc;
+pub(crate) mod ops;
 pub mod token_bucket;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use qswitch_api::config::format_rate;
-use qswitch_api::request::{QosPort, QosReport};
 use qswitch_api::{PortConfig, QosSettings};
 
 use crate::packet::Pkt;
 use crate::stats::Counter;
-use crate::switch::{PortEntry, PortTable, Shared};
-use alloc::{allocate, Claim};
 use token_bucket::TokenBucket;
 
 /// Rate of a port that is not shaped.
@@ -63,7 +59,7 @@ pub const TICK: Duration = Duration::from_millis(10);
 /// Seconds of per-second rates kept per port.
 pub const HISTORY: usize = 300;
 /// Lowest rate ever published to a shaped port, so its bucket always refills.
-const MIN_RATE: u64 = 8_000;
+pub(crate) const MIN_RATE: u64 = 8_000;
 /// Bucket depth: this much time at the allocated rate, but at least [`MIN_DEPTH`] bytes. A
 /// worker or sender that lost its CPU for up to this long catches up afterwards.
 const DEPTH_NS: u64 = 40_000_000;
@@ -195,8 +191,6 @@ pub(crate) struct QosShared {
     pub(crate) reservable: f64,
     ticks: AtomicU64,
     seconds: AtomicU64,
-    /// Serialises settings changes (admission control sees a stable sum).
-    admin: Mutex<()>,
 }
 
 impl QosShared {
@@ -205,7 +199,6 @@ impl QosShared {
             reservable,
             ticks: AtomicU64::new(0),
             seconds: AtomicU64::new(0),
-            admin: Mutex::new(()),
         }
     }
 }
@@ -221,7 +214,7 @@ pub struct QosUpdate {
 }
 
 impl QosUpdate {
-    fn apply(&self, old: QosSettings) -> QosSettings {
+    pub(crate) fn apply(&self, old: QosSettings) -> QosSettings {
         let mut s = if self.clear {
             QosSettings::default()
         } else {
@@ -237,231 +230,5 @@ impl QosUpdate {
             s.weight = w;
         }
         s
-    }
-}
-
-/// The uplink of `vlan` in `table`: (entry, capacity).
-fn uplink_of(table: &PortTable, vlan: u16) -> Option<(&Arc<PortEntry>, u64)> {
-    table
-        .iter()
-        .flatten()
-        .find_map(|p| Some((p, p.qos.capacity?)).filter(|(p, _)| p.vlan == vlan))
-}
-
-/// Checks the guarantees of `table` (with `name`'s settings replaced by `new`) against
-/// every uplink's reservable share. The message says what would be exceeded.
-pub(crate) fn admit(
-    table: &PortTable,
-    reservable: f64,
-    changed: Option<(&str, QosSettings)>,
-) -> Result<(), String> {
-    for up in table.iter().flatten() {
-        let Some(cap) = up.qos.capacity else { continue };
-        let sum: u64 = table
-            .iter()
-            .flatten()
-            .filter(|p| p.vlan == up.vlan && p.qos.capacity.is_none())
-            .map(|p| {
-                let s = match changed {
-                    Some((n, s)) if n == p.config.name => s,
-                    _ => p.qos.settings(),
-                };
-                s.min.unwrap_or(0)
-            })
-            .sum();
-        let limit = (reservable * cap as f64) as u64;
-        if sum > limit {
-            return Err(format!(
-                "refused: the guarantees toward uplink '{}' would add up to {}, above reservable {reservable} x capacity {} = {}; nothing changed",
-                up.config.name,
-                format_rate(sum),
-                format_rate(cap),
-                format_rate(limit)
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Applies `update` to port `name` if admission control allows it.
-pub(crate) fn set(
-    shared: &Shared,
-    name: &str,
-    update: &QosUpdate,
-) -> Result<QosSettings, crate::SwitchError> {
-    let _admin = shared.qos.admin.lock();
-    let table = shared.ports.load_full();
-    let entry = table
-        .iter()
-        .flatten()
-        .find(|p| p.config.name == name)
-        .ok_or_else(|| crate::SwitchError::NoSuchPort(name.to_string()))?;
-    if entry.qos.capacity.is_some() {
-        return Err(crate::SwitchError::Qos(format!(
-            "port '{name}' is an uplink (capacity {}); its ports share it, it takes no qos settings",
-            format_rate(entry.qos.capacity.unwrap_or(0))
-        )));
-    }
-    let new = update.apply(entry.qos.settings());
-    new.check()
-        .map_err(|m| crate::SwitchError::Qos(format!("port '{name}': {m}")))?;
-    admit(&table, shared.qos.reservable, Some((name, new))).map_err(crate::SwitchError::Qos)?;
-    *entry.qos.settings.lock() = new;
-    tracing::info!(port = %name, ?new, "qos settings changed");
-    Ok(new)
-}
-
-/// The allocator thread: runs [`tick`] every [`TICK`] until the switch stops.
-pub(crate) fn run(shared: Arc<Shared>) {
-    let mut scratch = Scratch::default();
-    let mut next_second = shared.now() + 1_000_000_000;
-    while !shared.stopping() {
-        std::thread::sleep(TICK);
-        let now = shared.now();
-        let second = now >= next_second;
-        if second {
-            next_second += 1_000_000_000;
-            if next_second <= now {
-                next_second = now + 1_000_000_000;
-            }
-        }
-        let table = shared.ports.load_full();
-        tick(&table, now, second, &mut scratch);
-        shared.qos.ticks.fetch_add(1, Ordering::Relaxed);
-        if second {
-            shared.qos.seconds.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Buffers the allocator reuses between ticks.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    claims: Vec<Claim>,
-    members: Vec<usize>,
-    out: Vec<f64>,
-    bps: Vec<(f64, bool)>,
-    breakpoints: Vec<(f64, f64)>,
-}
-
-/// One allocator round over `table` at time `now`; `second` closes a one-second sample.
-pub(crate) fn tick(table: &PortTable, now: u64, second: bool, s: &mut Scratch) {
-    let ports: Vec<&Arc<PortEntry>> = table.iter().flatten().collect();
-    // Measure.
-    s.bps.clear();
-    for p in &ports {
-        let mut st = p.qos.state.lock();
-        let bytes = p.qos.wire_total();
-        let thr: u64 = p.qos.throttled.iter().map(Counter::get).sum();
-        let tick_ns = TICK.as_nanos() as f64;
-        let rate = bytes.wrapping_sub(st.last_bytes) as f64 * 8.0 * 1e9 / tick_ns;
-        let throttled = thr != st.last_throttled;
-        st.last_bytes = bytes;
-        st.last_throttled = thr;
-        st.ewma_bps = 0.7 * st.ewma_bps + 0.3 * rate;
-        if second {
-            let dt = now.saturating_sub(st.second_at).max(1) as f64;
-            let b = if p.qos.capacity.is_some() {
-                p.counters.tx.iter().map(|t| t.tx_bytes.get()).sum()
-            } else {
-                bytes
-            };
-            st.rate_bps = b.wrapping_sub(st.second_bytes) as f64 * 8.0 * 1e9 / dt;
-            st.second_bytes = b;
-            st.second_at = now;
-            st.alloc_last_second = p.qos.rate();
-            let r = st.rate_bps;
-            if st.history.len() == HISTORY {
-                st.history.pop_front();
-            }
-            st.history.push_back(r);
-        }
-        s.bps.push((st.ewma_bps, throttled));
-    }
-    // Allocate, per uplink.
-    for p in &ports {
-        if p.qos.capacity.is_some() {
-            p.qos.rate.store(UNLIMITED, Ordering::Relaxed);
-            continue;
-        }
-        if uplink_of(table, p.vlan).is_none() {
-            // No uplink: only the limit applies.
-            let r = p.qos.settings().max.unwrap_or(UNLIMITED);
-            p.qos.rate.store(r, Ordering::Relaxed);
-            p.qos.state.lock().alloc = Some(r).filter(|&r| r != UNLIMITED);
-        }
-    }
-    for up in ports.iter().filter(|p| p.qos.capacity.is_some()) {
-        let cap = up.qos.capacity.unwrap_or(0) as f64;
-        s.claims.clear();
-        s.members.clear();
-        for (i, p) in ports.iter().enumerate() {
-            if p.vlan != up.vlan || p.qos.capacity.is_some() {
-                continue;
-            }
-            let set = p.qos.settings();
-            let mut st = p.qos.state.lock();
-            let (ewma, throttled) = s.bps[i];
-            let demand = match st.alloc {
-                Some(a) if throttled || ewma >= 0.9 * a as f64 => {
-                    (a as f64 * 1.25).max(a as f64 + cap / 50.0)
-                }
-                _ => (ewma * 1.25).max(cap / 100.0),
-            };
-            st.demand = demand;
-            s.claims.push(Claim {
-                demand,
-                min: set.min.unwrap_or(0) as f64,
-                max: set.max.map_or(f64::INFINITY, |m| m as f64),
-                weight: f64::from(set.weight),
-            });
-            s.members.push(i);
-        }
-        s.out.clear();
-        s.out.resize(s.claims.len(), 0.0);
-        allocate(cap, &s.claims, &mut s.out, &mut s.breakpoints);
-        for (k, &i) in s.members.iter().enumerate() {
-            let r = (s.out[k] as u64).max(MIN_RATE);
-            ports[i].qos.rate.store(r, Ordering::Relaxed);
-            ports[i].qos.state.lock().alloc = Some(r);
-        }
-    }
-}
-
-/// `qos show`.
-pub(crate) fn report(shared: &Shared) -> QosReport {
-    let table = shared.ports.load_full();
-    let ports = table
-        .iter()
-        .flatten()
-        .map(|p| {
-            let set = p.qos.settings();
-            let st = p.qos.state.lock();
-            let uplink = if p.qos.capacity.is_some() {
-                None
-            } else {
-                uplink_of(&table, p.vlan).map(|(u, _)| u.config.name.clone())
-            };
-            QosPort {
-                name: p.config.name.clone(),
-                uplink,
-                capacity: p.qos.capacity,
-                min: set.min,
-                max: set.max,
-                weight: set.weight,
-                alloc_bps: p.qos.rate(),
-                demand_bps: st.demand as u64,
-                rate_bps: st.rate_bps,
-                alloc_last_second: st.alloc_last_second,
-                throttled: p.qos.throttled.iter().map(Counter::get).sum(),
-                history: st.history.iter().copied().collect(),
-            }
-        })
-        .collect();
-    QosReport {
-        ticks: shared.qos.ticks.load(Ordering::Relaxed),
-        seconds: shared.qos.seconds.load(Ordering::Relaxed),
-        reservable: shared.qos.reservable,
-        ports,
     }
 }

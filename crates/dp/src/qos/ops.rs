@@ -1,0 +1,264 @@
+//! Switch-wide QoS operations over the port table: admission control, settings changes,
+//! the allocator thread and `qos show`.
+//!
+//! The per-port state these work on ([`super::PortQos`]) lives in the parent module, which
+//! imports nothing of the port table, so the table can hold it without an import circle.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use qswitch_api::config::format_rate;
+use qswitch_api::request::{QosPort, QosReport};
+use qswitch_api::QosSettings;
+
+use super::alloc::{allocate, Claim};
+use super::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
+use crate::stats::Counter;
+use crate::table::{PortEntry, PortTable, Shared};
+
+/// The uplink of `vlan` in `table`: (entry, capacity).
+fn uplink_of(table: &PortTable, vlan: u16) -> Option<(&Arc<PortEntry>, u64)> {
+    table
+        .iter()
+        .flatten()
+        .find_map(|p| Some((p, p.qos.capacity?)).filter(|(p, _)| p.vlan == vlan))
+}
+
+/// Checks the guarantees of `table` (with `name`'s settings replaced by `new`) against
+/// every uplink's reservable share. The message says what would be exceeded.
+pub(crate) fn admit(
+    table: &PortTable,
+    reservable: f64,
+    changed: Option<(&str, QosSettings)>,
+) -> Result<(), String> {
+    for up in table.iter().flatten() {
+        let Some(cap) = up.qos.capacity else { continue };
+        let sum: u64 = table
+            .iter()
+            .flatten()
+            .filter(|p| p.vlan == up.vlan && p.qos.capacity.is_none())
+            .map(|p| {
+                let s = match changed {
+                    Some((n, s)) if n == p.config.name => s,
+                    _ => p.qos.settings(),
+                };
+                s.min.unwrap_or(0)
+            })
+            .sum();
+        let limit = (reservable * cap as f64) as u64;
+        if sum > limit {
+            return Err(format!(
+                "refused: the guarantees toward uplink '{}' would add up to {}, above reservable {reservable} x capacity {} = {}; nothing changed",
+                up.config.name,
+                format_rate(sum),
+                format_rate(cap),
+                format_rate(limit)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Applies `update` to port `name` if admission control allows it. The caller holds the
+/// switch's control lock, which every change that admission depends on takes (port add and
+/// remove too), so the sum admitted here cannot move under it.
+pub(crate) fn set(
+    shared: &Shared,
+    name: &str,
+    update: &QosUpdate,
+) -> Result<QosSettings, crate::SwitchError> {
+    let table = shared.ports.load_full();
+    let entry = table
+        .iter()
+        .flatten()
+        .find(|p| p.config.name == name)
+        .ok_or_else(|| crate::SwitchError::NoSuchPort(name.to_string()))?;
+    if entry.qos.capacity.is_some() {
+        return Err(crate::SwitchError::Qos(format!(
+            "port '{name}' is an uplink (capacity {}); its ports share it, it takes no qos settings",
+            format_rate(entry.qos.capacity.unwrap_or(0))
+        )));
+    }
+    let new = update.apply(entry.qos.settings());
+    new.check()
+        .map_err(|m| crate::SwitchError::Qos(format!("port '{name}': {m}")))?;
+    admit(&table, shared.qos.reservable, Some((name, new))).map_err(crate::SwitchError::Qos)?;
+    *entry.qos.settings.lock() = new;
+    tracing::info!(port = %name, ?new, "qos settings changed");
+    Ok(new)
+}
+
+/// The allocator thread: runs [`Allocator::step`] every [`TICK`] until the switch stops.
+pub(crate) fn run(shared: &Shared) {
+    let mut allocator = Allocator::new(shared.now());
+    while !shared.stopping() {
+        std::thread::sleep(TICK);
+        allocator.step(shared, shared.now());
+    }
+}
+
+/// The allocator's state between ticks: its buffers and when the next one-second sample
+/// closes. Driven by the allocator thread, or by hand under a manual clock.
+#[derive(Default)]
+pub(crate) struct Allocator {
+    scratch: Scratch,
+    next_second: u64,
+}
+
+impl Allocator {
+    pub(crate) fn new(now: u64) -> Allocator {
+        Allocator {
+            scratch: Scratch::default(),
+            next_second: now + 1_000_000_000,
+        }
+    }
+
+    /// One tick at `now` (one [`TICK`] after the previous one).
+    pub(crate) fn step(&mut self, shared: &Shared, now: u64) {
+        let second = now >= self.next_second;
+        if second {
+            self.next_second += 1_000_000_000;
+            if self.next_second <= now {
+                self.next_second = now + 1_000_000_000;
+            }
+        }
+        let table = shared.ports.load_full();
+        tick(&table, now, second, &mut self.scratch);
+        shared.qos.ticks.fetch_add(1, Ordering::Relaxed);
+        if second {
+            shared.qos.seconds.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Buffers the allocator reuses between ticks.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    claims: Vec<Claim>,
+    members: Vec<usize>,
+    out: Vec<f64>,
+    bps: Vec<(f64, bool)>,
+    breakpoints: Vec<(f64, f64)>,
+}
+
+/// One allocator round over `table` at time `now`; `second` closes a one-second sample.
+pub(crate) fn tick(table: &PortTable, now: u64, second: bool, s: &mut Scratch) {
+    let ports: Vec<&Arc<PortEntry>> = table.iter().flatten().collect();
+    // Measure.
+    s.bps.clear();
+    for p in &ports {
+        let mut st = p.qos.state.lock();
+        let bytes = p.qos.wire_total();
+        let thr: u64 = p.qos.throttled.iter().map(Counter::get).sum();
+        let tick_ns = TICK.as_nanos() as f64;
+        let rate = bytes.wrapping_sub(st.last_bytes) as f64 * 8.0 * 1e9 / tick_ns;
+        let throttled = thr != st.last_throttled;
+        st.last_bytes = bytes;
+        st.last_throttled = thr;
+        st.ewma_bps = 0.7 * st.ewma_bps + 0.3 * rate;
+        if second {
+            let dt = now.saturating_sub(st.second_at).max(1) as f64;
+            let b = if p.qos.capacity.is_some() {
+                p.counters.tx.iter().map(|t| t.tx_bytes.get()).sum()
+            } else {
+                bytes
+            };
+            st.rate_bps = b.wrapping_sub(st.second_bytes) as f64 * 8.0 * 1e9 / dt;
+            st.second_bytes = b;
+            st.second_at = now;
+            st.alloc_last_second = p.qos.rate();
+            let r = st.rate_bps;
+            if st.history.len() == HISTORY {
+                st.history.pop_front();
+            }
+            st.history.push_back(r);
+        }
+        s.bps.push((st.ewma_bps, throttled));
+    }
+    // Allocate, per uplink.
+    for p in &ports {
+        if p.qos.capacity.is_some() {
+            p.qos.rate.store(UNLIMITED, Ordering::Relaxed);
+            continue;
+        }
+        if uplink_of(table, p.vlan).is_none() {
+            // No uplink: only the limit applies.
+            let r = p.qos.settings().max.unwrap_or(UNLIMITED);
+            p.qos.rate.store(r, Ordering::Relaxed);
+            p.qos.state.lock().alloc = Some(r).filter(|&r| r != UNLIMITED);
+        }
+    }
+    for up in ports.iter().filter(|p| p.qos.capacity.is_some()) {
+        let cap = up.qos.capacity.unwrap_or(0) as f64;
+        s.claims.clear();
+        s.members.clear();
+        for (i, p) in ports.iter().enumerate() {
+            if p.vlan != up.vlan || p.qos.capacity.is_some() {
+                continue;
+            }
+            let set = p.qos.settings();
+            let mut st = p.qos.state.lock();
+            let (ewma, throttled) = s.bps[i];
+            let demand = match st.alloc {
+                Some(a) if throttled || ewma >= 0.9 * a as f64 => {
+                    (a as f64 * 1.25).max(a as f64 + cap / 50.0)
+                }
+                _ => (ewma * 1.25).max(cap / 100.0),
+            };
+            st.demand = demand;
+            s.claims.push(Claim {
+                demand,
+                min: set.min.unwrap_or(0) as f64,
+                max: set.max.map_or(f64::INFINITY, |m| m as f64),
+                weight: f64::from(set.weight),
+            });
+            s.members.push(i);
+        }
+        s.out.clear();
+        s.out.resize(s.claims.len(), 0.0);
+        allocate(cap, &s.claims, &mut s.out, &mut s.breakpoints);
+        for (k, &i) in s.members.iter().enumerate() {
+            let r = (s.out[k] as u64).max(MIN_RATE);
+            ports[i].qos.rate.store(r, Ordering::Relaxed);
+            ports[i].qos.state.lock().alloc = Some(r);
+        }
+    }
+}
+
+/// `qos show`.
+pub(crate) fn report(shared: &Shared) -> QosReport {
+    let table = shared.ports.load_full();
+    let ports = table
+        .iter()
+        .flatten()
+        .map(|p| {
+            let set = p.qos.settings();
+            let st = p.qos.state.lock();
+            let uplink = if p.qos.capacity.is_some() {
+                None
+            } else {
+                uplink_of(&table, p.vlan).map(|(u, _)| u.config.name.clone())
+            };
+            QosPort {
+                name: p.config.name.clone(),
+                uplink,
+                capacity: p.qos.capacity,
+                min: set.min,
+                max: set.max,
+                weight: set.weight,
+                alloc_bps: p.qos.rate(),
+                demand_bps: st.demand as u64,
+                rate_bps: st.rate_bps,
+                alloc_last_second: st.alloc_last_second,
+                throttled: p.qos.throttled.iter().map(Counter::get).sum(),
+                history: st.history.iter().copied().collect(),
+            }
+        })
+        .collect();
+    QosReport {
+        ticks: shared.qos.ticks.load(Ordering::Relaxed),
+        seconds: shared.qos.seconds.load(Ordering::Relaxed),
+        reservable: shared.qos.reservable,
+        ports,
+    }
+}

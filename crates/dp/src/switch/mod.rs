@@ -1,0 +1,200 @@
+//! The switch: the port table, the workers, and the control operations on them.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`ports`] | the port lifecycle: add (validate, open, admit), remove, QoS settings |
+//! | [`runtime`] | the queue-placement runtime: plan, publish, hand-off, rebalance, pins |
+//! | [`reports`] | `port list`, `fdb`, `stats`, `placement`, `qos show` |
+//! | [`start`] | start-up and shutdown: worker, QoS and housekeeping threads, or none |
+//!
+//! # One place for every change
+//! Every control operation that changes the switch (add or remove a port, change a port's
+//! QoS settings, pin a queue, change the placement mode) and the housekeeping thread's
+//! rebalancing run on the caller's thread under one mutex, [`Core`]'s control lock, which
+//! workers never take. Admission control (the sum of QoS guarantees toward an uplink) is
+//! checked and the change applied under that lock, so concurrent requests cannot together
+//! admit more than any one of them would be allowed. A change builds a new port table and
+//! new per-worker queue lists, publishes them with `arc-swap`, bumps the epoch and wakes the
+//! workers; each worker switches to the new view between bursts. A removed port's device is
+//! closed once every worker has moved past the epoch that removed it, so no worker ever
+//! touches a closed fd, and traffic between the other ports is not disturbed.
+//!
+//! # Placement and queue hand-off
+//! Every rx queue has one owning worker. Where it goes comes from [`crate::placement::plan`]
+//! (the static rules: operator and default sets, SMT, NUMA, reserved CPUs), from operator
+//! pins, and in dynamic mode from [`crate::balance`], which a housekeeping thread runs every
+//! [`BALANCE_EVERY_NS`] on the queues' measured busy time. A queue moves between workers in
+//! two published steps: first it is taken from its old worker (and given to nobody), and only
+//! once that worker has acknowledged the new epoch, which it does between bursts, is it given
+//! to the new one. The old worker's last burst from the queue has then been transmitted in
+//! full, so the new worker's first frame from it leaves after the old worker's last: nothing is
+//! lost (frames wait in the queue meanwhile) and nothing is reordered.
+//!
+//! # Threads or none
+//! [`Switch::start`] runs each worker's engine on its own pinned thread, on the real clock.
+//! [`Switch::manual`] starts no thread at all: the caller drives every worker's engine, the
+//! QoS allocator and housekeeping with [`Switch::poll_once`] on a clock it sets, so tests
+//! switch frames deterministically and without sleeping. Control operations work the same
+//! in both modes (a manual worker picks up a published change at once, as a worker thread
+//! would between bursts).
+
+mod ports;
+mod reports;
+mod runtime;
+pub(crate) mod start;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use qswitch_api::PlacementMode;
+
+use crate::placement::Topology;
+use crate::port::tap::TapError;
+use crate::port::vhost_user::VhostUserError;
+use crate::table::{Shared, WorkerShared};
+use crate::worker;
+
+/// Most ports a switch holds.
+pub const MAX_PORTS: usize = 4096;
+/// How often dynamic placement looks at the queues' load.
+pub const BALANCE_EVERY_NS: u64 = 500_000_000;
+
+/// Errors of control operations. Each leaves the switch unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    #[error("port '{0}' already exists")]
+    PortExists(String),
+    #[error("port '{0}' does not exist")]
+    NoSuchPort(String),
+    #[error("ifname '{ifname}' is already used by port '{port}'")]
+    IfnameInUse { ifname: String, port: String },
+    #[error("socket '{socket}' is already used by port '{port}'")]
+    SocketInUse { socket: String, port: String },
+    #[error("port '{0}' has no receive-side scaling (only vhost-user ports do)")]
+    NoRss(String),
+    #[error("port '{port}' has no rx queue {queue} (it has {queues})")]
+    NoSuchQueue {
+        port: String,
+        queue: u16,
+        queues: u16,
+    },
+    #[error("no worker runs on CPU {cpu} (workers: {workers})")]
+    NoWorkerOnCpu { cpu: usize, workers: String },
+    #[error("CPU {0} is reserved: no queue may run there")]
+    ReservedCpu(usize),
+    #[error("the switch is full ({MAX_PORTS} ports)")]
+    Full,
+    #[error("{0}")]
+    Qos(String),
+    #[error("cannot start the QoS allocator thread")]
+    QosThread(#[source] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] qswitch_api::ConfigError),
+    #[error(transparent)]
+    Tap(#[from] TapError),
+    #[error(transparent)]
+    VhostUser(#[from] VhostUserError),
+    #[error("cannot start worker {worker} on CPU {cpu}")]
+    Worker {
+        worker: usize,
+        cpu: usize,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Switch-wide settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How long a learned MAC address lives without being seen.
+    pub fdb_aging: Duration,
+    /// How long a worker keeps polling after its last frame before it sleeps.
+    pub poll_spin: Duration,
+    /// CPUs no queue is placed on.
+    pub reserved: Vec<usize>,
+    /// Dynamic (by load) or static placement.
+    pub placement: PlacementMode,
+    /// The CPU topology; read from /sys when `None`.
+    pub topology: Option<Topology>,
+    /// Share of an uplink's capacity that guarantees may reserve (QoS admission control).
+    pub reservable: f64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            fdb_aging: Duration::from_secs(300),
+            poll_spin: Duration::from_nanos(worker::SPIN_NS),
+            reserved: Vec::new(),
+            placement: PlacementMode::Dynamic,
+            topology: None,
+            reservable: qswitch_api::config::DEFAULT_RESERVABLE,
+        }
+    }
+}
+
+/// Everything the switch's threads share with it.
+pub struct Core {
+    shared: Arc<Shared>,
+    workers: Vec<Arc<WorkerShared>>,
+    /// The one control lock: every change to the switch is admitted and applied under it.
+    control: Mutex<runtime::Control>,
+    topology: Topology,
+    reserved: Vec<usize>,
+    /// Without threads: the workers' engines and the QoS allocator, driven by `poll_once`.
+    manual: Option<Mutex<start::Manual>>,
+}
+
+/// A running switch.
+pub struct Switch {
+    core: Arc<Core>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// The switch's methods are written against its shared core, which the housekeeping thread
+/// holds too.
+impl std::ops::Deref for Switch {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Switch {
+    /// Nanoseconds since the switch started (the clock workers pass around as `now`).
+    pub fn now(&self) -> u64 {
+        self.shared.now()
+    }
+
+    /// Number of workers.
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether a worker has failed and the switch is stopping.
+    pub fn stopping(&self) -> bool {
+        self.shared.stopping()
+    }
+
+    /// Why the switch stopped on its own: once any of its threads (a worker, the QoS
+    /// allocator, housekeeping) has panicked, a message that names the thread and quotes the
+    /// panic. The switch is then stopping; a daemon should log the message, shut the switch
+    /// down and exit non-zero.
+    pub fn failed(&self) -> Option<String> {
+        self.shared.failure.get()
+    }
+
+    /// Blocks until one of the switch's threads fails, at most `timeout` (`None`: for
+    /// ever), and returns [`Switch::failed`]'s message, or `None` on timeout.
+    pub fn wait_failed(&self, timeout: Option<Duration>) -> Option<String> {
+        self.shared.failure.wait(timeout)
+    }
+
+    /// Wakes every worker (used after feeding a port with no fd, in tests).
+    pub fn kick(&self) {
+        for w in &self.workers {
+            let _ = w.wake.notify();
+        }
+    }
+}

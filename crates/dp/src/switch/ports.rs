@@ -1,0 +1,209 @@
+//! The port lifecycle: add (validate, open, admit, place, publish), remove, and live QoS
+//! settings. Every change here runs under the switch's one control lock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qswitch_api::{PortConfig, PortType, VhostMode};
+
+use super::{Switch, SwitchError, MAX_PORTS};
+use crate::ids::PortId;
+use crate::port::gen::GenPort;
+use crate::port::tap::TapPort;
+use crate::port::vhost_user::{Mode, VhostUserPort};
+use crate::port::Device;
+use crate::qos;
+use crate::stats::PortCounters;
+use crate::table::{PortEntry, PortTable};
+
+impl Switch {
+    /// Adds a port from its config: validates it, opens the device, assigns its rx queues
+    /// to the least-loaded workers, and publishes it.
+    pub fn add_port(&self, config: &PortConfig) -> Result<PortId, SwitchError> {
+        self.add_ports(std::slice::from_ref(config))
+            .map(|ids| ids[0])
+    }
+
+    /// Adds several ports at once: they all appear to the workers in the same instant, so
+    /// no frame is switched while only some of them exist. All or nothing: if one fails,
+    /// none is added (devices already opened are closed again).
+    pub fn add_ports(&self, configs: &[PortConfig]) -> Result<Vec<PortId>, SwitchError> {
+        let mut ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let mut new_table = (*table).clone();
+        let mut ids = Vec::with_capacity(configs.len());
+        for config in configs {
+            let id = self.prepare(&new_table, config)?;
+            let dev = self.open_device(id, config)?;
+            let slot = usize::from(id.0);
+            if slot == new_table.len() {
+                new_table.push(None);
+            }
+            new_table[slot] = Some(self.entry(id, config, dev));
+            ids.push(id);
+        }
+        qos::ops::admit(&new_table, self.shared.qos.reservable, None).map_err(SwitchError::Qos)?;
+        self.replan(&mut ctl, &new_table);
+        self.apply(&mut ctl, Some(new_table));
+        for c in configs {
+            tracing::info!(port = %c.name, kind = %c.kind, "port added");
+        }
+        Ok(ids)
+    }
+
+    /// Checks that `config` can join `table` and returns the id it gets.
+    fn prepare(&self, table: &PortTable, config: &PortConfig) -> Result<PortId, SwitchError> {
+        config.validate()?;
+        for p in table.iter().flatten() {
+            if p.config.name == config.name {
+                return Err(SwitchError::PortExists(config.name.clone()));
+            }
+            if config.ifname.is_some() && p.config.ifname == config.ifname {
+                return Err(SwitchError::IfnameInUse {
+                    ifname: config.ifname.clone().unwrap_or_default(),
+                    port: p.config.name.clone(),
+                });
+            }
+            if config.socket.is_some() && p.config.socket == config.socket {
+                return Err(SwitchError::SocketInUse {
+                    socket: config
+                        .socket
+                        .as_ref()
+                        .map(|s| s.display().to_string())
+                        .unwrap_or_default(),
+                    port: p.config.name.clone(),
+                });
+            }
+        }
+        let slot = table
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(table.len());
+        if slot >= MAX_PORTS {
+            return Err(SwitchError::Full);
+        }
+        Ok(PortId(slot as u16))
+    }
+
+    /// Adds a test double port (see [`crate::port::inject`]).
+    #[cfg(any(test, feature = "test-utils"))]
+    pub fn add_inject_port(
+        &self,
+        name: &str,
+        vlan: Option<u16>,
+    ) -> Result<Arc<crate::port::inject::InjectPort>, SwitchError> {
+        let mut ctl = self.control.lock();
+        let mut table = (*self.shared.ports.load_full()).clone();
+        let mut config = PortConfig::gen(name);
+        config.vlan = vlan;
+        let id = self.prepare(&table, &config)?;
+        let port = Arc::new(crate::port::inject::InjectPort::new());
+        let slot = usize::from(id.0);
+        if slot == table.len() {
+            table.push(None);
+        }
+        table[slot] = Some(self.entry(id, &config, Device::Inject(port.clone())));
+        self.replan(&mut ctl, &table);
+        self.apply(&mut ctl, Some(table));
+        Ok(port)
+    }
+
+    fn open_device(&self, id: PortId, config: &PortConfig) -> Result<Device, SwitchError> {
+        Ok(match config.kind {
+            PortType::Tap => {
+                let ifname = config.ifname.as_deref().unwrap_or_default();
+                Device::Tap(TapPort::open(ifname, config.queues)?)
+            }
+            PortType::VhostUser => {
+                let mode = match config.mode.unwrap_or(VhostMode::Server) {
+                    VhostMode::Server => Mode::Server,
+                    VhostMode::Client => Mode::Client,
+                };
+                let socket = config.socket.as_deref().unwrap_or(std::path::Path::new(""));
+                Device::VhostUser(VhostUserPort::new(
+                    &config.name,
+                    socket,
+                    mode,
+                    config.queues,
+                )?)
+            }
+            PortType::Gen => Device::Gen(GenPort::new(
+                id,
+                &config.name,
+                config.mac.as_deref(),
+                config.queues,
+                config.generate.as_ref(),
+                self.workers.len(),
+            )),
+        })
+    }
+
+    fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {
+        Arc::new(PortEntry {
+            id,
+            config: config.clone(),
+            vlan: config.vlan.unwrap_or(0),
+            dev,
+            counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
+            qos: qos::PortQos::new(config, self.shared.now()),
+        })
+    }
+
+    /// Changes a port's QoS settings live (effective at the next allocator tick), unless
+    /// admission control refuses; a refused change changes nothing.
+    pub fn qos_set(
+        &self,
+        name: &str,
+        update: &qos::QosUpdate,
+    ) -> Result<qswitch_api::QosSettings, SwitchError> {
+        let _ctl = self.control.lock();
+        qos::ops::set(&self.shared, name, update)
+    }
+
+    /// Removes a port. Returns once no worker uses it any more (its device is then closed:
+    /// a TAP qswitch created disappears).
+    pub fn del_port(&self, name: &str) -> Result<(), SwitchError> {
+        let mut ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let Some(entry) = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .cloned()
+        else {
+            return Err(SwitchError::NoSuchPort(name.to_string()));
+        };
+        let mut new_table = (*table).clone();
+        new_table[usize::from(entry.id.0)] = None;
+        while new_table.last().is_some_and(Option::is_none) {
+            new_table.pop();
+        }
+        ctl.pins.retain(|(port, _), _| port != name);
+        drop(table);
+        self.replan(&mut ctl, &new_table);
+        self.apply(&mut ctl, Some(new_table));
+        self.shared.fdb.remove_port(entry.id);
+        drop(ctl);
+        // Wait (bounded) until the last worker reference is gone, so the device closes now.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Arc::strong_count(&entry) > 1 && Instant::now() < deadline && !self.stopping() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        tracing::info!(port = %name, "port removed");
+        Ok(())
+    }
+
+    /// The receive-side indirection table of a multi-queue port (vhost-user).
+    pub fn reta(&self, name: &str) -> Result<Arc<crate::rss::Reta>, SwitchError> {
+        let table = self.shared.ports.load_full();
+        let p = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        match &p.dev {
+            Device::VhostUser(v) => Ok(v.reta()),
+            _ => Err(SwitchError::NoRss(name.to_string())),
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Reports built from the port table, the counters and the control state: `port list`,
+//! `fdb`, `stats`, `placement` and `qos show`. They read; they change nothing.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use qswitch_api::request::{
+    FdbEntry, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo, QueueStats,
+    StatsReport, WorkerPlacementInfo, WorkerStats,
+};
+use qswitch_api::VhostMode;
+
+use super::runtime::Reason;
+use super::{Core, Switch};
+use crate::ids::{PortId, WorkerId};
+use crate::port::{Device, Port};
+use crate::qos;
+use crate::stats::{DropCounters, DropReason};
+use crate::table::PortEntry;
+
+impl Switch {
+    /// QoS settings, allocations and measured rates of every port.
+    pub fn qos_show(&self) -> qswitch_api::request::QosReport {
+        qos::ops::report(&self.shared)
+    }
+
+    /// Ports as `port list` shows them.
+    pub fn ports(&self) -> Vec<PortInfo> {
+        let table = self.shared.ports.load_full();
+        let ctl = self.control.lock();
+        table
+            .iter()
+            .flatten()
+            .map(|p| {
+                let queues: Vec<QueueInfo> = ctl
+                    .queues
+                    .range((p.id, 0)..=(p.id, u16::MAX))
+                    .filter_map(|(&(_, queue), st)| {
+                        st.worker.map(|w| QueueInfo {
+                            queue,
+                            worker: w.0,
+                            cpu: self.cpu_of(w).0,
+                        })
+                    })
+                    .collect();
+                let (created, mac) = match &p.dev {
+                    Device::Tap(t) => (t.created(), None),
+                    Device::Gen(g) => (false, Some(g.mac().to_string())),
+                    _ => (false, None),
+                };
+                let vhost = match &p.dev {
+                    Device::VhostUser(v) => Some(v),
+                    _ => None,
+                };
+                PortInfo {
+                    name: p.config.name.clone(),
+                    kind: p.config.kind.to_string(),
+                    ifname: p.config.ifname.clone(),
+                    vlan: p.config.vlan,
+                    mac,
+                    created,
+                    offloads: p.dev.offloads().into_iter().map(String::from).collect(),
+                    socket: p.config.socket.as_ref().map(|s| s.display().to_string()),
+                    mode: vhost.map(|_| match p.config.mode.unwrap_or(VhostMode::Server) {
+                        VhostMode::Server => "server".to_string(),
+                        VhostMode::Client => "client".to_string(),
+                    }),
+                    connected: vhost.map(|v| v.connected()),
+                    enabled_queues: vhost.map(|v| v.enabled_pairs()),
+                    queues,
+                }
+            })
+            .collect()
+    }
+
+    /// The MAC learning table, with port names.
+    pub fn fdb(&self) -> Vec<FdbEntry> {
+        let table = self.shared.ports.load_full();
+        self.shared
+            .fdb
+            .entries(self.shared.now())
+            .into_iter()
+            .filter_map(|l| {
+                let port = table.get(usize::from(l.port.0))?.as_ref()?;
+                Some(FdbEntry {
+                    mac: l.mac.to_string(),
+                    vlan: l.vlan,
+                    port: port.config.name.clone(),
+                    age_ms: l.age_ns / 1_000_000,
+                })
+            })
+            .collect()
+    }
+
+    /// All counters now (rates are left to the caller, who keeps the previous report).
+    pub fn stats(&self) -> StatsReport {
+        let table = self.shared.ports.load_full();
+        let mut owners: BTreeMap<(PortId, u16), WorkerId> = BTreeMap::new();
+        for w in &self.workers {
+            for (e, q) in w.queues.load().iter() {
+                owners.insert((e.id, *q), w.id);
+            }
+        }
+        let ports = table.iter().flatten().map(|p| port_stats(p)).collect();
+        let workers = self
+            .workers
+            .iter()
+            .map(|w| {
+                let c = &w.counters;
+                let tid = c.tid.load(Ordering::Relaxed);
+                let (vol, invol) = if tid > 0 {
+                    qswitch_sys::thread::ctx_switches(tid).unwrap_or_default()
+                } else {
+                    (0, 0)
+                };
+                WorkerStats {
+                    id: w.id.0,
+                    cpu: w.cpu.0,
+                    tid,
+                    queues: owners
+                        .iter()
+                        .filter(|(_, &o)| o == w.id)
+                        .filter_map(|((p, q), _)| {
+                            table
+                                .get(usize::from(p.0))?
+                                .as_ref()
+                                .map(|e| format!("{}/{q}", e.config.name))
+                        })
+                        .collect(),
+                    busy_polls: c.busy_polls.get(),
+                    idle_polls: c.idle_polls.get(),
+                    busy_ns: c.busy_ns.get(),
+                    idle_ns: c.idle_ns.get(),
+                    sleeps: c.sleeps.get(),
+                    wakeups: c.wakeups.get(),
+                    spin_us: c.spin_ns.get() as f64 / 1000.0,
+                    voluntary_ctx_switches: vol,
+                    involuntary_ctx_switches: invol,
+                    cpu_ns: if tid > 0 {
+                        qswitch_sys::thread::thread_cpu_ns(tid).unwrap_or(0)
+                    } else {
+                        0
+                    },
+                }
+            })
+            .collect();
+        StatsReport {
+            uptime_ms: self.shared.now() / 1_000_000,
+            process_cpu_ns: qswitch_sys::thread::process_cpu_ns(),
+            ports,
+            workers,
+            rates: None,
+        }
+    }
+}
+
+impl Core {
+    /// Where every queue runs, its load and why; per-worker load; warnings; recent moves.
+    pub fn placement(&self) -> PlacementReport {
+        let ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let cpu = |w: Option<WorkerId>| w.map(|w| self.cpu_of(w).0);
+        let queues = ctl
+            .queues
+            .iter()
+            .filter_map(|(&(p, q), st)| {
+                let entry = table.get(usize::from(p.0))?.as_ref()?;
+                let (state, why) = match &st.reason {
+                    Reason::Pinned => ("pinned", "pinned by the operator".to_string()),
+                    Reason::Home => ("home", st.why.clone()),
+                    Reason::Coalesced { total } => (
+                        "coalesced",
+                        format!(
+                            "coalesced at low load (all queues together {:.1}% of a core); \
+                             home: {}",
+                            total * 100.0,
+                            st.why
+                        ),
+                    ),
+                    Reason::Spread { cpu, busy } => (
+                        "spread",
+                        format!(
+                            "spread off CPU {cpu} ({:.0}% busy); home: {}",
+                            busy * 100.0,
+                            st.why
+                        ),
+                    ),
+                };
+                Some(QueuePlacementInfo {
+                    port: entry.config.name.clone(),
+                    queue: q,
+                    worker: st.worker.map(|w| w.0),
+                    cpu: cpu(st.worker),
+                    home_cpu: cpu(st.home),
+                    load: st.load,
+                    state: state.to_string(),
+                    why,
+                })
+            })
+            .collect();
+        let workers = self
+            .workers
+            .iter()
+            .map(|w| WorkerPlacementInfo {
+                id: w.id.0,
+                cpu: w.cpu.0,
+                busy: ctl.worker_busy.get(w.id.0).copied().unwrap_or(0.0),
+                queues: ctl.published.get(w.id.0).map_or(0, Vec::len),
+            })
+            .collect();
+        PlacementReport {
+            mode: ctl.mode.to_string(),
+            reserved_cpus: self.reserved.clone(),
+            queues,
+            workers,
+            port_sets: ctl.port_sets.clone(),
+            warnings: ctl.plan_warnings.clone(),
+            moves: ctl.moves.iter().cloned().collect(),
+            moves_total: ctl.moves_total,
+        }
+    }
+}
+
+fn drop_map(
+    counters: impl Iterator<Item = impl std::ops::Deref<Target = DropCounters>>,
+) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for c in counters {
+        for &r in DropReason::ALL {
+            let n = c.get(r);
+            if n > 0 {
+                *m.entry(r.name().to_string()).or_insert(0) += n;
+            }
+        }
+    }
+    m
+}
+
+fn port_stats(p: &PortEntry) -> PortStats {
+    let c = &p.counters;
+    let queues: Vec<QueueStats> =
+        c.rx.iter()
+            .enumerate()
+            .map(|(q, qc)| QueueStats {
+                queue: q as u16,
+                rx_packets: qc.rx_packets.get(),
+                rx_bytes: qc.rx_bytes.get(),
+                drops: drop_map(std::iter::once(&qc.drops)),
+            })
+            .collect();
+    let (sink, generated) = match &p.dev {
+        Device::Gen(g) => (Some(g.sink_stats()), Some(g.generated())),
+        _ => (None, None),
+    };
+    let guest_errors = match &p.dev {
+        Device::VhostUser(v) => Some(v.guest_errors()),
+        _ => None,
+    };
+    PortStats {
+        name: p.config.name.clone(),
+        rx_packets: queues.iter().map(|q| q.rx_packets).sum(),
+        rx_bytes: queues.iter().map(|q| q.rx_bytes).sum(),
+        tx_packets: c.tx.iter().map(|t| t.tx_packets.get()).sum(),
+        tx_bytes: c.tx.iter().map(|t| t.tx_bytes.get()).sum(),
+        drops: drop_map(
+            c.rx.iter()
+                .map(|q| &q.drops)
+                .chain(c.tx.iter().map(|t| &t.drops)),
+        ),
+        queues,
+        sink,
+        generated,
+        guest_errors,
+    }
+}

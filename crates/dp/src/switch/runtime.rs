@@ -1,0 +1,572 @@
+//! The queue-placement runtime: which worker polls each rx queue, and how a queue moves.
+//!
+//! [`Core::replan`] turns the static plan ([`crate::placement::plan`]) and the operator's pins
+//! into a worker per queue; [`Core::apply`] publishes that to the workers, handing a moving
+//! queue off in two steps (see [`super`]); [`Core::housekeep`] ages addresses and, in dynamic
+//! mode, lets [`crate::balance`] move queues by load. All of it runs under the control lock.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qswitch_api::request::{MoveInfo, PortSetInfo};
+use qswitch_api::PlacementMode;
+
+use super::{Core, SwitchError, BALANCE_EVERY_NS};
+use crate::balance::{Balancer, Decision, QueueLoad};
+use crate::ids::{CpuId, PortId, WorkerId};
+use crate::placement::{self, PortReq, Rule};
+use crate::table::{PortEntry, PortTable};
+
+/// How often learned addresses are aged out.
+const SWEEP_EVERY_NS: u64 = 1_000_000_000;
+/// Queue moves kept for `placement` to show.
+const MOVES_KEPT: usize = 64;
+
+/// Why a queue is on its worker.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Reason {
+    /// Where the static rules put it.
+    Home,
+    /// Pinned by the operator.
+    Pinned,
+    /// Gathered with the others at low load.
+    Coalesced { total: f64 },
+    /// Moved off a worker that was too busy.
+    Spread { cpu: CpuId, busy: f64 },
+}
+
+/// Control-plane view of one rx queue.
+#[derive(Debug, Clone)]
+pub(super) struct QueueState {
+    /// The worker that owns it (published), or none when no CPU is available.
+    pub(super) worker: Option<WorkerId>,
+    /// The worker of its CPU in the static plan.
+    pub(super) home: Option<WorkerId>,
+    /// Workers it may run on: its operator set, or any unreserved worker.
+    allowed: Vec<WorkerId>,
+    /// The static rules behind the home CPU, in words.
+    pub(super) why: String,
+    pin: Option<WorkerId>,
+    pub(super) reason: Reason,
+    /// Its busy-time counter at the last evaluation, and the load since.
+    prev_busy_ns: u64,
+    pub(super) load: f64,
+}
+
+/// Control-plane state, behind the one control lock.
+pub(super) struct Control {
+    /// Per worker (indexed by [`WorkerId`]): the (port, queue) pairs it polls now (as
+    /// published).
+    pub(super) published: Vec<Vec<(PortId, u16)>>,
+    pub(super) queues: BTreeMap<(PortId, u16), QueueState>,
+    /// Operator pins by port name and queue: the worker.
+    pub(super) pins: BTreeMap<(String, u16), WorkerId>,
+    pub(super) mode: PlacementMode,
+    pub(super) plan_warnings: Vec<String>,
+    pub(super) port_sets: Vec<PortSetInfo>,
+    pub(super) balancer: Balancer,
+    /// Time of the last evaluation and each worker's busy counter then.
+    pub(super) last_eval: Option<(u64, Vec<u64>)>,
+    /// Per worker (indexed by [`WorkerId`]): its busy share at the last evaluation.
+    pub(super) worker_busy: Vec<f64>,
+    pub(super) moves: VecDeque<MoveInfo>,
+    pub(super) moves_total: u64,
+    pub(super) next_sweep: u64,
+}
+
+impl Core {
+    /// The CPU worker `w` runs on.
+    pub(super) fn cpu_of(&self, w: WorkerId) -> CpuId {
+        self.workers[w.0].cpu
+    }
+
+    /// The workers running on `cpu`.
+    fn workers_on(&self, cpu: CpuId) -> impl Iterator<Item = WorkerId> + '_ {
+        self.workers
+            .iter()
+            .filter(move |w| w.cpu == cpu)
+            .map(|w| w.id)
+    }
+
+    /// Recomputes the static plan for the ports of `table` and brings every queue's state up
+    /// to date: new queues go home (or to their pin), queues of removed ports are forgotten.
+    /// In static mode every queue goes home; in dynamic mode a queue stays where it is while
+    /// that is allowed.
+    pub(super) fn replan(&self, ctl: &mut Control, table: &PortTable) {
+        let ports: Vec<&Arc<PortEntry>> = table.iter().flatten().collect();
+        let reqs: Vec<PortReq> = ports
+            .iter()
+            .map(|p| PortReq {
+                name: p.config.name.clone(),
+                queues: p.rx_queues(),
+                cpus: p.config.cpu_set().ok().flatten(),
+                numa_node: None,
+            })
+            .collect();
+        let cpus: Vec<usize> = self.workers.iter().map(|w| w.cpu.0).collect();
+        let plan = placement::plan(&self.topology, &cpus, &self.reserved, &reqs);
+        let unreserved: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|w| !self.reserved.contains(&w.cpu.0))
+            .map(|w| w.id)
+            .collect();
+        // Home workers: the plan's CPU; several workers on one CPU take turns.
+        let mut per_cpu_turn: BTreeMap<CpuId, usize> = BTreeMap::new();
+        let mut states = BTreeMap::new();
+        for (p, req) in ports.iter().zip(&reqs) {
+            let set = plan
+                .port_sets
+                .iter()
+                .find(|(n, _)| *n == req.name)
+                .map(|(_, s)| s.clone())
+                .unwrap_or_default();
+            let operator = req.cpus.is_some()
+                && plan
+                    .queues
+                    .iter()
+                    .any(|q| q.port == req.name && q.rules.first() == Some(&Rule::OperatorSet));
+            let allowed: Vec<WorkerId> = if operator {
+                set.iter()
+                    .flat_map(|&c| self.workers_on(CpuId(c)))
+                    .collect()
+            } else {
+                unreserved.clone()
+            };
+            for q in plan.queues.iter().filter(|q| q.port == req.name) {
+                let on_cpu: Vec<WorkerId> = self.workers_on(CpuId(q.cpu)).collect();
+                let turn = per_cpu_turn.entry(CpuId(q.cpu)).or_insert(0);
+                let home = on_cpu.get(*turn % on_cpu.len().max(1)).copied();
+                *turn += 1;
+                let key = (p.id, q.queue);
+                let old = ctl.queues.get(&key);
+                let pin = ctl.pins.get(&(req.name.clone(), q.queue)).copied();
+                let stay = old
+                    .and_then(|o| o.worker)
+                    .filter(|w| ctl.mode == PlacementMode::Dynamic && allowed.contains(w));
+                let (worker, reason) = match (pin, stay) {
+                    (Some(w), _) => (Some(w), Reason::Pinned),
+                    (None, Some(w)) => (
+                        Some(w),
+                        old.map_or(Reason::Home, |o| {
+                            if o.reason == Reason::Pinned || Some(w) == home {
+                                Reason::Home
+                            } else {
+                                o.reason.clone()
+                            }
+                        }),
+                    ),
+                    (None, None) => (home, Reason::Home),
+                };
+                states.insert(
+                    key,
+                    QueueState {
+                        worker,
+                        home,
+                        allowed: allowed.clone(),
+                        why: plan.why(q),
+                        pin,
+                        reason,
+                        prev_busy_ns: old.map_or(0, |o| o.prev_busy_ns),
+                        load: old.map_or(0.0, |o| o.load),
+                    },
+                );
+            }
+        }
+        ctl.queues = states;
+        ctl.plan_warnings = plan.warnings.iter().map(ToString::to_string).collect();
+        ctl.port_sets = plan
+            .port_sets
+            .iter()
+            .map(|(port, cpus)| PortSetInfo {
+                port: port.clone(),
+                cpus: cpus.clone(),
+                operator: reqs.iter().any(|r| r.name == *port && r.cpus.is_some()),
+            })
+            .collect();
+    }
+
+    /// Publishes the queue states (and `table`, if given) to the workers. A queue that changes
+    /// worker is handed off in two steps (see the module documentation).
+    pub(super) fn apply(&self, ctl: &mut Control, table: Option<PortTable>) {
+        let table_given = table.is_some();
+        let table = match table {
+            Some(t) => Arc::new(t),
+            None => self.shared.ports.load_full(),
+        };
+        let mut target: Vec<Vec<(PortId, u16)>> = vec![Vec::new(); self.workers.len()];
+        for (&key, st) in &ctl.queues {
+            if let Some(w) = st.worker {
+                target[w.0].push(key);
+            }
+        }
+        if !table_given && target == ctl.published {
+            return;
+        }
+        let mut owner: BTreeMap<(PortId, u16), WorkerId> = BTreeMap::new();
+        for (w, list) in ctl.published.iter().enumerate() {
+            for &k in list {
+                owner.insert(k, WorkerId(w));
+            }
+        }
+        // Step 1: nobody gets a queue that another worker still has.
+        let step1: Vec<Vec<(PortId, u16)>> = target
+            .iter()
+            .enumerate()
+            .map(|(w, list)| {
+                list.iter()
+                    .copied()
+                    .filter(|k| owner.get(k).is_none_or(|&o| o == WorkerId(w)))
+                    .collect()
+            })
+            .collect();
+        let handoff = step1 != target;
+        let acked = self.publish(&table, &step1);
+        ctl.published = step1;
+        if handoff {
+            if !acked {
+                // A worker did not let go within the bound: giving its queue to another now
+                // could have two workers on it. Leave the queue unpolled; the next change
+                // retries.
+                tracing::error!("a worker did not release its queues; moves postponed");
+                return;
+            }
+            self.publish(&table, &target);
+            ctl.published = target;
+        }
+    }
+
+    /// Stores per-worker queue lists and the table, bumps the epoch, wakes the workers and
+    /// waits (bounded) until each runs it. Returns whether all did.
+    fn publish(&self, table: &Arc<PortTable>, lists: &[Vec<(PortId, u16)>]) -> bool {
+        for (w, list) in self.workers.iter().zip(lists) {
+            let queues: Vec<_> = list
+                .iter()
+                .filter_map(|(p, q)| {
+                    table
+                        .get(usize::from(p.0))
+                        .cloned()
+                        .flatten()
+                        .map(|e| (e, *q))
+                })
+                .collect();
+            w.queues.store(Arc::new(queues));
+        }
+        self.shared.ports.store(table.clone());
+        let epoch = self.shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        for w in &self.workers {
+            let _ = w.wake.notify();
+        }
+        // Workers without threads take the change now, as a thread would between bursts.
+        if let Some(m) = &self.manual {
+            for w in m.lock().workers.iter_mut() {
+                w.sync(&self.shared);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut all = true;
+        for w in &self.workers {
+            loop {
+                let seen = w.seen_epoch.load(Ordering::Acquire);
+                if seen != u64::MAX && seen >= epoch {
+                    break;
+                }
+                if Instant::now() > deadline || self.shared.stopping() {
+                    tracing::warn!(
+                        worker = w.id.0,
+                        "worker did not pick up a change within 5 s"
+                    );
+                    all = false;
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        all
+    }
+
+    /// Periodic work: age out addresses every second, evaluate placement every
+    /// [`BALANCE_EVERY_NS`].
+    pub(super) fn housekeep(&self, now: u64) {
+        let mut ctl = self.control.lock();
+        if now >= ctl.next_sweep {
+            ctl.next_sweep = now + SWEEP_EVERY_NS;
+            self.shared.fdb.sweep(now);
+        }
+        let due = ctl
+            .last_eval
+            .as_ref()
+            .is_none_or(|(t, _)| now.saturating_sub(*t) >= BALANCE_EVERY_NS);
+        if due && !self.shared.stopping() {
+            self.rebalance(&mut ctl, now);
+            // Also retries a hand-off that a slow worker made us postpone.
+            self.apply(&mut ctl, None);
+        }
+    }
+
+    /// Measures every queue's and worker's load since the last evaluation and, in dynamic
+    /// mode, carries out what the balancer decides.
+    fn rebalance(&self, ctl: &mut Control, now: u64) {
+        let table = self.shared.ports.load_full();
+        let busy_now: Vec<u64> = self
+            .workers
+            .iter()
+            .map(|w| w.counters.busy_ns.get())
+            .collect();
+        let Some((then, busy_then)) = ctl.last_eval.replace((now, busy_now.clone())) else {
+            for (&(p, q), st) in ctl.queues.iter_mut() {
+                st.prev_busy_ns = queue_busy(&table, p, q);
+            }
+            return;
+        };
+        let dt = now.saturating_sub(then).max(1) as f64;
+        ctl.worker_busy = busy_now
+            .iter()
+            .zip(&busy_then)
+            .map(|(n, t)| (n.saturating_sub(*t) as f64 / dt).min(1.0))
+            .collect();
+        for (&(p, q), st) in ctl.queues.iter_mut() {
+            let b = queue_busy(&table, p, q);
+            st.load = (b.saturating_sub(st.prev_busy_ns) as f64 / dt).min(1.0);
+            st.prev_busy_ns = b;
+        }
+        if ctl.mode != PlacementMode::Dynamic {
+            return;
+        }
+        let keys: Vec<(PortId, u16)> = ctl
+            .queues
+            .iter()
+            .filter(|(_, st)| st.worker.is_some() && st.home.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        let loads: Vec<QueueLoad> = keys
+            .iter()
+            .map(|k| {
+                let st = &ctl.queues[k];
+                // The balancer works on plain worker indices.
+                let current = st.worker.map_or(0, |w| w.0);
+                let mut allowed: Vec<usize> = st.allowed.iter().map(|w| w.0).collect();
+                if !allowed.contains(&current) {
+                    allowed.push(current);
+                }
+                allowed.sort_unstable();
+                QueueLoad {
+                    load: st.load,
+                    current,
+                    home: st.home.map_or(current, |w| w.0),
+                    allowed,
+                    pinned: st.pin.is_some(),
+                }
+            })
+            .collect();
+        let busy = ctl.worker_busy.clone();
+        let (targets, reason) = match ctl.balancer.evaluate(&loads, &busy) {
+            Decision::Keep => return,
+            Decision::Coalesce { targets, total, .. } => (targets, Reason::Coalesced { total }),
+            Decision::Spread { targets, hot, busy } => (
+                targets,
+                Reason::Spread {
+                    cpu: self.cpu_of(WorkerId(hot)),
+                    busy,
+                },
+            ),
+        };
+        let mut moved = 0;
+        for (k, &to) in keys.iter().zip(&targets) {
+            let to = WorkerId(to);
+            let name = table
+                .get(usize::from(k.0 .0))
+                .and_then(|e| e.as_ref())
+                .map(|e| e.config.name.clone())
+                .unwrap_or_default();
+            let Some(st) = ctl.queues.get_mut(k) else {
+                continue;
+            };
+            if st.worker == Some(to) {
+                continue;
+            }
+            let from_cpu = st.worker.map(|w| self.cpu_of(w));
+            st.worker = Some(to);
+            st.reason = if st.home == Some(to) {
+                Reason::Home
+            } else {
+                reason.clone()
+            };
+            let why = match &reason {
+                Reason::Coalesced { total } => format!(
+                    "coalesce: all queues together use {:.1}% of a core",
+                    total * 100.0
+                ),
+                Reason::Spread { cpu, busy } => {
+                    format!(
+                        "spread: the worker on CPU {cpu} was {:.0}% busy",
+                        busy * 100.0
+                    )
+                }
+                _ => String::new(),
+            };
+            let to_cpu = self.cpu_of(to);
+            tracing::info!(port = %name, queue = k.1, from = ?from_cpu.map(|c| c.0), to = to_cpu.0, "{why}");
+            record_move(ctl, now, name, k.1, from_cpu, to_cpu, why);
+            moved += 1;
+        }
+        if moved > 0 {
+            self.apply(ctl, None);
+        }
+    }
+
+    /// Pins rx queue `queue` of port `port` to the worker on `cpu` (`None` removes the pin).
+    /// The queue moves there at once, without loss or reordering.
+    pub fn pin(&self, port: &str, queue: u16, cpu: Option<usize>) -> Result<(), SwitchError> {
+        let mut ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let entry = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == port)
+            .ok_or_else(|| SwitchError::NoSuchPort(port.to_string()))?;
+        let key = (entry.id, queue);
+        if !ctl.queues.contains_key(&key) {
+            return Err(SwitchError::NoSuchQueue {
+                port: port.to_string(),
+                queue,
+                queues: entry.rx_queues(),
+            });
+        }
+        let worker = match cpu {
+            Some(cpu) => {
+                if self.reserved.contains(&cpu) {
+                    return Err(SwitchError::ReservedCpu(cpu));
+                }
+                Some(self.workers_on(CpuId(cpu)).next().ok_or_else(|| {
+                    SwitchError::NoWorkerOnCpu {
+                        cpu,
+                        workers: qswitch_api::CpuList::from_cpus(
+                            self.workers.iter().map(|w| w.cpu.0),
+                        )
+                        .map_or_else(|| "none".into(), |l| l.to_string()),
+                    }
+                })?)
+            }
+            None => None,
+        };
+        let now = self.shared.now();
+        let mode = ctl.mode;
+        let (from, to) = match ctl.queues.get_mut(&key) {
+            Some(st) => {
+                let from = st.worker;
+                st.pin = worker;
+                st.reason = if worker.is_some() {
+                    Reason::Pinned
+                } else {
+                    Reason::Home
+                };
+                if worker.is_some() {
+                    st.worker = worker;
+                } else if mode == PlacementMode::Static {
+                    st.worker = st.home;
+                }
+                (from, st.worker)
+            }
+            None => (None, None),
+        };
+        match worker {
+            Some(w) => ctl.pins.insert((port.to_string(), queue), w),
+            None => ctl.pins.remove(&(port.to_string(), queue)),
+        };
+        if let (Some(to), true) = (to, to != from) {
+            let (from_cpu, to_cpu) = (from.map(|w| self.cpu_of(w)), self.cpu_of(to));
+            let why = if worker.is_some() {
+                "pinned by the operator"
+            } else {
+                "unpinned"
+            };
+            record_move(
+                &mut ctl,
+                now,
+                port.to_string(),
+                queue,
+                from_cpu,
+                to_cpu,
+                why.into(),
+            );
+        }
+        self.apply(&mut ctl, None);
+        Ok(())
+    }
+
+    /// Switches placement between dynamic and static. Going static sends every queue that is
+    /// not pinned home.
+    pub fn set_placement_mode(&self, mode: PlacementMode) {
+        let mut ctl = self.control.lock();
+        ctl.mode = mode;
+        ctl.balancer = Balancer::default();
+        if mode == PlacementMode::Static {
+            let now = self.shared.now();
+            let table = self.shared.ports.load_full();
+            let mut moves = Vec::new();
+            for (&(p, q), st) in ctl.queues.iter_mut() {
+                if st.pin.is_none() && st.worker != st.home {
+                    moves.push((p, q, st.worker, st.home));
+                    st.worker = st.home;
+                    st.reason = Reason::Home;
+                }
+            }
+            for (p, q, from, to) in moves {
+                if let Some(to) = to {
+                    let name = table
+                        .get(usize::from(p.0))
+                        .and_then(|e| e.as_ref())
+                        .map(|e| e.config.name.clone())
+                        .unwrap_or_default();
+                    let from_cpu = from.map(|w| self.cpu_of(w));
+                    let to_cpu = self.cpu_of(to);
+                    record_move(
+                        &mut ctl,
+                        now,
+                        name,
+                        q,
+                        from_cpu,
+                        to_cpu,
+                        "static placement".into(),
+                    );
+                }
+            }
+        }
+        self.apply(&mut ctl, None);
+        tracing::info!(%mode, "placement mode changed");
+    }
+}
+
+fn queue_busy(table: &PortTable, p: PortId, q: u16) -> u64 {
+    table
+        .get(usize::from(p.0))
+        .and_then(|e| e.as_ref())
+        .and_then(|e| e.counters.rx.get(usize::from(q)))
+        .map_or(0, |c| c.busy_ns.get())
+}
+
+fn record_move(
+    ctl: &mut Control,
+    now: u64,
+    port: String,
+    queue: u16,
+    from_cpu: Option<CpuId>,
+    to_cpu: CpuId,
+    reason: String,
+) {
+    ctl.moves_total += 1;
+    if ctl.moves.len() == MOVES_KEPT {
+        ctl.moves.pop_front();
+    }
+    ctl.moves.push_back(MoveInfo {
+        at_ms: now / 1_000_000,
+        port,
+        queue,
+        from_cpu: from_cpu.map(|c| c.0),
+        to_cpu: to_cpu.0,
+        reason,
+    });
+}

@@ -1,0 +1,237 @@
+//! Start-up and shutdown: the worker, QoS and housekeeping threads (or none, under a manual
+//! clock), all spawned through one helper that names them, confines them and turns a panic
+//! into a stopped switch with a message ([`Switch::failed`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use qswitch_sys::eventfd::EventFd;
+
+use super::runtime::Control;
+use super::{Core, Options, Switch, SwitchError};
+use crate::balance::Balancer;
+use crate::engine::ManualWorker;
+use crate::fdb::Fdb;
+use crate::ids::{CpuId, WorkerId};
+use crate::placement::Topology;
+use crate::qos;
+use crate::stats::WorkerCounters;
+use crate::table::{Clock, Shared, WorkerShared};
+use crate::worker::Worker;
+
+/// How often the housekeeping thread wakes up.
+const HOUSEKEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// A switch without threads: every worker's engine and the QoS allocator, stepped by
+/// [`Switch::poll_once`].
+pub(super) struct Manual {
+    pub(super) workers: Vec<ManualWorker>,
+    allocator: qos::ops::Allocator,
+    next_tick: u64,
+}
+
+impl Switch {
+    /// Starts one pinned worker per CPU in `cpus`, with no ports, the QoS allocator thread
+    /// and the housekeeping thread (address aging, dynamic placement).
+    pub fn start(cpus: &[usize], options: &Options) -> Result<Switch, SwitchError> {
+        let base = Instant::now();
+        let sw = Switch::build(cpus, options, Clock::Real(base))?;
+        let shared = sw.shared.clone();
+        for w in &sw.workers {
+            let (id, cpu) = (w.id, w.cpu);
+            let err = |source| SwitchError::Worker {
+                worker: id.0,
+                cpu: cpu.0,
+                source,
+            };
+            let worker = Worker::new(shared.clone(), w.clone(), base).map_err(err)?;
+            let t = spawn(
+                &shared,
+                format!("qs-worker-{id}"),
+                &[cpu],
+                move |confined| {
+                    if let Err(e) = confined {
+                        tracing::warn!(worker = id.0, cpu = cpu.0, error = %e, "cannot pin worker");
+                    }
+                    tracing::debug!(worker = id.0, cpu = cpu.0, "worker started");
+                    worker.run();
+                },
+            )
+            .map_err(err)?;
+            sw.threads.lock().push(t);
+        }
+        let s = shared.clone();
+        let t = spawn(&shared, "qs-qos".into(), &[], move |_| qos::ops::run(&s))
+            .map_err(SwitchError::QosThread)?;
+        sw.threads.lock().push(t);
+        let core = sw.core.clone();
+        let housekeeper = spawn(&shared, "qs-housekeep".into(), &[], move |_| {
+            while !core.shared.stopping() {
+                std::thread::sleep(HOUSEKEEP_EVERY);
+                core.housekeep(core.shared.now());
+            }
+        })
+        .map_err(|source| SwitchError::Worker {
+            worker: usize::MAX,
+            cpu: usize::MAX,
+            source,
+        })?;
+        sw.threads.lock().push(housekeeper);
+        Ok(sw)
+    }
+
+    /// A switch with the workers of `cpus` but no thread at all, on a clock that starts at 0
+    /// and moves only with [`Switch::poll_once`]. Control operations work as on a started
+    /// switch; frames move only when the caller polls. For deterministic tests and
+    /// simulations.
+    pub fn manual(cpus: &[usize], options: &Options) -> Result<Switch, SwitchError> {
+        let mut sw = Switch::build(cpus, options, Clock::Manual(AtomicU64::new(0)))?;
+        let workers = sw.workers.iter().cloned().map(ManualWorker::new).collect();
+        let manual = Manual {
+            workers,
+            allocator: qos::ops::Allocator::new(0),
+            next_tick: 0,
+        };
+        // Nothing else holds the core yet.
+        match Arc::get_mut(&mut sw.core) {
+            Some(core) => core.manual = Some(Mutex::new(manual)),
+            None => unreachable!("a new switch's core is not shared"),
+        }
+        Ok(sw)
+    }
+
+    /// On a [`Switch::manual`] switch: sets the clock to `now` (nanoseconds; it never goes
+    /// back), runs housekeeping and the QoS allocator if they are due, then polls every rx
+    /// queue once, worker by worker, each in its queue order. Returns the frames received.
+    /// On a started switch it does nothing and returns 0.
+    ///
+    /// Busy time is not measured without threads, so dynamic placement sees every queue
+    /// idle (it may coalesce them, as on an idle started switch); pins and static placement
+    /// behave as on a started switch.
+    pub fn poll_once(&self, now: u64) -> usize {
+        let (Some(manual), Clock::Manual(clock)) = (&self.manual, &self.shared.clock) else {
+            return 0;
+        };
+        let now = clock
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed)
+            .max(now);
+        self.housekeep(now);
+        let mut m = manual.lock();
+        if now >= m.next_tick {
+            m.next_tick = now + qos::TICK.as_nanos() as u64;
+            m.allocator.step(&self.shared, now);
+        }
+        m.workers
+            .iter_mut()
+            .map(|w| w.step(&self.shared, now))
+            .sum()
+    }
+
+    /// The switch without its threads: shared state, workers' shared halves, control state.
+    fn build(cpus: &[usize], options: &Options, clock: Clock) -> Result<Switch, SwitchError> {
+        let shared = Arc::new(Shared::new(
+            Fdb::new(options.fdb_aging.as_nanos() as u64),
+            clock,
+            options.poll_spin.as_nanos() as u64,
+            options.reservable,
+        ));
+        let mut workers = Vec::new();
+        for (id, &cpu) in cpus.iter().enumerate() {
+            let wake = EventFd::new().map_err(|source| SwitchError::Worker {
+                worker: id,
+                cpu,
+                source,
+            })?;
+            workers.push(Arc::new(WorkerShared {
+                id: WorkerId(id),
+                cpu: CpuId(cpu),
+                counters: WorkerCounters::default(),
+                wake,
+                queues: ArcSwap::from_pointee(Vec::new()),
+                seen_epoch: AtomicU64::new(u64::MAX),
+            }));
+        }
+        let topology = options.topology.clone().unwrap_or_else(|| {
+            Topology::read_sysfs(std::path::Path::new("/sys")).unwrap_or_default()
+        });
+        let core = Arc::new(Core {
+            shared,
+            control: Mutex::new(Control {
+                published: vec![Vec::new(); workers.len()],
+                queues: BTreeMap::new(),
+                pins: BTreeMap::new(),
+                mode: options.placement,
+                plan_warnings: Vec::new(),
+                port_sets: Vec::new(),
+                balancer: Balancer::default(),
+                last_eval: None,
+                worker_busy: vec![0.0; workers.len()],
+                moves: VecDeque::new(),
+                moves_total: 0,
+                next_sweep: 0,
+            }),
+            workers,
+            topology,
+            reserved: options.reserved.clone(),
+            manual: None,
+        });
+        Ok(Switch {
+            core,
+            threads: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Stops the workers and the housekeeping thread, and closes every port (TAPs qswitch
+    /// created disappear).
+    pub fn shutdown(&self) {
+        self.shared.request_stop();
+        self.kick();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        for w in &self.workers {
+            w.queues.store(Arc::new(Vec::new()));
+        }
+        if let Some(m) = &self.manual {
+            for w in m.lock().workers.iter_mut() {
+                w.clear();
+            }
+        }
+        self.shared.ports.store(Arc::new(Vec::new()));
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Every thread the switch starts goes through here: named `name`, confined to `cpus` (none:
+/// where the daemon may run), and a panic in `f` stops the switch with a message naming the
+/// thread ([`Switch::failed`]). `f` learns whether the confinement worked. Threads a port
+/// needs (a vhost-user reactor, say) should be started here too, so their panics are not
+/// lost.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    name: String,
+    cpus: &[CpuId],
+    f: impl FnOnce(std::io::Result<()>) + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    let cpus: Vec<usize> = cpus.iter().map(|c| c.0).collect();
+    let s = shared.clone();
+    qswitch_sys::thread::spawn(
+        name,
+        &cpus,
+        move |why| {
+            tracing::error!("{why}; the switch stops");
+            s.fail(why);
+        },
+        f,
+    )
+}

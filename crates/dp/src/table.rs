@@ -1,0 +1,173 @@
+//! The port table and the state the switch shares with its workers.
+//!
+//! Everything the engine, the workers, QoS and the control plane hand each other is declared
+//! here, and this module imports none of them: `switch` builds on `engine` and `worker`,
+//! which build on this, and no arrow points back.
+//!
+//! ```text
+//!  switch ──▶ worker ──▶ engine ──▶ table ◀── qos::ops
+//!     └──────────────────────────────▶ │ ──▶ qos (PortQos), fdb, port, stats
+//! ```
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use parking_lot::{Condvar, Mutex};
+use qswitch_api::PortConfig;
+use qswitch_sys::eventfd::EventFd;
+
+use crate::fdb::Fdb;
+use crate::ids::{CpuId, PortId, WorkerId};
+use crate::port::Device;
+use crate::qos;
+use crate::stats::{PortCounters, WorkerCounters};
+
+/// One port in the table.
+#[derive(Debug)]
+pub struct PortEntry {
+    pub id: PortId,
+    pub config: PortConfig,
+    /// VLAN the port belongs to; 0 = untagged.
+    pub vlan: u16,
+    pub dev: Device,
+    pub counters: PortCounters,
+    /// QoS: allocation, token bucket, live settings (see [`crate::qos`]).
+    pub qos: qos::PortQos,
+}
+
+impl PortEntry {
+    /// Rx queues the port has to poll: none for a gen port that only sinks.
+    pub fn rx_queues(&self) -> u16 {
+        match &self.dev {
+            Device::Gen(g) if !g.generates() => 0,
+            #[cfg(any(test, feature = "test-utils"))]
+            Device::Inject(_) => 1,
+            _ => self.config.queues,
+        }
+    }
+}
+
+/// Port table indexed by [`PortId`].
+pub type PortTable = Vec<Option<Arc<PortEntry>>>;
+
+/// The rx queues one worker polls: (port, queue), in polling order.
+pub type QueueList = Vec<(Arc<PortEntry>, u16)>;
+
+/// Where the switch's time comes from.
+#[derive(Debug)]
+pub(crate) enum Clock {
+    /// Nanoseconds since this instant (worker threads read it directly).
+    Real(Instant),
+    /// Set by the caller of [`crate::Switch::poll_once`]: no threads, deterministic tests.
+    Manual(AtomicU64),
+}
+
+/// What workers and the control plane share.
+pub(crate) struct Shared {
+    pub(crate) ports: ArcSwap<PortTable>,
+    pub(crate) epoch: AtomicU64,
+    pub(crate) fdb: Fdb,
+    stop: AtomicBool,
+    pub(crate) clock: Clock,
+    /// How long workers poll after their last frame before sleeping.
+    pub(crate) spin_ns: u64,
+    pub(crate) qos: qos::QosShared,
+    pub(crate) failure: Failure,
+}
+
+impl Shared {
+    pub(crate) fn new(fdb: Fdb, clock: Clock, spin_ns: u64, reservable: f64) -> Shared {
+        Shared {
+            ports: ArcSwap::from_pointee(Vec::new()),
+            epoch: AtomicU64::new(0),
+            fdb,
+            stop: AtomicBool::new(false),
+            clock,
+            spin_ns,
+            qos: qos::QosShared::new(reservable),
+            failure: Failure::default(),
+        }
+    }
+
+    /// The switch clock, nanoseconds.
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        match &self.clock {
+            Clock::Real(base) => clock_ns(*base),
+            Clock::Manual(t) => t.load(Ordering::Relaxed),
+        }
+    }
+    #[inline]
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+    #[inline]
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+    /// A thread failed: remember why (the first reason wins) and stop the switch.
+    pub(crate) fn fail(&self, why: String) {
+        // Stopping first: whoever wakes on the record sees a stopping switch.
+        self.request_stop();
+        self.failure.record(why);
+    }
+}
+
+/// A worker as seen by the control plane.
+pub(crate) struct WorkerShared {
+    pub(crate) id: WorkerId,
+    pub(crate) cpu: CpuId,
+    pub(crate) counters: WorkerCounters,
+    pub(crate) wake: EventFd,
+    pub(crate) queues: ArcSwap<QueueList>,
+    pub(crate) seen_epoch: AtomicU64,
+}
+
+/// Why the switch stopped on its own: the first thread failure, for the daemon to report.
+#[derive(Debug, Default)]
+pub(crate) struct Failure {
+    why: Mutex<Option<String>>,
+    changed: Condvar,
+}
+
+impl Failure {
+    fn record(&self, why: String) {
+        let mut w = self.why.lock();
+        if w.is_none() {
+            *w = Some(why);
+        }
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn get(&self) -> Option<String> {
+        self.why.lock().clone()
+    }
+
+    /// Waits until a failure is recorded, at most `timeout` (`None`: for ever).
+    pub(crate) fn wait(&self, timeout: Option<Duration>) -> Option<String> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut w = self.why.lock();
+        while w.is_none() {
+            match deadline {
+                Some(d) => {
+                    if self.changed.wait_until(&mut w, d).timed_out() {
+                        break;
+                    }
+                }
+                None => self.changed.wait(&mut w),
+            }
+        }
+        w.clone()
+    }
+}
+
+/// Monotonic clock in nanoseconds since `base`.
+#[inline]
+pub(crate) fn clock_ns(base: Instant) -> u64 {
+    base.elapsed().as_nanos() as u64
+}
