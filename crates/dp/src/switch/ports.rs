@@ -4,10 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use qswitch_api::{PortConfig, PortType, VhostMode};
 
 use super::{Switch, SwitchError, MAX_PORTS};
+use crate::fdb::DEFAULT_PORT_LIMIT;
 use crate::ids::PortId;
+use crate::policy::{Policy, PortPolicy};
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
 use crate::port::vhost_user::{Mode, VhostUserPort};
@@ -146,7 +149,52 @@ impl Switch {
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
             qos: qos::PortQos::new(config, self.shared.now()),
+            policy: ArcSwap::from_pointee(Policy::new(
+                config.vlan,
+                PortPolicy::default(),
+                self.shared.now(),
+            )),
         })
+    }
+
+    /// Changes a port's VLAN trunk, port security and storm-control settings live: the
+    /// port's entry gets the new policy (storm buckets start full), its MAC limit is set,
+    /// its learned addresses are forgotten (they may belong to VLANs it no longer carries),
+    /// and the table is republished, so each worker switches with the new policy from its
+    /// next burst on.
+    pub fn set_port_policy(&self, name: &str, policy: PortPolicy) -> Result<(), SwitchError> {
+        let mut ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let entry = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        let limit = policy.security.mac_limit.unwrap_or(DEFAULT_PORT_LIMIT);
+        entry.policy.store(Arc::new(Policy::new(
+            entry.config.vlan,
+            policy,
+            self.shared.now(),
+        )));
+        self.shared.fdb.set_port_limit(entry.id, limit);
+        let id = entry.id;
+        let new_table = (*table).clone();
+        drop(table);
+        self.apply(&mut ctl, Some(new_table));
+        self.shared.fdb.remove_port(id);
+        tracing::info!(port = %name, "port policy set");
+        Ok(())
+    }
+
+    /// A port's current policy settings.
+    pub fn port_policy(&self, name: &str) -> Result<PortPolicy, SwitchError> {
+        let table = self.shared.ports.load_full();
+        table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .map(|p| p.policy.load().settings.clone())
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))
     }
 
     /// Changes a port's QoS settings live (effective at the next allocator tick), unless
