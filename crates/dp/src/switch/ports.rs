@@ -176,12 +176,12 @@ impl Switch {
             policy,
             self.shared.now(),
         )));
-        self.shared.fdb.set_port_limit(entry.id, limit);
         let id = entry.id;
         let new_table = (*table).clone();
         drop(table);
         self.apply(&mut ctl, Some(new_table));
-        self.shared.fdb.remove_port(id);
+        self.shared.fdb.forget_port(id);
+        self.shared.fdb.set_port_limit(id, limit);
         tracing::info!(port = %name, "port policy set");
         Ok(())
     }
