@@ -4,12 +4,19 @@
 //! [`Policy`] is its compiled form in the port's table entry, with the storm-control token
 //! buckets and the flags the engine checks once per burst. A port with the default policy
 //! (an access port, no security, no storm limits) costs the engine nothing per frame.
+//! The VLAN rules are in [`crate::engine`].
+//!
+//! Order per frame: VLAN admission, port security (before learning, so a refused frame
+//! teaches the fdb nothing: a spoofed source cannot take another port's address), learning,
+//! lookup, then storm control on what would be flooded (broadcast, multicast, unicast to an
+//! unknown address). Storm buckets count frames, refill on the switch clock `now` and hold a
+//! tenth of a second's worth (at least one rx burst); they are shared by the port's rx queues.
 //!
 //! | setting | effect on frames received from the port |
 //! |---|---|
 //! | `vlans` | tagged frames with these VIDs are switched in that VLAN; other tagged frames are dropped (`vlan_not_allowed`) |
 //! | `security.macs` | frames (and ARP senders, ND link-layer options) from other MACs are dropped (`src_mac_not_allowed`) |
-//! | `security.ips` | IPv4/IPv6 sources, ARP sender IPs, ND advertised/DAD targets outside the prefixes are dropped (`src_ip_not_allowed`); `0.0.0.0` and `::` are allowed (DHCP, DAD) |
+//! | `security.ips` | IPv4/IPv6 sources, ARP sender IPs, ND advertised/DAD targets outside the prefixes are dropped (`src_ip_not_allowed`); `0.0.0.0` and `::` are allowed (DHCP, DAD); list `fe80::/64` too for IPv6 link-local (a port with only IPv4 prefixes sends no IPv6) |
 //! | `security.mac_limit` | most MACs the port may have in the fdb ([`crate::fdb::Fdb::set_port_limit`]) |
 //! | `security.dhcp_guard` | DHCPv4/DHCPv6 server messages are dropped (`dhcp_guard`) |
 //! | `security.ra_guard` | IPv6 router advertisements and redirects are dropped, and so is IPv6 whose header chain cannot be read (`ra_guard`, RFC 7113) |

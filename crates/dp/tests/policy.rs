@@ -47,7 +47,7 @@ fn access_to_trunk_pushes_and_trunk_to_access_pops() {
     sim.sw.set_port_policy("t", trunk("10,20")).unwrap();
 
     let f = frame(BCAST, MAC_A, 60);
-    sim.send(&a10, &[f.clone()]);
+    sim.send(&a10, std::slice::from_ref(&f));
     let [to10, to20, to_t] = take(&[&a10, &a20, &t]).try_into().unwrap();
     assert!(to10.is_empty() && to20.is_empty());
     assert_eq!(to_t, vec![tag(&f, 0, 10)], "tagged 10 on the trunk");
@@ -61,11 +61,11 @@ fn access_to_trunk_pushes_and_trunk_to_access_pops() {
 
     // And the learned station behind the trunk gets unicast, tagged.
     let u = frame(MAC_B, MAC_A, 100);
-    sim.send(&a10, &[u.clone()]);
+    sim.send(&a10, std::slice::from_ref(&u));
     assert_eq!(t.take_captured(), vec![tag(&u, 0, 10)]);
     // The same MAC in VLAN 20 is unknown there: flooded to the trunk tagged 20 only.
     let u20 = frame(MAC_B, MAC_C, 100);
-    sim.send(&a20, &[u20.clone()]);
+    sim.send(&a20, std::slice::from_ref(&u20));
     assert_eq!(t.take_captured(), vec![tag(&u20, 0, 20)]);
     assert!(a10.take_captured().is_empty());
 }
@@ -80,7 +80,7 @@ fn trunk_to_trunk_keeps_the_tag_and_its_priority() {
     sim.sw.set_port_policy("t2", trunk("10")).unwrap();
     sim.sw.set_port_policy("t3", trunk("30")).unwrap();
     let f = tag(&frame(BCAST, MAC_A, 60), 3, 10);
-    sim.send(&t1, &[f.clone()]);
+    sim.send(&t1, std::slice::from_ref(&f));
     let [o1, o2, o3] = take(&[&t1, &t2, &t3]).try_into().unwrap();
     assert!(o1.is_empty() && o3.is_empty());
     assert_eq!(o2, vec![f]);
@@ -96,7 +96,7 @@ fn native_vlan_is_untagged_and_a_pure_trunk_drops_untagged() {
     sim.sw.set_port_policy("n", trunk("20")).unwrap();
     sim.sw.set_port_policy("p", trunk("10,20")).unwrap();
     let f = frame(BCAST, MAC_A, 60);
-    sim.send(&a, &[f.clone()]);
+    sim.send(&a, std::slice::from_ref(&f));
     let [_, on_n, on_p] = take(&[&a, &n, &p]).try_into().unwrap();
     assert_eq!(on_n, vec![f.clone()], "native VLAN: untagged");
     assert_eq!(on_p, vec![tag(&f, 0, 10)]);
@@ -185,14 +185,14 @@ fn a_policy_change_is_live_and_back_to_plain() {
     let a = sim.sw.add_inject_port("a", Some(10)).unwrap();
     let t = sim.sw.add_inject_port("t", None).unwrap();
     let f = frame(BCAST, MAC_A, 60);
-    sim.send(&a, &[f.clone()]);
+    sim.send(&a, std::slice::from_ref(&f));
     assert!(t.take_captured().is_empty(), "t is in the untagged domain");
     sim.sw.set_port_policy("t", trunk("10")).unwrap();
     assert_eq!(sim.sw.port_policy("t").unwrap().vlans.to_string(), "10");
-    sim.send(&a, &[f.clone()]);
+    sim.send(&a, std::slice::from_ref(&f));
     assert_eq!(t.take_captured(), vec![tag(&f, 0, 10)]);
     sim.sw.set_port_policy("t", PortPolicy::default()).unwrap();
-    sim.send(&a, &[f.clone()]);
+    sim.send(&a, std::slice::from_ref(&f));
     assert!(t.take_captured().is_empty());
     assert!(sim.sw.set_port_policy("nope", trunk("10")).is_err());
 }
