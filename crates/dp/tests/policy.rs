@@ -275,12 +275,13 @@ fn arp(sender_mac: [u8; 6], sender_ip: [u8; 4], target_ip: [u8; 4]) -> Vec<u8> {
 }
 
 fn udp4(src_mac: [u8; 6], src: [u8; 4], sport: u16, dport: u16, first: u8) -> Vec<u8> {
-    let mut ip = vec![0x45, 0, 0, 37, 0, 0, 0, 0, 64, 17, 0, 0];
+    // 20 + 8 + 1 bytes: an IPv4 header, a UDP header and one byte of payload.
+    let mut ip = vec![0x45, 0, 0, 29, 0, 0, 0, 0, 64, 17, 0, 0];
     ip.extend_from_slice(&src);
     ip.extend_from_slice(&[255, 255, 255, 255]);
     ip.extend_from_slice(&sport.to_be_bytes());
     ip.extend_from_slice(&dport.to_be_bytes());
-    ip.extend_from_slice(&[0, 17, 0, 0, first]);
+    ip.extend_from_slice(&[0, 9, 0, 0, first]);
     eth(BCAST, src_mac, 0x0800, &ip)
 }
 
