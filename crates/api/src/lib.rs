@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod cpulist;
+pub mod policy;
 pub mod request;
 
 pub use config::{
