@@ -54,9 +54,9 @@
 //! Every frame of a burst is classified and learned before any frame of it is transmitted, so
 //! a burst that carries a station's first frame and a reply to it is switched as if the
 //! address had been known. Frames to one destination leave in one `tx_burst`, in arrival
-//! order; a flood goes to each member of the VLAN in table order, never back to the ingress
-//! port. Frames of one rx queue are never reordered; no frame is ever handed to another
-//! thread.
+//! order; a flood goes to each member of the VLAN in table order (with trunks in the switch:
+//! the ports that take it untagged first), never back to the ingress port. Frames of one rx
+//! queue are never reordered; no frame is ever handed to another thread.
 //!
 //! # Performance notes
 //! No allocation, no lock and no dynamic dispatch per frame: the burst and the
