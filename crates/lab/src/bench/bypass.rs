@@ -41,7 +41,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         netns::ensure_tool(tool, pkg)?;
     }
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
-    let workers = crate::demo::worker_cpus(2)?;
+    let workers = crate::topology::worker_cpus(2)?;
     let order = interleave(NAMES.len(), runs);
     b.say(format_args!(
         "{runs} round(s) of {} contenders, {seconds} s each, {streams} stream(s); qswitch \

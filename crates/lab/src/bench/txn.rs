@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::{median, Bench, Topology};
 use crate::netns::{self, Daemon};
 use crate::plot::{self, Series};
+use crate::procstat;
 
 /// TCP port the load server listens on.
 pub const PORT: u16 = 5300;
@@ -71,15 +72,6 @@ pub struct TxnReport {
     pub advice: Vec<String>,
 }
 
-/// Context switches of the whole machine since boot (/proc/stat `ctxt`).
-pub fn machine_ctxt() -> u64 {
-    std::fs::read_to_string("/proc/stat")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("ctxt ")?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// `taskset -c CPU` in front of `args` when `cpu` is given.
 fn pinned(cpu: Option<usize>, args: Vec<String>) -> Vec<String> {
     match cpu {
@@ -120,9 +112,9 @@ pub fn load_run(
         b.check()?;
         return Err(e);
     }
-    let idle_from = netns::cpu_jiffies();
+    let idle_from = procstat::cpu_jiffies();
     b.sleep(Duration::from_secs(1))?;
-    let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
+    let idle_busy_cpus = procstat::busy_cpus(idle_from, procstat::cpu_jiffies());
 
     let seconds = b.args.seconds;
     let mut args = vec![exe, "load".into()];
@@ -136,7 +128,8 @@ pub fn load_run(
     let args = pinned(client_cpu, args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let first = topo.daemon().map(Daemon::stats).transpose()?;
-    let (cpu0, cs0) = (netns::cpu_jiffies(), machine_ctxt());
+    let m0 = procstat::read();
+    let (cpu0, cs0) = (m0.jiffies(), m0.ctxt);
     let mut client = topo.client().spawn(&args, Stdio::piped())?;
     let t0 = Instant::now();
     let (mut prev_cpu, mut prev_cs, mut prev_stats) = (cpu0, cs0, first.clone());
@@ -153,7 +146,8 @@ pub fn load_run(
         if t0.elapsed() > Duration::from_secs(u64::from(seconds) + 20) {
             bail!("the load client did not finish");
         }
-        let (cpu, cs) = (netns::cpu_jiffies(), machine_ctxt());
+        let m = procstat::read();
+        let (cpu, cs) = (m.jiffies(), m.ctxt);
         let dt = 1.0;
         let rates = match (topo.daemon(), &prev_stats) {
             (Some(d), Some(prev)) => {
@@ -165,7 +159,7 @@ pub fn load_run(
             _ => None,
         };
         ticks.push((
-            netns::busy_cpus(prev_cpu, cpu),
+            procstat::busy_cpus(prev_cpu, cpu),
             cs.saturating_sub(prev_cs) as f64 / dt,
             rates,
         ));
@@ -175,8 +169,8 @@ pub fn load_run(
     }
     b.check()?;
     let elapsed = t0.elapsed().as_secs_f64();
-    let busy_cpus = netns::busy_cpus(cpu0, netns::cpu_jiffies());
-    let ctx_switches_ps = machine_ctxt().saturating_sub(cs0) as f64 / elapsed;
+    let busy_cpus = procstat::busy_cpus(cpu0, procstat::cpu_jiffies());
+    let ctx_switches_ps = procstat::machine_ctxt().saturating_sub(cs0) as f64 / elapsed;
     let totals = match (topo.daemon(), &first) {
         (Some(d), Some(f)) => Some(qswitch_dp::report::rates(f, &d.stats()?)),
         _ => None,

@@ -38,6 +38,7 @@ use serde::Serialize;
 
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
+use crate::procstat;
 
 mod affinity;
 mod bypass;
@@ -462,13 +463,13 @@ pub fn iperf_run_with(
         b.check()?; // Ctrl-C also stops the server: say so rather than "nothing listens"
         return Err(e);
     }
-    let idle_from = netns::cpu_jiffies();
+    let idle_from = procstat::cpu_jiffies();
     b.sleep(Duration::from_secs(1))?;
-    let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
+    let idle_busy_cpus = procstat::busy_cpus(idle_from, procstat::cpu_jiffies());
 
     let first_stats = topo.daemon().map(Daemon::stats).transpose()?;
     let mut client = netns::iperf3_client_with(topo.client(), addr, seconds, streams, extra)?;
-    let cpu_from = netns::cpu_jiffies();
+    let cpu_from = procstat::cpu_jiffies();
     let t0 = Instant::now();
     // Drain the pipes while iperf3 runs, so a long JSON cannot block it.
     let child = client.0.as_mut().context("no iperf3 child")?;
@@ -509,8 +510,8 @@ pub fn iperf_run_with(
         if t0.elapsed() > limit {
             bail!("iperf3 did not finish within {} s", limit.as_secs());
         }
-        let cpu = netns::cpu_jiffies();
-        let busy = netns::busy_cpus(prev_cpu, cpu);
+        let cpu = procstat::cpu_jiffies();
+        let busy = procstat::busy_cpus(prev_cpu, cpu);
         prev_cpu = cpu;
         let rates = match (topo.daemon(), &prev_stats) {
             (Some(d), Some(prev)) => {
@@ -526,7 +527,7 @@ pub fn iperf_run_with(
         let _ = std::io::stdout().flush();
     }
     b.check()?;
-    let busy_cpus = netns::busy_cpus(cpu_from, netns::cpu_jiffies());
+    let busy_cpus = procstat::busy_cpus(cpu_from, procstat::cpu_jiffies());
     let totals = match (topo.daemon(), &first_stats) {
         (Some(d), Some(first)) => Some(qswitch_dp::report::rates(first, &d.stats()?)),
         _ => None,
@@ -595,14 +596,7 @@ fn run_line(r: &RunResult) -> String {
     s
 }
 
-/// Removes a directory on drop.
-struct RemoveDir(PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use crate::topology::RemoveDir;
 
 // ---------------------------------------------------------------------------------------------
 // tap-tcp
@@ -636,7 +630,7 @@ fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<QswitchTopo> {
     let (tap_a, tap_b) = (format!("qsbA{n}"), format!("qsbB{n}"));
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-{id}")));
     let control = dir.0.join("control.sock");
-    let text = crate::demo::config(workers, &control.display().to_string(), &tap_a, &tap_b);
+    let text = crate::topology::config(workers, &control.display().to_string(), &tap_a, &tap_b);
     let a = Netns::create(&format!("qsbench-qs-a-{id}"))?;
     let b = Netns::create(&format!("qsbench-qs-b-{id}"))?;
     let daemon = Daemon::start(&dir.0, &text)?;
@@ -698,7 +692,7 @@ fn setup_bridge(id: u32) -> anyhow::Result<BridgeTopo> {
 
 /// The offloads qswitch's first port reports (for the record).
 fn port_offloads(d: &Daemon) -> Option<Vec<String>> {
-    match crate::client::call(&d.control, &Request::PortList).ok()? {
+    match qswitch_api::client::call(&d.control, &Request::PortList).ok()? {
         Response::Ports { ports } => ports.first().map(|p| p.offloads.clone()),
         _ => None,
     }
@@ -721,7 +715,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
     }
     const NAMES: [&str; 2] = ["qswitch", "linux-bridge"];
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
-    let workers = crate::demo::worker_cpus(2)?;
+    let workers = crate::topology::worker_cpus(2)?;
     let order = interleave(NAMES.len(), runs);
     let s = if streams == 1 { "" } else { "s" };
     b.say(format_args!(

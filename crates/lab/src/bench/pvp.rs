@@ -42,6 +42,7 @@ use serde::Serialize;
 use super::{first_line, interleave, median, Bench, RemoveDir};
 use crate::netns::{self, ChildGuard, Daemon};
 use crate::plot::{self, Series};
+use crate::procstat;
 
 /// CPU of the load generator.
 const GEN_CPU: usize = 0;
@@ -244,11 +245,15 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         let up_s = t0.elapsed().as_secs_f64();
 
         // Idle: both ports connected, no traffic.
-        let (cpu0, mach0, w0) = (sw.cpu()?, netns::cpu_jiffies(), Instant::now());
+        let (cpu0, mach0, w0) = (sw.cpu()?, procstat::cpu_jiffies(), Instant::now());
         b.sleep(Duration::from_secs(IDLE_S))?;
-        let (cpu1, mach1, dt) = (sw.cpu()?, netns::cpu_jiffies(), w0.elapsed().as_secs_f64());
+        let (cpu1, mach1, dt) = (
+            sw.cpu()?,
+            procstat::cpu_jiffies(),
+            w0.elapsed().as_secs_f64(),
+        );
         let idle = cpu1.since(&cpu0, dt);
-        let idle_other = (netns::busy_cpus(mach0, mach1) - idle.0 / 100.0).max(0.0);
+        let idle_other = (procstat::busy_cpus(mach0, mach1) - idle.0 / 100.0).max(0.0);
         println!(
             "up in {up_s:.1} s; idle {IDLE_S} s: switch CPU {:.1}% (worker {:.1}%), other busy \
              CPUs {idle_other:.2}",
@@ -336,7 +341,7 @@ impl Snap {
     fn take(sw: &dyn Switch) -> anyhow::Result<Snap> {
         Ok(Snap {
             sw: sw.cpu()?,
-            machine: netns::cpu_jiffies(),
+            machine: procstat::cpu_jiffies(),
             own_ns: qswitch_sys::thread::process_cpu_ns(),
             t: Instant::now(),
         })
@@ -385,7 +390,7 @@ fn traffic(
     };
     let wall = (last.t - first.t).as_secs_f64();
     let (cpu_pct, worker_pct) = last.sw.since(&first.sw, wall);
-    let busy_cpus = netns::busy_cpus(first.machine, last.machine);
+    let busy_cpus = procstat::busy_cpus(first.machine, last.machine);
     let generator_cpu_pct =
         last.own_ns.saturating_sub(first.own_ns) as f64 / 1e9 / wall.max(1e-9) * 100.0;
     let st = done.total;
