@@ -39,6 +39,7 @@ use serde::Serialize;
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
 use crate::procstat;
+use crate::run::Run;
 
 mod affinity;
 mod bypass;
@@ -217,14 +218,9 @@ pub struct Sample {
     pub ctx_switches_ps: Option<f64>,
 }
 
-/// One run of one contender.
+/// What one run measured (the scenario part of a [`Run`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct RunResult {
-    pub contender: String,
-    /// 1-based round.
-    pub round: u32,
-    /// 1-based position in the interleaved order of all runs.
-    pub seq: usize,
+pub struct IperfMetrics {
     /// iperf3 `end.sum_received.bits_per_second` / 1e9.
     pub gbps: f64,
     pub retransmits: u64,
@@ -236,8 +232,10 @@ pub struct RunResult {
     /// Over the whole run, qswitch only: busy % per worker, context switches/s.
     pub worker_busy_pct: Option<Vec<f64>>,
     pub ctx_switches_ps: Option<f64>,
-    pub samples: Vec<Sample>,
 }
+
+/// One run of one contender: [`IperfMetrics`] and a [`Sample`] per second.
+pub type IperfRun = Run<IperfMetrics, Sample>;
 
 /// Medians (and ranges) of one contender's runs.
 #[derive(Debug, Clone, Serialize)]
@@ -266,7 +264,7 @@ pub struct Ratio {
 pub struct Report {
     pub scenario: String,
     pub config: serde_json::Value,
-    pub runs: Vec<RunResult>,
+    pub runs: Vec<IperfRun>,
     pub summary: Vec<ContenderSummary>,
     pub ratio: Option<Ratio>,
 }
@@ -298,11 +296,11 @@ pub fn interleave(contenders: usize, rounds: u32) -> Vec<(u32, usize)> {
 }
 
 /// Per-contender medians, in the order of `names`; and the ratio of the first two.
-pub fn summarise(names: &[&str], runs: &[RunResult]) -> (Vec<ContenderSummary>, Option<Ratio>) {
+pub fn summarise(names: &[&str], runs: &[IperfRun]) -> (Vec<ContenderSummary>, Option<Ratio>) {
     let summary: Vec<ContenderSummary> = names
         .iter()
         .map(|&name| {
-            let mine: Vec<&RunResult> = runs.iter().filter(|r| r.contender == name).collect();
+            let mine: Vec<&IperfRun> = runs.iter().filter(|r| r.contender == name).collect();
             let g: Vec<f64> = mine.iter().map(|r| r.gbps).collect();
             let c: Vec<f64> = mine.iter().map(|r| r.cpu_per_gbps).collect();
             let retr: Vec<f64> = mine.iter().map(|r| r.retransmits as f64).collect();
@@ -376,7 +374,7 @@ pub fn print_table(
 
 /// Warns about runs that began on a busy machine (more than half a CPU busy in the idle
 /// second before the traffic).
-pub fn warn_if_busy(runs: &[RunResult]) {
+pub fn warn_if_busy(runs: &[IperfRun]) {
     let busy: Vec<String> = runs
         .iter()
         .filter(|r| r.idle_busy_cpus > 0.5)
@@ -393,7 +391,7 @@ pub fn warn_if_busy(runs: &[RunResult]) {
 
 /// One line per iperf3 run (Gbit/s each second), named by contender, round and position in
 /// the interleaved order.
-pub fn gbps_per_run<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Vec<Series> {
+pub fn gbps_per_run<'a>(runs: impl IntoIterator<Item = &'a IperfRun>) -> Vec<Series> {
     runs.into_iter()
         .map(|r| Series {
             name: format!("{} run {} (#{})", r.contender, r.round, r.seq),
@@ -443,7 +441,7 @@ pub fn iperf_run(
     b: &Bench,
     topo: &dyn Topology,
     who: (&str, u32, usize),
-) -> anyhow::Result<RunResult> {
+) -> anyhow::Result<IperfRun> {
     iperf_run_with(b, topo, who, &[])
 }
 
@@ -453,7 +451,7 @@ pub fn iperf_run_with(
     topo: &dyn Topology,
     (contender, round, seq): (&str, u32, usize),
     extra: &[&str],
-) -> anyhow::Result<RunResult> {
+) -> anyhow::Result<IperfRun> {
     let (seconds, streams) = (b.args.seconds, b.args.streams);
     let addr = topo.server_addr();
     let _server = topo
@@ -564,27 +562,29 @@ pub fn iperf_run_with(
             }
         })
         .collect();
-    Ok(RunResult {
+    Ok(Run {
         contender: contender.to_string(),
         round,
         seq,
-        gbps,
-        retransmits,
-        busy_cpus,
-        idle_busy_cpus,
-        cpu_per_gbps: busy_cpus / gbps,
-        worker_busy_pct: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
-        ctx_switches_ps: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+        metrics: IperfMetrics {
+            gbps,
+            retransmits,
+            busy_cpus,
+            idle_busy_cpus,
+            cpu_per_gbps: busy_cpus / gbps,
+            worker_busy_pct: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+            ctx_switches_ps: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+        },
         samples,
     })
 }
 
 /// One line about a finished run (continues the line [`Bench::say_start`] began).
-fn run_line(r: &RunResult) -> String {
+fn run_line(r: &IperfRun) -> String {
     let mut s = format!(
         " {:>6.2} Gbit/s  retr {:<5} busy {:.2} CPUs (idle {:.2})  {:.3} CPU per Gbit/s",
         r.gbps, r.retransmits, r.busy_cpus, r.idle_busy_cpus, r.cpu_per_gbps
@@ -788,7 +788,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
 }
 
 /// Medians with min–max whiskers (Gbit/s, CPU per Gbit/s), then per-second Gbit/s of every run.
-fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) -> String {
+fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[IperfRun]) -> String {
     let bars = |f: fn(&ContenderSummary) -> (f64, f64, f64)| {
         let group: Vec<(String, f64)> = summary
             .iter()
@@ -817,7 +817,7 @@ fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) ->
         &g,
         &r,
     );
-    let mut sorted: Vec<&RunResult> = runs.iter().collect();
+    let mut sorted: Vec<&IperfRun> = runs.iter().collect();
     sorted.sort_by_key(|r| {
         (
             summary.iter().position(|s| s.contender == r.contender),
@@ -855,17 +855,19 @@ mod tests {
 
     #[test]
     fn summary_and_ratio() {
-        let run = |c: &str, gbps: f64, cpu: f64| RunResult {
+        let run = |c: &str, gbps: f64, cpu: f64| Run {
             contender: c.into(),
             round: 1,
             seq: 1,
-            gbps,
-            retransmits: 0,
-            busy_cpus: cpu * gbps,
-            idle_busy_cpus: 0.0,
-            cpu_per_gbps: cpu,
-            worker_busy_pct: None,
-            ctx_switches_ps: None,
+            metrics: IperfMetrics {
+                gbps,
+                retransmits: 0,
+                busy_cpus: cpu * gbps,
+                idle_busy_cpus: 0.0,
+                cpu_per_gbps: cpu,
+                worker_busy_pct: None,
+                ctx_switches_ps: None,
+            },
             samples: vec![],
         };
         let runs = [

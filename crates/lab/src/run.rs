@@ -7,7 +7,7 @@
 //! flattened into the run's JSON object, so `OUT/SCENARIO.json` reads as one flat object per
 //! run; [`Run`] dereferences to `M` so code reads `run.gbps`, not `run.metrics.gbps`.
 
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 
 use serde::Serialize;
 
@@ -31,6 +31,12 @@ impl<M, S> Deref for Run<M, S> {
 
     fn deref(&self) -> &M {
         &self.metrics
+    }
+}
+
+impl<M, S> DerefMut for Run<M, S> {
+    fn deref_mut(&mut self) -> &mut M {
+        &mut self.metrics
     }
 }
 

@@ -43,6 +43,7 @@ use super::{first_line, interleave, median, Bench, RemoveDir};
 use crate::netns::{self, ChildGuard, Daemon};
 use crate::plot::{self, Series};
 use crate::procstat;
+use crate::run::Run;
 
 /// CPU of the load generator.
 const GEN_CPU: usize = 0;
@@ -76,18 +77,13 @@ pub struct PvpSample {
     pub switch_cpu_pct: f64,
 }
 
-/// One run: one contender, one frame size, one round.
+/// What one run (one contender, one frame size, one round) measured.
 #[derive(Debug, Clone, Serialize)]
-pub struct PvpRun {
-    pub contender: String,
+pub struct PvpMetrics {
     /// RFC 2544 frame size (with FCS): 64 or 1518.
     pub frame_size: u32,
     /// Bytes sent per frame (without FCS).
     pub frame_len: usize,
-    /// 1-based round.
-    pub round: u32,
-    /// 1-based position of this run's setup in the interleaved order.
-    pub seq: usize,
     pub tx_pkts: u64,
     pub rx_pkts: u64,
     /// Sent and received per second of traffic (frames received in the final 100 ms
@@ -122,8 +118,10 @@ pub struct PvpRun {
     pub idle_worker_cpu_pct: f64,
     /// Machine busy CPUs while idle minus the switch's: other work on the machine.
     pub idle_other_busy_cpus: f64,
-    pub samples: Vec<PvpSample>,
 }
+
+/// One run of one contender: [`PvpMetrics`] and a [`PvpSample`] per second.
+pub type PvpRun = Run<PvpMetrics, PvpSample>;
 
 /// Medians (and ranges) of one contender at one frame size.
 #[derive(Debug, Clone, Serialize)]
@@ -397,33 +395,35 @@ fn traffic(
     let secs = st.elapsed.as_secs_f64().max(1e-9);
     let mpps_rx = st.rx_pkts as f64 / secs / 1e6;
     let cpu_s = cpu_pct / 100.0 * wall;
-    Ok(PvpRun {
+    Ok(Run {
         contender: String::new(),
-        frame_size: size,
-        frame_len: len,
         round: 0,
         seq: 0,
-        tx_pkts: st.tx_pkts,
-        rx_pkts: st.rx_pkts,
-        mpps_tx: st.tx_pkts as f64 / secs / 1e6,
-        mpps_rx,
-        gbps_rx: mpps_rx * f64::from(size) * 8.0 / 1e3,
-        loss_pct: loss_pct(st.tx_pkts, st.rx_pkts),
-        tx_ring_full: st.tx_ring_full,
-        flooded_to_sender: done.flooded,
-        switch_cpu_pct: cpu_pct,
-        worker_cpu_pct: worker_pct,
-        mpps_per_cpu_s: if cpu_s > 0.0 {
-            st.rx_pkts as f64 / 1e6 / cpu_s
-        } else {
-            0.0
+        metrics: PvpMetrics {
+            frame_size: size,
+            frame_len: len,
+            tx_pkts: st.tx_pkts,
+            rx_pkts: st.rx_pkts,
+            mpps_tx: st.tx_pkts as f64 / secs / 1e6,
+            mpps_rx,
+            gbps_rx: mpps_rx * f64::from(size) * 8.0 / 1e3,
+            loss_pct: loss_pct(st.tx_pkts, st.rx_pkts),
+            tx_ring_full: st.tx_ring_full,
+            flooded_to_sender: done.flooded,
+            switch_cpu_pct: cpu_pct,
+            worker_cpu_pct: worker_pct,
+            mpps_per_cpu_s: if cpu_s > 0.0 {
+                st.rx_pkts as f64 / 1e6 / cpu_s
+            } else {
+                0.0
+            },
+            busy_cpus,
+            generator_cpu_pct,
+            other_busy_cpus: (busy_cpus - (cpu_pct + generator_cpu_pct) / 100.0).max(0.0),
+            idle_cpu_pct: 0.0,
+            idle_worker_cpu_pct: 0.0,
+            idle_other_busy_cpus: 0.0,
         },
-        busy_cpus,
-        generator_cpu_pct,
-        other_busy_cpus: (busy_cpus - (cpu_pct + generator_cpu_pct) / 100.0).max(0.0),
-        idle_cpu_pct: 0.0,
-        idle_worker_cpu_pct: 0.0,
-        idle_other_busy_cpus: 0.0,
         samples,
     })
 }
@@ -1501,29 +1501,31 @@ mod tests {
     }
 
     fn run(c: &str, size: u32, mpps: f64, cpu: f64, idle: f64) -> PvpRun {
-        PvpRun {
+        Run {
             contender: c.into(),
-            frame_size: size,
-            frame_len: size as usize - 4,
             round: 1,
             seq: 1,
-            tx_pkts: 100,
-            rx_pkts: 90,
-            mpps_tx: mpps * 1.1,
-            mpps_rx: mpps,
-            gbps_rx: 0.0,
-            loss_pct: loss_pct(100, 90),
-            tx_ring_full: 0,
-            flooded_to_sender: 0,
-            switch_cpu_pct: cpu,
-            worker_cpu_pct: cpu,
-            mpps_per_cpu_s: mpps / (cpu / 100.0),
-            busy_cpus: 1.0,
-            generator_cpu_pct: 100.0,
-            other_busy_cpus: 0.0,
-            idle_cpu_pct: idle,
-            idle_worker_cpu_pct: idle,
-            idle_other_busy_cpus: 0.0,
+            metrics: PvpMetrics {
+                frame_size: size,
+                frame_len: size as usize - 4,
+                tx_pkts: 100,
+                rx_pkts: 90,
+                mpps_tx: mpps * 1.1,
+                mpps_rx: mpps,
+                gbps_rx: 0.0,
+                loss_pct: loss_pct(100, 90),
+                tx_ring_full: 0,
+                flooded_to_sender: 0,
+                switch_cpu_pct: cpu,
+                worker_cpu_pct: cpu,
+                mpps_per_cpu_s: mpps / (cpu / 100.0),
+                busy_cpus: 1.0,
+                generator_cpu_pct: 100.0,
+                other_busy_cpus: 0.0,
+                idle_cpu_pct: idle,
+                idle_worker_cpu_pct: idle,
+                idle_other_busy_cpus: 0.0,
+            },
             samples: vec![PvpSample {
                 t_s: 1.0,
                 mpps_tx: mpps,

@@ -13,6 +13,7 @@ use super::{median, Bench, Topology};
 use crate::netns::{self, Daemon};
 use crate::plot::{self, Series};
 use crate::procstat;
+use crate::run::Run;
 
 /// TCP port the load server listens on.
 pub const PORT: u16 = 5300;
@@ -31,12 +32,9 @@ pub struct TxnSample {
     pub worker_busy_pct: Option<Vec<f64>>,
 }
 
-/// One run of one contender.
+/// What one run measured (the scenario part of a [`Run`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct TxnRun {
-    pub contender: String,
-    pub round: u32,
-    pub seq: usize,
+pub struct TxnMetrics {
     /// Per second, over the whole run.
     pub rate: f64,
     pub busy_cpus: f64,
@@ -44,8 +42,10 @@ pub struct TxnRun {
     pub ctx_switches_ps: f64,
     pub worker_ctx_switches_ps: Option<f64>,
     pub worker_busy_pct: Option<Vec<f64>>,
-    pub samples: Vec<TxnSample>,
 }
+
+/// One run of one contender: [`TxnMetrics`] and a [`TxnSample`] per second.
+pub type TxnRun = Run<TxnMetrics, TxnSample>;
 
 /// Medians of one contender.
 #[derive(Debug, Clone, Serialize)]
@@ -210,20 +210,22 @@ pub fn load_run(
             }
         })
         .collect();
-    Ok(TxnRun {
+    Ok(Run {
         contender: contender.to_string(),
         round,
         seq,
-        rate: total / f64::from(seconds),
-        busy_cpus,
-        idle_busy_cpus,
-        ctx_switches_ps,
-        worker_ctx_switches_ps: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
-        worker_busy_pct: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+        metrics: TxnMetrics {
+            rate: total / f64::from(seconds),
+            busy_cpus,
+            idle_busy_cpus,
+            ctx_switches_ps,
+            worker_ctx_switches_ps: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+            worker_busy_pct: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+        },
         samples,
     })
 }
@@ -363,16 +365,18 @@ mod tests {
 
     #[test]
     fn summary_and_svg() {
-        let run = |c: &str, rate: f64| TxnRun {
+        let run = |c: &str, rate: f64| Run {
             contender: c.into(),
             round: 1,
             seq: 1,
-            rate,
-            busy_cpus: 1.0,
-            idle_busy_cpus: 0.0,
-            ctx_switches_ps: 1000.0,
-            worker_ctx_switches_ps: Some(10.0),
-            worker_busy_pct: None,
+            metrics: TxnMetrics {
+                rate,
+                busy_cpus: 1.0,
+                idle_busy_cpus: 0.0,
+                ctx_switches_ps: 1000.0,
+                worker_ctx_switches_ps: Some(10.0),
+                worker_busy_pct: None,
+            },
             samples: vec![TxnSample {
                 t_s: 1.0,
                 rate,
