@@ -241,17 +241,18 @@ fn json_api_and_bad_clients() {
     let (status, body) = get_raw(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n");
     assert_eq!((status, body.as_str()), (200, ""));
 
-    // Malformed and oversized requests get 400 and nothing else happens.
-    for bad in [
-        &b"garbage\r\n\r\n"[..],
-        b"GET\r\n\r\n",
-        b"GET /metrics HTTP/9\r\n\r\n",
-        b"\xff\xfe\x00\r\n\r\n",
-        &[b'A'; 20_000][..],
+    // Malformed requests get 400, an oversized head 431 (Request Header Fields Too Large),
+    // and nothing else happens.
+    for (bad, status) in [
+        (&b"garbage\r\n\r\n"[..], 400),
+        (b"GET\r\n\r\n", 400),
+        (b"GET /metrics HTTP/9\r\n\r\n", 400),
+        (b"\xff\xfe\x00\r\n\r\n", 400),
+        (&[b'A'; 20_000][..], 431),
     ] {
         assert_eq!(
             get_raw(addr, bad).0,
-            400,
+            status,
             "{:?}",
             String::from_utf8_lossy(&bad[..bad.len().min(40)])
         );
