@@ -1,32 +1,42 @@
-//! Helpers shared by the qswitch integration tests: bounded command runs, a `qswitch run`
-//! child, raw control-socket requests, network namespaces and temp dirs. Everything here
-//! cleans up after itself on drop (also when a test panics), and no wait is unbounded.
-
-#![allow(dead_code)]
+//! Bounded command runs, a `qswitch run` child, raw control-socket requests, network
+//! namespaces and temp dirs. Everything here cleans up after itself on drop (also when a test
+//! panics), and no wait is unbounded.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The qswitch binary under test.
-pub const QSWITCH: &str = env!("CARGO_BIN_EXE_qswitch");
+use crate::skip::{cpus_or_skip, online_cpus, root_or_skip, skip};
+
+/// The qswitch binary under test: `target/PROFILE/qswitch`, next to the `deps/` directory
+/// of the running test binary (cargo builds a package's binaries before its integration
+/// tests; `CARGO_BIN_EXE_qswitch` exists only inside the qswitch package).
+pub fn qswitch_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/PROFILE/deps/TEST");
+        let bin = profile_dir.join("qswitch");
+        assert!(
+            bin.is_file(),
+            "{} missing: build qswitch first",
+            bin.display()
+        );
+        bin
+    })
+}
 
 /// Default bound on one command run.
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// True when running as root; otherwise prints the skip notice.
-pub fn root_or_skip() -> bool {
-    if qswitch_sys::thread::is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root");
-    false
-}
 
 /// DPDK's testpmd, installed from Debian's `dpdk-dev` when missing.
 pub const TESTPMD: &str = "dpdk-testpmd";
@@ -35,14 +45,10 @@ pub const TESTPMD: &str = "dpdk-testpmd";
 /// share the first), or `None` with a skip notice when they cannot run: not root, fewer
 /// than two CPUs, or no testpmd even after `apt-get install dpdk-dev`.
 pub fn testpmd_worker_cpu() -> Option<usize> {
-    if !root_or_skip() {
+    if !root_or_skip() || !cpus_or_skip(2) {
         return None;
     }
-    let cpus = qswitch_sys::thread::online_cpus().expect("online CPUs");
-    if cpus.len() < 2 {
-        eprintln!("skipped: needs two online CPUs");
-        return None;
-    }
+    let cpus = online_cpus();
     let have = || {
         Command::new(TESTPMD)
             .arg("--version")
@@ -59,7 +65,9 @@ pub fn testpmd_worker_cpu() -> Option<usize> {
             Duration::from_secs(300),
         );
         if !out.ok() || !have() {
-            eprintln!("skipped: {TESTPMD} missing and apt-get install dpdk-dev failed: {out:?}");
+            skip(&format!(
+                "{TESTPMD} missing and apt-get install dpdk-dev failed: {out:?}"
+            ));
             return None;
         }
     }
@@ -68,12 +76,12 @@ pub fn testpmd_worker_cpu() -> Option<usize> {
 
 /// The lowest-numbered online CPU.
 pub fn first_cpu() -> usize {
-    qswitch_sys::thread::online_cpus().expect("online CPUs")[0]
+    online_cpus()[0]
 }
 
 /// The first (at most) `max` online CPUs as a CPU list, e.g. "0-1".
 pub fn worker_cpus(max: usize) -> String {
-    let cpus = qswitch_sys::thread::online_cpus().expect("online CPUs");
+    let cpus = online_cpus();
     cpus.iter()
         .take(max)
         .map(ToString::to_string)
@@ -280,7 +288,7 @@ impl Drop for ChildGuard {
 /// Runs the qswitch CLI against `control`, bounded in time.
 pub fn qs(control: &Path, args: &[&str]) -> Out {
     run_timeout(
-        Command::new(QSWITCH)
+        Command::new(qswitch_bin())
             .arg("--control")
             .arg(control)
             .args(args)
@@ -356,10 +364,9 @@ impl Daemon {
     }
 
     /// Like [`Daemon::spawn`], with `filter` as the daemon's `QSWITCH_LOG`.
-    #[allow(dead_code)] // not every test file that includes this module uses it
     pub fn spawn_logging(config: &Path, control: &Path, log: &Path, filter: &str) -> Daemon {
         let err = File::create(log).expect("daemon log file");
-        let child = Command::new(QSWITCH)
+        let child = Command::new(qswitch_bin())
             .args(["run", "--config"])
             .arg(config)
             .env("QSWITCH_LOG", filter)
