@@ -11,6 +11,7 @@
 //! fdb_aging = 300                  # seconds a learned MAC lives without traffic
 //! reserved_cpus = "0"              # CPUs no queue is placed on (default: none)
 //! placement = "dynamic"            # or "static": no moves by load
+//! reservable = 0.9                 # QoS: share of an uplink's capacity guarantees may reserve
 //!
 //! [[port]]
 //! name = "a"
@@ -27,9 +28,6 @@
 //! generate = { dst = "02:00:00:00:00:02", size = 64, rate = 0, flows = 4, count = 0 }
 //!
 //! # QoS (see `qswitch_dp::qos`)
-//! [switch]
-//! reservable = 0.9                 # share of an uplink's capacity guarantees may reserve
-//!
 //! [[port]]
 //! name = "up"
 //! type = "tap"
@@ -1355,6 +1353,22 @@ vlan = 10
         assert!(serde_json::from_str::<PortConfig>(json).is_err());
     }
 
+    /// The ```toml block of this module's documentation.
+    #[test]
+    fn module_doc_example_parses() {
+        let src = include_str!("config.rs");
+        let start = src.find("//! ```toml\n").expect("example") + 12;
+        let end = start + src[start..].find("//! ```").expect("end");
+        let text: String = src[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("//!").unwrap_or(l).trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        cfg.validate(ONLINE).unwrap();
+        assert_eq!(cfg.ports.len(), 4);
+    }
+
     /// The ```toml blocks of README.md.
     fn readme_examples() -> Vec<String> {
         let readme = include_str!("../../../README.md");
@@ -1524,6 +1538,51 @@ type = "gen"
         }
 
         proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Edits of a full config (the fuzz target's property, on stable): no panic, a
+            /// one-line error, or a config that dumps and parses back equal.
+            #[test]
+            fn edited_text_errs_in_one_line_or_round_trips(
+                edits in proptest::collection::vec(
+                    (any::<prop::sample::Index>(), 0..3u8, "[a-z0-9 =.:'\"{},\\[\\]\n_-]{0,3}"),
+                    1..4,
+                ),
+            ) {
+                let mut text = super::EVERY_KEY.to_string();
+                for (at, op, s) in edits {
+                    let mut i = at.index(text.len() + 1);
+                    while !text.is_char_boundary(i) {
+                        i -= 1;
+                    }
+                    match op {
+                        0 => text.insert_str(i, &s),
+                        1 => {
+                            let end = (i + s.len().max(1)).min(text.len());
+                            if text.is_char_boundary(end) {
+                                text.replace_range(i..end, &s);
+                            }
+                        }
+                        _ => {
+                            let end = (i + 1 + s.len()).min(text.len());
+                            if text.is_char_boundary(end) {
+                                text.replace_range(i..end, "");
+                            }
+                        }
+                    }
+                }
+                match Config::from_toml(&text) {
+                    Ok(cfg) => {
+                        if let Err(e) = cfg.validate(&[0, 1]) {
+                            prop_assert!(!e.to_string().contains('\n'));
+                        }
+                        let dumped = cfg.to_toml().unwrap();
+                        prop_assert_eq!(Config::from_toml(&dumped).unwrap(), cfg);
+                    }
+                    Err(e) => prop_assert!(!e.to_string().contains('\n'), "{}", e),
+                }
+            }
+
             #[test]
             fn any_port_round_trips(ports in proptest::collection::vec(port(), 0..4), max in rate()) {
                 let mut cfg = Config { ports, ..Config::default() };
