@@ -456,8 +456,12 @@ pub enum PortError {
         crate::value::MAX_PORT_NAME
     )]
     Name,
-    #[error("queues = {queues} is out of range 1..={max}{}", for_vhost(*.max))]
-    Queues { queues: u16, max: u16 },
+    #[error("queues = {queues} is out of range 1..={max} for type {kind}")]
+    Queues {
+        queues: u16,
+        max: u16,
+        kind: PortType,
+    },
     #[error("generate.size = {0} is out of range {GEN_MIN_SIZE}..={GEN_MAX_SIZE}")]
     GenSize(u16),
     #[error("generate.flows must be at least 1")]
@@ -472,17 +476,9 @@ pub enum PortError {
     Range(#[from] crate::value::RangeError),
 }
 
-fn for_vhost(max: u16) -> &'static str {
-    if max == MAX_VHOST_PAIRS {
-        " for vhost-user"
-    } else {
-        ""
-    }
-}
-
 /// Every key a `[[port]]` table may have, typed, with unknown keys refused: the form a port
 /// has in the config file, in the control protocol's `port-add` and on the CLI. Which keys
-/// apply depends on `type`; [`PortConfig::try_from`] sorts them into a [`PortKind`].
+/// apply depends on `type`; `PortConfig::try_from` sorts them into a [`PortKind`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PortKeys {
@@ -527,7 +523,11 @@ fn check_queues(queues: u16, t: PortType) -> Result<(), PortError> {
         PortType::Tap | PortType::Gen => MAX_QUEUES,
     };
     if queues == 0 || queues > max {
-        return Err(PortError::Queues { queues, max });
+        return Err(PortError::Queues {
+            queues,
+            max,
+            kind: t,
+        });
     }
     Ok(())
 }
@@ -783,6 +783,13 @@ pub enum ConfigError {
     Qos(String),
     #[error("port '{name}': {problem}")]
     Port { name: String, problem: PortError },
+    /// A `[[port]]` table whose keys do not make a port of its type.
+    #[error("config line {line}: port '{name}': {problem}")]
+    PortAt {
+        line: usize,
+        name: String,
+        problem: PortError,
+    },
     #[error("duplicate port name '{0}'")]
     DuplicateName(String),
     #[error("duplicate socket '{socket}' (ports '{first}' and '{second}')")]
@@ -819,9 +826,13 @@ impl Config {
             .into_iter()
             .map(|p| {
                 let line = line_of(text, p.span().start);
-                PortConfig::try_from(p.into_inner()).map_err(|e| ConfigError::Syntax {
-                    line,
-                    message: e.to_string(),
+                PortConfig::try_from(p.into_inner()).map_err(|e| match e {
+                    ConfigError::Port { name, problem } => ConfigError::PortAt {
+                        line,
+                        name,
+                        problem,
+                    },
+                    other => other,
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -1099,11 +1110,25 @@ vlan = 10
             ),
             (
                 "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
-                "config line 1: port 'v': queues = 17 is out of range 1..=16 for vhost-user",
+                "config line 1: port 'v': queues = 17 is out of range 1..=16 for type vhost-user",
             ),
         ] {
             assert_eq!(err(&text), want, "{text}");
         }
+        assert_eq!(
+            check(
+                "[[port]]\nname='a'\ntype='tap'\n\n[[port]]\nname='b'\ntype='gen'\nmode='client'\n"
+            )
+            .unwrap_err(),
+            ConfigError::PortAt {
+                line: 1,
+                name: "a".into(),
+                problem: PortError::Missing {
+                    kind: PortType::Tap,
+                    key: "ifname"
+                }
+            }
+        );
     }
 
     #[test]

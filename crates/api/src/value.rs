@@ -530,7 +530,7 @@ impl fmt::Display for SocketPath {
     }
 }
 
-/// `[switch] http`: an IP address and port ("127.0.0.1:9470", "[::1]:80"); no host names.
+/// `[switch] http`: an IP address and port (`"127.0.0.1:9470"`, `"[::1]:80"`); no host names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct HttpAddr(SocketAddr);
