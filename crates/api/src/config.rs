@@ -50,8 +50,9 @@
 //! which loses `deny_unknown_fields`) keeps the line and key of every bad value. It then
 //! becomes a [`PortConfig`] (common keys plus a [`PortKind`] with the kind's own keys), and a
 //! key that does not apply to the port's type is an error. The CLI's `port add` flags build the
-//! same [`PortKeys`], so they give the same errors. A new port kind is one [`PortKind`]
-//! variant, its keys in [`PortKeys`], and one arm in each direction of the conversion.
+//! same [`PortKeys`], so they give the same errors. A new port kind (AF_XDP, VXLAN) is a
+//! [`PortType`] and a [`PortKind`] variant, its keys in [`PortKeys`] (and in its list of
+//! kind-specific keys), and one arm in each direction of the conversion.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -552,66 +553,57 @@ impl PortKeys {
     }
 }
 
+impl PortKeys {
+    /// The first kind-specific key that is set, by name. The kind's own keys are taken out
+    /// first, so what is left does not apply to the port's type.
+    fn kind_key_left(&self) -> Option<&'static str> {
+        [
+            ("ifname", self.ifname.is_some()),
+            ("socket", self.socket.is_some()),
+            ("mode", self.mode.is_some()),
+            ("mac", self.mac.is_some()),
+            ("generate", self.generate.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(key, set)| set.then_some(key))
+    }
+
+    /// Takes the keys of the port's type out into its [`PortKind`].
+    fn take_kind(&mut self) -> Result<PortKind, PortError> {
+        let t = self.kind;
+        let missing = |key| PortError::Missing { kind: t, key };
+        let kind = match t {
+            PortType::Tap => PortKind::Tap(TapConfig {
+                ifname: self.ifname.take().ok_or_else(|| missing("ifname"))?,
+            }),
+            PortType::VhostUser => PortKind::VhostUser(VhostUserConfig {
+                socket: self.socket.take().ok_or_else(|| missing("socket"))?,
+                mode: self.mode.take().unwrap_or_default(),
+            }),
+            PortType::Gen => PortKind::Gen(GenPortConfig {
+                mac: self.mac.take(),
+                generate: self.generate.take(),
+            }),
+        };
+        match self.kind_key_left() {
+            Some(key) => Err(PortError::NotApplicable { kind: t, key }),
+            None => Ok(kind),
+        }
+    }
+}
+
 impl TryFrom<PortKeys> for PortConfig {
     type Error = ConfigError;
 
-    fn try_from(k: PortKeys) -> Result<PortConfig, ConfigError> {
-        let t = k.kind;
-        check_queues(k.queues, t).map_err(|problem| ConfigError::Port {
-            name: k.name.to_string(),
-            problem,
-        })?;
-        let refuse = |keys: &[(&'static str, bool)]| {
-            keys.iter()
-                .find(|(_, set)| *set)
-                .map_or(Ok(()), |&(key, _)| {
-                    Err(PortError::NotApplicable { kind: t, key })
-                })
-        };
-        let (ifname, socket, mode) = (k.ifname.is_some(), k.socket.is_some(), k.mode.is_some());
-        let (mac, generate) = (k.mac.is_some(), k.generate.is_some());
-        let kind = match t {
-            PortType::Tap => refuse(&[
-                ("socket", socket),
-                ("mode", mode),
-                ("mac", mac),
-                ("generate", generate),
-            ])
-            .and_then(|()| {
-                let ifname = k.ifname.ok_or(PortError::Missing {
-                    kind: t,
-                    key: "ifname",
-                })?;
-                Ok(PortKind::Tap(TapConfig { ifname }))
-            }),
-            PortType::VhostUser => {
-                refuse(&[("ifname", ifname), ("mac", mac), ("generate", generate)]).and_then(|()| {
-                    let socket = k.socket.ok_or(PortError::Missing {
-                        kind: t,
-                        key: "socket",
-                    })?;
-                    Ok(PortKind::VhostUser(VhostUserConfig {
-                        socket,
-                        mode: k.mode.unwrap_or_default(),
-                    }))
-                })
-            }
-            PortType::Gen => {
-                refuse(&[("ifname", ifname), ("socket", socket), ("mode", mode)]).map(|()| {
-                    PortKind::Gen(GenPortConfig {
-                        mac: k.mac,
-                        generate: k.generate,
-                    })
-                })
-            }
-        };
-        let name = String::from(k.name);
-        let kind = kind.map_err(|problem| ConfigError::Port {
-            name: name.clone(),
-            problem,
-        })?;
+    fn try_from(mut k: PortKeys) -> Result<PortConfig, ConfigError> {
+        let kind = check_queues(k.queues, k.kind)
+            .and_then(|()| k.take_kind())
+            .map_err(|problem| ConfigError::Port {
+                name: k.name.to_string(),
+                problem,
+            })?;
         let port = PortConfig {
-            name,
+            name: k.name.into(),
             queues: k.queues,
             vlan: k.vlan,
             cpus: k.cpus,
