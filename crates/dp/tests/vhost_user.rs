@@ -84,7 +84,7 @@ fn switch(workers: usize) -> Switch {
 }
 
 fn vhost_port(name: &str, sock: &Path, mode: VhostMode, pairs: u16) -> PortConfig {
-    let mut p = PortConfig::vhost_user(name, sock, mode);
+    let mut p = PortConfig::vhost_user(name, sock.try_into().expect("socket path"), mode);
     p.queues = pairs;
     p
 }
