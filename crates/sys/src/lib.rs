@@ -16,7 +16,13 @@
 //! - [`epoll`]: level-triggered `EPOLLIN` readiness with `u64` tokens.
 //! - [`guest`]: a mapped guest memory region for the vhost-user data path: bounds-checked
 //!   copies, ring-index atomics, prefetch hints.
-//! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`.
+//! - [`guestmap`]: mapping a vhost-user frontend's memory so that shrinking it cannot kill
+//!   the process: `F_SEAL_SHRINK` seals, and a `SIGBUS` handler that turns a fault in guest
+//!   memory into zero pages and an event.
+//! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`; reading and
+//!   signalling a frontend's eventfds without trusting their (shared) `O_NONBLOCK` flag.
+//! - [`interrupt`]: interrupting a thread stuck in a system call (a signal with an empty
+//!   handler and no `SA_RESTART`).
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
 //!   CPU time, process CPU time, effective-uid check.
 //!
@@ -37,6 +43,8 @@ pub mod epoll;
 pub mod eventfd;
 pub mod fd;
 pub mod guest;
+pub mod guestmap;
+pub mod interrupt;
 pub mod netif;
 pub mod tap;
 pub mod thread;
