@@ -39,7 +39,7 @@ use crate::ids::PortId;
 use crate::placement::{self, PortReq, Rule, Topology};
 use crate::port::gen::GenPort;
 use crate::port::tap::{TapError, TapPort};
-use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
+use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
 use crate::port::{Device, Port};
 use crate::qos;
 use crate::stats::{DropCounters, DropReason, PortCounters, WorkerCounters};
@@ -471,6 +471,7 @@ impl Switch {
                     socket,
                     mode,
                     config.queues,
+                    &Reactor::shared().map_err(VhostUserError::Setup)?,
                 )?)
             }
             PortType::Gen => Device::Gen(GenPort::new(

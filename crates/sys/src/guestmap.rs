@@ -233,6 +233,30 @@ pub fn map(file: &File, offset: u64, len: usize) -> io::Result<MmapRegion<MapOwn
     builder.build().map_err(io::Error::other)
 }
 
+/// A new memfd (close-on-exec; sealable if `allow_sealing`): guest memory for tests and
+/// test frontends.
+pub fn memfd(name: &str, allow_sealing: bool) -> io::Result<File> {
+    let name = std::ffi::CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in memfd name"))?;
+    let flags = libc::MFD_CLOEXEC
+        | if allow_sealing {
+            libc::MFD_ALLOW_SEALING
+        } else {
+            0
+        };
+    // SAFETY: `name` is a live NUL-terminated string; memfd_create returns a new fd.
+    let fd = crate::cvt(unsafe { libc::memfd_create(name.as_ptr(), flags) })?;
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// Adds `seals` (`libc::F_SEAL_*`) to a memfd.
+pub fn add_seals(file: &File, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: F_ADD_SEALS on an open fd with an integer argument; no memory is passed.
+    crate::cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    Ok(())
+}
+
 fn register(start: usize, len: usize) -> Option<usize> {
     for (i, s) in SLOTS.iter().enumerate() {
         if s.state
@@ -260,7 +284,7 @@ fn install_handler() {
             }
             let _ = PREVIOUS.set(SigAction(old));
             let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = on_sigbus as usize;
+            act.sa_sigaction = on_sigbus as *const () as usize;
             act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
             libc::sigemptyset(&mut act.sa_mask);
             libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut());
@@ -330,12 +354,7 @@ mod tests {
     use std::io::Write;
 
     fn memfd(sealing: bool) -> File {
-        let flags = libc::MFD_CLOEXEC | if sealing { libc::MFD_ALLOW_SEALING } else { 0 };
-        // SAFETY: the name is a NUL-terminated literal; memfd_create returns a new fd.
-        let fd = unsafe { libc::memfd_create(c"guestmap-test".as_ptr(), flags) };
-        assert!(fd >= 0);
-        // SAFETY: `fd` is a new descriptor owned by nothing else.
-        unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+        super::memfd("guestmap-test", sealing).unwrap()
     }
 
     #[test]

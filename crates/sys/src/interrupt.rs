@@ -26,7 +26,7 @@ pub fn install() {
         // live local. The handler does nothing, so it is async-signal-safe.
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = nothing as usize;
+            act.sa_sigaction = nothing as *const () as usize;
             libc::sigemptyset(&mut act.sa_mask);
             libc::sigaction(signal(), &act, std::ptr::null_mut());
         }

@@ -207,7 +207,8 @@ fn walk_indirect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestMemoryMmap};
+    use crate::port::vhost_user::GuestMem as GuestMemoryMmap;
+    use vm_memory::Bytes;
 
     const TABLE: u64 = 0x1000;
 

@@ -6,10 +6,10 @@
 //! - [`tx_burst`]: switch → the guest's receiveq. Device-writable chains; with MRG_RXBUF a
 //!   frame may span several chains (`num_buffers`). Offloads the guest did not negotiate are
 //!   resolved first: partial checksums are completed, TSO frames are segmented.
-//! - [`arm`]: before a worker sleeps, drain the kick eventfd and enable guest notifications;
+//! - [`arm`]: before a worker sleeps, drain the kick eventfd (`preadv2(RWF_NOWAIT)`: a
+//!   frontend cannot make it block) and enable guest notifications;
 //!   if the guest queued something meanwhile, say so (the worker polls again instead).
 
-use std::io::Read;
 use std::sync::atomic::{fence, Ordering};
 
 use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
@@ -118,7 +118,7 @@ fn publish_used(v: &mut Vring, mem: &GuestView<'_>) -> bool {
 /// Signals the guest if it asked to hear about the used entries published since the last
 /// check: with EVENT_IDX when the used index passed `used_event` (the kernel's
 /// `vring_need_event`), without it unless VRING_AVAIL_F_NO_INTERRUPT is set.
-fn notify(dev: &Device, v: &mut Vring, mem: &GuestView<'_>) {
+fn notify(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
     let new = v.queue.next_used();
     let old = v.used_signalled;
     if new == old {
@@ -136,8 +136,12 @@ fn notify(dev: &Device, v: &mut Vring, mem: &GuestView<'_>) {
     } else {
         !avail_no_interrupt(v, mem)
     };
-    if wants {
-        v.signal();
+    if wants && !v.signal() {
+        dev.guest_error(
+            "call eventfd blocked (counter saturated, O_NONBLOCK cleared); calls stopped",
+            vi,
+            true,
+        );
     }
 }
 
@@ -148,7 +152,7 @@ fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
         stop_ring(dev, vi, v, "used ring not writable; ring stopped");
         return;
     }
-    notify(dev, v, mem);
+    notify(dev, vi, v, mem);
 }
 
 /// Pops up to `heads.len()` chain heads. The guest's avail index is read only when the
@@ -659,8 +663,8 @@ pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
     let mut guard = vr.lock();
     let v = &mut *guard;
     if let Some(k) = &v.kick {
-        let mut b = [0u8; 8];
-        let _ = (&*k).read(&mut b);
+        // Never a plain read: the frontend may clear O_NONBLOCK on its copy of the fd.
+        let _ = qswitch_sys::eventfd::drain_nowait(k);
     }
     if !v.usable() {
         return true;
