@@ -3,7 +3,7 @@
 //! ```text
 //!  frontend (QEMU / virtio-user)          qswitch
 //!  ┌──────────────────────┐  unix socket  ┌────────────────────────────────────────────┐
-//!  │ vhost-user messages  │ ◀───────────▶ │ qs-vhost-<port> thread: Handler (protocol) │
+//!  │ vhost-user messages  │ ◀───────────▶ │ qs-vhost event loop (all ports): Handler   │
 //!  │                      │               │   memory table, ring addresses, kick/call  │
 //!  │ guest memory (memfd) │ ═══ mmap ════ │ Device { mem, vrings: [Mutex<Vring>] }     │
 //!  │ transmitq K (2K+1) ──┼── descriptors ┼─▶ rx_burst(K)  by the worker owning K      │
@@ -16,13 +16,17 @@
 //! pinned workers must own the data path (busy-poll under load, no cross-thread hand-off), so
 //! qswitch implements the protocol handler itself on top of the `vhost` crate's message
 //! layer and lets workers access the rings directly: each vring sits behind a mutex that the
-//! protocol thread takes only to reconfigure it. Guest kicks reach a sleeping worker through
+//! control plane takes only to reconfigure it. Guest kicks reach a sleeping worker through
 //! a per-queue epoll instance that holds the current kick eventfd; the worker's own epoll
 //! watches that instance, whose fd stays the same when the frontend reconnects and replaces
 //! the kick fd.
 //!
-//! Each port has one protocol thread (`qs-vhost-<name>`), so a frontend that stalls in the
-//! middle of a message blocks only its own port.
+//! # One event loop for every port
+//! [`Reactor`] (thread `qs-vhost`, see `reactor.rs`) listens, accepts, connects (client
+//! mode, on timers) and runs the protocol for all ports: a port costs no thread and an idle
+//! daemon sleeps. A message is parsed only once it has arrived whole, so a frontend cannot
+//! stall the loop; [`HANDSHAKE_DEADLINE`] and [`MESSAGE_DEADLINE`] drop frontends that
+//! connect and say nothing or stop mid-message.
 //!
 //! # Untrusted guests
 //! Descriptor chains are walked by [`chain::walk`] (bounded, bounds-checked, no nested
@@ -31,6 +35,19 @@
 //! the frontend sets it up again. Each is logged once per ring. Protocol errors (wrong
 //! message sizes, a socket closed mid-message) end the connection; the port waits for the
 //! frontend to come back.
+//!
+//! # Untrusted frontends
+//! - Guest memory: sealed against shrinking where the file allows it, otherwise covered by
+//!   the `SIGBUS` handler of [`qswitch_sys::guestmap`] (a fault in guest memory becomes zero
+//!   pages and a stopped port). Why both: sealing is exact but only memfds created with
+//!   `MFD_ALLOW_SEALING` support it, and refusing the rest would refuse hugetlbfs-backed
+//!   QEMU and DPDK frontends; the handler covers everything but needs the port to be
+//!   stopped afterwards. At most [`max_guest_memory`] per port; unmapped on disconnect.
+//! - Kick and call fds must be eventfds. Kicks are drained with `preadv2(RWF_NOWAIT)` (the
+//!   frontend shares, and may clear, `O_NONBLOCK`). A call write the frontend made blocking
+//!   (counter at its maximum, `O_NONBLOCK` cleared) is interrupted by the event loop's
+//!   watchdog within 200 ms and the call fd dropped, so a worker never stays blocked and a
+//!   ring lock is never held for long; the control plane reads ring state from atomics.
 
 pub mod chain;
 mod handler;
