@@ -18,6 +18,22 @@ pub fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Clears `O_NONBLOCK` on the open fd `raw` (what a hostile vhost-user frontend does to an
+/// eventfd it shares with qswitch; for tests, with fds of types that do not implement
+/// `AsFd`). A closed fd is `EBADF`.
+pub fn clear_nonblocking(raw: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL reads the flags of fd `raw`; no memory is passed (a bad fd is EBADF).
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: F_SETFL with an integer argument; no memory is passed.
+    if unsafe { libc::fcntl(raw, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Reads what is waiting on socket `fd` without consuming it (`recv(MSG_PEEK)`); blocks
 /// like a read when nothing is there (unless the socket is non-blocking).
 pub fn peek(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {

@@ -66,7 +66,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use qswitch_sys::epoll::Epoll;
 use qswitch_sys::guestmap::MapOwner;
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -110,7 +110,7 @@ pub fn max_guest_memory() -> u64 {
     MAX_GUEST_MEMORY.load(Ordering::Relaxed)
 }
 /// `VHOST_USER_F_PROTOCOL_FEATURES`.
-pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+pub const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
 /// Virtio features qswitch offers.
 pub const FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
@@ -481,7 +481,7 @@ impl Drop for VhostUserPort {
 }
 
 /// `VHOST_USER_SET_VRING_ENABLE`.
-const SET_VRING_ENABLE: u32 = 18;
+const SET_VRING_ENABLE: u32 = FrontendReq::SET_VRING_ENABLE as u32;
 
 /// If the next message waiting on the socket is SET_VRING_ENABLE, its (vring, enable).
 pub(crate) fn peek_vring_enable(stream: &UnixStream) -> Option<(u32, bool)> {

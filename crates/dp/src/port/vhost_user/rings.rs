@@ -14,7 +14,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
 use virtio_bindings::virtio_net::*;
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VRING_AVAIL_F_NO_INTERRUPT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
@@ -43,7 +43,8 @@ pub(crate) struct Scratch {
 
 fn avail_no_interrupt(v: &Vring, mem: &GuestView<'_>) -> bool {
     let mut flags = [0u8; 2];
-    mem.read(v.queue.avail_ring(), &mut flags) && u16::from_le_bytes(flags) & 1 != 0
+    mem.read(v.queue.avail_ring(), &mut flags)
+        && u32::from(u16::from_le_bytes(flags)) & VRING_AVAIL_F_NO_INTERRUPT != 0
 }
 
 /// Stops ring `vi` because its guest broke it (logged once per ring); the frontend has to
