@@ -2045,6 +2045,51 @@ fn f2_f10_kick_fds_cannot_block_or_spin_a_worker() {
     ar.finish();
 }
 
+/// F10, with an eventfd: a frontend that writes its kick eventfd in a loop (kicks that bring
+/// no frames) costs the worker a bounded number of wake-ups, not one per write.
+#[test]
+fn f10_a_kick_storm_cannot_make_a_worker_spin() {
+    let mut ar = Arena::new("f10_storm");
+    let mut p = connect(&ar.sp, opts());
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    let kick = vmm_sys_util::eventfd::EventFd::new(libc_nonblock()).unwrap();
+    p.frontend().set_vring_kick(1, &kick).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm = {
+        let (kick, stop) = (kick.try_clone().unwrap(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = kick.write(1);
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let w0 = ar.sw.stats().workers.remove(0);
+    std::thread::sleep(Duration::from_secs(2));
+    let w1 = ar.sw.stats().workers.remove(0);
+    stop.store(true, Ordering::Relaxed);
+    let writes = storm.join().unwrap();
+    let wakeups = w1.wakeups - w0.wakeups;
+    eprintln!("kick storm: {writes} kicks written, {wakeups} worker wake-ups in 2 s");
+    // The well-behaved pair alone wakes the worker about once per round (~1 ms).
+    assert!(
+        wakeups < 8_000,
+        "{wakeups} worker wake-ups in 2 s of kick storm"
+    );
+    ar.still_fine("kick storm");
+    p.close();
+    ar.p_recovers("kick storm");
+    ar.finish();
+}
+
+/// `EFD_NONBLOCK`, so the storm thread never blocks on a saturated counter.
+fn libc_nonblock() -> i32 {
+    0o4000
+}
+
 /// F3: a call eventfd pushed to its maximum count with O_NONBLOCK cleared: the worker's
 /// write would block (on the base commit for good, holding the ring lock, and `port list`
 /// hung). The write is interrupted, p loses its calls, everything else goes on.

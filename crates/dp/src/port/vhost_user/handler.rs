@@ -295,6 +295,11 @@ impl VhostUserBackendReqHandlerMut for Handler {
         }
         // The kick fd is never read with read(2) (see `rings::arm`), so its O_NONBLOCK
         // flag, which the frontend shares and controls, does not matter.
+        if i % 2 == 1 {
+            self.dev
+                .kicks_muted
+                .fetch_and(!(1 << (i / 2)), std::sync::atomic::Ordering::AcqRel);
+        }
         if let Some(f) = &fd {
             if i % 2 == 1 {
                 self.dev.kick_polls[i as usize / 2]

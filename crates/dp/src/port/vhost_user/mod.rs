@@ -44,7 +44,8 @@
 //!   QEMU and DPDK frontends; the handler covers everything but needs the port to be
 //!   stopped afterwards. At most [`max_guest_memory`] per port; unmapped on disconnect.
 //! - Kick and call fds must be eventfds. Kicks are drained with `preadv2(RWF_NOWAIT)` (the
-//!   frontend shares, and may clear, `O_NONBLOCK`). A call write the frontend made blocking
+//!   frontend shares, and may clear, `O_NONBLOCK`); kicks that bring no frames faster than
+//!   [`KICK_STORM`] a second stop waking the worker until the next watchdog tick. A call write the frontend made blocking
 //!   (counter at its maximum, `O_NONBLOCK` cleared) is interrupted by the event loop's
 //!   watchdog within 200 ms and the call fd dropped, so a worker never stays blocked and a
 //!   ring lock is never held for long; the control plane reads ring state from atomics.
@@ -79,7 +80,7 @@ use crate::rss::{Reta, Toeplitz};
 use crate::stats::DropTally;
 
 pub use handler::Handler;
-pub use reactor::{Reactor, HANDSHAKE_DEADLINE, MESSAGE_DEADLINE};
+pub use reactor::{Reactor, HANDSHAKE_DEADLINE, MESSAGE_DEADLINE, WATCHDOG};
 
 /// Guest memory as a port maps it: regions whose mappings are registered for `SIGBUS`
 /// recovery ([`qswitch_sys::guestmap`]).
@@ -191,7 +192,18 @@ pub(crate) struct Vring {
     /// The used index when the guest was last considered for a notification.
     pub(crate) used_signalled: u16,
     pub(crate) scratch: rings::Scratch,
+    /// The next avail index at the last `arm` (a kick with no frame since is spurious).
+    pub(crate) arm_avail: u16,
+    /// Spurious kicks counted since `storm_start` (see [`KICK_STORM`]).
+    pub(crate) storm_count: u32,
+    pub(crate) storm_start: Option<std::time::Instant>,
 }
+
+/// Spurious kicks (a kick with no new frame) per second a transmit ring may cause before
+/// its kicks stop waking the worker until the event loop's next watchdog tick (100 ms):
+/// a frontend writing its kick eventfd in a loop costs the worker at most about this many
+/// wake-ups a second, not one per write. Real guests kick only after queueing frames.
+pub const KICK_STORM: u32 = 1000;
 
 impl Vring {
     fn new() -> Vring {
@@ -208,6 +220,9 @@ impl Vring {
             used_pending: 0,
             used_signalled: 0,
             scratch: rings::Scratch::default(),
+            arm_avail: 0,
+            storm_count: 0,
+            storm_start: None,
         }
     }
 
@@ -241,6 +256,9 @@ pub(crate) struct Device {
     pub(crate) vrings: Box<[Mutex<Vring>]>,
     /// Per pair: an epoll instance holding the transmitq's current kick fd (stable fd).
     pub(crate) kick_polls: Box<[Epoll]>,
+    /// Bit K: pair K's kick fd is out of its epoll for a kick storm (until the event
+    /// loop's next watchdog tick).
+    pub(crate) kicks_muted: AtomicU32,
     pub(crate) features: AtomicU64,
     /// Bit K set: receiveq K is usable (enabled, started, not broken).
     pub(crate) rx_enabled: AtomicU32,
@@ -263,6 +281,7 @@ impl Device {
             kick_polls: (0..pairs)
                 .map(|_| Epoll::new())
                 .collect::<std::io::Result<_>>()?,
+            kicks_muted: AtomicU32::new(0),
             features: AtomicU64::new(0),
             rx_enabled: AtomicU32::new(0),
             reta: ArcSwap::from_pointee(Reta::new(&[])),
@@ -303,6 +322,17 @@ impl Device {
         self.mem.memory().iter().any(|r| r.bitmap().faulted())
     }
 
+    /// Puts the kick fds muted for a kick storm back into their epoll instances.
+    pub(crate) fn unmute_kicks(&self) {
+        let muted = self.kicks_muted.swap(0, Ordering::AcqRel);
+        for q in (0..self.pairs).filter(|q| muted & (1 << q) != 0) {
+            let v = self.vrings[usize::from(q) * 2 + 1].lock();
+            if let Some(k) = &v.kick {
+                let _ = self.kick_polls[usize::from(q)].add(k.as_raw_fd(), 0);
+            }
+        }
+    }
+
     /// Stops every ring as broken (the guest has to set them up again).
     pub(crate) fn stop_rings(&self, why: &str) {
         for (i, v) in self.vrings.iter().enumerate() {
@@ -328,6 +358,7 @@ impl Device {
             }
             *v = Vring::new();
         }
+        self.kicks_muted.store(0, Ordering::Release);
         let old = self.rx_enabled.swap(0, Ordering::AcqRel);
         self.update_reta(old);
         // Workers in the middle of a burst keep the old table alive until they finish.

@@ -29,6 +29,9 @@
 //!   ([`qswitch_sys::interrupt`]); the write fails with `EINTR` and the ring's call fd is
 //!   dropped. So a worker waits at most two watchdog periods, and ring locks are never held
 //!   longer.
+//! - **Kick storms**: a transmit ring whose kicks bring no frames more than
+//!   [`super::KICK_STORM`] times a second has its kick fd taken out of the worker's epoll
+//!   (`rings::arm`); the watchdog tick puts it back.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -501,7 +504,7 @@ impl Loop {
 
     fn timers_due(&mut self) {
         let now = Instant::now();
-        if !self.watchdog_armed && calls_seen() {
+        if !self.watchdog_armed && (calls_seen() || !self.ports.is_empty()) {
             self.watchdog_armed = true;
             self.timers.push(Reverse((now + WATCHDOG, Timer::Watchdog)));
         }
@@ -513,6 +516,11 @@ impl Loop {
             match t {
                 Timer::Watchdog => {
                     self.call_watchdog();
+                    for p in self.ports.values() {
+                        if p.dev.kicks_muted.load(Ordering::Acquire) != 0 {
+                            p.dev.unmute_kicks();
+                        }
+                    }
                     self.timers.push(Reverse((now + WATCHDOG, Timer::Watchdog)));
                 }
                 Timer::Connect(id) => self.connect(id),

@@ -10,6 +10,7 @@
 //!   frontend cannot make it block) and enable guest notifications;
 //!   if the guest queued something meanwhile, say so (the worker polls again instead).
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, Ordering};
 
 use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
@@ -663,9 +664,25 @@ pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
     };
     let mut guard = vr.lock();
     let v = &mut *guard;
-    if let Some(k) = &v.kick {
-        // Never a plain read: the frontend may clear O_NONBLOCK on its copy of the fd.
-        let _ = qswitch_sys::eventfd::drain_nowait(k);
+    // Never a plain read: the frontend may clear O_NONBLOCK on its copy of the fd.
+    let kick = v.kick.as_ref().map(|k| {
+        let kicked = qswitch_sys::eventfd::drain_nowait(k).unwrap_or(0) > 0;
+        (kicked, k.as_raw_fd())
+    });
+    if let Some((kicked, fd)) = kick {
+        let next = v.queue.next_avail();
+        if kicked && next == v.arm_avail && kick_storm(v) {
+            // Kicks that bring nothing, faster than KICK_STORM a second: stop waking on
+            // them until the event loop's next watchdog tick puts the fd back.
+            let _ = dev.kick_polls[usize::from(queue)].delete(fd);
+            let first = dev.kicks_muted.fetch_or(1 << queue, Ordering::AcqRel) & (1 << queue) == 0;
+            dev.guest_error(
+                "kick storm (kicks without frames); kicks muted briefly",
+                vi,
+                first,
+            );
+        }
+        v.arm_avail = next;
     }
     if !v.usable() {
         return true;
@@ -673,4 +690,20 @@ pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
     let mem = dev.mem.memory();
     v.notify = true;
     !v.queue.enable_notification(&*mem).unwrap_or(false)
+}
+
+/// Counts a spurious kick; true when they come faster than [`super::KICK_STORM`] a second.
+fn kick_storm(v: &mut Vring) -> bool {
+    let now = std::time::Instant::now();
+    match v.storm_start {
+        Some(s) if now.duration_since(s) < std::time::Duration::from_secs(1) => {
+            v.storm_count += 1;
+            v.storm_count > super::KICK_STORM
+        }
+        _ => {
+            v.storm_start = Some(now);
+            v.storm_count = 1;
+            false
+        }
+    }
 }
