@@ -383,14 +383,21 @@ impl Loop {
         let Some(p) = self.ports.get_mut(&id) else {
             return;
         };
-        let Ok(peek) = stream.try_clone() else {
+        let ok = stream.try_clone().ok().filter(|peek| {
+            stream.set_nonblocking(true).is_ok()
+                && self.epoll.add(peek.as_raw_fd(), token(id, CONN)).is_ok()
+        });
+        let Some(peek) = ok else {
+            tracing::warn!(port = %p.dev.name, "cannot serve a new connection");
+            let client = p.listener.is_none();
+            if client {
+                self.timers
+                    .push(Reverse((Instant::now() + RETRY, Timer::Connect(id))));
+            } else {
+                self.listen(id);
+            }
             return;
         };
-        if stream.set_nonblocking(true).is_err()
-            || self.epoll.add(peek.as_raw_fd(), token(id, CONN)).is_err()
-        {
-            return;
-        }
         tracing::info!(port = %p.dev.name, "frontend connected");
         p.dev.connected.store(true, Ordering::Relaxed);
         self.gen += 1;
