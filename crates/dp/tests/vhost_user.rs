@@ -15,6 +15,14 @@
 //!   receive buffers) and malformed protocol messages, each on its own port, while a
 //!   well-behaved pair of ports keeps forwarding.
 //! - An idle switch sleeps.
+//! - Hostile frontends (issue 15), each while a well-behaved pair keeps forwarding on the
+//!   same worker and `port list` answers, the attacked port serving a new frontend after:
+//!   guest memory shrunk under the switch (unsealed: the port stops, the switch lives;
+//!   sealable: sealed, the shrink fails), a memory table beyond the per-port cap, memory
+//!   left mapped after a disconnect, kick fds that block, are not eventfds or storm, a call
+//!   fd that blocks, silent and half-sent connections.
+//! - 200 idle ports cost one control thread (and an ignored measurement of idle CPU and
+//!   `port add` time at 10, 100 and 1000 ports).
 //!
 //! Each test has its own switch (one worker on the first online CPU, two for MQ) and its own
 //! temporary directory for the sockets; every wait is bounded.
