@@ -2210,6 +2210,20 @@ fn idle_ports_share_one_thread() {
     sw.shutdown();
 }
 
+/// CPU time so far of each thread of this process: tid -> (name, ns).
+fn thread_cpu() -> BTreeMap<i32, (String, u64)> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let t = t.ok()?;
+            let tid: i32 = t.file_name().to_str()?.parse().ok()?;
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let ns = qswitch_sys::thread::thread_cpu_ns(tid).ok()?;
+            Some((tid, (name.trim().to_string(), ns / 1_000_000)))
+        })
+        .collect()
+}
+
 /// Idle cost of N vhost-user ports (no frontend): CPU of the whole process over 2 s and
 /// the time of one more `port add`, for N = 10, 100, 1000. A measurement, not a check:
 /// `cargo test --release -p qswitch-dp --test vhost_user -- --ignored idle_port_cost --nocapture`.
@@ -2225,9 +2239,18 @@ fn idle_port_cost() {
                 .unwrap();
         }
         std::thread::sleep(Duration::from_millis(500));
+        let t0 = thread_cpu();
         let c0 = qswitch_sys::thread::process_cpu_ns();
         std::thread::sleep(Duration::from_secs(2));
         let cpu = qswitch_sys::thread::process_cpu_ns() - c0;
+        let mut per: Vec<(u64, String)> = thread_cpu()
+            .into_iter()
+            .map(|(tid, (name, ns))| (ns - t0.get(&tid).map_or(0, |t| t.1), name))
+            .filter(|(ns, _)| *ns > 0)
+            .collect();
+        per.sort_unstable_by(|a, b| b.cmp(a));
+        per.truncate(4);
+        eprintln!("  busiest threads (ms in 2 s): {per:?}");
         let t0 = Instant::now();
         sw.add_port(&vhost_port(
             "extra",
