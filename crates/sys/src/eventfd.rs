@@ -70,7 +70,8 @@ pub fn is_eventfd(fd: &impl AsFd) -> bool {
 
 /// Reads and resets the counter of an eventfd someone else also holds (a frontend's kick
 /// fd) without ever blocking: `preadv2(RWF_NOWAIT)`, which the eventfd honours whatever
-/// the (shared, peer-controlled) `O_NONBLOCK` flag says. 0 when nothing is pending.
+/// the (shared, peer-controlled) `O_NONBLOCK` flag says (Linux 5.12 and later; older
+/// kernels get a plain `read`). 0 when nothing is pending.
 pub fn drain_nowait(fd: &impl AsFd) -> io::Result<u64> {
     let mut buf = [0u8; 8];
     let iov = libc::iovec {
@@ -84,6 +85,19 @@ pub fn drain_nowait(fd: &impl AsFd) -> io::Result<u64> {
         return Ok(u64::from_ne_bytes(buf));
     }
     let e = io::Error::last_os_error();
+    if n < 0 && e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        // Kernels before 5.12 do not honour RWF_NOWAIT on eventfds: a plain read, which
+        // blocks if the peer cleared O_NONBLOCK (better than never draining the kick).
+        // SAFETY: reads at most 8 bytes into the live local `buf`; the fd is borrowed.
+        let n = unsafe { libc::read(fd.as_fd().as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+        return match n {
+            8 => Ok(u64::from_ne_bytes(buf)),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                e => Err(e),
+            },
+        };
+    }
     match e.kind() {
         io::ErrorKind::WouldBlock => Ok(0),
         _ if n >= 0 => Err(io::Error::new(
