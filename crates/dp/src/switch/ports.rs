@@ -10,7 +10,7 @@ use super::{Switch, SwitchError, MAX_PORTS};
 use crate::ids::PortId;
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
-use crate::port::vhost_user::{Mode, VhostUserPort};
+use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
 use crate::port::Device;
 use crate::qos;
 use crate::stats::PortCounters;
@@ -123,6 +123,7 @@ impl Switch {
                     v.socket.as_path(),
                     mode,
                     config.queues,
+                    &Reactor::shared().map_err(VhostUserError::Setup)?,
                 )?)
             }
             PortKind::Gen(g) => Device::Gen(GenPort::new(
