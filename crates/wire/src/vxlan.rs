@@ -526,7 +526,10 @@ pub fn decap_port(frame: &[u8], dst_port: u16) -> core::result::Result<Decap<'_>
             if walk.protocol != IpProtocol::Udp {
                 return Err(DecapError::NotUdp);
             }
-            let l4 = &ip.payload()[walk.offset - ipv6::HEADER_LEN..];
+            let l4 = ip
+                .payload()
+                .get(walk.offset - ipv6::HEADER_LEN..)
+                .ok_or(DecapError::TruncatedIp)?;
             (
                 IpAddr::V6(ip.src_addr()),
                 IpAddr::V6(ip.dst_addr()),
