@@ -66,6 +66,12 @@
 //! - Receive aggregates (GRO, or a local sender's TSO on a veth) larger than the MTU are
 //!   counted as oversize in the skb and packet modes: turn GRO off on the uplink
 //!   (`ethtool -K IF gro off`). The native mode never sees them.
+//! - XDP carries no checksum state: on a veth, a frame from the peer's own stack whose
+//!   checksum it left to offload (`CHECKSUM_PARTIAL`) arrives with a partial checksum in
+//!   the native and skb modes, and the receiver drops it. A real wire never carries
+//!   those; on a veth standing in for one, turn the peer's checksum offload off
+//!   (`ethtool -K PEER tx off`), as OVS's AF_XDP docs do. The packet mode marks such
+//!   frames `FLAG_NEEDS_CSUM` instead.
 //! - Frames are copied once in each direction (into a [`Pkt`] and into the UMEM), also in
 //!   zero-copy mode.
 
