@@ -200,8 +200,8 @@ fn open_peer_socket() -> PacketSocket {
     PacketSocket::open(
         idx,
         PacketOptions {
-            slot_size: 4096,
-            slots: 512,
+            slot_size: 16384,
+            slots: 256,
             promisc: false,
         },
     )
@@ -628,5 +628,55 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
     }
     assert_eq!(first.mode_in_use(), "native-copy");
     drop(first);
+    wire.assert_clean("qb");
+}
+
+/// Sends one frame of `len` bytes each way through `port` and checks both arrive whole, and
+/// that one byte more is an oversize drop on tx.
+fn jumbo_round_trip(wire: &Wire, port: &AfXdpPort, len: usize) {
+    let mut drops = DropTally::default();
+    let f = test_frame(OUR_MAC, PEER_MAC, 7000, len);
+    wire.peer_send(vec![f.clone()]);
+    let got = receive(port, 1, &mut drops);
+    assert_eq!(got.get(&7000), Some(&f), "a {len}-byte frame from the wire");
+    let cap = wire.peer_capture(1);
+    let mut pkts = vec![Pkt::new(), Pkt::new()];
+    pkts[0].fill(&test_frame(PEER_MAC, OUR_MAC, 7001, len));
+    pkts[1].fill(&test_frame(PEER_MAC, OUR_MAC, 7002, len + 1));
+    let done = port.tx_burst(0, &mut pkts, &[0, 1], &mut drops);
+    assert_eq!(done.packets, 1);
+    let seen = cap.join().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].as_slice(),
+        pkts[0].frame(),
+        "a {len}-byte frame to the wire"
+    );
+    let mut want = DropTally::default();
+    want.count(DropReason::Oversize);
+    assert_eq!(format!("{drops:?}"), format!("{want:?}"));
+}
+
+#[test]
+fn jumbo_frames_up_to_the_mtu() {
+    if !privileged() {
+        return;
+    }
+    let wire = Wire::new("j");
+    // MTU 3000: AF_XDP with 4096-byte UMEM frames.
+    ip(&["-n", &wire.sw, "link", "set", "qb", "mtu", "3000"]);
+    ip(&["-n", &wire.peer, "link", "set", "qa", "mtu", "3000"]);
+    let port = wire.open("qb", None, Mode::Native).unwrap();
+    assert_eq!(port.mode_in_use(), "native-copy");
+    jumbo_round_trip(&wire, &port, 3014);
+    drop(port);
+    wire.assert_clean("qb");
+    // MTU 9000: beyond AF_XDP without multi-buffer; auto falls back to the packet mode.
+    ip(&["-n", &wire.sw, "link", "set", "qb", "mtu", "9000"]);
+    ip(&["-n", &wire.peer, "link", "set", "qa", "mtu", "9000"]);
+    let port = wire.open("qb", None, Mode::Auto).unwrap();
+    assert_eq!(port.mode_in_use(), "packet");
+    jumbo_round_trip(&wire, &port, 9014);
+    drop(port);
     wire.assert_clean("qb");
 }

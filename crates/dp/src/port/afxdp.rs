@@ -829,3 +829,64 @@ impl Port for AfXdpPort {
         vec!["csum(sw)", "tso4(sw)", "tso6(sw)"]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(len: usize, tagged: bool) -> Vec<u8> {
+        let mut f = vec![0u8; len];
+        if tagged && len >= 14 {
+            f[12..14].copy_from_slice(&[0x81, 0x00]);
+        }
+        f
+    }
+
+    #[test]
+    fn runts_and_oversize_frames_are_refused() {
+        assert_eq!(check_len(&frame(13, false), 1500), Err(DropReason::Runt));
+        assert_eq!(check_len(&frame(0, false), 1500), Err(DropReason::Runt));
+        assert_eq!(check_len(&frame(14, false), 1500), Ok(()));
+        assert_eq!(check_len(&frame(1514, false), 1500), Ok(()));
+        assert_eq!(
+            check_len(&frame(1515, false), 1500),
+            Err(DropReason::Oversize)
+        );
+        assert_eq!(check_len(&frame(1518, true), 1500), Ok(()));
+        assert_eq!(
+            check_len(&frame(1519, true), 1500),
+            Err(DropReason::Oversize)
+        );
+        assert_eq!(check_len(&frame(9014, false), 9000), Ok(()));
+    }
+
+    #[test]
+    fn partial_checksum_offsets() {
+        let mut f = vec![0u8; 60];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x46; // 24-byte header
+        f[23] = 17;
+        assert_eq!(partial_csum_offsets(&f), Some((38, 6)));
+        f[23] = 6;
+        assert_eq!(partial_csum_offsets(&f), Some((38, 16)));
+        f[23] = 1;
+        assert_eq!(partial_csum_offsets(&f), None);
+        let mut v6 = vec![0u8; 80];
+        v6[12..14].copy_from_slice(&[0x86, 0xdd]);
+        v6[20] = 6;
+        assert_eq!(partial_csum_offsets(&v6), Some((54, 16)));
+        assert_eq!(
+            partial_csum_offsets(&v6[..60]),
+            None,
+            "field beyond the frame"
+        );
+    }
+
+    #[test]
+    fn modes_parse() {
+        for m in [Mode::Auto, Mode::Native, Mode::Skb, Mode::Packet] {
+            assert_eq!(m.name().parse::<Mode>(), Ok(m));
+        }
+        assert!("zerocopy".parse::<Mode>().is_err());
+    }
+}
