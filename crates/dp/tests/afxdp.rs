@@ -5,7 +5,8 @@
 //! arrive through `rx_burst` byte for byte (and wake an epoll on the rx fds), frames given to
 //! `tx_burst` arrive at the peer byte for byte, a 64 KB TSO frame leaves as MSS-sized
 //! segments with valid checksums, oversize frames are counted in both directions, and
-//! dropping the port leaves no program and no promiscuity behind. Bad input (no such
+//! dropping the port (or killing the process with SIGKILL) leaves no program and no
+//! promiscuity behind. Jumbo frames pass up to the MTU. Bad input (no such
 //! interface, too many queues, a refused mode, a program already attached) is one clear
 //! error with nothing left attached.
 
@@ -677,6 +678,84 @@ fn jumbo_frames_up_to_the_mtu() {
     let port = wire.open("qb", None, Mode::Auto).unwrap();
     assert_eq!(port.mode_in_use(), "packet");
     jumbo_round_trip(&wire, &port, 9014);
+    drop(port);
+    wire.assert_clean("qb");
+}
+
+/// The child of [`kill_9_leaves_nothing_behind`]: opens the port in the namespace it is given,
+/// says "ready" and waits to be killed.
+#[test]
+#[ignore = "run by kill_9_leaves_nothing_behind as a child process"]
+fn crash_child() {
+    let Some(ns) = std::env::var_os("QSDX_CRASH_NS") else {
+        return;
+    };
+    qswitch_sys::netns::enter(&PathBuf::from("/run/netns").join(ns)).unwrap();
+    let port = AfXdpPort::open("uplink", "qb", None, Mode::Native).unwrap();
+    println!("ready {}", port.mode_in_use());
+    std::thread::sleep(Duration::from_secs(20));
+    drop(port);
+}
+
+#[test]
+fn kill_9_leaves_nothing_behind() {
+    if !privileged() {
+        return;
+    }
+    use std::io::BufRead;
+    let wire = Wire::new("k");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_child", "--ignored", "--nocapture"])
+        .env("QSDX_CRASH_NS", &wire.sw)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed on drop, also if an assertion below fails.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let out = child.stdout.take().unwrap();
+    let mut child = Kill(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with("ready") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let ready = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the child opened the port");
+    assert_eq!(ready, "ready native-copy");
+    let link = wire.sw_link("qb");
+    assert!(
+        link.contains("prog/xdp") && link.contains("promiscuity 1"),
+        "{link}"
+    );
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
+    // The kernel releases the link and the promiscuous hold with the process's fds.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let link = wire.sw_link("qb");
+        if !link.contains("xdp") && link.contains("promiscuity 0") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind by a killed process: {link}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A restart attaches again.
+    let port = wire.open("qb", None, Mode::Native).unwrap();
+    assert_eq!(port.mode_in_use(), "native-copy");
     drop(port);
     wire.assert_clean("qb");
 }
