@@ -22,10 +22,8 @@
 //! # Modes
 //!
 //! ```text
-//!   Auto:  native zero-copy ──refused──▶ native copy ──refused──▶ skb (generic XDP)
-//!              │                             │                          │ refused
-//!              ▼ "native-zc"                 ▼ "native-copy"            ▼
-//!                                                              "skb"    AF_PACKET "packet"
+//!   Auto:  native zero-copy ─refused─▶ native copy ─refused─▶ generic XDP ─refused─▶ AF_PACKET
+//!          "native-zc"                 "native-copy"          "skb"                   "packet"
 //!   Native: the first two only;   Skb: generic XDP only;   Packet: AF_PACKET only.
 //!   An XDP program already on the interface stops the chain (never silently replaced).
 //! ```
@@ -63,9 +61,12 @@
 //! - The rx queue count comes from the ethtool channels of the interface, which work in the
 //!   caller's network namespace; the NUMA node from `/sys/class/net`, which shows the
 //!   namespace sysfs was mounted in (an interface in another namespace has no NUMA node).
+//! - With fewer sockets than the NIC has rx queues (`queues` below the default), frames the
+//!   NIC steers to the other queues go to the kernel's stack (the program passes them on):
+//!   narrow the NIC's RSS to match (`ethtool -L IF combined N`).
 //! - Receive aggregates (GRO, or a local sender's TSO on a veth) larger than the MTU are
 //!   counted as oversize in the skb and packet modes: turn GRO off on the uplink
-//!   (`ethtool -K IF gro off`). The native mode never sees them.
+//!   (`ethtool -K IF gro off`). Native XDP runs before GRO.
 //! - XDP carries no checksum state: on a veth, a frame from the peer's own stack whose
 //!   checksum it left to offload (`CHECKSUM_PARTIAL`) arrives with a partial checksum in
 //!   the native and skb modes, and the receiver drops it. A real wire never carries
