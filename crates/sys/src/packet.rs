@@ -102,6 +102,28 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: &T) -> io::
     .map(drop)
 }
 
+/// Reads and clears a socket's pending error (`SO_ERROR`). A pending error makes the socket
+/// report `EPOLLERR` to every poll, so an unread one keeps a sleeper awake.
+pub(crate) fn take_error(fd: RawFd) -> Option<io::Error> {
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `err` and `len` are live; the kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            std::ptr::addr_of_mut!(err).cast(),
+            &mut len,
+        )
+    };
+    match (r, err) {
+        (-1, _) => Some(io::Error::last_os_error()),
+        (_, 0) => None,
+        (_, e) => Some(io::Error::from_raw_os_error(e)),
+    }
+}
+
 fn packet_socket() -> io::Result<OwnedFd> {
     // Protocol 0: the socket receives nothing until it is bound with a protocol.
     // SAFETY: socket() has no memory-safety preconditions.
@@ -287,6 +309,13 @@ impl PacketRx {
         // multiple of the slot size (≥ 2048), so the status word is aligned; the kernel
         // writes it concurrently, which is what the atomic is for.
         unsafe { &*self.map.add(slot * self.slot_size).cast::<AtomicU32>() }
+    }
+
+    /// Takes the socket's pending error, if any: `ENETDOWN` when the interface went down
+    /// (the socket receives again when it comes back up) or was deleted. Until taken, the
+    /// error makes every poll of the fd return at once.
+    pub fn take_error(&self) -> Option<io::Error> {
+        take_error(self.fd.as_raw_fd())
     }
 
     /// Whether a received frame is waiting.

@@ -683,6 +683,12 @@ impl SocketRx {
         n as usize
     }
 
+    /// Takes the socket's pending error, if any: `ENETDOWN` once the interface was deleted
+    /// (the socket is unbound for good).
+    pub fn take_error(&self) -> Option<io::Error> {
+        crate::packet::take_error(self.core.fd.as_raw_fd())
+    }
+
     /// Whether received frames are waiting.
     pub fn pending(&self) -> bool {
         self.rx.producer().load(Ordering::Acquire) != self.rx.consumer().load(Ordering::Relaxed)

@@ -78,7 +78,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use qswitch_sys::packet::{PacketOptions, PacketRx, PacketSocket, PacketTx, Promisc, TX_BATCH};
@@ -232,6 +232,8 @@ pub struct AfXdpPort {
     backend: Backend,
     /// The fd to poll per rx queue.
     fds: Vec<RawFd>,
+    /// Per rx queue: the interface is gone; stop polling the fd.
+    dead: Vec<AtomicBool>,
     // Dropped after the sockets and the program.
     _promisc: Promisc,
 }
@@ -324,6 +326,7 @@ impl AfXdpPort {
                         Backend::Packet { rx, .. } => vec![rx.lock().as_raw_fd()],
                     };
                     let port = AfXdpPort {
+                        dead: fds.iter().map(|_| AtomicBool::new(false)).collect(),
                         fds,
                         name: name.to_string(),
                         ifname: ifname.to_string(),
@@ -816,13 +819,40 @@ impl Port for AfXdpPort {
     }
 
     fn rx_arm(&self, queue: u16) -> bool {
+        let q = usize::from(queue);
         match &self.backend {
-            Backend::Xdp { rx, .. } => match rx.get(usize::from(queue)) {
-                Some(q) => q.lock().arm(),
+            Backend::Xdp { rx, .. } => match rx.get(q) {
+                Some(s) => {
+                    let s = s.lock();
+                    // Only the interface's removal sets an error on an AF_XDP socket.
+                    if let Some(e) = s.take_error() {
+                        if !self.dead[q].swap(true, Ordering::Relaxed) {
+                            tracing::warn!(ifname = %self.ifname, queue, error = %e,
+                                "AF_XDP queue failed (interface deleted?); no longer polled");
+                        }
+                    }
+                    s.arm()
+                }
                 None => true,
             },
-            Backend::Packet { rx, .. } => queue != 0 || !rx.lock().pending(),
+            Backend::Packet { rx, .. } => {
+                if queue != 0 {
+                    return true;
+                }
+                let rx = rx.lock();
+                // The link went down (or away): take the error, or it wakes every poll.
+                if let Some(e) = rx.take_error() {
+                    tracing::info!(ifname = %self.ifname, error = %e, "uplink socket error");
+                }
+                !rx.pending()
+            }
         }
+    }
+
+    fn rx_dead(&self, queue: u16) -> bool {
+        self.dead
+            .get(usize::from(queue))
+            .is_some_and(|d| d.load(Ordering::Relaxed))
     }
 
     fn offloads(&self) -> Vec<&'static str> {
