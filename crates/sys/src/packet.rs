@@ -318,6 +318,23 @@ impl PacketRx {
         take_error(self.fd.as_raw_fd())
     }
 
+    /// Whether the socket is still bound to its interface: `false` once the interface was
+    /// deleted (the kernel then sets the bound index to -1), for good.
+    pub fn bound(&self) -> bool {
+        // SAFETY: all-zero is a valid sockaddr_ll (plain integers).
+        let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: `sa` and `len` are live; the kernel writes at most `len` bytes.
+        let r = unsafe {
+            libc::getsockname(
+                self.fd.as_raw_fd(),
+                std::ptr::addr_of_mut!(sa).cast(),
+                &mut len,
+            )
+        };
+        r == 0 && sa.sll_ifindex > 0
+    }
+
     /// Whether a received frame is waiting.
     pub fn pending(&self) -> bool {
         self.status(self.head).load(Ordering::Acquire) & TP_STATUS_USER != 0

@@ -780,7 +780,12 @@ impl Port for AfXdpPort {
         let mut done = TxDone::default();
         match &self.backend {
             Backend::Xdp { tx, .. } => {
-                let mut q = tx[worker % tx.len()].lock();
+                let qi = worker % tx.len();
+                if self.dead[qi].load(Ordering::Relaxed) {
+                    drops.count_n(DropReason::NoQueue, sel.len() as u32);
+                    return done;
+                }
+                let mut q = tx[qi].lock();
                 let XdpTx { sock, scratch } = &mut *q;
                 for &i in sel {
                     let pkt = &mut pkts[usize::from(i)];
@@ -842,7 +847,14 @@ impl Port for AfXdpPort {
                 let rx = rx.lock();
                 // The link went down (or away): take the error, or it wakes every poll.
                 if let Some(e) = rx.take_error() {
-                    tracing::info!(ifname = %self.ifname, error = %e, "uplink socket error");
+                    if !rx.bound() {
+                        if !self.dead[0].swap(true, Ordering::Relaxed) {
+                            tracing::warn!(ifname = %self.ifname, error = %e,
+                                "uplink interface deleted; no longer polled");
+                        }
+                    } else {
+                        tracing::info!(ifname = %self.ifname, error = %e, "uplink socket error");
+                    }
                 }
                 !rx.pending()
             }
