@@ -352,6 +352,11 @@ fn run_mode(mode: Mode, tag: &str, expect_mode: &str) {
     let expect_queues = if expect_mode == "packet" { 1 } else { 2 };
     assert_eq!(port.queues(), expect_queues, "one socket per veth rx queue");
     assert_eq!(port.mtu(), 1500);
+    assert_eq!(
+        port.numa_node(),
+        None,
+        "a veth has no device, so no NUMA node"
+    );
     let link = wire.sw_link("qb");
     assert!(
         link.contains("promiscuity 1"),
@@ -423,6 +428,8 @@ fn run_mode(mode: Mode, tag: &str, expect_mode: &str) {
     assert_eq!(done.packets as usize, n.div_ceil(usize::from(MSS)));
     check_segments(&cap.join().unwrap(), n);
     assert_eq!(drops.total(), 0, "no drops so far");
+    let k = port.kernel_stats();
+    assert_eq!((k.rx_dropped, k.invalid_descs), (0, 0), "{k:?}");
 
     // tx oversize: counted, not sent (nor truncated).
     let mut big = vec![Pkt::new()];

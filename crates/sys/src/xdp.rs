@@ -17,8 +17,16 @@
 //! A [`Socket`] owns its UMEM (anonymous memory registered with the kernel) and the four
 //! rings. The UMEM's frames are split in two: the first half is lent to the kernel through
 //! the fill ring for receiving, the second half is the transmit pool, returned through the
-//! completion ring. Each frame is [`FRAME_SIZE`] bytes, so one frame holds a 1518-byte frame
-//! (jumbo frames need multi-buffer, which this does not use).
+//! completion ring. [`Socket::split`] cuts it along that line into a [`SocketRx`] (rx and
+//! fill rings, receive half) and a [`SocketTx`] (tx and completion rings, transmit half),
+//! which two threads can use at once. Frames are [`FRAME_SIZE`] (2048) bytes, or 4096 with
+//! [`Socket::with_frame_size`]; a frame receives at most its size less [`RX_HEADROOM`], so
+//! 1792 or 3840 bytes (larger frames need multi-buffer, which this does not use).
+//!
+//! [`SocketTx::push`] writes descriptors without publishing them and [`SocketTx::commit`]
+//! publishes them and kicks the kernel, as many times as copy mode needs (it sends at most
+//! 32 frames per kick). [`rx_queues`] and [`mtu`] query the interface through ioctls, so
+//! they see the caller's network namespace.
 //!
 //! # Limitations
 //! - Needs `CAP_NET_ADMIN`, `CAP_NET_RAW` and `CAP_BPF` (root here).
