@@ -796,8 +796,9 @@ impl SocketTx {
             return false;
         };
         // SAFETY: `addr` is the base of a transmit frame of frame_size bytes within the
-        // transmit half of the UMEM that the kernel is not using (it is in our free list),
-        // and frame.len() <= frame_size.
+        // transmit half of the UMEM (the free list only holds such addresses: see `new` and
+        // the check in `reclaim`) that the kernel is not using (it is in our free list), and
+        // frame.len() <= frame_size.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 frame.as_ptr(),
@@ -847,8 +848,15 @@ impl SocketTx {
             .producer()
             .load(Ordering::Acquire)
             .wrapping_sub(cons);
+        let fs = u64::from(self.core.frame_size);
+        let (lo, hi) = (self.core.umem.len as u64 / 2, self.core.umem.len as u64);
         for i in 0..n {
-            self.free.push(self.comp.get(cons.wrapping_add(i)));
+            let addr = self.comp.get(cons.wrapping_add(i));
+            // Only addresses we lent out come back; anything else is not reused (`push`
+            // writes a whole frame at the address).
+            if addr >= lo && addr.saturating_add(fs) <= hi && addr & (fs - 1) == 0 {
+                self.free.push(addr);
+            }
         }
         if n > 0 {
             self.comp
