@@ -247,6 +247,9 @@ enum Attempt {
 impl AfXdpPort {
     /// Opens interface `ifname` (in the calling thread's network namespace) as port `name`,
     /// with `queues` AF_XDP sockets (default: every rx queue of the interface) in `mode`.
+    /// More queues than the interface has is an error in every mode; the packet mode has one
+    /// queue whatever `queues` says. The interface is not brought up (an uplink that is down
+    /// carries nothing until it is).
     pub fn open(
         name: &str,
         ifname: &str,
