@@ -28,6 +28,8 @@
 //! - [`netns`]: move the calling thread into a network namespace.
 //! - [`xdp`]: AF_XDP sockets (UMEM and rings) and the XDP redirect program, loaded and
 //!   attached through `bpf(2)` from hand-written instructions.
+//! - [`packet`]: AF_PACKET sockets (a `TPACKET_V2` receive ring, `sendmmsg` with
+//!   `PACKET_QDISC_BYPASS`) and promiscuous mode held by a socket.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
 //!   CPU time, process CPU time, effective-uid check.
 //!
@@ -53,6 +55,7 @@ pub mod guestmap;
 pub mod interrupt;
 pub mod netif;
 pub mod netns;
+pub mod packet;
 pub mod tap;
 pub mod thread;
 pub mod xdp;
