@@ -27,12 +27,10 @@ use std::net::IpAddr;
 pub use qswitch_api::policy::{IpPrefix, VlanSet};
 use qswitch_wire::MacAddr;
 
+use qswitch_wire::guard;
+
 use crate::packet::BURST;
 use crate::qos::token_bucket::TokenBucket;
-
-/// The port-security facts of a frame. Stand-in for `qswitch_wire::guard` until that lands
-/// on main: the same names, a subset of its reach (no IPv6 extension headers).
-pub(crate) mod guard;
 
 /// Port security settings (Hyper-V's MAC spoofing, DHCP and router guards; OVN's
 /// `port_security`). The default checks nothing.

@@ -8,8 +8,10 @@
 //! |---|---|---|---|
 //! | TAP | [`tap`] | `read` per frame on the queue's fd (vnet header + frame) | `write` on the worker's queue fd |
 //! | gen | [`gen`] | synthesised frames at a rate | validated and counted (sink) |
+//! | AF_XDP uplink | [`afxdp`] | one AF_XDP socket per NIC queue (copy out of the UMEM); AF_PACKET ring as fallback | TSO segmented, checksums completed, into the socket of queue `worker % n` (or `sendmmsg`) |
 //! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
 
+pub mod afxdp;
 pub mod gen;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod inject;
@@ -79,6 +81,7 @@ pub enum Device {
     Tap(tap::TapPort),
     Gen(gen::GenPort),
     VhostUser(vhost_user::VhostUserPort),
+    AfXdp(afxdp::AfXdpPort),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
 }
@@ -89,6 +92,7 @@ macro_rules! each_device {
             Device::Tap($d) => $e,
             Device::Gen($d) => $e,
             Device::VhostUser($d) => $e,
+            Device::AfXdp($d) => $e,
             #[cfg(any(test, feature = "test-utils"))]
             Device::Inject($d) => $e,
         }
