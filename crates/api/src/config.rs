@@ -39,6 +39,16 @@
 //! type = "tap"
 //! ifname = "qs-vm1"
 //! qos = { min = "200M", max = "1G", weight = 2 }
+//!
+//! # VLAN trunks, port security, storm control (see `qswitch_dp::policy`), on any port
+//! [[port]]
+//! name = "vm2"
+//! type = "tap"
+//! ifname = "qs-vm2"
+//! vlan = 10                        # native VLAN (untagged)
+//! vlans = "20,30,100-200"          # carried tagged (802.1Q)
+//! security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "fe80::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
+//! storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 1000 }   # frames/s
 //! ```
 //! Rates are bits/s of L2 frames (Ethernet header counted, FCS not) with an
 //! optional k/M/G/T suffix (powers of 1000): "150M", "1.5G", "800000".
@@ -62,6 +72,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::cpulist::CpuList;
+pub use crate::policy::{IpPrefix, SecurityConfig, StormConfig, VlanSet};
 pub use crate::value::{
     format_rate, FdbAging, HttpAddr, IfName, MacAddress, PollSpinUs, PortName, Rate, Reservable,
     SocketPath, UnicastMac, VlanId, Weight, MAX_IFNAME,
@@ -286,6 +297,14 @@ pub struct PortConfig {
     /// Makes the port an uplink with this capacity: the other ports of its VLAN share it by
     /// the QoS rule. At most one uplink per VLAN; an uplink takes no `qos`.
     pub capacity: Option<Rate>,
+    /// VLANs the port carries tagged (a trunk); `vlan` stays its native (untagged) VLAN, and
+    /// a trunk without `vlan` takes no untagged frames.
+    pub vlans: Option<VlanSet>,
+    /// Port security: allowed source MACs and IPs, MAC limit, DHCP and RA guards (boxed:
+    /// most ports have none, and a config travels in control requests).
+    pub security: Option<Box<SecurityConfig>>,
+    /// Storm control: frames/s of broadcast, multicast and unknown unicast.
+    pub storm: Option<Box<StormConfig>>,
     /// The kind of port and its own keys.
     pub kind: PortKind,
 }
@@ -511,6 +530,12 @@ pub struct PortKeys {
     pub qos: Option<QosConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Rate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlans: Option<VlanSet>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<SecurityConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storm: Option<StormConfig>,
 }
 
 fn default_queues() -> u16 {
@@ -549,6 +574,9 @@ impl PortKeys {
             cpus: None,
             qos: None,
             capacity: None,
+            vlans: None,
+            security: None,
+            storm: None,
         }
     }
 }
@@ -609,6 +637,9 @@ impl TryFrom<PortKeys> for PortConfig {
             cpus: k.cpus,
             qos: k.qos,
             capacity: k.capacity,
+            vlans: k.vlans,
+            security: k.security.map(Box::new),
+            storm: k.storm.map(Box::new),
             kind,
         };
         port.validate()?;
@@ -629,6 +660,9 @@ impl From<PortConfig> for PortKeys {
         k.cpus = p.cpus;
         k.qos = p.qos;
         k.capacity = p.capacity;
+        k.vlans = p.vlans;
+        k.security = p.security.map(|s| *s);
+        k.storm = p.storm.map(|s| *s);
         match p.kind {
             PortKind::Tap(t) => k.ifname = Some(t.ifname),
             PortKind::VhostUser(v) => {
@@ -654,6 +688,9 @@ impl PortConfig {
             cpus: None,
             qos: None,
             capacity: None,
+            vlans: None,
+            security: None,
+            storm: None,
             kind,
         }
     }
@@ -906,8 +943,14 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// `capacity = "1Q"`, `qos.max` for `qos = { min = "1M", max = "x" }`. Bare keys only.
 fn key_of_value_at(text: &str, offset: usize) -> Option<String> {
     let before = text.get(..offset)?;
-    let line = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
-    let line = line.trim_end().strip_suffix('=')?;
+    let mut line = before[before.rfind('\n').map_or(0, |i| i + 1)..].trim_end();
+    // An element of an array value (`macs = ["x", "y"]`) is named by the array's key.
+    if let Some(i) = line.rfind('[') {
+        if !line[i..].contains(']') {
+            line = line[..i].trim_end();
+        }
+    }
+    let line = line.strip_suffix('=')?;
     let mut path = Vec::new();
     for segment in line.split('{') {
         let pair = segment.rsplit(',').next()?;
@@ -1005,6 +1048,67 @@ mod tests {
         let e = check(text).unwrap_err().to_string();
         assert!(!e.contains('\n'), "{e}");
         e
+    }
+
+    #[test]
+    fn policy_keys_parse_dump_and_name_line_and_key() {
+        let text = r#"
+[[port]]
+name = "t"
+type = "tap"
+ifname = "t"
+vlan = 10
+vlans = "20,30,100-200"
+security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "2001:db8::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
+storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 100 }
+"#;
+        let cfg = Config::from_toml(text).unwrap();
+        let p = &cfg.ports[0];
+        assert_eq!(p.vlans.as_ref().unwrap().to_string(), "20,30,100-200");
+        let sec = p.security.as_ref().unwrap();
+        assert_eq!(sec.macs.len(), 1);
+        assert_eq!(sec.ips[1].to_string(), "2001:db8::/64");
+        assert_eq!(sec.mac_limit, Some(4));
+        assert!(sec.dhcp_guard && sec.ra_guard);
+        assert_eq!(p.storm.as_ref().unwrap().unknown_unicast, Some(100));
+        let dumped = cfg.to_toml().unwrap();
+        assert_eq!(Config::from_toml(&dumped).unwrap(), cfg);
+
+        let port = "[[port]]\nname='a'\ntype='gen'\n";
+        for (keys, needle) in [
+            (
+                "vlans = '10,4095'",
+                "line 4: vlans: VLAN ID 4095 is out of range 1..=4094",
+            ),
+            ("vlans = '10-x'", "line 4: vlans: 'x' is not a VLAN ID"),
+            (
+                "vlans = '20-10'",
+                "line 4: vlans: VLAN range 20-10 is empty",
+            ),
+            ("security = { macs = ['zz'] }", "line 4: security.macs:"),
+            (
+                "security = { macs = ['52:54:00:00:00:01', 'ff:ff:ff:ff:ff:ff'] }",
+                "line 4: security.macs:",
+            ),
+            (
+                "security = { ips = ['10.0.0.0/33'] }",
+                "line 4: security.ips: '10.0.0.0/33': /33 is not a prefix length",
+            ),
+            (
+                "security = { ips = ['10.0.0.1', 'x'] }",
+                "line 4: security.ips: 'x' is not an IP address",
+            ),
+            (
+                "security = { mac_limit = -1 }",
+                "line 4: security.mac_limit:",
+            ),
+            ("security = { dhcp_gaurd = true }", "dhcp_gaurd"),
+            ("storm = { broadcast = 'lots' }", "line 4: storm.broadcast:"),
+            ("storm = { unicast = 10 }", "unicast"),
+        ] {
+            let e = err(&format!("{port}{keys}\n"));
+            assert!(e.contains(needle), "{keys}: {e}");
+        }
     }
 
     #[test]
@@ -1383,7 +1487,8 @@ vlan = 10
             .join("\n");
         let cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         cfg.validate(ONLINE).unwrap();
-        assert_eq!(cfg.ports.len(), 4);
+        assert_eq!(cfg.ports.len(), 5);
+        assert!(cfg.ports[4].vlans.is_some() && cfg.ports[4].security.is_some());
     }
 
     /// The ```toml blocks of README.md.
@@ -1438,6 +1543,9 @@ mode = "client"
 queues = 16
 vlan = 4094
 qos = { min = "0", max = "123456789", weight = 1000 }
+vlans = "1,7,100-4094"
+security = { macs = ["02:00:00:00:00:0a"], ips = ["0.0.0.0/0", "fe80::/10"], mac_limit = 0, dhcp_guard = true, ra_guard = true }
+storm = { broadcast = 0, multicast = 9223372036854775807, unknown_unicast = 1 }
 
 [[port]]
 name = "g_2"
@@ -1453,7 +1561,7 @@ type = "gen"
     #[test]
     fn every_example_parses_and_validates() {
         let examples = readme_examples();
-        assert_eq!(examples.len(), 2, "README.md's config examples");
+        assert_eq!(examples.len(), 3, "README.md's config examples");
         for text in examples
             .iter()
             .map(String::as_str)
@@ -1550,6 +1658,9 @@ type = "gen"
                     cpus: cpus.and_then(CpuList::from_cpus),
                     qos: None,
                     capacity: capacity.filter(|c| c.bps() > 0),
+                    vlans: None,
+                    security: None,
+                    storm: None,
                     kind,
                 })
         }

@@ -1,12 +1,20 @@
-//! Per-port policy values: the VLANs a trunk carries and the IP prefixes port security
-//! allows. Each parses from its config form (`FromStr`, serde from a string) and prints
-//! back to a form that parses to the same value.
+//! Per-port policy keys: the VLANs a trunk carries (`vlans`), port security (`security`)
+//! and storm control (`storm`). Each value parses from its config form (`FromStr`, serde from
+//! a string) and prints back to a form that parses to the same value.
+//!
+//! ```toml
+//! vlans = "10,20,100-200"          # carried tagged (802.1Q); `vlan` stays the native VLAN
+//! security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "fe80::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
+//! storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 1000 }   # frames/s
+//! ```
 
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+use crate::value::UnicastMac;
 
 /// A policy value that does not parse; the message says what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,12 +78,12 @@ impl FromStr for VlanSet {
             let v: u16 = t
                 .trim()
                 .parse()
-                .map_err(|_| PolicyValueError(format!("vlans: '{}' is not a VLAN ID", t.trim())))?;
+                .map_err(|_| PolicyValueError(format!("'{}' is not a VLAN ID", t.trim())))?;
             if (1..=4094).contains(&v) {
                 Ok(v)
             } else {
                 Err(PolicyValueError(format!(
-                    "vlans: {v} is out of range 1..=4094"
+                    "VLAN ID {v} is out of range 1..=4094"
                 )))
             }
         };
@@ -84,7 +92,7 @@ impl FromStr for VlanSet {
                 Some((a, b)) => {
                     let (a, b) = (vid(a)?, vid(b)?);
                     if a > b {
-                        return Err(PolicyValueError(format!("vlans: range {a}-{b} is empty")));
+                        return Err(PolicyValueError(format!("VLAN range {a}-{b} is empty")));
                     }
                     (a..=b).for_each(|v| set.insert(v));
                 }
@@ -209,6 +217,42 @@ impl From<IpPrefix> for String {
     fn from(p: IpPrefix) -> String {
         p.to_string()
     }
+}
+
+/// `security = { macs = [...], ips = [...], mac_limit = N, dhcp_guard = bool, ra_guard = bool }`
+/// of a port. Every key is optional; an empty list checks nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Source MACs the port may send from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub macs: Vec<UnicastMac>,
+    /// Source addresses (IPv4/IPv6, hosts or prefixes) the port may send from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<IpPrefix>,
+    /// Most MAC addresses the port may have in the MAC table (default 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac_limit: Option<u32>,
+    /// Drop DHCP server messages from the port.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dhcp_guard: bool,
+    /// Drop IPv6 router advertisements and redirects from the port.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ra_guard: bool,
+}
+
+/// `storm = { broadcast = PPS, multicast = PPS, unknown_unicast = PPS }` of a port: most
+/// frames per second of each class the port may send; absent: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StormConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broadcast: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multicast: Option<u64>,
+    /// Unicast frames to an unknown destination (flooded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_unicast: Option<u64>,
 }
 
 #[cfg(test)]

@@ -81,6 +81,37 @@ pub struct PortPolicy {
     pub storm: Storm,
 }
 
+impl PortPolicy {
+    /// The policy a port's config asks for (`vlans`, `security`, `storm`).
+    pub fn from_config(config: &qswitch_api::PortConfig) -> PortPolicy {
+        let security = config
+            .security
+            .as_ref()
+            .map(|s| Security {
+                macs: s.macs.iter().map(|m| MacAddr(m.get().0)).collect(),
+                ips: s.ips.clone(),
+                mac_limit: s.mac_limit,
+                dhcp_guard: s.dhcp_guard,
+                ra_guard: s.ra_guard,
+            })
+            .unwrap_or_default();
+        let storm = config
+            .storm
+            .as_deref()
+            .map(|s| Storm {
+                broadcast: s.broadcast,
+                multicast: s.multicast,
+                unknown_unicast: s.unknown_unicast,
+            })
+            .unwrap_or_default();
+        PortPolicy {
+            vlans: config.vlans.clone().unwrap_or_default(),
+            security,
+            storm,
+        }
+    }
+}
+
 /// Storm-control frame classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StormClass {

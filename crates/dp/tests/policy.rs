@@ -445,3 +445,30 @@ fn mac_limit_is_the_fdb_limit() {
     let learned = sim.sw.fdb().iter().filter(|e| e.port == "a").count();
     assert_eq!(learned, 2);
 }
+
+#[test]
+fn config_keys_reach_the_port() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", Some(10)).unwrap();
+    let text = r#"
+[[port]]
+name = "g"
+type = "gen"
+vlans = "10"
+security = { macs = ["02:00:00:00:00:0b"], mac_limit = 7, ra_guard = true }
+storm = { broadcast = 100 }
+"#;
+    let cfg = qswitch_api::Config::from_toml(text).unwrap();
+    sim.sw.add_port(&cfg.ports[0]).unwrap();
+    let pol = sim.sw.port_policy("g").unwrap();
+    assert_eq!(pol.vlans.to_string(), "10");
+    assert_eq!(pol.security.macs, vec![MacAddr(MAC_B)]);
+    assert_eq!(pol.security.mac_limit, Some(7));
+    assert!(pol.security.ra_guard && !pol.security.dhcp_guard);
+    assert_eq!(pol.storm.broadcast, Some(100));
+    // The gen sink is a trunk carrying 10: a's 60-byte broadcast reaches it tagged (64 bytes).
+    sim.send(&a, &[frame(BCAST, MAC_A, 60)]);
+    let st = sim.sw.stats();
+    let g = st.ports.iter().find(|p| p.name == "g").unwrap();
+    assert_eq!((g.tx_packets, g.tx_bytes), (1, 64));
+}

@@ -46,6 +46,11 @@ impl Switch {
             ids.push(id);
         }
         qos::ops::admit(&new_table, self.shared.qos.reservable, None).map_err(SwitchError::Qos)?;
+        for (&id, config) in ids.iter().zip(configs) {
+            if let Some(limit) = config.security.as_ref().and_then(|s| s.mac_limit) {
+                self.shared.fdb.set_port_limit(id, limit);
+            }
+        }
         self.replan(&mut ctl, &new_table);
         self.apply(&mut ctl, Some(new_table));
         for c in configs {
@@ -150,7 +155,7 @@ impl Switch {
             qos: qos::PortQos::new(config, self.shared.now()),
             policy: ArcSwap::from_pointee(Policy::new(
                 config.vlan.map(qswitch_api::VlanId::get),
-                PortPolicy::default(),
+                PortPolicy::from_config(config),
                 self.shared.now(),
             )),
         })
