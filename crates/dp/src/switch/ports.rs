@@ -1,5 +1,5 @@
 //! The port lifecycle: add (validate, open, admit, place, publish), remove, and live QoS
-//! settings. Every change here runs under the switch's one control lock.
+//! and policy settings. Every change here runs under the switch's one control lock.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
