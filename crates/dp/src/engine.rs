@@ -35,8 +35,8 @@
 //! Learning, flooding, storm control and (in the ports) QoS and RSS see the frame's VLAN and
 //! its inner frame; the fdb is keyed by (MAC, VLAN). Tags are pushed and popped in place, in
 //! the rx buffer, between the `tx_burst` calls of different destinations (every port copies
-//! the bytes out during `tx_burst`): destinations that want frames untagged are served
-//! first, then those that want them tagged, so a flood is re-encoded at most once or twice.
+//! the bytes out during `tx_burst`): ports that carry no tagged VLAN are served first, then
+//! the trunks, so a frame flooded to both is re-encoded at most once or twice.
 //! A tag is pushed by moving the frame's tail 4 bytes on in the buffer, so the virtio-net
 //! header headroom in front of the frame stays whole (see [`crate::packet`]); a frame that
 //! would not fit tagged is dropped at that destination as `oversize`.
@@ -426,51 +426,62 @@ impl Forwarder {
     #[inline(never)]
     fn transmit_vlans(&mut self, view: &View) {
         let w = self.worker;
-        self.touched
-            .sort_by_key(|&p| view.policy(p).is_some_and(|d| d.trunk));
-        for p in self.touched.drain(..) {
-            let sel = &mut self.out[usize::from(p.0)];
-            if let (Some(Some(dst)), Some(dpol)) =
-                (view.table.get(usize::from(p.0)), view.policy(p))
-            {
-                let mut td = DropTally::default();
-                let pkts = &mut self.burst.pkts;
-                let meta = &mut self.meta;
-                sel.retain(|&i| {
-                    let m = &mut meta[usize::from(i)];
-                    let pkt = &mut pkts[usize::from(i)];
-                    match dpol.egress(m.vlan) {
-                        Egress::Untagged => {
-                            if m.tagged {
-                                pkt.pop_vlan();
-                                m.tagged = false;
-                            }
-                            true
-                        }
-                        Egress::Tagged => {
-                            if !m.tagged {
-                                if !pkt.push_vlan(m.tci) {
-                                    td.count(DropReason::Oversize);
-                                    return false;
+        let touched = std::mem::take(&mut self.touched);
+        // Two passes over the destinations (no sort: that could allocate): first the ports
+        // that carry no tagged VLAN, then the trunks.
+        for trunks in [false, true] {
+            for &p in &touched {
+                let Some(dpol) = view.policy(p) else { continue };
+                if dpol.trunk != trunks {
+                    continue;
+                }
+                let sel = &mut self.out[usize::from(p.0)];
+                if let Some(Some(dst)) = view.table.get(usize::from(p.0)) {
+                    let mut td = DropTally::default();
+                    let pkts = &mut self.burst.pkts;
+                    let meta = &mut self.meta;
+                    sel.retain(|&i| {
+                        let m = &mut meta[usize::from(i)];
+                        let pkt = &mut pkts[usize::from(i)];
+                        match dpol.egress(m.vlan) {
+                            Egress::Untagged => {
+                                if m.tagged {
+                                    pkt.pop_vlan();
+                                    m.tagged = false;
                                 }
-                                m.tagged = true;
+                                true
                             }
-                            true
+                            Egress::Tagged => {
+                                if !m.tagged {
+                                    if !pkt.push_vlan(m.tci) {
+                                        td.count(DropReason::Oversize);
+                                        return false;
+                                    }
+                                    m.tagged = true;
+                                }
+                                true
+                            }
+                            Egress::No => {
+                                td.count(DropReason::VlanNotAllowed);
+                                false
+                            }
                         }
-                        Egress::No => {
-                            td.count(DropReason::VlanNotAllowed);
-                            false
-                        }
-                    }
-                });
-                let done = dst.dev.tx_burst(w, pkts, sel, &mut td);
-                let tc = &dst.counters.tx[w];
-                tc.tx_packets.add(u64::from(done.packets));
-                tc.tx_bytes.add(done.bytes);
-                td.flush(&tc.drops);
+                    });
+                    let done = dst.dev.tx_burst(w, pkts, sel, &mut td);
+                    let tc = &dst.counters.tx[w];
+                    tc.tx_packets.add(u64::from(done.packets));
+                    tc.tx_bytes.add(done.bytes);
+                    td.flush(&tc.drops);
+                }
+                sel.clear();
             }
-            sel.clear();
         }
+        // Every list is empty again (a destination missing from the view was skipped above).
+        for &p in &touched {
+            self.out[usize::from(p.0)].clear();
+        }
+        self.touched = touched;
+        self.touched.clear();
     }
 
     #[inline]
