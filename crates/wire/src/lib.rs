@@ -57,12 +57,14 @@ pub mod flow;
 pub mod gso;
 pub mod ipv4;
 pub mod ipv6;
+mod ipv6_ext;
 pub mod l2;
 pub mod mac;
 pub mod tcp;
 pub mod udp;
 pub mod virtio_net_hdr;
 pub mod vlan;
+pub mod vxlan;
 
 #[cfg(test)]
 mod testdata;
