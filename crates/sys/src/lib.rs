@@ -22,6 +22,8 @@
 //! - [`netns`]: move the calling thread into a network namespace.
 //! - [`xdp`]: AF_XDP sockets (UMEM and rings) and the XDP redirect program, loaded and
 //!   attached through `bpf(2)` from hand-written instructions.
+//! - [`udp`]: UDP sockets for tunnel endpoints: `recvmmsg`/`sendmmsg` batches with source
+//!   addresses, never-fragment, transmit checksum on/off, route MTU.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
 //!   CPU time, process CPU time, effective-uid check.
 //!
@@ -47,6 +49,7 @@ pub mod netif;
 pub mod netns;
 pub mod tap;
 pub mod thread;
+pub mod udp;
 pub mod xdp;
 
 use std::io;
