@@ -320,6 +320,12 @@ pub fn route_mtu(local: IpAddr, remote: IpAddr) -> io::Result<u32> {
     u32::try_from(mtu).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
 }
 
+/// Whether `e` is `EMSGSIZE`: the datagram is larger than the path MTU (and would have to
+/// be fragmented) or than a datagram can be.
+pub fn is_too_big(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EMSGSIZE)
+}
+
 fn clamp_int(n: usize) -> libc::c_int {
     libc::c_int::try_from(n).unwrap_or(libc::c_int::MAX)
 }

@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | TAP | [`tap`] | `read` per frame on the queue's fd (vnet header + frame) | `write` on the worker's queue fd |
 //! | gen | [`gen`] | synthesised frames at a rate | validated and counted (sink) |
+//! | VXLAN | [`vxlan`] | `recvmmsg` on (local, dstport): decapsulated in place, learned, checked | head-end replication; `sendmmsg` of header + frame from a source-port pool picked by flow hash |
 //! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
 
 pub mod gen;
@@ -15,6 +16,7 @@ pub mod gen;
 pub mod inject;
 pub mod tap;
 pub mod vhost_user;
+pub mod vxlan;
 
 use std::os::fd::RawFd;
 
@@ -79,6 +81,7 @@ pub enum Device {
     Tap(tap::TapPort),
     Gen(gen::GenPort),
     VhostUser(vhost_user::VhostUserPort),
+    Vxlan(vxlan::VxlanPort),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
 }
@@ -89,6 +92,7 @@ macro_rules! each_device {
             Device::Tap($d) => $e,
             Device::Gen($d) => $e,
             Device::VhostUser($d) => $e,
+            Device::Vxlan($d) => $e,
             #[cfg(any(test, feature = "test-utils"))]
             Device::Inject($d) => $e,
         }
