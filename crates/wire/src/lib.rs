@@ -55,6 +55,7 @@ pub mod checksum;
 pub mod ethernet;
 pub mod flow;
 pub mod gso;
+pub mod guard;
 pub mod ipv4;
 pub mod ipv6;
 mod ipv6_ext;
