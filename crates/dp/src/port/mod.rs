@@ -81,7 +81,8 @@ pub enum Device {
     Tap(tap::TapPort),
     Gen(gen::GenPort),
     VhostUser(vhost_user::VhostUserPort),
-    Vxlan(vxlan::VxlanPort),
+    /// Shared: the control plane (EVPN, `qswitch fdb`) keeps a handle to its remote table.
+    Vxlan(std::sync::Arc<vxlan::VxlanPort>),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
 }
