@@ -66,8 +66,9 @@
 //!
 //! # Limitations
 //! One rx queue (one socket); no `UDP_GRO`/`UDP_SEGMENT` yet (TSO frames are segmented in
-//! software and sent one segment per message); the inner frame must be untagged or carry one
-//! tag the switch put there; VNI-to-VLAN mapping is one VNI per port. Decapsulation drops are
+//! software, all segments then sent in one `sendmmsg`); the inner frame must be untagged or carry one
+//! tag the switch put there; VNI-to-VLAN mapping is one VNI per port, and one port per (local, dstport): several VNIs on one host need a
+//! shared socket demultiplexed by VNI (not done yet). Decapsulation drops are
 //! counted in this port's [`VxlanStats`], not (yet) in the switch's drop reasons.
 
 use std::collections::{HashMap, HashSet};
@@ -298,6 +299,8 @@ pub struct VxlanStats {
     pub vteps: Vec<(IpAddr, TrafficStats)>,
     /// Drops by reason, every reason listed.
     pub drops: Vec<(&'static str, u64)>,
+    /// TSO frames segmented in software before encapsulation.
+    pub segmented: u64,
 }
 
 impl VxlanStats {
@@ -355,11 +358,12 @@ pub struct VxlanPort {
     traffic: Traffic,
     vteps: RwLock<HashMap<IpAddr, Arc<Traffic>>>,
     drops: [AtomicU64; VxlanDrop::COUNT],
+    segmented: AtomicU64,
     /// The switch clock as last seen by rx (tx gets no clock).
     now: AtomicU64,
     last_expire: AtomicU64,
     /// Segmentation scratch buffers, one per worker slot.
-    scratch: Vec<Mutex<Vec<u8>>>,
+    scratch: Vec<Mutex<Scratch>>,
 }
 
 impl VxlanPort {
@@ -415,9 +419,10 @@ impl VxlanPort {
             traffic: Traffic::default(),
             vteps: RwLock::new(HashMap::new()),
             drops: Default::default(),
+            segmented: AtomicU64::new(0),
             now: AtomicU64::new(0),
             last_expire: AtomicU64::new(0),
-            scratch: (0..8).map(|_| Mutex::new(Vec::new())).collect(),
+            scratch: (0..8).map(|_| Mutex::new(Scratch::default())).collect(),
         };
         for &remote in &config.remotes {
             port.add_flood(remote, Origin::Static);
@@ -719,6 +724,7 @@ impl VxlanPort {
                 .iter()
                 .map(|&r| (r.name(), self.drops[r as usize].load(Ordering::Relaxed)))
                 .collect(),
+            segmented: self.segmented.load(Ordering::Relaxed),
         }
     }
 
@@ -800,37 +806,64 @@ impl VxlanPort {
         done: &mut TxDone,
         drops: &mut DropTally,
     ) {
-        let mut scratch = self.scratch[worker % self.scratch.len()].lock();
-        if scratch.len() < BUF_SIZE {
-            scratch.resize(BUF_SIZE, 0);
+        let mut guard = self.scratch[worker % self.scratch.len()].lock();
+        let Scratch {
+            segment,
+            arena,
+            spans,
+        } = &mut *guard;
+        if segment.len() < BUF_SIZE {
+            segment.resize(BUF_SIZE, 0);
         }
-        let sock = self.tx_socket(pkt.frame());
+        arena.clear();
+        spans.clear();
         let max = self.max_inner_frame();
         let mut too_big = false;
-        let result = qswitch_wire::gso::segment_while(pkt.frame(), &pkt.hdr, &mut scratch, |seg| {
+        // All segments are built first, then sent in as few sendmmsg calls as possible.
+        let result = qswitch_wire::gso::segment_while(pkt.frame(), &pkt.hdr, segment, |seg| {
             if seg.len() > max {
                 too_big = true;
                 return false;
             }
-            let mut batch: Vec<Datagram<'_>> = dsts
-                .iter()
-                .map(|&vtep| Datagram {
-                    dst: SocketAddr::new(vtep, self.dstport),
-                    head: &self.header,
-                    body: seg,
-                })
-                .collect();
-            self.flush(&sock.sock, &mut batch, done, drops);
+            spans.push(arena.len()..arena.len() + seg.len());
+            arena.extend_from_slice(seg);
             true
         });
         if too_big {
             self.count(VxlanDrop::MtuExceeded, 1);
             drops.count(DropReason::Oversize);
-        } else if result.is_err() {
+            return;
+        }
+        if result.is_err() {
             self.count(VxlanDrop::Offload, 1);
             drops.count(DropReason::Offload);
+            return;
         }
+        self.segmented.fetch_add(1, Ordering::Relaxed);
+        let sock = self.tx_socket(pkt.frame());
+        let mut batch: Vec<Datagram<'_>> = Vec::with_capacity(spans.len() * dsts.len());
+        for span in spans.iter() {
+            for &vtep in dsts {
+                batch.push(Datagram {
+                    dst: SocketAddr::new(vtep, self.dstport),
+                    head: &self.header,
+                    body: &arena[span.clone()],
+                });
+            }
+        }
+        self.flush(&sock.sock, &mut batch, done, drops);
     }
+}
+
+/// A worker slot's buffers for segmenting TSO frames.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Where `segment_while` builds one segment.
+    segment: Vec<u8>,
+    /// Every segment of the frame, back to back.
+    arena: Vec<u8>,
+    /// Where each segment is in `arena`.
+    spans: Vec<std::ops::Range<usize>>,
 }
 
 enum Destinations {
