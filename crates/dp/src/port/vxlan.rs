@@ -758,6 +758,7 @@ impl VxlanPort {
         drops: &mut DropTally,
     ) {
         let mut i = 0;
+        let mut tally = VtepTally::new(self, Direction::Tx);
         while i < batch.len() {
             match sock.send_batch(&batch[i..]) {
                 Ok(0) => break,
@@ -766,10 +767,7 @@ impl VxlanPort {
                         let bytes = d.body.len() as u64;
                         done.packets += 1;
                         done.bytes += bytes;
-                        if let Some(t) = self.vtep_traffic(d.dst.ip()) {
-                            t.tx(1, bytes);
-                        }
-                        self.traffic.tx(1, bytes);
+                        tally.add(d.dst.ip(), bytes);
                     }
                     i += n;
                 }
@@ -864,6 +862,78 @@ struct Scratch {
     arena: Vec<u8>,
     /// Where each segment is in `arena`.
     spans: Vec<std::ops::Range<usize>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Rx,
+    Tx,
+}
+
+/// Adds traffic to the counters once per run of frames from or to one VTEP (and to the
+/// VNI's once), not once per frame.
+struct VtepTally<'a> {
+    port: &'a VxlanPort,
+    dir: Direction,
+    vtep: Option<IpAddr>,
+    frames: u64,
+    bytes: u64,
+    total_frames: u64,
+    total_bytes: u64,
+}
+
+impl<'a> VtepTally<'a> {
+    fn new(port: &'a VxlanPort, dir: Direction) -> VtepTally<'a> {
+        VtepTally {
+            port,
+            dir,
+            vtep: None,
+            frames: 0,
+            bytes: 0,
+            total_frames: 0,
+            total_bytes: 0,
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, vtep: IpAddr, bytes: u64) {
+        if self.vtep != Some(vtep) {
+            self.flush_vtep();
+            self.vtep = Some(vtep);
+        }
+        self.frames += 1;
+        self.bytes += bytes;
+        self.total_frames += 1;
+        self.total_bytes += bytes;
+    }
+
+    fn flush_vtep(&mut self) {
+        if let Some(vtep) = self.vtep {
+            if self.frames > 0 {
+                if let Some(t) = self.port.vtep_traffic(vtep) {
+                    match self.dir {
+                        Direction::Rx => t.rx(self.frames, self.bytes),
+                        Direction::Tx => t.tx(self.frames, self.bytes),
+                    }
+                }
+            }
+        }
+        self.frames = 0;
+        self.bytes = 0;
+    }
+}
+
+impl Drop for VtepTally<'_> {
+    fn drop(&mut self) {
+        self.flush_vtep();
+        if self.total_frames > 0 {
+            let t = &self.port.traffic;
+            match self.dir {
+                Direction::Rx => t.rx(self.total_frames, self.total_bytes),
+                Direction::Tx => t.tx(self.total_frames, self.total_bytes),
+            }
+        }
+    }
 }
 
 enum Destinations {
@@ -967,7 +1037,7 @@ impl Port for VxlanPort {
         };
         let allowed = (!self.learning).then(|| self.allowed.load());
         let mut out = 0;
-        let mut rx_bytes = 0u64;
+        let mut tally = VtepTally::new(self, Direction::Rx);
         for i in 0..got {
             let m = &meta[i];
             let vtep = m.src.ip();
@@ -1009,14 +1079,8 @@ impl Port for VxlanPort {
             if self.learning && src.is_unicast() {
                 self.learn(src, vtep, now);
             }
-            if let Some(t) = self.vtep_traffic(vtep) {
-                t.rx(1, len as u64);
-            }
-            rx_bytes += len as u64;
+            tally.add(vtep, len as u64);
             out += 1;
-        }
-        if out > 0 {
-            self.traffic.rx(out as u64, rx_bytes);
         }
         out
     }
@@ -1105,9 +1169,5 @@ impl Port for VxlanPort {
 
     fn rx_fd(&self, _queue: u16) -> Option<RawFd> {
         Some(self.rx.as_raw_fd())
-    }
-
-    fn offloads(&self) -> Vec<&'static str> {
-        vec!["vxlan", "batch"]
     }
 }
