@@ -3,12 +3,14 @@
 //! the CLI stays small and the protocol is one definition for both sides.
 //!
 //! # Modules
+//! - [`client`]: one request and its reply over the control socket (CLI, demo, bench, tests).
 //! - [`config`]: `qswitch.toml`, strict parsing and validation with one-line errors.
 //! - [`cpulist`]: `"0-3"`, `"2-14:2"`, `"1,3"`.
 //! - [`request`]: [`Request`] / [`Response`], newline-delimited JSON over the control socket.
 
 #![forbid(unsafe_code)]
 
+pub mod client;
 pub mod config;
 pub mod cpulist;
 pub mod request;

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use qswitch_api::request::{Rates, StatsReport};
 use qswitch_api::{PortConfig, PortType, Request, Response};
 
-use crate::client::call;
+use qswitch_api::client::call;
 
 #[derive(Subcommand, Debug)]
 pub enum PortCmd {

@@ -15,28 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-
-use crate::netns::{self, Daemon, Netns};
-
-/// The embedded default config.
-pub const DEFAULT_CONFIG: &str = include_str!("demo.toml");
-
-/// Fills in the default config's placeholders.
-pub fn config(workers: &str, control: &str, tap_a: &str, tap_b: &str) -> String {
-    DEFAULT_CONFIG
-        .replace("{workers}", workers)
-        .replace("{control}", control)
-        .replace("{tap_a}", tap_a)
-        .replace("{tap_b}", tap_b)
-}
-
-/// The online CPUs as a CPU list (at most `max` of them).
-pub fn worker_cpus(max: usize) -> anyhow::Result<String> {
-    let cpus = qswitch_sys::thread::online_cpus()?;
-    let list =
-        qswitch_api::CpuList::from_cpus(cpus.into_iter().take(max)).context("no online CPUs")?;
-    Ok(list.to_string())
-}
+use qswitch_lab::netns::{self, Daemon, Netns};
+use qswitch_lab::procstat;
+use qswitch_lab::topology::{config, worker_cpus, RemoveDir};
 
 pub fn run(seconds: u32, streams: u32) -> anyhow::Result<()> {
     netns::require_root("qswitch demo")?;
@@ -101,7 +82,7 @@ fn traffic(
     netns::wait_listening(ns_b, 5201)?;
     let mut client = netns::iperf3_client(ns_a, "10.99.0.2", seconds, streams)?;
     let start_stats = daemon.stats()?;
-    let cpu_before = netns::cpu_jiffies();
+    let cpu_before = procstat::cpu_jiffies();
     let started = Instant::now();
     let mut prev = start_stats.clone();
     let mut printed_header = false;
@@ -118,13 +99,13 @@ fn traffic(
         let cur = daemon.stats()?;
         let rates = qswitch_dp::report::rates(&prev, &cur);
         if !printed_header {
-            println!("{}", crate::cli::rate_header(&cur));
+            println!("{}", qswitch::cli::rate_header(&cur));
             printed_header = true;
         }
-        println!("{}", crate::cli::rate_line(&cur, &rates));
+        println!("{}", qswitch::cli::rate_line(&cur, &rates));
         prev = cur;
     }
-    let busy_cpus = netns::busy_cpus(cpu_before, netns::cpu_jiffies());
+    let busy_cpus = procstat::busy_cpus(cpu_before, procstat::cpu_jiffies());
     let end_stats = daemon.stats()?;
     let out = client.output()?;
     let json: serde_json::Value =
@@ -154,12 +135,4 @@ fn traffic(
     );
     println!("   drops               {drops}");
     Ok(())
-}
-
-struct RemoveDir(std::path::PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

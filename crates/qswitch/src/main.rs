@@ -1,36 +1,19 @@
 //! `qswitch`: the daemon, its control CLI, the demo and the benchmarks, in one binary.
 //!
+//! The daemon and the CLI are the `qswitch` library (see `lib.rs`); `bench`, `demo` and the
+//! hidden `load` come from `qswitch-lab`, which only those subcommands reach.
+//!
 //! # Modules
-//! - [`daemon`]: `qswitch run` — config, switch, control socket, 1-second stats sampler.
-//! - [`control`]: the control socket server (newline-delimited JSON, mode 0600).
-//! - [`client`]: the CLI side of the control socket.
-//! - [`cli`]: control subcommands and how they print.
 //! - [`demo`]: `qswitch demo` — two namespaces, ping and iperf3 through a qswitch it starts.
-//! - [`bench`]: `qswitch bench SCENARIO` — measurements next to peers, JSON + SVG.
-//! - [`http`]: the HTTP server (`/metrics`, JSON API, dashboard) on `[switch] http`.
-//! - [`metrics`]: Prometheus text exposition of every counter.
-//! - [`series`]: the 15-minute, 1-second history behind the JSON API and the dashboard.
-//! - [`netns`]: network namespace and process helpers shared by demo and bench.
 
-mod bench;
-mod cli;
-mod client;
-mod control;
-mod daemon;
 mod demo;
-mod http;
-mod load;
-mod metrics;
-mod netns;
-mod placement_cli;
-mod plot;
-mod rss_cli;
-mod series;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use qswitch::{chain, cli, daemon, placement_cli, rss_cli};
+use qswitch_lab::{bench, load};
 
 /// A userspace virtual switch for Linux/KVM hosts.
 #[derive(Parser, Debug)]
@@ -132,14 +115,6 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// An error and its causes on one line: "a: b: c".
-fn chain(e: &anyhow::Error) -> String {
-    e.chain()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 fn init_logging() {

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use qswitch_api::request::PlacementReport;
 use qswitch_api::{PlacementMode, Request, Response};
 
-use crate::client::call;
+use qswitch_api::client::call;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]

@@ -10,7 +10,7 @@ use qswitch_api::{Request, Response};
 use qswitch_dp::rss::{Reta, Toeplitz};
 use qswitch_wire::flow::{FlowKey, IpPair};
 
-use crate::client::call;
+use qswitch_api::client::call;
 
 #[derive(Subcommand, Debug)]
 pub enum RssCmd {

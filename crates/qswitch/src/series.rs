@@ -164,8 +164,14 @@ impl History {
         }
     }
 
+    /// Points held.
     pub fn len(&self) -> usize {
         self.points.len()
+    }
+
+    /// No point yet.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
     }
 
     fn track_placement(&mut self, cur: &StatsReport, t_ms: u64, unix_ms: u64) {

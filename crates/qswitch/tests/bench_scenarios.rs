@@ -56,11 +56,7 @@ fn namespaces() -> String {
 
 #[test]
 fn bypass_affinity_multiqueue_write_results() {
-    if !root_or_skip() {
-        return;
-    }
-    if qswitch_sys::thread::online_cpus().unwrap().len() < 2 {
-        eprintln!("skipped: needs two CPUs");
+    if !root_or_skip() || !cpus_or_skip(2) {
         return;
     }
     let dir = TempDir::new("bench-scen");

@@ -4,8 +4,7 @@
 //! first protocol message. Guests use the same shared memfd memory setup as vhost-user
 //! guests.
 
-#[path = "common_guest/mod.rs"]
-mod common_guest;
+use qswitch_test_support::guest as common_guest;
 
 use std::io::{ErrorKind, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -13,16 +12,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common_guest::{Guest, GuestConfig, Netdev, SocketMode};
+use qswitch_test_support::root_or_skip;
 
 const T: Duration = Duration::from_secs(20);
-
-fn root_or_skip() -> bool {
-    if common_guest::is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root");
-    false
-}
 
 /// A temp dir of this test, removed on drop.
 struct Dir(PathBuf);

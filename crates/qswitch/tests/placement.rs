@@ -2,7 +2,8 @@
 //! sets and overlap warnings, low-load coalescing with the freed worker asleep, high-load
 //! spreading, and queue moves that lose and reorder nothing.
 //!
-//! Every test needs two CPUs and is skipped (with a notice) on a one-CPU machine.
+//! Every test needs two CPUs and is skipped (with a notice; a failure under
+//! `QSWITCH_REQUIRE_PRIVILEGED=1`) on a one-CPU machine.
 
 mod common;
 
@@ -12,13 +13,12 @@ use std::time::{Duration, Instant};
 use common::{counter, qs, qs_json, request, wait_until, Daemon, TempDir};
 use serde_json::Value;
 
-/// Two online CPUs, or `None` (and a notice) when there are fewer.
+/// Two online CPUs, or `None` (after [`common::skip`]) when there are fewer.
 fn two_cpus() -> Option<[usize; 2]> {
-    let cpus = qswitch_sys::thread::online_cpus().expect("online CPUs");
-    if cpus.len() < 2 {
-        eprintln!("skipped: needs two CPUs");
+    if !common::cpus_or_skip(2) {
         return None;
     }
+    let cpus = common::online_cpus();
     Some([cpus[0], cpus[1]])
 }
 

@@ -1,6 +1,7 @@
 //! A minimum guarantee on a vhost-user port fed by DPDK testpmd (virtio-user, txonly, as fast
 //! as it can) holds while a gen port floods toward the same uplink. Root only; installs
-//! `dpdk-dev` when `dpdk-testpmd` is missing (as `testpmd.rs` does), skipped if that fails.
+//! `dpdk-dev` when `dpdk-testpmd` is missing (as `testpmd.rs` does), skipped if that fails
+//! (a failure under `QSWITCH_REQUIRE_PRIVILEGED=1`).
 
 mod common;
 

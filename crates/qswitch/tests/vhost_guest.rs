@@ -18,8 +18,7 @@
 //! throughput asserted is only "> 0"; the numbers are printed).
 
 mod common;
-#[path = "common_guest/mod.rs"]
-mod common_guest;
+use qswitch_test_support::guest as common_guest;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -162,7 +162,8 @@ impl AsFd for TapQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{netif, thread};
+    use crate::netif;
+    use qswitch_test_support::root_or_skip;
     use std::process::Command;
     use std::time::{Duration, Instant};
 
@@ -208,8 +209,7 @@ mod tests {
 
     #[test]
     fn multi_queue_vnet_tap() {
-        if !thread::is_root() {
-            eprintln!("skipped: needs root");
+        if !root_or_skip() {
             return;
         }
         let name = format!("qsys-t{}", std::process::id());
@@ -280,8 +280,7 @@ mod tests {
 
     #[test]
     fn persist_keeps_interface() {
-        if !thread::is_root() {
-            eprintln!("skipped: needs root");
+        if !root_or_skip() {
             return;
         }
         let name = format!("qsys-p{}", std::process::id());
@@ -324,8 +323,7 @@ mod tests {
 
     #[test]
     fn round_trip_after_move_to_netns() {
-        if !thread::is_root() {
-            eprintln!("skipped: needs root");
+        if !root_or_skip() {
             return;
         }
         let pid = std::process::id();

@@ -2,6 +2,7 @@
 //! (every frame from transmitq K comes back on receiveq K), in this process, over a Unix
 //! socket in a temporary directory.
 
+use qswitch_test_support::frames;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -344,15 +345,7 @@ impl Drop for Harness {
 
 /// A recognisable frame: broadcast MAC, ethertype 0x88b5, then `seq` and a pattern.
 fn frame(seq: u32, len: usize) -> Vec<u8> {
-    let mut f = vec![0u8; len];
-    f[0..6].fill(0xff);
-    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
-    f[12..14].copy_from_slice(&[0x88, 0xb5]);
-    f[14..18].copy_from_slice(&seq.to_be_bytes());
-    for (i, b) in f.iter_mut().enumerate().skip(18) {
-        *b = (i as u32).wrapping_mul(31).wrapping_add(seq) as u8;
-    }
-    f
+    frames::l2_frame(frames::BROADCAST, frames::mac(1), seq, len)
 }
 
 fn recv_wait(d: &mut Driver, pair: u16, out: &mut Vec<u8>) -> usize {

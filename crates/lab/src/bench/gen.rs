@@ -22,6 +22,7 @@ use serde::Serialize;
 use super::{first_line, interleave, median, Bench};
 use crate::netns::Daemon;
 use crate::plot::{self, Series};
+use crate::run::Run;
 
 /// Frame size of every generated frame.
 const FRAME: u16 = 64;
@@ -36,13 +37,9 @@ pub struct GenSample {
     pub worker_cpu_pct: Vec<f64>,
 }
 
-/// One run of one contender.
+/// What one run measured (the scenario part of a [`Run`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct GenRun {
-    pub contender: String,
-    pub round: u32,
-    /// Position in the interleaved order (1-based).
-    pub seq: usize,
+pub struct GenMetrics {
     /// Frames/s the sinks received over the run, in millions.
     pub mpps: f64,
     /// Mpps per CPU the workers actually got (their CPU time): on a busy machine, where the
@@ -54,8 +51,10 @@ pub struct GenRun {
     pub lost: u64,
     pub reordered: u64,
     pub loadavg: String,
-    pub samples: Vec<GenSample>,
 }
+
+/// One run of one contender: [`GenMetrics`] and a [`GenSample`] per second.
+pub type GenRun = Run<GenMetrics, GenSample>;
 
 /// Medians over a contender's runs.
 #[derive(Debug, Clone, Serialize)]
@@ -218,21 +217,23 @@ fn run_scenario(
             pcts(&cpu)
         );
         let cpu_total: f64 = cpu.iter().sum::<f64>() / 100.0;
-        results.push(GenRun {
+        results.push(Run {
             contender: contender.name.to_string(),
             round,
             seq: seq + 1,
-            mpps,
-            mpps_per_cpu: if cpu_total > 0.0 {
-                mpps / cpu_total
-            } else {
-                0.0
+            metrics: GenMetrics {
+                mpps,
+                mpps_per_cpu: if cpu_total > 0.0 {
+                    mpps / cpu_total
+                } else {
+                    0.0
+                },
+                worker_busy_pct: busy,
+                worker_cpu_pct: cpu,
+                lost,
+                reordered,
+                loadavg: first_line("/proc/loadavg"),
             },
-            worker_busy_pct: busy,
-            worker_cpu_pct: cpu,
-            lost,
-            reordered,
-            loadavg: first_line("/proc/loadavg"),
             samples,
         });
     }

@@ -36,6 +36,7 @@ use serde::Serialize;
 use super::{median, Bench, RemoveDir};
 use crate::netns::{self, ChildGuard, Daemon, Netns};
 use crate::plot::{self, Series};
+use crate::procstat;
 
 /// The senders, in the seed's order.
 pub const SENDERS: [&str; 6] = ["host1", "host2", "vm1", "vm2", "vm3", "vm4"];
@@ -248,14 +249,14 @@ fn setup(b: &Bench) -> anyhow::Result<Lab> {
 }
 
 fn qos_show(d: &Daemon) -> anyhow::Result<QosReport> {
-    match crate::client::call(&d.control, &Request::QosShow)? {
+    match qswitch_api::client::call(&d.control, &Request::QosShow)? {
         Response::Qos(r) => Ok(*r),
         _ => bail!("unexpected reply to qos show"),
     }
 }
 
 fn qos_set(d: &Daemon, s: &Set) -> anyhow::Result<()> {
-    crate::client::call(
+    qswitch_api::client::call(
         &d.control,
         &Request::QosSet {
             port: s.port.to_string(),
@@ -311,7 +312,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     b.sleep(Duration::from_secs(1))?;
 
-    let cpu0 = (lab.daemon.stats()?.process_cpu_ns, netns::cpu_jiffies());
+    let cpu0 = (lab.daemon.stats()?.process_cpu_ns, procstat::cpu_jiffies());
     let mut cur = [(None, None); 6];
     let mut samples: Vec<QosSample> = Vec::new();
     let mut bounds = Vec::new();
@@ -386,7 +387,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     let wall = t0.elapsed().as_secs_f64();
     let qswitch_cpus =
         lab.daemon.stats()?.process_cpu_ns.saturating_sub(cpu0.0) as f64 / 1e9 / wall;
-    let machine_busy_cpus = netns::busy_cpus(cpu0.1, netns::cpu_jiffies());
+    let machine_busy_cpus = procstat::busy_cpus(cpu0.1, procstat::cpu_jiffies());
     for c in &mut lab.clients {
         let _ = c.wait_timeout(Duration::from_secs(8));
         c.stop();

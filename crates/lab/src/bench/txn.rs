@@ -12,6 +12,8 @@ use serde::Serialize;
 use super::{median, Bench, Topology};
 use crate::netns::{self, Daemon};
 use crate::plot::{self, Series};
+use crate::procstat;
+use crate::run::Run;
 
 /// TCP port the load server listens on.
 pub const PORT: u16 = 5300;
@@ -30,12 +32,9 @@ pub struct TxnSample {
     pub worker_busy_pct: Option<Vec<f64>>,
 }
 
-/// One run of one contender.
+/// What one run measured (the scenario part of a [`Run`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct TxnRun {
-    pub contender: String,
-    pub round: u32,
-    pub seq: usize,
+pub struct TxnMetrics {
     /// Per second, over the whole run.
     pub rate: f64,
     pub busy_cpus: f64,
@@ -43,8 +42,10 @@ pub struct TxnRun {
     pub ctx_switches_ps: f64,
     pub worker_ctx_switches_ps: Option<f64>,
     pub worker_busy_pct: Option<Vec<f64>>,
-    pub samples: Vec<TxnSample>,
 }
+
+/// One run of one contender: [`TxnMetrics`] and a [`TxnSample`] per second.
+pub type TxnRun = Run<TxnMetrics, TxnSample>;
 
 /// Medians of one contender.
 #[derive(Debug, Clone, Serialize)]
@@ -69,15 +70,6 @@ pub struct TxnReport {
     pub runs: Vec<TxnRun>,
     pub summary: Vec<TxnSummary>,
     pub advice: Vec<String>,
-}
-
-/// Context switches of the whole machine since boot (/proc/stat `ctxt`).
-pub fn machine_ctxt() -> u64 {
-    std::fs::read_to_string("/proc/stat")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("ctxt ")?.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// `taskset -c CPU` in front of `args` when `cpu` is given.
@@ -120,9 +112,9 @@ pub fn load_run(
         b.check()?;
         return Err(e);
     }
-    let idle_from = netns::cpu_jiffies();
+    let idle_from = procstat::cpu_jiffies();
     b.sleep(Duration::from_secs(1))?;
-    let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
+    let idle_busy_cpus = procstat::busy_cpus(idle_from, procstat::cpu_jiffies());
 
     let seconds = b.args.seconds;
     let mut args = vec![exe, "load".into()];
@@ -136,7 +128,8 @@ pub fn load_run(
     let args = pinned(client_cpu, args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let first = topo.daemon().map(Daemon::stats).transpose()?;
-    let (cpu0, cs0) = (netns::cpu_jiffies(), machine_ctxt());
+    let m0 = procstat::read();
+    let (cpu0, cs0) = (m0.jiffies(), m0.ctxt);
     let mut client = topo.client().spawn(&args, Stdio::piped())?;
     let t0 = Instant::now();
     let (mut prev_cpu, mut prev_cs, mut prev_stats) = (cpu0, cs0, first.clone());
@@ -153,7 +146,8 @@ pub fn load_run(
         if t0.elapsed() > Duration::from_secs(u64::from(seconds) + 20) {
             bail!("the load client did not finish");
         }
-        let (cpu, cs) = (netns::cpu_jiffies(), machine_ctxt());
+        let m = procstat::read();
+        let (cpu, cs) = (m.jiffies(), m.ctxt);
         let dt = 1.0;
         let rates = match (topo.daemon(), &prev_stats) {
             (Some(d), Some(prev)) => {
@@ -165,7 +159,7 @@ pub fn load_run(
             _ => None,
         };
         ticks.push((
-            netns::busy_cpus(prev_cpu, cpu),
+            procstat::busy_cpus(prev_cpu, cpu),
             cs.saturating_sub(prev_cs) as f64 / dt,
             rates,
         ));
@@ -175,8 +169,8 @@ pub fn load_run(
     }
     b.check()?;
     let elapsed = t0.elapsed().as_secs_f64();
-    let busy_cpus = netns::busy_cpus(cpu0, netns::cpu_jiffies());
-    let ctx_switches_ps = machine_ctxt().saturating_sub(cs0) as f64 / elapsed;
+    let busy_cpus = procstat::busy_cpus(cpu0, procstat::cpu_jiffies());
+    let ctx_switches_ps = procstat::machine_ctxt().saturating_sub(cs0) as f64 / elapsed;
     let totals = match (topo.daemon(), &first) {
         (Some(d), Some(f)) => Some(qswitch_dp::report::rates(f, &d.stats()?)),
         _ => None,
@@ -216,20 +210,22 @@ pub fn load_run(
             }
         })
         .collect();
-    Ok(TxnRun {
+    Ok(Run {
         contender: contender.to_string(),
         round,
         seq,
-        rate: total / f64::from(seconds),
-        busy_cpus,
-        idle_busy_cpus,
-        ctx_switches_ps,
-        worker_ctx_switches_ps: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
-        worker_busy_pct: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+        metrics: TxnMetrics {
+            rate: total / f64::from(seconds),
+            busy_cpus,
+            idle_busy_cpus,
+            ctx_switches_ps,
+            worker_ctx_switches_ps: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+            worker_busy_pct: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+        },
         samples,
     })
 }
@@ -369,16 +365,18 @@ mod tests {
 
     #[test]
     fn summary_and_svg() {
-        let run = |c: &str, rate: f64| TxnRun {
+        let run = |c: &str, rate: f64| Run {
             contender: c.into(),
             round: 1,
             seq: 1,
-            rate,
-            busy_cpus: 1.0,
-            idle_busy_cpus: 0.0,
-            ctx_switches_ps: 1000.0,
-            worker_ctx_switches_ps: Some(10.0),
-            worker_busy_pct: None,
+            metrics: TxnMetrics {
+                rate,
+                busy_cpus: 1.0,
+                idle_busy_cpus: 0.0,
+                ctx_switches_ps: 1000.0,
+                worker_ctx_switches_ps: Some(10.0),
+                worker_busy_pct: None,
+            },
             samples: vec![TxnSample {
                 t_s: 1.0,
                 rate,

@@ -42,6 +42,8 @@ use serde::Serialize;
 use super::{first_line, interleave, median, Bench, RemoveDir};
 use crate::netns::{self, ChildGuard, Daemon};
 use crate::plot::{self, Series};
+use crate::procstat;
+use crate::run::Run;
 
 /// CPU of the load generator.
 const GEN_CPU: usize = 0;
@@ -75,18 +77,13 @@ pub struct PvpSample {
     pub switch_cpu_pct: f64,
 }
 
-/// One run: one contender, one frame size, one round.
+/// What one run (one contender, one frame size, one round) measured.
 #[derive(Debug, Clone, Serialize)]
-pub struct PvpRun {
-    pub contender: String,
+pub struct PvpMetrics {
     /// RFC 2544 frame size (with FCS): 64 or 1518.
     pub frame_size: u32,
     /// Bytes sent per frame (without FCS).
     pub frame_len: usize,
-    /// 1-based round.
-    pub round: u32,
-    /// 1-based position of this run's setup in the interleaved order.
-    pub seq: usize,
     pub tx_pkts: u64,
     pub rx_pkts: u64,
     /// Sent and received per second of traffic (frames received in the final 100 ms
@@ -121,8 +118,10 @@ pub struct PvpRun {
     pub idle_worker_cpu_pct: f64,
     /// Machine busy CPUs while idle minus the switch's: other work on the machine.
     pub idle_other_busy_cpus: f64,
-    pub samples: Vec<PvpSample>,
 }
+
+/// One run of one contender: [`PvpMetrics`] and a [`PvpSample`] per second.
+pub type PvpRun = Run<PvpMetrics, PvpSample>;
 
 /// Medians (and ranges) of one contender at one frame size.
 #[derive(Debug, Clone, Serialize)]
@@ -244,11 +243,15 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         let up_s = t0.elapsed().as_secs_f64();
 
         // Idle: both ports connected, no traffic.
-        let (cpu0, mach0, w0) = (sw.cpu()?, netns::cpu_jiffies(), Instant::now());
+        let (cpu0, mach0, w0) = (sw.cpu()?, procstat::cpu_jiffies(), Instant::now());
         b.sleep(Duration::from_secs(IDLE_S))?;
-        let (cpu1, mach1, dt) = (sw.cpu()?, netns::cpu_jiffies(), w0.elapsed().as_secs_f64());
+        let (cpu1, mach1, dt) = (
+            sw.cpu()?,
+            procstat::cpu_jiffies(),
+            w0.elapsed().as_secs_f64(),
+        );
         let idle = cpu1.since(&cpu0, dt);
-        let idle_other = (netns::busy_cpus(mach0, mach1) - idle.0 / 100.0).max(0.0);
+        let idle_other = (procstat::busy_cpus(mach0, mach1) - idle.0 / 100.0).max(0.0);
         println!(
             "up in {up_s:.1} s; idle {IDLE_S} s: switch CPU {:.1}% (worker {:.1}%), other busy \
              CPUs {idle_other:.2}",
@@ -336,7 +339,7 @@ impl Snap {
     fn take(sw: &dyn Switch) -> anyhow::Result<Snap> {
         Ok(Snap {
             sw: sw.cpu()?,
-            machine: netns::cpu_jiffies(),
+            machine: procstat::cpu_jiffies(),
             own_ns: qswitch_sys::thread::process_cpu_ns(),
             t: Instant::now(),
         })
@@ -385,40 +388,42 @@ fn traffic(
     };
     let wall = (last.t - first.t).as_secs_f64();
     let (cpu_pct, worker_pct) = last.sw.since(&first.sw, wall);
-    let busy_cpus = netns::busy_cpus(first.machine, last.machine);
+    let busy_cpus = procstat::busy_cpus(first.machine, last.machine);
     let generator_cpu_pct =
         last.own_ns.saturating_sub(first.own_ns) as f64 / 1e9 / wall.max(1e-9) * 100.0;
     let st = done.total;
     let secs = st.elapsed.as_secs_f64().max(1e-9);
     let mpps_rx = st.rx_pkts as f64 / secs / 1e6;
     let cpu_s = cpu_pct / 100.0 * wall;
-    Ok(PvpRun {
+    Ok(Run {
         contender: String::new(),
-        frame_size: size,
-        frame_len: len,
         round: 0,
         seq: 0,
-        tx_pkts: st.tx_pkts,
-        rx_pkts: st.rx_pkts,
-        mpps_tx: st.tx_pkts as f64 / secs / 1e6,
-        mpps_rx,
-        gbps_rx: mpps_rx * f64::from(size) * 8.0 / 1e3,
-        loss_pct: loss_pct(st.tx_pkts, st.rx_pkts),
-        tx_ring_full: st.tx_ring_full,
-        flooded_to_sender: done.flooded,
-        switch_cpu_pct: cpu_pct,
-        worker_cpu_pct: worker_pct,
-        mpps_per_cpu_s: if cpu_s > 0.0 {
-            st.rx_pkts as f64 / 1e6 / cpu_s
-        } else {
-            0.0
+        metrics: PvpMetrics {
+            frame_size: size,
+            frame_len: len,
+            tx_pkts: st.tx_pkts,
+            rx_pkts: st.rx_pkts,
+            mpps_tx: st.tx_pkts as f64 / secs / 1e6,
+            mpps_rx,
+            gbps_rx: mpps_rx * f64::from(size) * 8.0 / 1e3,
+            loss_pct: loss_pct(st.tx_pkts, st.rx_pkts),
+            tx_ring_full: st.tx_ring_full,
+            flooded_to_sender: done.flooded,
+            switch_cpu_pct: cpu_pct,
+            worker_cpu_pct: worker_pct,
+            mpps_per_cpu_s: if cpu_s > 0.0 {
+                st.rx_pkts as f64 / 1e6 / cpu_s
+            } else {
+                0.0
+            },
+            busy_cpus,
+            generator_cpu_pct,
+            other_busy_cpus: (busy_cpus - (cpu_pct + generator_cpu_pct) / 100.0).max(0.0),
+            idle_cpu_pct: 0.0,
+            idle_worker_cpu_pct: 0.0,
+            idle_other_busy_cpus: 0.0,
         },
-        busy_cpus,
-        generator_cpu_pct,
-        other_busy_cpus: (busy_cpus - (cpu_pct + generator_cpu_pct) / 100.0).max(0.0),
-        idle_cpu_pct: 0.0,
-        idle_worker_cpu_pct: 0.0,
-        idle_other_busy_cpus: 0.0,
         samples,
     })
 }
@@ -1496,29 +1501,31 @@ mod tests {
     }
 
     fn run(c: &str, size: u32, mpps: f64, cpu: f64, idle: f64) -> PvpRun {
-        PvpRun {
+        Run {
             contender: c.into(),
-            frame_size: size,
-            frame_len: size as usize - 4,
             round: 1,
             seq: 1,
-            tx_pkts: 100,
-            rx_pkts: 90,
-            mpps_tx: mpps * 1.1,
-            mpps_rx: mpps,
-            gbps_rx: 0.0,
-            loss_pct: loss_pct(100, 90),
-            tx_ring_full: 0,
-            flooded_to_sender: 0,
-            switch_cpu_pct: cpu,
-            worker_cpu_pct: cpu,
-            mpps_per_cpu_s: mpps / (cpu / 100.0),
-            busy_cpus: 1.0,
-            generator_cpu_pct: 100.0,
-            other_busy_cpus: 0.0,
-            idle_cpu_pct: idle,
-            idle_worker_cpu_pct: idle,
-            idle_other_busy_cpus: 0.0,
+            metrics: PvpMetrics {
+                frame_size: size,
+                frame_len: size as usize - 4,
+                tx_pkts: 100,
+                rx_pkts: 90,
+                mpps_tx: mpps * 1.1,
+                mpps_rx: mpps,
+                gbps_rx: 0.0,
+                loss_pct: loss_pct(100, 90),
+                tx_ring_full: 0,
+                flooded_to_sender: 0,
+                switch_cpu_pct: cpu,
+                worker_cpu_pct: cpu,
+                mpps_per_cpu_s: mpps / (cpu / 100.0),
+                busy_cpus: 1.0,
+                generator_cpu_pct: 100.0,
+                other_busy_cpus: 0.0,
+                idle_cpu_pct: idle,
+                idle_worker_cpu_pct: idle,
+                idle_other_busy_cpus: 0.0,
+            },
             samples: vec![PvpSample {
                 t_s: 1.0,
                 mpps_tx: mpps,

@@ -2,11 +2,11 @@
 //! a busybox initramfs with iperf3 and ethtool, built by `tests/guest/build.sh`) with one
 //! virtio-net NIC, normally on a vhost-user socket served or dialled by qswitch.
 //!
-//! Include it with `#[path = "common_guest/mod.rs"] mod common_guest;`. Self-contained
+//! `use qswitch_test_support::guest;`. Self-contained
 //! (std + anyhow). A typical test:
 //!
-//! ```ignore
-//! let Some((kernel, initrd)) = common_guest::assets() else { return }; // prints "skipped: ..."
+//! ```text
+//! let Some((kernel, initrd)) = guest::assets() else { return }; // skips (or fails in CI)
 //! let mut a = Guest::boot(GuestConfig {
 //!     name: "a".into(),
 //!     vhost_socket: dir.join("a.sock"),
@@ -25,8 +25,6 @@
 //! `QS_GUEST_ACCEL=kvm|tcg` overrides the choice. Assets live in `$QS_GUEST_DIR` or
 //! `/var/cache/qswitch-guest`.
 
-#![allow(dead_code)]
-
 use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Read, Write};
@@ -38,6 +36,8 @@ use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+
+use crate::skip::{is_root, skip};
 
 /// The QEMU binary guests run under.
 pub const QEMU: &str = "qemu-system-x86_64";
@@ -699,7 +699,7 @@ pub fn assets() -> Option<(PathBuf, PathBuf)> {
     static ASSETS: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
     let a = ASSETS.get_or_init(build_assets).clone();
     if a.is_none() {
-        eprintln!("skipped: no guest assets (QEMU or the guest packages unavailable)");
+        skip("no guest assets (QEMU or the guest packages unavailable)");
     }
     a
 }
@@ -761,29 +761,15 @@ fn build_assets() -> Option<(PathBuf, PathBuf)> {
             Some((kernel, initrd))
         }
         Some(77) => {
-            eprintln!(
-                "skipped: guest assets: a Debian package could not be installed or downloaded"
-            );
+            eprintln!("guest assets: a Debian package could not be installed or downloaded");
             None
         }
         c if !is_root() => {
-            eprintln!("skipped: guest assets: build.sh failed ({c:?}) and not root");
+            eprintln!("guest assets: build.sh failed ({c:?}) and not root");
             None
         }
         c => panic!("guest asset build failed (exit {c:?}):\n{log}"),
     }
-}
-
-/// True when the effective uid is 0.
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
 }
 
 fn read_lossy(p: &Path) -> String {

@@ -38,6 +38,8 @@ use serde::Serialize;
 
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot::{self, Series};
+use crate::procstat;
+use crate::run::Run;
 
 mod affinity;
 mod bypass;
@@ -216,14 +218,9 @@ pub struct Sample {
     pub ctx_switches_ps: Option<f64>,
 }
 
-/// One run of one contender.
+/// What one run measured (the scenario part of a [`Run`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct RunResult {
-    pub contender: String,
-    /// 1-based round.
-    pub round: u32,
-    /// 1-based position in the interleaved order of all runs.
-    pub seq: usize,
+pub struct IperfMetrics {
     /// iperf3 `end.sum_received.bits_per_second` / 1e9.
     pub gbps: f64,
     pub retransmits: u64,
@@ -235,8 +232,10 @@ pub struct RunResult {
     /// Over the whole run, qswitch only: busy % per worker, context switches/s.
     pub worker_busy_pct: Option<Vec<f64>>,
     pub ctx_switches_ps: Option<f64>,
-    pub samples: Vec<Sample>,
 }
+
+/// One run of one contender: [`IperfMetrics`] and a [`Sample`] per second.
+pub type IperfRun = Run<IperfMetrics, Sample>;
 
 /// Medians (and ranges) of one contender's runs.
 #[derive(Debug, Clone, Serialize)]
@@ -265,7 +264,7 @@ pub struct Ratio {
 pub struct Report {
     pub scenario: String,
     pub config: serde_json::Value,
-    pub runs: Vec<RunResult>,
+    pub runs: Vec<IperfRun>,
     pub summary: Vec<ContenderSummary>,
     pub ratio: Option<Ratio>,
 }
@@ -297,11 +296,11 @@ pub fn interleave(contenders: usize, rounds: u32) -> Vec<(u32, usize)> {
 }
 
 /// Per-contender medians, in the order of `names`; and the ratio of the first two.
-pub fn summarise(names: &[&str], runs: &[RunResult]) -> (Vec<ContenderSummary>, Option<Ratio>) {
+pub fn summarise(names: &[&str], runs: &[IperfRun]) -> (Vec<ContenderSummary>, Option<Ratio>) {
     let summary: Vec<ContenderSummary> = names
         .iter()
         .map(|&name| {
-            let mine: Vec<&RunResult> = runs.iter().filter(|r| r.contender == name).collect();
+            let mine: Vec<&IperfRun> = runs.iter().filter(|r| r.contender == name).collect();
             let g: Vec<f64> = mine.iter().map(|r| r.gbps).collect();
             let c: Vec<f64> = mine.iter().map(|r| r.cpu_per_gbps).collect();
             let retr: Vec<f64> = mine.iter().map(|r| r.retransmits as f64).collect();
@@ -375,7 +374,7 @@ pub fn print_table(
 
 /// Warns about runs that began on a busy machine (more than half a CPU busy in the idle
 /// second before the traffic).
-pub fn warn_if_busy(runs: &[RunResult]) {
+pub fn warn_if_busy(runs: &[IperfRun]) {
     let busy: Vec<String> = runs
         .iter()
         .filter(|r| r.idle_busy_cpus > 0.5)
@@ -392,7 +391,7 @@ pub fn warn_if_busy(runs: &[RunResult]) {
 
 /// One line per iperf3 run (Gbit/s each second), named by contender, round and position in
 /// the interleaved order.
-pub fn gbps_per_run<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Vec<Series> {
+pub fn gbps_per_run<'a>(runs: impl IntoIterator<Item = &'a IperfRun>) -> Vec<Series> {
     runs.into_iter()
         .map(|r| Series {
             name: format!("{} run {} (#{})", r.contender, r.round, r.seq),
@@ -442,7 +441,7 @@ pub fn iperf_run(
     b: &Bench,
     topo: &dyn Topology,
     who: (&str, u32, usize),
-) -> anyhow::Result<RunResult> {
+) -> anyhow::Result<IperfRun> {
     iperf_run_with(b, topo, who, &[])
 }
 
@@ -452,7 +451,7 @@ pub fn iperf_run_with(
     topo: &dyn Topology,
     (contender, round, seq): (&str, u32, usize),
     extra: &[&str],
-) -> anyhow::Result<RunResult> {
+) -> anyhow::Result<IperfRun> {
     let (seconds, streams) = (b.args.seconds, b.args.streams);
     let addr = topo.server_addr();
     let _server = topo
@@ -462,13 +461,13 @@ pub fn iperf_run_with(
         b.check()?; // Ctrl-C also stops the server: say so rather than "nothing listens"
         return Err(e);
     }
-    let idle_from = netns::cpu_jiffies();
+    let idle_from = procstat::cpu_jiffies();
     b.sleep(Duration::from_secs(1))?;
-    let idle_busy_cpus = netns::busy_cpus(idle_from, netns::cpu_jiffies());
+    let idle_busy_cpus = procstat::busy_cpus(idle_from, procstat::cpu_jiffies());
 
     let first_stats = topo.daemon().map(Daemon::stats).transpose()?;
     let mut client = netns::iperf3_client_with(topo.client(), addr, seconds, streams, extra)?;
-    let cpu_from = netns::cpu_jiffies();
+    let cpu_from = procstat::cpu_jiffies();
     let t0 = Instant::now();
     // Drain the pipes while iperf3 runs, so a long JSON cannot block it.
     let child = client.0.as_mut().context("no iperf3 child")?;
@@ -509,8 +508,8 @@ pub fn iperf_run_with(
         if t0.elapsed() > limit {
             bail!("iperf3 did not finish within {} s", limit.as_secs());
         }
-        let cpu = netns::cpu_jiffies();
-        let busy = netns::busy_cpus(prev_cpu, cpu);
+        let cpu = procstat::cpu_jiffies();
+        let busy = procstat::busy_cpus(prev_cpu, cpu);
         prev_cpu = cpu;
         let rates = match (topo.daemon(), &prev_stats) {
             (Some(d), Some(prev)) => {
@@ -526,7 +525,7 @@ pub fn iperf_run_with(
         let _ = std::io::stdout().flush();
     }
     b.check()?;
-    let busy_cpus = netns::busy_cpus(cpu_from, netns::cpu_jiffies());
+    let busy_cpus = procstat::busy_cpus(cpu_from, procstat::cpu_jiffies());
     let totals = match (topo.daemon(), &first_stats) {
         (Some(d), Some(first)) => Some(qswitch_dp::report::rates(first, &d.stats()?)),
         _ => None,
@@ -563,27 +562,29 @@ pub fn iperf_run_with(
             }
         })
         .collect();
-    Ok(RunResult {
+    Ok(Run {
         contender: contender.to_string(),
         round,
         seq,
-        gbps,
-        retransmits,
-        busy_cpus,
-        idle_busy_cpus,
-        cpu_per_gbps: busy_cpus / gbps,
-        worker_busy_pct: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
-        ctx_switches_ps: totals
-            .as_ref()
-            .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+        metrics: IperfMetrics {
+            gbps,
+            retransmits,
+            busy_cpus,
+            idle_busy_cpus,
+            cpu_per_gbps: busy_cpus / gbps,
+            worker_busy_pct: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+            ctx_switches_ps: totals
+                .as_ref()
+                .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+        },
         samples,
     })
 }
 
 /// One line about a finished run (continues the line [`Bench::say_start`] began).
-fn run_line(r: &RunResult) -> String {
+fn run_line(r: &IperfRun) -> String {
     let mut s = format!(
         " {:>6.2} Gbit/s  retr {:<5} busy {:.2} CPUs (idle {:.2})  {:.3} CPU per Gbit/s",
         r.gbps, r.retransmits, r.busy_cpus, r.idle_busy_cpus, r.cpu_per_gbps
@@ -595,14 +596,7 @@ fn run_line(r: &RunResult) -> String {
     s
 }
 
-/// Removes a directory on drop.
-struct RemoveDir(PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use crate::topology::RemoveDir;
 
 // ---------------------------------------------------------------------------------------------
 // tap-tcp
@@ -636,7 +630,7 @@ fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<QswitchTopo> {
     let (tap_a, tap_b) = (format!("qsbA{n}"), format!("qsbB{n}"));
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-{id}")));
     let control = dir.0.join("control.sock");
-    let text = crate::demo::config(workers, &control.display().to_string(), &tap_a, &tap_b);
+    let text = crate::topology::config(workers, &control.display().to_string(), &tap_a, &tap_b);
     let a = Netns::create(&format!("qsbench-qs-a-{id}"))?;
     let b = Netns::create(&format!("qsbench-qs-b-{id}"))?;
     let daemon = Daemon::start(&dir.0, &text)?;
@@ -698,7 +692,7 @@ fn setup_bridge(id: u32) -> anyhow::Result<BridgeTopo> {
 
 /// The offloads qswitch's first port reports (for the record).
 fn port_offloads(d: &Daemon) -> Option<Vec<String>> {
-    match crate::client::call(&d.control, &Request::PortList).ok()? {
+    match qswitch_api::client::call(&d.control, &Request::PortList).ok()? {
         Response::Ports { ports } => ports.first().map(|p| p.offloads.clone()),
         _ => None,
     }
@@ -721,7 +715,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
     }
     const NAMES: [&str; 2] = ["qswitch", "linux-bridge"];
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
-    let workers = crate::demo::worker_cpus(2)?;
+    let workers = crate::topology::worker_cpus(2)?;
     let order = interleave(NAMES.len(), runs);
     let s = if streams == 1 { "" } else { "s" };
     b.say(format_args!(
@@ -794,7 +788,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
 }
 
 /// Medians with min–max whiskers (Gbit/s, CPU per Gbit/s), then per-second Gbit/s of every run.
-fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) -> String {
+fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[IperfRun]) -> String {
     let bars = |f: fn(&ContenderSummary) -> (f64, f64, f64)| {
         let group: Vec<(String, f64)> = summary
             .iter()
@@ -823,7 +817,7 @@ fn tap_tcp_svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) ->
         &g,
         &r,
     );
-    let mut sorted: Vec<&RunResult> = runs.iter().collect();
+    let mut sorted: Vec<&IperfRun> = runs.iter().collect();
     sorted.sort_by_key(|r| {
         (
             summary.iter().position(|s| s.contender == r.contender),
@@ -861,17 +855,19 @@ mod tests {
 
     #[test]
     fn summary_and_ratio() {
-        let run = |c: &str, gbps: f64, cpu: f64| RunResult {
+        let run = |c: &str, gbps: f64, cpu: f64| Run {
             contender: c.into(),
             round: 1,
             seq: 1,
-            gbps,
-            retransmits: 0,
-            busy_cpus: cpu * gbps,
-            idle_busy_cpus: 0.0,
-            cpu_per_gbps: cpu,
-            worker_busy_pct: None,
-            ctx_switches_ps: None,
+            metrics: IperfMetrics {
+                gbps,
+                retransmits: 0,
+                busy_cpus: cpu * gbps,
+                idle_busy_cpus: 0.0,
+                cpu_per_gbps: cpu,
+                worker_busy_pct: None,
+                ctx_switches_ps: None,
+            },
             samples: vec![],
         };
         let runs = [

@@ -24,7 +24,7 @@ fn setup(id: u32, workers: &str, queues: u16) -> anyhow::Result<QswitchTopo> {
     let (tap_a, tap_b) = (format!("qsmA{n}"), format!("qsmB{n}"));
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-mq-{id}")));
     let control = dir.0.join("control.sock");
-    let text = crate::demo::config(workers, &control.display().to_string(), &tap_a, &tap_b)
+    let text = crate::topology::config(workers, &control.display().to_string(), &tap_a, &tap_b)
         .replace(
             "type = \"tap\"\n",
             &format!("type = \"tap\"\nqueues = {queues}\n"),
@@ -47,7 +47,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     for (tool, pkg) in [("ip", "iproute2"), ("ss", "iproute2")] {
         netns::ensure_tool(tool, pkg)?;
     }
-    let workers = crate::demo::worker_cpus(2)?;
+    let workers = crate::topology::worker_cpus(2)?;
     let (runs, seconds) = (b.args.runs, b.args.seconds);
     let order = interleave(NAMES.len(), runs);
     b.say(format_args!(

@@ -217,7 +217,7 @@ impl Daemon {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if crate::client::call(&d.control, &Request::Ping).is_ok() {
+            if qswitch_api::client::call(&d.control, &Request::Ping).is_ok() {
                 return Ok(d);
             }
             if let Some(st) = d.child.wait_timeout(Duration::from_millis(50))? {
@@ -234,7 +234,7 @@ impl Daemon {
 
     /// Current stats.
     pub fn stats(&self) -> anyhow::Result<qswitch_api::request::StatsReport> {
-        match crate::client::call(&self.control, &Request::Stats)? {
+        match qswitch_api::client::call(&self.control, &Request::Stats)? {
             Response::Stats(s) => Ok(*s),
             _ => bail!("unexpected reply"),
         }
@@ -244,35 +244,6 @@ impl Daemon {
     pub fn stop(&mut self) {
         self.child.stop();
     }
-}
-
-/// Total and idle CPU jiffies of the machine, from /proc/stat.
-pub fn cpu_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(line) = stat.lines().next() else {
-        return (0, 0);
-    };
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total = v.iter().take(8).sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total, idle)
-}
-
-/// Busy CPUs (0.0..=cores) between two [`cpu_jiffies`] readings.
-pub fn busy_cpus(before: (u64, u64), after: (u64, u64)) -> f64 {
-    let total = after.0.saturating_sub(before.0) as f64;
-    let idle = after.1.saturating_sub(before.1) as f64;
-    if total == 0.0 {
-        return 0.0;
-    }
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1) as f64;
-    (total - idle) / total * cores
 }
 
 /// Waits until something listens on TCP `port` inside `ns` (up to 5 s).

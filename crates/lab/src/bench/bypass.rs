@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{
     interleave, iperf_run_with, median, print_table, run_line, setup_bridge, setup_qswitch,
-    summarise, warn_if_busy, Bench, ContenderSummary, Ratio, Report, RunResult, Topology,
+    summarise, warn_if_busy, Bench, ContenderSummary, IperfRun, Ratio, Report, Topology,
 };
 use crate::netns;
 use crate::plot;
@@ -41,7 +41,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         netns::ensure_tool(tool, pkg)?;
     }
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
-    let workers = crate::demo::worker_cpus(2)?;
+    let workers = crate::topology::worker_cpus(2)?;
     let order = interleave(NAMES.len(), runs);
     b.say(format_args!(
         "{runs} round(s) of {} contenders, {seconds} s each, {streams} stream(s); qswitch \
@@ -130,7 +130,7 @@ fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
 }
 
 /// Gbit/s and CPU per Gbit/s, grouped by MSS; then per-second Gbit/s of every run.
-fn svg(title: &str, summary: &[ContenderSummary], runs: &[RunResult]) -> String {
+fn svg(title: &str, summary: &[ContenderSummary], runs: &[IperfRun]) -> String {
     let group = |label: &str, range: std::ops::Range<usize>, f: fn(&ContenderSummary) -> f64| {
         (
             label.to_string(),

@@ -1,0 +1,33 @@
+//! `qswitch`: the daemon and its control CLI as a library; `main.rs` is the thin binary.
+//!
+//! Nothing here installs tools or starts namespaces: that is the lab (`qswitch-lab`), which
+//! only `qswitch bench` and `qswitch demo` reach.
+//!
+//! # Modules
+//! - [`daemon`]: `qswitch run` — config, switch, control socket, 1-second stats sampler.
+//! - [`control`]: the control socket server (newline-delimited JSON, mode 0600).
+//! - [`http`]: the HTTP server (`/metrics`, JSON API, dashboard) on `[switch] http`.
+//! - [`metrics`]: Prometheus text exposition of every counter.
+//! - [`series`]: the 15-minute, 1-second history behind the JSON API and the dashboard.
+//! - [`cli`]: control subcommands (`port`, `fdb`, `stats`, `qos`) and how they print.
+//! - [`rss_cli`]: `qswitch rss` — Toeplitz hashes and indirection tables.
+//! - [`placement_cli`]: `qswitch placement` — where each rx queue runs, pins, mode.
+//!
+//! The control client itself is `qswitch_api::client` (shared with the lab and the tests).
+
+pub mod cli;
+pub mod control;
+pub mod daemon;
+pub mod http;
+pub mod metrics;
+pub mod placement_cli;
+pub mod rss_cli;
+pub mod series;
+
+/// An error and its causes on one line: "a: b: c".
+pub fn chain(e: &anyhow::Error) -> String {
+    e.chain()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
+}

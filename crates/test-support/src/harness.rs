@@ -1,0 +1,582 @@
+//! Bounded command runs, a `qswitch run` child, raw control-socket requests, network
+//! namespaces and temp dirs. Everything here cleans up after itself on drop (also when a test
+//! panics), and no wait is unbounded.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::skip::{cpus_or_skip, online_cpus, root_or_skip, skip};
+
+/// The qswitch binary under test: `target/PROFILE/qswitch`, next to the `deps/` directory
+/// of the running test binary (cargo builds a package's binaries before its integration
+/// tests; `CARGO_BIN_EXE_qswitch` exists only inside the qswitch package).
+pub fn qswitch_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/PROFILE/deps/TEST");
+        let bin = profile_dir.join("qswitch");
+        assert!(
+            bin.is_file(),
+            "{} missing: build qswitch first",
+            bin.display()
+        );
+        bin
+    })
+}
+
+/// Default bound on one command run.
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// DPDK's testpmd, installed from Debian's `dpdk-dev` when missing.
+pub const TESTPMD: &str = "dpdk-testpmd";
+
+/// For the testpmd tests: the second online CPU (the qswitch worker's; testpmd's lcores
+/// share the first), or `None` with a skip notice when they cannot run: not root, fewer
+/// than two CPUs, or no testpmd even after `apt-get install dpdk-dev`.
+pub fn testpmd_worker_cpu() -> Option<usize> {
+    if !root_or_skip() || !cpus_or_skip(2) {
+        return None;
+    }
+    let cpus = online_cpus();
+    let have = || {
+        Command::new(TESTPMD)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    };
+    if !have() {
+        let out = run_timeout(
+            Command::new("apt-get")
+                .args(["install", "-y", "dpdk-dev"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            Duration::from_secs(300),
+        );
+        if !out.ok() || !have() {
+            skip(&format!(
+                "{TESTPMD} missing and apt-get install dpdk-dev failed: {out:?}"
+            ));
+            return None;
+        }
+    }
+    Some(cpus[1])
+}
+
+/// The lowest-numbered online CPU.
+pub fn first_cpu() -> usize {
+    online_cpus()[0]
+}
+
+/// The first (at most) `max` online CPUs as a CPU list, e.g. "0-1".
+pub fn worker_cpus(max: usize) -> String {
+    let cpus = online_cpus();
+    cpus.iter()
+        .take(max)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Polls `f` every 20 ms until it returns true or `timeout` passes; returns the last result.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A directory under the system temp dir, unique to this process and `tag`, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("qswitch-it-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What a finished command left behind.
+#[derive(Debug)]
+pub struct Out {
+    /// Exit code; `None` when killed by a signal.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// Stderr lines that are not empty.
+    pub fn stderr_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect()
+    }
+
+    /// Panics (with everything the command printed) unless it exited 0.
+    pub fn assert_ok(&self, what: &str) -> &Out {
+        assert!(self.ok(), "{what} failed: {self:?}");
+        self
+    }
+
+    /// Asserts that nothing looks like a Rust panic.
+    pub fn assert_no_panic(&self) -> &Out {
+        for text in [&self.stdout, &self.stderr] {
+            assert!(!text.contains("panicked"), "panic: {self:?}");
+            assert!(!text.contains("stack backtrace"), "backtrace: {self:?}");
+            assert!(!text.contains("RUST_BACKTRACE"), "panic hint: {self:?}");
+        }
+        self
+    }
+}
+
+/// Runs `cmd` to completion (stdin closed, stdout and stderr captured), killing it and
+/// panicking if it takes longer than `timeout`.
+pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Out {
+    let desc = format!("{cmd:?}");
+    let mut child = ChildGuard::new(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {desc}: {e}")),
+    );
+    let c = child.0.as_mut().expect("child");
+    let mut so = c.stdout.take().expect("stdout");
+    let mut se = c.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = so.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = se.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    });
+    let Some(status) = child.wait_timeout(timeout) else {
+        drop(child);
+        panic!("{desc} did not finish within {timeout:?}");
+    };
+    Out {
+        code: status.code(),
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+    }
+}
+
+/// Runs a command given as words, bounded by [`CMD_TIMEOUT`].
+pub fn sh(args: &[&str]) -> Out {
+    run_timeout(Command::new(args[0]).args(&args[1..]), CMD_TIMEOUT)
+}
+
+/// Runs a command given as words and panics unless it succeeds.
+pub fn sh_ok(args: &[&str]) -> Out {
+    let out = sh(args);
+    out.assert_ok(&args.join(" "));
+    out
+}
+
+/// Whether interface `ifname` exists in the root network namespace.
+pub fn link_exists(ifname: &str) -> bool {
+    sh(&["ip", "link", "show", "dev", ifname]).ok()
+}
+
+/// Sends `sig` (e.g. "TERM") to `pid` with kill(1).
+pub fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A child process, stopped on drop: SIGTERM, then SIGKILL after 3 s, then reaped.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    pub fn new(child: Child) -> ChildGuard {
+        ChildGuard(Some(child))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// The exit status if the child has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.0.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Waits up to `timeout` for the child to exit by itself.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the child (if still running) and reaps it.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        if let Ok(None) = child.try_wait() {
+            signal(child.id(), "TERM");
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs the qswitch CLI against `control`, bounded in time.
+pub fn qs(control: &Path, args: &[&str]) -> Out {
+    run_timeout(
+        Command::new(qswitch_bin())
+            .arg("--control")
+            .arg(control)
+            .args(args)
+            .env("RUST_BACKTRACE", "1"),
+        CMD_TIMEOUT,
+    )
+}
+
+/// Runs the qswitch CLI with `--json`-style output: asserts success and parses stdout.
+pub fn qs_json(control: &Path, args: &[&str]) -> Value {
+    let out = qs(control, args);
+    out.assert_ok(&format!("qswitch {}", args.join(" ")));
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("qswitch {} printed no JSON ({e}): {out:?}", args.join(" ")))
+}
+
+/// Port names from `port list --json`, in order.
+pub fn port_names(control: &Path) -> Vec<String> {
+    qs_json(control, &["port", "list", "--json"])
+        .as_array()
+        .expect("port list is an array")
+        .iter()
+        .map(|p| p["name"].as_str().expect("port name").to_string())
+        .collect()
+}
+
+/// One port's entry in a `stats --json` report.
+pub fn port_stats<'a>(stats: &'a Value, port: &str) -> &'a Value {
+    stats["ports"]
+        .as_array()
+        .expect("stats.ports")
+        .iter()
+        .find(|p| p["name"] == port)
+        .unwrap_or_else(|| panic!("no port {port} in stats: {stats}"))
+}
+
+/// A numeric counter of one port in a `stats --json` report (0 when absent).
+pub fn counter(stats: &Value, port: &str, field: &str) -> u64 {
+    port_stats(stats, port)[field].as_u64().unwrap_or(0)
+}
+
+/// A drop counter of one port in a `stats --json` report (0 when absent).
+pub fn drops(stats: &Value, port: &str, reason: &str) -> u64 {
+    port_stats(stats, port)["drops"][reason]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Sends one raw line on the control socket and reads one JSON line back (5 s bounds).
+pub fn request(control: &Path, line: &[u8]) -> std::io::Result<Value> {
+    let stream = UnixStream::connect(control)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    (&stream).write_all(line)?;
+    let mut reply = String::new();
+    BufReader::new(&stream).read_line(&mut reply)?;
+    serde_json::from_str(&reply).map_err(|e| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e}: {reply:?}"))
+    })
+}
+
+/// A `qswitch run` child with its stderr in a file; stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Daemon {
+    pub child: ChildGuard,
+    pub control: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `qswitch run --config config` without waiting for it.
+    pub fn spawn(config: &Path, control: &Path, log: &Path) -> Daemon {
+        Daemon::spawn_logging(config, control, log, "info")
+    }
+
+    /// Like [`Daemon::spawn`], with `filter` as the daemon's `QSWITCH_LOG`.
+    pub fn spawn_logging(config: &Path, control: &Path, log: &Path, filter: &str) -> Daemon {
+        let err = File::create(log).expect("daemon log file");
+        let child = Command::new(qswitch_bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("QSWITCH_LOG", filter)
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start qswitch run");
+        Daemon {
+            child: ChildGuard::new(child),
+            control: control.to_path_buf(),
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// Writes `config_text` to `dir/name.toml`, starts the daemon and waits (10 s at most)
+    /// until its control socket answers a ping.
+    pub fn start(dir: &Path, name: &str, config_text: &str, control: &Path) -> Daemon {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, config_text).expect("write config");
+        let mut d = Daemon::spawn(&config, control, &dir.join(format!("{name}.log")));
+        d.wait_ready();
+        d
+    }
+
+    /// Waits until the daemon answers a ping (10 s at most); panics with its log if not.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(v) = request(&self.control, b"{\"request\":\"ping\"}\n") {
+                if v["response"] == "pong" {
+                    assert_eq!(
+                        v["pid"].as_u64(),
+                        Some(u64::from(self.pid())),
+                        "a foreign daemon"
+                    );
+                    return;
+                }
+            }
+            if let Some(st) = self.child.try_wait() {
+                panic!(
+                    "qswitch run exited during start-up ({st}): {}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "qswitch run did not answer within 10 s: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.0.is_some() && self.child.try_wait().is_none()
+    }
+
+    /// What the daemon wrote to stderr so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `sig` to the daemon.
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the exit; `None` if it is still running.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.signal("TERM");
+        self.child.wait_timeout(timeout)
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(c) = self.child.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.child.0 = None;
+    }
+
+    /// `qswitch stats --json` against this daemon.
+    pub fn stats(&self) -> Value {
+        qs_json(&self.control, &["stats", "--json"])
+    }
+}
+
+/// A network namespace created by a test; deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(name: &str) -> Netns {
+        assert!(name != "qa" && name != "qb", "not our namespace");
+        let _ = sh(&["ip", "netns", "del", name]);
+        sh_ok(&["ip", "netns", "add", name]);
+        let ns = Netns {
+            name: name.to_string(),
+        };
+        ns.ok(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// `ip netns exec NAME args...` as a command.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).args(args);
+        c
+    }
+
+    /// Runs a command inside the namespace, bounded by `timeout`.
+    pub fn run_for(&self, args: &[&str], timeout: Duration) -> Out {
+        run_timeout(&mut self.cmd(args), timeout)
+    }
+
+    /// Runs a command inside the namespace, bounded by [`CMD_TIMEOUT`].
+    pub fn run(&self, args: &[&str]) -> Out {
+        self.run_for(args, CMD_TIMEOUT)
+    }
+
+    /// Runs a command inside the namespace and panics unless it succeeds.
+    pub fn ok(&self, args: &[&str]) -> Out {
+        let out = self.run(args);
+        out.assert_ok(&format!("[{}] {}", self.name, args.join(" ")));
+        out
+    }
+
+    /// Starts a long-running command inside the namespace with stdout and stderr in `log`;
+    /// it is stopped when the guard drops.
+    pub fn spawn(&self, args: &[&str], log: &Path) -> ChildGuard {
+        let out = File::create(log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = self
+            .cmd(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {args:?} in {}: {e}", self.name));
+        ChildGuard::new(child)
+    }
+
+    /// Sets a sysctl inside the namespace.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        self.ok(&["sysctl", "-qw", &format!("{key}={value}")]);
+    }
+
+    /// Moves `ifname` from the root namespace into this one, optionally turns IPv6 off on it
+    /// (so the kernel sends nothing on its own), gives it `addr` (CIDR) and sets it up.
+    pub fn adopt(&self, ifname: &str, addr: &str, ipv6: bool) {
+        sh_ok(&["ip", "link", "set", "dev", ifname, "netns", &self.name]);
+        if !ipv6 {
+            self.sysctl(&format!("net.ipv6.conf.{ifname}.disable_ipv6"), "1");
+        }
+        self.ok(&["ip", "addr", "add", addr, "dev", ifname]);
+        self.ok(&["ip", "link", "set", "dev", ifname, "up"]);
+    }
+
+    /// The MAC address of `ifname` inside the namespace.
+    pub fn mac(&self, ifname: &str) -> String {
+        self.ok(&["cat", &format!("/sys/class/net/{ifname}/address")])
+            .stdout
+            .trim()
+            .to_string()
+    }
+
+    /// Whether `ifname` exists inside the namespace.
+    pub fn has_link(&self, ifname: &str) -> bool {
+        self.run(&["ip", "link", "show", "dev", ifname]).ok()
+    }
+
+    /// Waits (5 s at most) until something listens on TCP `port` inside the namespace.
+    pub fn wait_listening(&self, port: u16) -> bool {
+        let needle = format!(":{port} ");
+        wait_until(Duration::from_secs(5), || {
+            self.run(&["ss", "-Hltn"]).stdout.contains(&needle)
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Deletes interface `0` in the root namespace on drop (for interfaces a test made itself).
+pub struct LinkGuard(pub String);
+
+impl Drop for LinkGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", "dev", &self.0])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
