@@ -33,6 +33,7 @@ use qswitch_dp::port::tap::TapPort;
 use qswitch_dp::port::vxlan::{Origin, VxlanConfig, VxlanDrop, VxlanPort};
 use qswitch_dp::port::Port;
 use qswitch_dp::stats::DropTally;
+use qswitch_test_support::skip;
 use qswitch_wire::vxlan as wire_vxlan;
 use qswitch_wire::MacAddr;
 
@@ -42,8 +43,17 @@ const VNI: u32 = 100;
 // Privileges, commands, namespaces
 // ---------------------------------------------------------------------------------------
 
-fn require_privileged() -> bool {
-    std::env::var("QSWITCH_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1")
+/// Whether the test can run: root and the tools it needs. Otherwise skips (prints
+/// "skipped: ...", or fails under QSWITCH_REQUIRE_PRIVILEGED=1).
+fn can_run(tools: &[&str]) -> bool {
+    if !skip::root_or_skip() {
+        return false;
+    }
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !tool(t)).collect();
+    skip::require(
+        missing.is_empty(),
+        &format!("needs the tools {}", missing.join(", ")),
+    )
 }
 
 fn tool(name: &str) -> bool {
@@ -52,39 +62,6 @@ fn tool(name: &str) -> bool {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-/// Whether the test can run: root and the tools it needs. Otherwise prints "skipped" (or
-/// fails under QSWITCH_REQUIRE_PRIVILEGED=1).
-fn can_run(tools: &[&str]) -> bool {
-    let mut missing = Vec::new();
-    // SAFETY-free check of the effective uid through /proc.
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false);
-    if !root {
-        missing.push("root".to_string());
-    }
-    for t in tools {
-        if !tool(t) {
-            missing.push(format!("the `{t}` tool"));
-        }
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("skipped: needs {}", missing.join(", "));
-    assert!(
-        !require_privileged(),
-        "{msg} (QSWITCH_REQUIRE_PRIVILEGED=1)"
-    );
-    eprintln!("{msg}");
-    false
 }
 
 /// Runs a command line (split on spaces); panics with its stderr if it fails.

@@ -473,8 +473,8 @@ mod tests {
 
     #[test]
     fn batches_over_ipv6() {
-        if std::net::UdpSocket::bind("[::1]:0").is_err() {
-            eprintln!("skipped: no IPv6 loopback");
+        let have = std::net::UdpSocket::bind("[::1]:0").is_ok();
+        if !qswitch_test_support::skip::require(have, "needs an IPv6 loopback address") {
             return;
         }
         round_trip("::1");
