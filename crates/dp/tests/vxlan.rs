@@ -836,6 +836,15 @@ fn loopback_ports_switch_learn_and_keep_origins() {
     assert_eq!(st.traffic.rx_bytes, 100);
     assert_eq!(y.inner_mtu() + 50, y.underlay_mtu());
     assert_eq!(y.src_ports().len(), qswitch_dp::port::vxlan::SRC_PORTS);
+
+    // Aging (default 300 s) on the switch clock: learned entries go, EVPN ones stay.
+    assert!(y.add_mac(m, other, Origin::Evpn));
+    let later = 301 * 1_000_000_000;
+    assert_eq!(y.rx_burst(0, &mut pkts, later, &mut drops), 0);
+    assert_eq!(y.lookup(MacAddr(mac_x)), None);
+    let e = y.entries();
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!((e[0].mac, e[0].origin, e[0].age_ns), (m, Origin::Evpn, 0));
 }
 
 #[test]

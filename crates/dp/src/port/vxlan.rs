@@ -105,7 +105,9 @@ const UDP_VXLAN: usize = 16;
 const RX_OFFSET: usize = HEADROOM - vxlan::HEADER_LEN;
 const SEC: u64 = 1_000_000_000;
 
-/// A VXLAN port's settings (the `type = "vxlan"` port keys).
+/// A VXLAN port's settings (the `type = "vxlan"` port keys). The switch VLAN the VNI
+/// carries is the port's ordinary `vlan` key: the engine floods and learns in it as for any
+/// port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VxlanConfig {
     /// The VNI (24 bits).
@@ -119,8 +121,6 @@ pub struct VxlanConfig {
     /// Learn remote MAC → VTEP from received frames; when off, frames from VTEPs not in the
     /// flood list or the static/EVPN entries are dropped.
     pub learning: bool,
-    /// The switch VLAN the VNI carries (the switch sets the port's `vlan` from it).
-    pub vlan: Option<u16>,
     /// UDP checksum on transmit; `None`: off over IPv4, on over IPv6.
     pub udp_csum: Option<bool>,
     /// Age of learned entries.
@@ -138,7 +138,6 @@ impl VxlanConfig {
             remotes: Vec::new(),
             dstport: vxlan::UDP_PORT,
             learning: true,
-            vlan: None,
             udp_csum: None,
             aging: Duration::from_secs(300),
             underlay_mtu: None,
@@ -339,7 +338,6 @@ pub struct VxlanPort {
     local: IpAddr,
     dstport: u16,
     learning: bool,
-    vlan: Option<u16>,
     aging_ns: u64,
     /// Bytes of outer IP header (20 or 40).
     ip_header: usize,
@@ -405,7 +403,6 @@ impl VxlanPort {
             local: config.local,
             dstport: config.dstport,
             learning: config.learning,
-            vlan: config.vlan,
             aging_ns: config.aging.as_nanos() as u64,
             ip_header: if v6 { 40 } else { 20 },
             underlay_mtu: AtomicU32::new(underlay_mtu),
@@ -453,11 +450,6 @@ impl VxlanPort {
     /// Whether remote MACs are learned from received frames.
     pub fn learning(&self) -> bool {
         self.learning
-    }
-
-    /// The switch VLAN the VNI carries, as configured.
-    pub fn vlan(&self) -> Option<u16> {
-        self.vlan
     }
 
     /// The UDP source ports flows are spread over.
