@@ -1085,8 +1085,14 @@ impl Port for VxlanPort {
         drops: &mut DropTally,
     ) -> TxDone {
         // Partial checksums are completed in place first (the rest of the burst is read-only).
+        // The completed frame stays valid for the other ports a flood hands it to.
+        let mut bad = [0u64; 4];
         for &i in sel {
             let pkt = &mut pkts[usize::from(i)];
+            if pkt.len() < ethernet::HEADER_LEN {
+                bad[usize::from(i) / 64] |= 1 << (i % 64);
+                continue;
+            }
             if pkt.hdr.flags & FLAG_NEEDS_CSUM != 0 && pkt.hdr.gso_type == GSO_NONE {
                 let (start, off) = (
                     usize::from(pkt.hdr.csum_start),
@@ -1098,12 +1104,12 @@ impl Port for VxlanPort {
                     start,
                     off,
                 )
-                .is_err()
+                .is_ok()
                 {
-                    // Marked so the pass below drops it.
-                    pkt.hdr.gso_type = u8::MAX;
+                    pkt.hdr.flags &= !FLAG_NEEDS_CSUM;
+                } else {
+                    bad[usize::from(i) / 64] |= 1 << (i % 64);
                 }
-                pkt.hdr.flags &= !FLAG_NEEDS_CSUM;
             }
         }
         let now = self.now.load(Ordering::Relaxed);
@@ -1116,7 +1122,7 @@ impl Port for VxlanPort {
         for &i in sel {
             let pkt = &pkts[usize::from(i)];
             let frame = pkt.frame();
-            if pkt.hdr.gso_type == u8::MAX {
+            if bad[usize::from(i) / 64] & (1 << (i % 64)) != 0 {
                 self.count(VxlanDrop::Offload, 1);
                 drops.count(DropReason::Offload);
                 continue;
