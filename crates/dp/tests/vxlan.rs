@@ -591,10 +591,19 @@ fn learned_unicast_goes_to_one_vtep() {
 
 /// Receives on `port` until `want` frames came or 5 s passed.
 fn receive(port: &VxlanPort, want: usize) -> Vec<Vec<u8>> {
+    receive_for(port, want, Duration::from_secs(5))
+}
+
+/// Receives for 200 ms: what arrives when nothing should.
+fn receive_late(port: &VxlanPort) -> Vec<Vec<u8>> {
+    receive_for(port, usize::MAX, Duration::from_millis(200))
+}
+
+fn receive_for(port: &VxlanPort, want: usize, timeout: Duration) -> Vec<Vec<u8>> {
     let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
     let mut drops = DropTally::default();
     let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + timeout;
     let start = Instant::now();
     while got.len() < want && Instant::now() < deadline {
         let n = port.rx_burst(
@@ -679,7 +688,7 @@ fn bad_input_is_counted_and_forwarding_goes_on() {
     let got = receive(&port, 1);
     assert_eq!(got, vec![good.clone()], "only the good frame");
     // Late arrivals would show up here.
-    assert!(receive(&port, 1).is_empty());
+    assert!(receive_late(&port).is_empty());
     let st = port.stats();
     for (reason, n) in [
         (VxlanDrop::Short, 1),
@@ -845,6 +854,60 @@ fn loopback_ports_switch_learn_and_keep_origins() {
     let e = y.entries();
     assert_eq!(e.len(), 1, "{e:?}");
     assert_eq!((e[0].mac, e[0].origin, e[0].age_ns), (m, Origin::Evpn, 0));
+}
+
+/// Ports of several VNIs share one (local, dstport): each receives its own VNI only, also
+/// after another port of the group is closed.
+#[test]
+fn vnis_share_one_udp_port() {
+    let lo = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+    let mut opened = None;
+    for attempt in 0..20u16 {
+        let dstport = 30_000 + ((std::process::id() as u16).wrapping_add(attempt * 89) % 9_000);
+        let mk = |vni| {
+            let mut c = VxlanConfig::new(vni, lo);
+            c.dstport = dstport;
+            VxlanPort::open("vx", &c)
+        };
+        if let (Ok(a), Ok(b), Ok(c)) = (mk(100), mk(200), mk(300)) {
+            opened = Some((a, b, c, dstport, mk(200)));
+            break;
+        }
+    }
+    let (p100, p200, p300, dstport, again) = opened.expect("three ports on one address");
+    assert!(again.is_err(), "one port per VNI and address");
+    let to = SocketAddr::new(lo, dstport);
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let frame = |vni: u32| inner_frame([2, 0, 0, 0, 1, vni as u8], 60);
+    let send = |vni: u32, n: usize| {
+        for _ in 0..n {
+            s.send_to(&vxlan_payload(0x08, vni, &frame(vni)), to)
+                .unwrap();
+        }
+    };
+    send(100, 5);
+    send(200, 7);
+    send(300, 3);
+    assert_eq!(receive(&p100, 5), vec![frame(100); 5]);
+    assert_eq!(receive(&p200, 7), vec![frame(200); 7]);
+    assert_eq!(receive(&p300, 3), vec![frame(300); 3]);
+    // Closing the first port moves the last into its place; steering follows.
+    drop(p100);
+    send(200, 4);
+    send(300, 6);
+    assert_eq!(receive(&p200, 4), vec![frame(200); 4]);
+    assert_eq!(receive(&p300, 6), vec![frame(300); 6]);
+    for p in [&p200, &p300] {
+        assert!(receive_late(p).is_empty());
+        assert_eq!(p.stats().drop_count(VxlanDrop::UnknownVni), 0);
+    }
+    // An unknown VNI lands on one of them and is counted there.
+    send(999, 1);
+    let (a, b) = (receive_late(&p200), receive_late(&p300));
+    assert!(a.is_empty() && b.is_empty());
+    let unknown = p200.stats().drop_count(VxlanDrop::UnknownVni)
+        + p300.stats().drop_count(VxlanDrop::UnknownVni);
+    assert_eq!(unknown, 1);
 }
 
 #[test]

@@ -25,7 +25,7 @@
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, RawFd};
 
 use crate::cvt;
 
@@ -42,6 +42,9 @@ pub struct UdpOptions {
     pub rcvbuf: Option<usize>,
     /// `SO_SNDBUF` in bytes, if set.
     pub sndbuf: Option<usize>,
+    /// `SO_REUSEPORT`: several sockets of this process share the address; which one gets a
+    /// datagram is decided by the group's [`UdpSocket::attach_reuseport_filter`] program.
+    pub reuseport: bool,
 }
 
 impl Default for UdpOptions {
@@ -50,8 +53,33 @@ impl Default for UdpOptions {
             tx_checksum: true,
             rcvbuf: None,
             sndbuf: None,
+            reuseport: false,
         }
     }
+}
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BpfInsn {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}
+
+const _: () = assert!(size_of::<BpfInsn>() == size_of::<libc::sock_filter>());
+
+/// Classic BPF opcodes used by reuseport programs.
+pub mod bpf {
+    /// `A = ntohl(*(u32 *)(data + k))` (`BPF_LD | BPF_W | BPF_ABS`).
+    pub const LD_W_ABS: u16 = 0x20;
+    /// `A >>= k` (`BPF_ALU | BPF_RSH | BPF_K`).
+    pub const RSH_K: u16 = 0x74;
+    /// `pc += (A == k) ? jt : jf` (`BPF_JMP | BPF_JEQ | BPF_K`).
+    pub const JEQ_K: u16 = 0x15;
+    /// `return k` (`BPF_RET | BPF_K`).
+    pub const RET_K: u16 = 0x06;
 }
 
 /// What [`UdpSocket::recv_batch`] knows about one received datagram.
@@ -126,14 +154,37 @@ fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Resul
 
 /// `UDP_NO_CHECK6_TX` from `linux/udp.h` (not in every libc version).
 const UDP_NO_CHECK6_TX: libc::c_int = 101;
+/// `SO_ATTACH_REUSEPORT_CBPF` from `asm-generic/socket.h`.
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 
 impl UdpSocket {
     /// Opens a socket bound to `addr` (port 0: the kernel picks one) with `opts`, non-blocking,
     /// with path-MTU discovery "do" (never fragment).
     pub fn bind(addr: SocketAddr, opts: &UdpOptions) -> io::Result<UdpSocket> {
-        let sock = std::net::UdpSocket::bind(addr)?;
-        sock.set_nonblocking(true)?;
+        let family = match addr {
+            SocketAddr::V4(_) => libc::AF_INET,
+            SocketAddr::V6(_) => libc::AF_INET6,
+        };
+        // SAFETY: socket() takes no pointers; the result is checked before use.
+        let raw = cvt(unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_UDP,
+            )
+        })?;
+        // SAFETY: `raw` is a descriptor socket() just returned, owned by nobody else.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let sock = std::net::UdpSocket::from(owned);
         let fd = sock.as_raw_fd();
+        if opts.reuseport {
+            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        }
+        // SAFETY: all-zero bytes are a valid sockaddr_storage.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = to_storage(addr, &mut storage);
+        // SAFETY: `storage` holds a sockaddr of `len` bytes; bind() only reads it.
+        cvt(unsafe { libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
         match addr {
             SocketAddr::V4(_) => {
                 setsockopt_int(
@@ -171,6 +222,31 @@ impl UdpSocket {
             setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, clamp_int(n))?;
         }
         Ok(UdpSocket { sock })
+    }
+
+    /// Attaches a classic BPF program to this socket's `SO_REUSEPORT` group
+    /// (`SO_ATTACH_REUSEPORT_CBPF`): run on each datagram with the data starting at the UDP
+    /// payload, it returns the index of the group's socket that gets it (sockets are indexed
+    /// in the order they joined; closing one moves the last into its place). An index out of
+    /// range falls back to the kernel's hash.
+    pub fn attach_reuseport_filter(&self, prog: &[BpfInsn]) -> io::Result<()> {
+        let fprog = libc::sock_fprog {
+            len: u16::try_from(prog.len())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        // SAFETY: `fprog` points at `prog.len()` instructions with the layout of
+        // `sock_filter` (asserted above), alive for the call; the kernel copies them.
+        cvt(unsafe {
+            libc::setsockopt(
+                self.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_ATTACH_REUSEPORT_CBPF,
+                (&fprog as *const libc::sock_fprog).cast(),
+                size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        })
+        .map(drop)
     }
 
     /// The bound address.
@@ -478,6 +554,78 @@ mod tests {
             return;
         }
         round_trip("::1");
+    }
+
+    /// Two sockets share one port; a program sends datagrams starting with 1 to the second.
+    #[test]
+    fn reuseport_filter_picks_the_socket() {
+        let opts = UdpOptions {
+            reuseport: true,
+            ..UdpOptions::default()
+        };
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+        let addr = a.local_addr().unwrap();
+        let b = UdpSocket::bind(addr, &opts).unwrap();
+        let prog = [
+            BpfInsn {
+                code: bpf::LD_W_ABS,
+                jt: 0,
+                jf: 0,
+                k: 0,
+            },
+            BpfInsn {
+                code: bpf::RSH_K,
+                jt: 0,
+                jf: 0,
+                k: 24,
+            },
+            BpfInsn {
+                code: bpf::JEQ_K,
+                jt: 0,
+                jf: 1,
+                k: 1,
+            },
+            BpfInsn {
+                code: bpf::RET_K,
+                jt: 0,
+                jf: 0,
+                k: 1,
+            },
+            BpfInsn {
+                code: bpf::RET_K,
+                jt: 0,
+                jf: 0,
+                k: 0,
+            },
+        ];
+        b.attach_reuseport_filter(&prog).unwrap();
+        let s = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+        let msgs: Vec<[u8; 4]> = (0..20u8).map(|i| [i % 2, i, 0, 0]).collect();
+        let d: Vec<Datagram<'_>> = msgs
+            .iter()
+            .map(|m| Datagram {
+                dst: addr,
+                head: &[],
+                body: m,
+            })
+            .collect();
+        assert_eq!(s.send_batch(&d).unwrap(), 20);
+        let mut meta = [RecvMeta::default(); MAX_BATCH];
+        for (sock, first) in [(&a, 0u8), (&b, 1u8)] {
+            let mut got = 0;
+            for _ in 0..1000 {
+                let mut store = [[0u8; 8]; 20];
+                let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|v| &mut v[..]).collect();
+                let n = sock.recv_batch(&mut bufs, &mut meta).unwrap();
+                assert!(bufs[..n].iter().all(|b| b[0] == first));
+                got += n;
+                if got == 10 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(got, 10);
+        }
     }
 
     #[test]

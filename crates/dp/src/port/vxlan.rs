@@ -64,11 +64,15 @@
 //! with `EMSGSIZE`. [`VxlanPort::inner_mtu`] is the IP MTU guests must use: the underlay MTU
 //! less 50 bytes over IPv4, 70 over IPv6.
 //!
+//! Several VNIs on one host share the (local, dstport) their peers send to: each port's
+//! receive socket joins the address's `SO_REUSEPORT` group, and a classic BPF program on the
+//! group (rebuilt whenever a port comes or goes) hands each datagram to the socket of its VNI,
+//! so every port keeps its own socket, fd and rx queue and nothing is copied between ports.
+//!
 //! # Limitations
 //! One rx queue (one socket); no `UDP_GRO`/`UDP_SEGMENT` yet (TSO frames are segmented in
 //! software, all segments then sent in one `sendmmsg`); the inner frame must be untagged or carry one
-//! tag the switch put there; VNI-to-VLAN mapping is one VNI per port, and one port per (local, dstport): several VNIs on one host need a
-//! shared socket demultiplexed by VNI (not done yet). Decapsulation drops are
+//! tag the switch put there; VNI-to-VLAN mapping is one VNI per port. Decapsulation drops are
 //! counted in this port's [`VxlanStats`], not (yet) in the switch's drop reasons.
 
 use std::collections::{HashMap, HashSet};
@@ -158,6 +162,8 @@ pub enum VxlanError {
         #[source]
         source: io::Error,
     },
+    #[error("VNI {vni} already has a port on {addr}")]
+    VniInUse { vni: u32, addr: SocketAddr },
     #[error("cannot bind a sending socket on {local} (no free source port)")]
     SrcPorts {
         local: IpAddr,
@@ -344,7 +350,12 @@ pub struct VxlanPort {
     underlay_mtu: AtomicU32,
     /// The VXLAN header every frame carries (I flag, VNI).
     header: [u8; vxlan::HEADER_LEN],
-    rx: UdpSocket,
+    /// The receive socket, in the `SO_REUSEPORT` group of its address; `None` only while
+    /// the port is dropped.
+    rx: Option<Arc<UdpSocket>>,
+    rx_addr: SocketAddr,
+    /// The network namespace the sockets were opened in.
+    netns: String,
     tx: Vec<TxSocket>,
     macs: RwLock<HashMap<MacAddr, MacEntry>>,
     control: Mutex<Control>,
@@ -382,11 +393,31 @@ impl VxlanPort {
             tx_checksum: config.udp_csum.unwrap_or(v6),
             rcvbuf: Some(4 << 20),
             sndbuf: Some(4 << 20),
+            reuseport: false,
         };
         let addr = SocketAddr::new(config.local, config.dstport);
-        let rx =
-            UdpSocket::bind(addr, &opts).map_err(|source| VxlanError::Bind { addr, source })?;
+        // Held until the port has joined its group, so the kernel's socket order and the
+        // group's stay the same.
+        let mut groups = lock_groups();
+        let netns = current_netns();
+        let group = groups.iter().find(|g| g.netns == netns && g.addr == addr);
+        if group.is_some_and(|g| g.members.iter().any(|m| m.vni == vni)) {
+            return Err(VxlanError::VniInUse {
+                vni: config.vni,
+                addr,
+            });
+        }
+        let rx_opts = UdpOptions {
+            reuseport: true,
+            ..opts
+        };
+        let rx = Arc::new(
+            UdpSocket::bind(addr, &rx_opts).map_err(|source| VxlanError::Bind { addr, source })?,
+        );
         let tx = bind_src_ports(config.local, config.vni, &opts)?;
+        join_group(&mut groups, &netns, addr, vni, &rx)
+            .map_err(|source| VxlanError::Bind { addr, source })?;
+        drop(groups);
         let underlay_mtu = config.underlay_mtu.unwrap_or_else(|| {
             config
                 .remotes
@@ -407,7 +438,9 @@ impl VxlanPort {
             ip_header: if v6 { 40 } else { 20 },
             underlay_mtu: AtomicU32::new(underlay_mtu),
             header,
-            rx,
+            rx: Some(rx),
+            rx_addr: addr,
+            netns,
             tx,
             macs: RwLock::new(HashMap::new()),
             control: Mutex::new(Control::default()),
@@ -425,6 +458,12 @@ impl VxlanPort {
             port.add_flood(remote, Origin::Static);
         }
         Ok(port)
+    }
+
+    fn rx(&self) -> &UdpSocket {
+        self.rx
+            .as_ref()
+            .expect("the receive socket lives as long as the port")
     }
 
     /// The port name.
@@ -942,6 +981,118 @@ impl Destinations {
     }
 }
 
+/// The VXLAN ports sharing one (local, dstport), in the order their receive sockets joined
+/// the kernel's `SO_REUSEPORT` group (the order the steering program's indexes refer to).
+struct Group {
+    /// The network namespace (`net:[inode]`): one address can exist in several.
+    netns: String,
+    addr: SocketAddr,
+    members: Vec<Member>,
+}
+
+struct Member {
+    vni: Vni,
+    sock: std::sync::Weak<UdpSocket>,
+}
+
+static GROUPS: std::sync::Mutex<Vec<Group>> = std::sync::Mutex::new(Vec::new());
+
+/// The calling thread's network namespace, as `net:[inode]` (sockets belong to the
+/// namespace of the thread that created them).
+fn current_netns() -> String {
+    std::fs::read_link("/proc/thread-self/ns/net")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn lock_groups() -> std::sync::MutexGuard<'static, Vec<Group>> {
+    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Adds the socket just bound (the kernel put it last in the group) and steers again.
+fn join_group(
+    groups: &mut Vec<Group>,
+    netns: &str,
+    addr: SocketAddr,
+    vni: Vni,
+    sock: &Arc<UdpSocket>,
+) -> io::Result<()> {
+    let at = match groups
+        .iter()
+        .position(|g| g.netns == netns && g.addr == addr)
+    {
+        Some(at) => at,
+        None => {
+            groups.push(Group {
+                netns: netns.to_string(),
+                addr,
+                members: Vec::new(),
+            });
+            groups.len() - 1
+        }
+    };
+    let g = &mut groups[at];
+    g.members.push(Member {
+        vni,
+        sock: Arc::downgrade(sock),
+    });
+    let result = sock.attach_reuseport_filter(&steering(&g.members));
+    if result.is_err() {
+        g.members.pop();
+        if g.members.is_empty() {
+            groups.remove(at);
+        }
+    }
+    result
+}
+
+/// The classic BPF program that sends a datagram to the group's socket of its VNI; other
+/// VNIs (and datagrams too short to have one) go where the kernel's hash puts them, and are
+/// counted there as `unknown_vni` (or `truncated_vxlan`).
+fn steering(members: &[Member]) -> Vec<udp::BpfInsn> {
+    use udp::{bpf, BpfInsn};
+    let insn = |code, k, jt, jf| BpfInsn { code, jt, jf, k };
+    let mut prog = vec![
+        // A = bytes 4..8 of the UDP payload: VNI (24 bits) and a reserved byte.
+        insn(bpf::LD_W_ABS, 4, 0, 0),
+        insn(bpf::RSH_K, 8, 0, 0),
+    ];
+    for (i, m) in members.iter().enumerate() {
+        prog.push(insn(bpf::JEQ_K, m.vni.get(), 0, 1));
+        prog.push(insn(bpf::RET_K, i as u32, 0, 0));
+    }
+    prog.push(insn(bpf::RET_K, u32::MAX, 0, 0));
+    prog
+}
+
+impl Drop for VxlanPort {
+    fn drop(&mut self) {
+        let mut groups = lock_groups();
+        let Some(at) = groups
+            .iter()
+            .position(|g| g.netns == self.netns && g.addr == self.rx_addr)
+        else {
+            return;
+        };
+        let g = &mut groups[at];
+        // The kernel moves the group's last socket into the place of a closed one: so does
+        // the list, then the socket is closed and the rest steered again.
+        if let Some(i) = g.members.iter().position(|m| m.vni == self.vni) {
+            g.members.swap_remove(i);
+        }
+        drop(self.rx.take());
+        if g.members.is_empty() {
+            groups.remove(at);
+            return;
+        }
+        if let Some(sock) = g.members[0].sock.upgrade() {
+            if let Err(e) = sock.attach_reuseport_filter(&steering(&g.members)) {
+                tracing::warn!(addr = %self.rx_addr, error = %e, "VXLAN steering not updated");
+            }
+        }
+    }
+}
+
 /// Binds [`SRC_PORTS`] sockets on `local` to ports in 49152–65535, spread from a seed so
 /// that two ports on one host start in different places; ports in use are skipped.
 fn bind_src_ports(local: IpAddr, vni: u32, opts: &UdpOptions) -> Result<Vec<TxSocket>, VxlanError> {
@@ -1018,7 +1169,7 @@ impl Port for VxlanPort {
                 Some(p) => &mut p.raw_buf_mut()[RX_OFFSET..],
                 None => &mut [][..],
             });
-            match self.rx.recv_batch(&mut bufs[..want], &mut meta[..want]) {
+            match self.rx().recv_batch(&mut bufs[..want], &mut meta[..want]) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::debug!(port = %self.name, error = %e, "VXLAN receive failed");
@@ -1166,6 +1317,6 @@ impl Port for VxlanPort {
     }
 
     fn rx_fd(&self, _queue: u16) -> Option<RawFd> {
-        Some(self.rx.as_raw_fd())
+        Some(self.rx().as_raw_fd())
     }
 }
