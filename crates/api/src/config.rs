@@ -1,5 +1,8 @@
-//! The daemon's TOML configuration: parsed strictly (unknown keys are errors) and validated
-//! before anything starts. Every error is one line that names the problem.
+//! The daemon's TOML configuration, parsed into typed values: a port is one of the
+//! [`PortKind`]s, a rate is a [`Rate`], a MAC address a [`MacAddress`], and a value that does not
+//! parse is an error that names its line and key. What is left to check after parsing (names,
+//! interfaces and sockets used twice, guarantees beyond an uplink's reservable share, CPUs that
+//! are not online) is [`Config::validate`]. Every error is one line.
 //!
 //! ```toml
 //! [switch]
@@ -8,6 +11,7 @@
 //! fdb_aging = 300                  # seconds a learned MAC lives without traffic
 //! reserved_cpus = "0"              # CPUs no queue is placed on (default: none)
 //! placement = "dynamic"            # or "static": no moves by load
+//! reservable = 0.9                 # QoS: share of an uplink's capacity guarantees may reserve
 //!
 //! [[port]]
 //! name = "a"
@@ -24,9 +28,6 @@
 //! generate = { dst = "02:00:00:00:00:02", size = 64, rate = 0, flows = 4, count = 0 }
 //!
 //! # QoS (see `qswitch_dp::qos`)
-//! [switch]
-//! reservable = 0.9                 # share of an uplink's capacity guarantees may reserve
-//!
 //! [[port]]
 //! name = "up"
 //! type = "tap"
@@ -39,8 +40,19 @@
 //! ifname = "qs-vm1"
 //! qos = { min = "200M", max = "1G", weight = 2 }
 //! ```
-//! Rates are bits per second of L2 frames (Ethernet header counted, FCS not) with an
+//! Rates are bits/s of L2 frames (Ethernet header counted, FCS not) with an
 //! optional k/M/G/T suffix (powers of 1000): "150M", "1.5G", "800000".
+//!
+//! # Design
+//! A `[[port]]` table is read as [`PortKeys`]: every key any port kind has, each typed and
+//! optional, with unknown keys refused. Reading it directly from the TOML (not through serde's
+//! internally tagged enums, which buffer the table and lose the positions, nor `flatten`,
+//! which loses `deny_unknown_fields`) keeps the line and key of every bad value. It then
+//! becomes a [`PortConfig`] (common keys plus a [`PortKind`] with the kind's own keys), and a
+//! key that does not apply to the port's type is an error. The CLI's `port add` flags build the
+//! same [`PortKeys`], so they give the same errors. A new port kind (AF_XDP, VXLAN) is a
+//! [`PortType`] and a [`PortKind`] variant, its keys in [`PortKeys`] (and in its list of
+//! kind-specific keys), and one arm in each direction of the conversion.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -49,7 +61,11 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cpulist::{CpuList, CpuListError};
+use crate::cpulist::CpuList;
+pub use crate::value::{
+    format_rate, FdbAging, HttpAddr, IfName, MacAddress, PollSpinUs, PortName, Rate, Reservable,
+    SocketPath, UnicastMac, VlanId, Weight, MAX_IFNAME,
+};
 
 /// Where the control socket lives unless the config says otherwise.
 pub const DEFAULT_CONTROL: &str = "/run/qswitch/control.sock";
@@ -57,12 +73,14 @@ pub const DEFAULT_CONTROL: &str = "/run/qswitch/control.sock";
 pub const MAX_QUEUES: u16 = 256;
 /// Most queue pairs a vhost-user port offers.
 pub const MAX_VHOST_PAIRS: u16 = 16;
-/// Longest Linux interface name.
-pub const MAX_IFNAME: usize = 15;
 /// Smallest frame a gen port builds: Ethernet + IPv4 + UDP + the 16-byte sequence trailer.
 pub const GEN_MIN_SIZE: u16 = 60;
 /// Largest frame a gen port builds (a jumbo frame without FCS).
 pub const GEN_MAX_SIZE: u16 = 9018;
+/// Largest QoS weight.
+pub const MAX_WEIGHT: u32 = Weight::MAX;
+/// Default `[switch] reservable`.
+pub const DEFAULT_RESERVABLE: f64 = Reservable::DEFAULT.get();
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -80,39 +98,69 @@ pub struct Config {
 pub struct SwitchConfig {
     /// CPUs for datapath workers, one pinned worker per CPU.
     #[serde(default = "default_workers")]
-    pub workers: String,
-    /// The control socket's path.
+    pub workers: CpuList,
+    /// The control socket's path (absolute).
     #[serde(default = "default_control")]
     pub control: PathBuf,
     /// Seconds a learned MAC address lives without being seen.
     #[serde(default = "default_fdb_aging")]
-    pub fdb_aging: u64,
+    pub fdb_aging: FdbAging,
     /// Microseconds a worker keeps polling after its last frame before it sleeps
     /// (0..=10000). Longer keeps latency and context switches down under bursty load;
     /// shorter leaves more CPU to other processes on small machines.
     #[serde(default = "default_poll_spin_us")]
-    pub poll_spin_us: u64,
-    /// CPUs no queue is ever placed on (a CPU list); none by default.
+    pub poll_spin_us: PollSpinUs,
+    /// CPUs no queue is ever placed on; none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reserved_cpus: Option<String>,
+    pub reserved_cpus: Option<CpuList>,
     /// How queues are placed on workers: `dynamic` (by measured load) or `static`.
     #[serde(default)]
     pub placement: PlacementMode,
     /// The share (0 < r <= 1) of an uplink's capacity that minimum guarantees may reserve
     /// in total; changes beyond it are refused.
-    #[serde(default = "default_reservable")]
-    pub reservable: f64,
+    #[serde(default)]
+    pub reservable: Reservable,
     /// Address of the HTTP server (`/metrics`, `/api/...`, the dashboard at `/`), e.g.
     /// "127.0.0.1:9470". Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http: Option<String>,
+    pub http: Option<HttpAddr>,
 }
 
-/// Default `[switch] reservable`.
-pub const DEFAULT_RESERVABLE: f64 = 0.9;
+fn default_workers() -> CpuList {
+    CpuList::single(0)
+}
+fn default_control() -> PathBuf {
+    PathBuf::from(DEFAULT_CONTROL)
+}
+fn default_fdb_aging() -> FdbAging {
+    FdbAging::DEFAULT
+}
+fn default_poll_spin_us() -> PollSpinUs {
+    PollSpinUs::DEFAULT
+}
 
-fn default_reservable() -> f64 {
-    DEFAULT_RESERVABLE
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        SwitchConfig {
+            workers: default_workers(),
+            control: default_control(),
+            fdb_aging: default_fdb_aging(),
+            poll_spin_us: default_poll_spin_us(),
+            reserved_cpus: None,
+            placement: PlacementMode::default(),
+            reservable: Reservable::default(),
+            http: None,
+        }
+    }
+}
+
+impl SwitchConfig {
+    /// The reserved CPUs (empty when none are).
+    pub fn reserved_list(&self) -> Vec<usize> {
+        self.reserved_cpus
+            .as_ref()
+            .map_or_else(Vec::new, |l| l.cpus().to_vec())
+    }
 }
 
 /// `[switch] placement`.
@@ -149,36 +197,7 @@ impl FromStr for PlacementMode {
     }
 }
 
-fn default_poll_spin_us() -> u64 {
-    50
-}
-
-fn default_workers() -> String {
-    "0".to_string()
-}
-fn default_control() -> PathBuf {
-    PathBuf::from(DEFAULT_CONTROL)
-}
-fn default_fdb_aging() -> u64 {
-    300
-}
-
-impl Default for SwitchConfig {
-    fn default() -> Self {
-        SwitchConfig {
-            workers: default_workers(),
-            control: default_control(),
-            fdb_aging: default_fdb_aging(),
-            poll_spin_us: default_poll_spin_us(),
-            reserved_cpus: None,
-            placement: PlacementMode::default(),
-            reservable: default_reservable(),
-            http: None,
-        }
-    }
-}
-
-/// The kinds of port.
+/// The kinds of port: the `type` key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PortType {
@@ -188,29 +207,6 @@ pub enum PortType {
     Gen,
     /// A vhost-user socket: QEMU/KVM guests, Cloud Hypervisor, DPDK virtio-user.
     VhostUser,
-}
-
-/// Who opens a vhost-user socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum VhostMode {
-    /// qswitch listens; the frontend connects (QEMU `-chardev socket,...,reconnect=1`).
-    Server,
-    /// qswitch connects to the frontend's socket (QEMU `server=on`) and reconnects.
-    Client,
-}
-
-impl FromStr for VhostMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "server" => Ok(VhostMode::Server),
-            "client" => Ok(VhostMode::Client),
-            other => Err(format!(
-                "unknown mode '{other}' (expected server or client)"
-            )),
-        }
-    }
 }
 
 impl fmt::Display for PortType {
@@ -237,68 +233,172 @@ impl FromStr for PortType {
     }
 }
 
-/// `[[port]]`: one port. Keys that do not apply to the port's type are rejected by
-/// [`PortConfig::validate`].
+/// Who opens a vhost-user socket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VhostMode {
+    /// qswitch listens; the frontend connects (QEMU `-chardev socket,...,reconnect=1`).
+    #[default]
+    Server,
+    /// qswitch connects to the frontend's socket (QEMU `server=on`) and reconnects.
+    Client,
+}
+
+impl fmt::Display for VhostMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            VhostMode::Server => "server",
+            VhostMode::Client => "client",
+        })
+    }
+}
+
+impl FromStr for VhostMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "server" => Ok(VhostMode::Server),
+            "client" => Ok(VhostMode::Client),
+            other => Err(format!(
+                "unknown mode '{other}' (expected server or client)"
+            )),
+        }
+    }
+}
+
+/// `[[port]]`: one port. Read from and written as [`PortKeys`], so a deserialized
+/// `PortConfig` has passed [`PortConfig::validate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "PortKeys", into = "PortKeys")]
 pub struct PortConfig {
+    /// 1..=32 characters of `[A-Za-z0-9._-]` (see [`PortName`]).
     pub name: String,
-    #[serde(rename = "type")]
-    pub kind: PortType,
-    /// TAP: interface name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ifname: Option<String>,
-    /// vhost-user: the socket path.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket: Option<PathBuf>,
-    /// vhost-user: who opens the socket (default: server).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<VhostMode>,
     /// Number of queues (TAP: IFF_MULTI_QUEUE queues; gen: generator/sink queues;
     /// vhost-user: queue pairs offered, 1..=16).
-    #[serde(default = "default_queues")]
     pub queues: u16,
-    /// Access VLAN (1..=4094); untagged when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vlan: Option<u16>,
-    /// gen: the port's own MAC address (the source of what it generates).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mac: Option<String>,
-    /// gen: what to generate; a gen port without it only sinks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generate: Option<GenConfig>,
-    /// CPUs the port's queues may run on (a CPU list, `"2-14:2"`); by default each port
-    /// gets a set disjoint from the other ports' wherever the workers allow.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<String>,
+    /// Access VLAN; untagged when absent.
+    pub vlan: Option<VlanId>,
+    /// CPUs the port's queues may run on; by default each port gets a set disjoint from the
+    /// other ports' wherever the workers allow.
+    pub cpus: Option<CpuList>,
     /// Port QoS: guarantee, limit and weight of what this port sends toward its VLAN's uplink.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<QosConfig>,
-    /// Makes the port an uplink with this capacity (bits/s, e.g. "1G"): the other ports of
-    /// its VLAN share it by the QoS rule. At most one uplink per VLAN.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity: Option<String>,
+    /// Makes the port an uplink with this capacity: the other ports of its VLAN share it by
+    /// the QoS rule. At most one uplink per VLAN; an uplink takes no `qos`.
+    pub capacity: Option<Rate>,
+    /// The kind of port and its own keys.
+    pub kind: PortKind,
+}
+
+/// A port's kind, with the keys only that kind has.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PortKind {
+    /// `type = "tap"`.
+    Tap(TapConfig),
+    /// `type = "vhost-user"`.
+    VhostUser(VhostUserConfig),
+    /// `type = "gen"`.
+    Gen(GenPortConfig),
+}
+
+/// The keys of a TAP port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TapConfig {
+    /// The interface: created, or attached to if a persistent TAP of that name exists.
+    pub ifname: IfName,
+}
+
+/// The keys of a vhost-user port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VhostUserConfig {
+    /// The socket path.
+    pub socket: SocketPath,
+    /// Who opens the socket (default: server).
+    pub mode: VhostMode,
+}
+
+/// The keys of a gen port.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GenPortConfig {
+    /// The port's own MAC address (the source of what it generates); derived from the name
+    /// when absent.
+    pub mac: Option<UnicastMac>,
+    /// What to generate; a gen port without it only sinks.
+    pub generate: Option<GenConfig>,
+}
+
+impl PortKind {
+    /// The `type` key.
+    pub fn port_type(&self) -> PortType {
+        match self {
+            PortKind::Tap(_) => PortType::Tap,
+            PortKind::VhostUser(_) => PortType::VhostUser,
+            PortKind::Gen(_) => PortType::Gen,
+        }
+    }
+}
+
+impl fmt::Display for PortKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.port_type().fmt(f)
+    }
+}
+
+/// `generate = { ... }` of a gen port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenConfig {
+    /// Destination MAC of the generated frames (may be broadcast or multicast).
+    pub dst: MacAddress,
+    /// Frame size in bytes without FCS (60..=9018).
+    #[serde(default = "default_gen_size")]
+    pub size: u16,
+    /// Frames per second over the whole port; 0 = as fast as possible.
+    #[serde(default)]
+    pub rate: u64,
+    /// Number of distinct UDP flows (source ports) to cycle through (at least 1).
+    #[serde(default = "default_flows")]
+    pub flows: u16,
+    /// Frames to send in total; 0 = unlimited.
+    #[serde(default)]
+    pub count: u64,
+}
+
+fn default_gen_size() -> u16 {
+    GEN_MIN_SIZE
+}
+fn default_flows() -> u16 {
+    1
 }
 
 /// `qos = { min = "200M", max = "1G", weight = 2 }` of a port. Every key is optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QosConfig {
-    /// Minimum guarantee, bits/s.
+    /// Minimum guarantee; "0" is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min: Option<String>,
-    /// Maximum limit, bits/s.
+    pub min: Option<Rate>,
+    /// Maximum limit (above 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max: Option<String>,
-    /// Relative share of the capacity guarantees leave (1..=1000, default 1).
+    pub max: Option<Rate>,
+    /// Relative share of the capacity guarantees leave (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight: Option<u32>,
+    pub weight: Option<Weight>,
 }
 
-/// Largest QoS weight.
-pub const MAX_WEIGHT: u32 = 1000;
+impl QosConfig {
+    /// The settings as the datapath keeps them.
+    pub fn settings(&self) -> QosSettings {
+        QosSettings {
+            min: self.min.map(Rate::bps).filter(|&m| m > 0),
+            max: self.max.map(Rate::bps),
+            weight: self.weight.map_or(1, Weight::get),
+        }
+    }
+}
 
-/// Parsed QoS settings of a port: bits/s, `None` = no guarantee / no limit.
+/// A port's QoS settings as the datapath keeps and changes them: bits/s, `None` = no
+/// guarantee / no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QosSettings {
     pub min: Option<u64>,
@@ -316,124 +416,345 @@ impl Default for QosSettings {
     }
 }
 
+/// QoS settings that do not fit together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QosError {
+    #[error("qos weight = {0} is out of range 1..={MAX_WEIGHT}")]
+    Weight(u32),
+    #[error("qos max must be above 0 (leave it out for no limit)")]
+    ZeroMax,
+    #[error("qos min {} is above max {}", format_rate(*.min), format_rate(*.max))]
+    MinAboveMax { min: u64, max: u64 },
+}
+
 impl QosSettings {
-    /// Checks the settings on their own; the message names the key.
-    pub fn check(&self) -> Result<(), String> {
-        if !(1..=MAX_WEIGHT).contains(&self.weight) {
-            return Err(format!(
-                "qos weight = {} is out of range 1..={MAX_WEIGHT}",
-                self.weight
-            ));
+    /// Checks the settings on their own (a live change builds them from plain numbers).
+    pub fn check(&self) -> Result<(), QosError> {
+        if Weight::try_from(self.weight).is_err() {
+            return Err(QosError::Weight(self.weight));
         }
         if self.max == Some(0) {
-            return Err("qos max must be above 0 (leave it out for no limit)".into());
+            return Err(QosError::ZeroMax);
         }
         if let (Some(min), Some(max)) = (self.min, self.max) {
             if min > max {
-                return Err(format!(
-                    "qos min {} is above max {}",
-                    format_rate(min),
-                    format_rate(max)
-                ));
+                return Err(QosError::MinAboveMax { min, max });
             }
         }
         Ok(())
     }
 }
 
-impl QosConfig {
-    /// Parses the rates.
-    pub fn settings(&self) -> Result<QosSettings, String> {
-        let rate = |key: &str, v: &Option<String>| {
-            v.as_deref()
-                .map(|s| parse_rate(s).map_err(|m| format!("qos {key}: {m}")))
-                .transpose()
-        };
-        let s = QosSettings {
-            min: rate("min", &self.min)?.filter(|&m| m > 0),
-            max: rate("max", &self.max)?,
-            weight: self.weight.unwrap_or(1),
-        };
-        s.check()?;
-        Ok(s)
-    }
+/// Why a port's keys do not make a port.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    #[error("type {kind} needs {key}")]
+    Missing { kind: PortType, key: &'static str },
+    #[error("key '{key}' does not apply to type {kind}")]
+    NotApplicable { kind: PortType, key: &'static str },
+    #[error(
+        "name must be 1..={} characters of [A-Za-z0-9._-]",
+        crate::value::MAX_PORT_NAME
+    )]
+    Name,
+    #[error("queues = {queues} is out of range 1..={max} for type {kind}")]
+    Queues {
+        queues: u16,
+        max: u16,
+        kind: PortType,
+    },
+    #[error("generate.size = {0} is out of range {GEN_MIN_SIZE}..={GEN_MAX_SIZE}")]
+    GenSize(u16),
+    #[error("generate.flows must be at least 1")]
+    GenFlows,
+    #[error("capacity must be above 0")]
+    ZeroCapacity,
+    #[error("an uplink (capacity) takes no qos; its ports share its capacity")]
+    UplinkQos,
+    #[error(transparent)]
+    Qos(#[from] QosError),
+    #[error(transparent)]
+    Range(#[from] crate::value::RangeError),
 }
 
-/// Parses a rate in bits/s: a number with an optional k, M, G or T suffix (powers of 1000),
-/// e.g. "150M", "1.5G", "800000".
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1e3),
-        Some((i, 'M')) => (&t[..i], 1e6),
-        Some((i, 'G')) => (&t[..i], 1e9),
-        Some((i, 'T')) => (&t[..i], 1e12),
-        _ => (t, 1.0),
-    };
-    let bad = || {
-        format!("'{s}' is not a rate (a number of bits/s with an optional k, M, G or T suffix, e.g. \"200M\")")
-    };
-    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return Err(bad());
-    }
-    let v: f64 = num.parse().map_err(|_| bad())?;
-    let bps = v * mult;
-    if !bps.is_finite() || bps > 1e15 {
-        return Err(format!("'{s}' is above the largest rate, 1000T"));
-    }
-    Ok(bps.round() as u64)
-}
-
-/// Formats bits/s with a k/M/G suffix ("150M", "1.5G").
-pub fn format_rate(bps: u64) -> String {
-    let v = bps as f64;
-    let (d, suffix) = if bps >= 1_000_000_000 {
-        (1e9, "G")
-    } else if bps >= 1_000_000 {
-        (1e6, "M")
-    } else if bps >= 1000 {
-        (1e3, "k")
-    } else {
-        (1.0, "")
-    };
-    let x = v / d;
-    if (x - x.round()).abs() < 1e-9 {
-        format!("{}{suffix}", x.round())
-    } else {
-        let n = format!("{x:.3}");
-        format!("{}{suffix}", n.trim_end_matches('0').trim_end_matches('.'))
-    }
+/// Every key a `[[port]]` table may have, typed, with unknown keys refused: the form a port
+/// has in the config file, in the control protocol's `port-add` and on the CLI. Which keys
+/// apply depends on `type`; `PortConfig::try_from` sorts them into a [`PortKind`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortKeys {
+    pub name: PortName,
+    #[serde(rename = "type")]
+    pub kind: PortType,
+    /// tap: the interface name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ifname: Option<IfName>,
+    /// vhost-user: the socket path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<SocketPath>,
+    /// vhost-user: who opens the socket (default: server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<VhostMode>,
+    #[serde(default = "default_queues")]
+    pub queues: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<VlanId>,
+    /// gen: the port's own MAC address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<UnicastMac>,
+    /// gen: what to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate: Option<GenConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<CpuList>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Rate>,
 }
 
 fn default_queues() -> u16 {
     1
 }
 
-/// `generate = { ... }` of a gen port.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GenConfig {
-    /// Destination MAC of the generated frames.
-    pub dst: String,
-    /// Frame size in bytes without FCS (60..=9018).
-    #[serde(default = "default_gen_size")]
-    pub size: u16,
-    /// Frames per second over the whole port; 0 = as fast as possible.
-    #[serde(default)]
-    pub rate: u64,
-    /// Number of distinct UDP flows (source ports) to cycle through.
-    #[serde(default = "default_flows")]
-    pub flows: u16,
-    /// Frames to send in total; 0 = unlimited.
-    #[serde(default)]
-    pub count: u64,
+/// Fails if a port of type `t` cannot have `queues` queues.
+fn check_queues(queues: u16, t: PortType) -> Result<(), PortError> {
+    let max = match t {
+        PortType::VhostUser => MAX_VHOST_PAIRS,
+        PortType::Tap | PortType::Gen => MAX_QUEUES,
+    };
+    if queues == 0 || queues > max {
+        return Err(PortError::Queues {
+            queues,
+            max,
+            kind: t,
+        });
+    }
+    Ok(())
 }
 
-fn default_gen_size() -> u16 {
-    GEN_MIN_SIZE
+impl PortKeys {
+    /// A port of type `kind` with no optional keys.
+    pub fn new(name: PortName, kind: PortType) -> PortKeys {
+        PortKeys {
+            name,
+            kind,
+            ifname: None,
+            socket: None,
+            mode: None,
+            queues: default_queues(),
+            vlan: None,
+            mac: None,
+            generate: None,
+            cpus: None,
+            qos: None,
+            capacity: None,
+        }
+    }
 }
-fn default_flows() -> u16 {
-    1
+
+impl PortKeys {
+    /// The first kind-specific key that is set, by name. The kind's own keys are taken out
+    /// first, so what is left does not apply to the port's type.
+    fn kind_key_left(&self) -> Option<&'static str> {
+        [
+            ("ifname", self.ifname.is_some()),
+            ("socket", self.socket.is_some()),
+            ("mode", self.mode.is_some()),
+            ("mac", self.mac.is_some()),
+            ("generate", self.generate.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(key, set)| set.then_some(key))
+    }
+
+    /// Takes the keys of the port's type out into its [`PortKind`].
+    fn take_kind(&mut self) -> Result<PortKind, PortError> {
+        let t = self.kind;
+        let missing = |key| PortError::Missing { kind: t, key };
+        let kind = match t {
+            PortType::Tap => PortKind::Tap(TapConfig {
+                ifname: self.ifname.take().ok_or_else(|| missing("ifname"))?,
+            }),
+            PortType::VhostUser => PortKind::VhostUser(VhostUserConfig {
+                socket: self.socket.take().ok_or_else(|| missing("socket"))?,
+                mode: self.mode.take().unwrap_or_default(),
+            }),
+            PortType::Gen => PortKind::Gen(GenPortConfig {
+                mac: self.mac.take(),
+                generate: self.generate.take(),
+            }),
+        };
+        match self.kind_key_left() {
+            Some(key) => Err(PortError::NotApplicable { kind: t, key }),
+            None => Ok(kind),
+        }
+    }
+}
+
+impl TryFrom<PortKeys> for PortConfig {
+    type Error = ConfigError;
+
+    fn try_from(mut k: PortKeys) -> Result<PortConfig, ConfigError> {
+        let kind = check_queues(k.queues, k.kind)
+            .and_then(|()| k.take_kind())
+            .map_err(|problem| ConfigError::Port {
+                name: k.name.to_string(),
+                problem,
+            })?;
+        let port = PortConfig {
+            name: k.name.into(),
+            queues: k.queues,
+            vlan: k.vlan,
+            cpus: k.cpus,
+            qos: k.qos,
+            capacity: k.capacity,
+            kind,
+        };
+        port.validate()?;
+        Ok(port)
+    }
+}
+
+impl From<PortConfig> for PortKeys {
+    fn from(p: PortConfig) -> PortKeys {
+        let mut k = PortKeys::new(
+            // A name that does not parse cannot come back from the file, but a PortConfig
+            // built in code may carry one: keep it as it is (it is refused on the way in).
+            PortName::unchecked(p.name),
+            p.kind.port_type(),
+        );
+        k.queues = p.queues;
+        k.vlan = p.vlan;
+        k.cpus = p.cpus;
+        k.qos = p.qos;
+        k.capacity = p.capacity;
+        match p.kind {
+            PortKind::Tap(t) => k.ifname = Some(t.ifname),
+            PortKind::VhostUser(v) => {
+                k.socket = Some(v.socket);
+                k.mode = Some(v.mode);
+            }
+            PortKind::Gen(g) => {
+                k.mac = g.mac;
+                k.generate = g.generate;
+            }
+        }
+        k
+    }
+}
+
+impl PortConfig {
+    /// A port of `kind` with one queue and no optional keys.
+    pub fn new(name: &str, kind: PortKind) -> PortConfig {
+        PortConfig {
+            name: name.to_string(),
+            queues: 1,
+            vlan: None,
+            cpus: None,
+            qos: None,
+            capacity: None,
+            kind,
+        }
+    }
+
+    /// A TAP port with defaults.
+    pub fn tap(name: &str, ifname: IfName) -> PortConfig {
+        PortConfig::new(name, PortKind::Tap(TapConfig { ifname }))
+    }
+
+    /// A vhost-user port with defaults.
+    pub fn vhost_user(name: &str, socket: SocketPath, mode: VhostMode) -> PortConfig {
+        PortConfig::new(name, PortKind::VhostUser(VhostUserConfig { socket, mode }))
+    }
+
+    /// A gen port that only sinks.
+    pub fn gen(name: &str) -> PortConfig {
+        PortConfig::new(name, PortKind::Gen(GenPortConfig::default()))
+    }
+
+    /// Checks what the types alone do not: the name, the queue count for the port's kind, a
+    /// gen port's frame size and flows, and that the QoS keys fit together. A port read from
+    /// a file or the control socket has passed this already; [`PortConfig::new`] and the
+    /// other constructors have not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.problem().map_err(|problem| ConfigError::Port {
+            name: self.name.clone(),
+            problem,
+        })
+    }
+
+    fn problem(&self) -> Result<(), PortError> {
+        PortName::try_from(self.name.clone()).map_err(|_| PortError::Name)?;
+        check_queues(self.queues, self.kind.port_type())?;
+        if let PortKind::Gen(GenPortConfig {
+            generate: Some(g), ..
+        }) = &self.kind
+        {
+            if !(GEN_MIN_SIZE..=GEN_MAX_SIZE).contains(&g.size) {
+                return Err(PortError::GenSize(g.size));
+            }
+            if g.flows == 0 {
+                return Err(PortError::GenFlows);
+            }
+        }
+        if let Some(c) = self.capacity {
+            if c.bps() == 0 {
+                return Err(PortError::ZeroCapacity);
+            }
+            if self.qos.is_some() {
+                return Err(PortError::UplinkQos);
+            }
+        }
+        self.qos_settings().check()?;
+        Ok(())
+    }
+
+    /// The port's CPU set, if it has one.
+    pub fn cpu_set(&self) -> Option<Vec<usize>> {
+        self.cpus.as_ref().map(|l| l.cpus().to_vec())
+    }
+
+    /// The port's QoS settings (defaults when it has no `qos`).
+    pub fn qos_settings(&self) -> QosSettings {
+        self.qos
+            .as_ref()
+            .map_or_else(QosSettings::default, QosConfig::settings)
+    }
+
+    /// The uplink capacity in bits/s, if the port is an uplink.
+    pub fn capacity_bps(&self) -> Option<u64> {
+        self.capacity.map(Rate::bps)
+    }
+
+    /// The VLAN id; 0 when untagged.
+    pub fn vlan_id(&self) -> u16 {
+        self.vlan.map_or(0, VlanId::get)
+    }
+
+    /// A TAP port's interface name.
+    pub fn ifname(&self) -> Option<&IfName> {
+        match &self.kind {
+            PortKind::Tap(t) => Some(&t.ifname),
+            _ => None,
+        }
+    }
+
+    /// A vhost-user port's socket.
+    pub fn socket(&self) -> Option<&SocketPath> {
+        match &self.kind {
+            PortKind::VhostUser(v) => Some(&v.socket),
+            _ => None,
+        }
+    }
+
+    /// A vhost-user port's mode.
+    pub fn vhost_mode(&self) -> Option<VhostMode> {
+        match &self.kind {
+            PortKind::VhostUser(v) => Some(v.mode),
+            _ => None,
+        }
+    }
 }
 
 /// A configuration that failed to load or validate. The message is one line.
@@ -441,36 +762,26 @@ fn default_flows() -> u16 {
 pub enum ConfigError {
     #[error("cannot read config {path}: {reason}")]
     Read { path: String, reason: String },
+    /// The text does not parse: bad TOML, an unknown key, a value of the wrong type or out of
+    /// its range. `message` starts with the key when the position names one.
     #[error("config line {line}: {message}")]
     Syntax { line: usize, message: String },
-    #[error("[switch] workers = \"{value}\": {source}")]
-    Workers {
-        value: String,
-        #[source]
-        source: CpuListError,
-    },
     #[error("[switch] workers: CPU {cpu} is not present (online CPUs: {online})")]
     CpuNotPresent { cpu: usize, online: String },
-    #[error("[switch] fdb_aging must be at least 1 second")]
-    FdbAging,
-    #[error("[switch] poll_spin_us = {0} is out of range 0..=10000")]
-    PollSpin(u64),
-    #[error("[switch] http = \"{0}\": expected an IP address and port, e.g. \"127.0.0.1:9470\"")]
-    Http(String),
     #[error("[switch] control must be an absolute path, got '{0}'")]
     Control(String),
-    #[error("[switch] reserved_cpus = \"{value}\": {source}")]
-    Reserved {
-        value: String,
-        #[source]
-        source: CpuListError,
-    },
-    #[error("[switch] reservable = {0} is out of range (0, 1]")]
-    Reservable(String),
+    /// A VLAN with two uplinks, or guarantees beyond an uplink's reservable share.
     #[error("{0}")]
     Qos(String),
-    #[error("port '{name}': {message}")]
-    Port { name: String, message: String },
+    #[error("port '{name}': {problem}")]
+    Port { name: String, problem: PortError },
+    /// A `[[port]]` table whose keys do not make a port of its type.
+    #[error("config line {line}: port '{name}': {problem}")]
+    PortAt {
+        line: usize,
+        name: String,
+        problem: PortError,
+    },
     #[error("duplicate port name '{0}'")]
     DuplicateName(String),
     #[error("duplicate socket '{socket}' (ports '{first}' and '{second}')")]
@@ -487,22 +798,45 @@ pub enum ConfigError {
     },
 }
 
+/// The file as it is read: ports keep their position for errors about the table as a whole.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    switch: SwitchConfig,
+    #[serde(default)]
+    port: Vec<toml::Spanned<PortKeys>>,
+}
+
 impl Config {
-    /// Parses TOML text. Unknown keys and wrong types are errors naming the line.
+    /// Parses TOML text. Unknown keys, values of the wrong type, values that do not parse
+    /// and keys that do not apply to a port's type are errors naming the line (and the key).
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| {
-                text.as_bytes()[..s.start.min(text.len())]
-                    .iter()
-                    .filter(|&&b| b == b'\n')
-                    .count()
-                    + 1
-            });
-            ConfigError::Syntax {
-                line: line.unwrap_or(1),
-                message: e.message().replace('\n', " ").trim().to_string(),
-            }
+        let file: ConfigFile = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
+        let ports = file
+            .port
+            .into_iter()
+            .map(|p| {
+                let line = line_of(text, p.span().start);
+                PortConfig::try_from(p.into_inner()).map_err(|e| match e {
+                    ConfigError::Port { name, problem } => ConfigError::PortAt {
+                        line,
+                        name,
+                        problem,
+                    },
+                    other => other,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Config {
+            switch: file.switch,
+            ports,
         })
+    }
+
+    /// The configuration as TOML text that [`Config::from_toml`] reads back equal.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
     }
 
     /// Reads and parses a file.
@@ -514,29 +848,21 @@ impl Config {
         Config::from_toml(&text)
     }
 
-    /// Checks everything that can be checked before starting, against the machine's online
-    /// CPUs. Returns the worker CPUs.
+    /// Checks what parsing cannot see: the workers against the machine's online CPUs, the
+    /// control path, names, interfaces and sockets used twice, and QoS admission (one uplink
+    /// per VLAN, guarantees within its reservable share). Returns the worker CPUs.
     pub fn validate(&self, online: &[usize]) -> Result<CpuList, ConfigError> {
-        let workers = self.switch.workers_list()?;
+        let workers = &self.switch.workers;
         if let Some(&cpu) = workers.cpus().iter().find(|c| !online.contains(c)) {
             let online = CpuList::from_cpus(online.iter().copied())
-                .map(|l| l.to_string())
-                .unwrap_or_default();
+                .map_or_else(|| "none".to_string(), |l| l.to_string());
             return Err(ConfigError::CpuNotPresent { cpu, online });
         }
-        if self.switch.fdb_aging == 0 {
-            return Err(ConfigError::FdbAging);
-        }
-        if self.switch.poll_spin_us > 10_000 {
-            return Err(ConfigError::PollSpin(self.switch.poll_spin_us));
-        }
-        self.switch.reserved_list()?;
         if !self.switch.control.is_absolute() {
             return Err(ConfigError::Control(
                 self.switch.control.display().to_string(),
             ));
         }
-        self.switch.http_addr()?;
         let mut names = HashSet::new();
         for p in &self.ports {
             p.validate()?;
@@ -545,51 +871,65 @@ impl Config {
             }
         }
         check_ifnames(&self.ports)?;
-        if !(self.switch.reservable > 0.0 && self.switch.reservable <= 1.0) {
-            return Err(ConfigError::Reservable(self.switch.reservable.to_string()));
-        }
-        check_qos(&self.ports, self.switch.reservable)?;
-        Ok(workers)
+        check_qos(&self.ports, self.switch.reservable.get())?;
+        Ok(workers.clone())
     }
 }
 
-impl SwitchConfig {
-    /// The HTTP server's address, if configured.
-    pub fn http_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
-        self.http
-            .as_deref()
-            .map(|a| a.parse().map_err(|_| ConfigError::Http(a.to_string())))
-            .transpose()
-    }
-
-    /// The worker CPUs as a parsed list.
-    pub fn workers_list(&self) -> Result<CpuList, ConfigError> {
-        self.workers.parse().map_err(|source| ConfigError::Workers {
-            value: self.workers.clone(),
-            source,
-        })
-    }
-
-    /// The reserved CPUs (empty when none are).
-    pub fn reserved_list(&self) -> Result<Vec<usize>, ConfigError> {
-        match &self.reserved_cpus {
-            None => Ok(Vec::new()),
-            Some(v) => v
-                .parse::<CpuList>()
-                .map(|l| l.cpus().to_vec())
-                .map_err(|source| ConfigError::Reserved {
-                    value: v.clone(),
-                    source,
-                }),
+/// A TOML error as one line: its line number, and the key when the error is about a value.
+fn syntax_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let start = e.span().map(|s| s.start.min(text.len()));
+    let mut message = e.message().replace('\n', " ").trim().to_string();
+    if let Some(key) = start.and_then(|s| key_of_value_at(text, s)) {
+        let leaf = key.rsplit('.').next().unwrap_or(&key);
+        // Range errors of a key's own type name it already ("vlan = 4095 is out of ...").
+        if !message.starts_with(&format!("{leaf} =")) {
+            message = format!("{key}: {message}");
         }
+    }
+    ConfigError::Syntax {
+        line: start.map_or(1, |s| line_of(text, s)),
+        message,
     }
 }
 
-/// Fails if two ports name the same TAP interface.
+/// 1-based line number of byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// The dotted key whose value starts at `offset`, when it does: `capacity` for
+/// `capacity = "1Q"`, `qos.max` for `qos = { min = "1M", max = "x" }`. Bare keys only.
+fn key_of_value_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset)?;
+    let line = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
+    let line = line.trim_end().strip_suffix('=')?;
+    let mut path = Vec::new();
+    for segment in line.split('{') {
+        let pair = segment.rsplit(',').next()?;
+        let key = pair.split('=').next()?.trim();
+        let bare = |k: &str| {
+            !k.is_empty()
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        };
+        if !bare(key) {
+            return None;
+        }
+        path.push(key);
+    }
+    Some(path.join("."))
+}
+
+/// Fails if two ports name the same TAP interface or the same vhost-user socket.
 pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
-    let mut seen: Vec<(&str, &str)> = Vec::new();
+    let mut seen: Vec<(&IfName, &str)> = Vec::new();
     for p in ports {
-        if let Some(ifname) = p.ifname.as_deref() {
+        if let Some(ifname) = p.ifname() {
             if let Some((_, first)) = seen.iter().find(|(i, _)| *i == ifname) {
                 return Err(ConfigError::DuplicateIfname {
                     ifname: ifname.to_string(),
@@ -600,12 +940,12 @@ pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
             seen.push((ifname, &p.name));
         }
     }
-    let mut sockets: Vec<(&std::path::Path, &str)> = Vec::new();
+    let mut sockets: Vec<(&SocketPath, &str)> = Vec::new();
     for p in ports {
-        if let Some(s) = p.socket.as_deref() {
+        if let Some(s) = p.socket() {
             if let Some((_, first)) = sockets.iter().find(|(x, _)| *x == s) {
                 return Err(ConfigError::DuplicateSocket {
-                    socket: s.display().to_string(),
+                    socket: s.to_string(),
                     first: first.to_string(),
                     second: p.name.clone(),
                 });
@@ -616,178 +956,13 @@ pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-impl PortConfig {
-    /// A TAP port with defaults.
-    pub fn tap(name: &str, ifname: &str) -> PortConfig {
-        PortConfig {
-            name: name.to_string(),
-            kind: PortType::Tap,
-            ifname: Some(ifname.to_string()),
-            queues: 1,
-            vlan: None,
-            mac: None,
-            generate: None,
-            socket: None,
-            mode: None,
-            cpus: None,
-            qos: None,
-            capacity: None,
-        }
-    }
-
-    /// A vhost-user port with defaults.
-    pub fn vhost_user(name: &str, socket: &std::path::Path, mode: VhostMode) -> PortConfig {
-        PortConfig {
-            name: name.to_string(),
-            kind: PortType::VhostUser,
-            ifname: None,
-            queues: 1,
-            vlan: None,
-            mac: None,
-            generate: None,
-            socket: Some(socket.to_path_buf()),
-            mode: Some(mode),
-            cpus: None,
-            qos: None,
-            capacity: None,
-        }
-    }
-
-    /// A gen port that only sinks.
-    pub fn gen(name: &str) -> PortConfig {
-        PortConfig {
-            name: name.to_string(),
-            kind: PortType::Gen,
-            ifname: None,
-            queues: 1,
-            vlan: None,
-            mac: None,
-            generate: None,
-            socket: None,
-            mode: None,
-            cpus: None,
-            qos: None,
-            capacity: None,
-        }
-    }
-
-    /// Validates one port on its own (used for the config file and for live `port add`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |message: String| ConfigError::Port {
-            name: self.name.clone(),
-            message,
-        };
-        if self.name.is_empty()
-            || self.name.len() > 32
-            || !self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        {
-            return Err(ConfigError::Port {
-                name: self.name.clone(),
-                message: "name must be 1..=32 characters of [A-Za-z0-9._-]".into(),
-            });
-        }
-        if self.queues == 0 || self.queues > MAX_QUEUES {
-            return Err(err(format!(
-                "queues = {} is out of range 1..={MAX_QUEUES}",
-                self.queues
-            )));
-        }
-        if let Some(v) = self.vlan {
-            if !(1..=4094).contains(&v) {
-                return Err(err(format!("vlan = {v} is out of range 1..=4094")));
-            }
-        }
-        self.cpu_set()?;
-        self.qos_settings()?;
-        self.capacity_bps()?;
-        match self.kind {
-            PortType::Tap => {
-                let ifname = self
-                    .ifname
-                    .as_deref()
-                    .ok_or_else(|| err("type tap needs ifname".into()))?;
-                if ifname.is_empty()
-                    || ifname.len() > MAX_IFNAME
-                    || ifname
-                        .bytes()
-                        .any(|b| b == b'/' || b.is_ascii_whitespace() || b == b':')
-                    || ifname == "."
-                    || ifname == ".."
-                {
-                    return Err(err(format!(
-                        "ifname '{ifname}' is not a valid interface name (1..={MAX_IFNAME} characters, no '/', ':' or spaces)"
-                    )));
-                }
-                if self.mac.is_some() {
-                    return Err(err("key 'mac' does not apply to type tap".into()));
-                }
-                if self.generate.is_some() {
-                    return Err(err("key 'generate' does not apply to type tap".into()));
-                }
-                self.refuse_vhost_keys()?;
-            }
-            PortType::VhostUser => {
-                let socket = self
-                    .socket
-                    .as_ref()
-                    .ok_or_else(|| err("type vhost-user needs socket".into()))?;
-                if socket.as_os_str().is_empty() || socket.as_os_str().len() > 107 {
-                    return Err(err("socket path must be 1..=107 bytes".into()));
-                }
-                if self.queues > MAX_VHOST_PAIRS {
-                    return Err(err(format!(
-                        "queues = {} is out of range 1..={MAX_VHOST_PAIRS} for vhost-user",
-                        self.queues
-                    )));
-                }
-                for (key, set) in [
-                    ("ifname", self.ifname.is_some()),
-                    ("mac", self.mac.is_some()),
-                    ("generate", self.generate.is_some()),
-                ] {
-                    if set {
-                        return Err(err(format!(
-                            "key '{key}' does not apply to type vhost-user"
-                        )));
-                    }
-                }
-            }
-            PortType::Gen => {
-                if self.ifname.is_some() {
-                    return Err(err("key 'ifname' does not apply to type gen".into()));
-                }
-                self.refuse_vhost_keys()?;
-                if let Some(mac) = &self.mac {
-                    parse_unicast_mac(mac).map_err(|m| err(format!("mac: {m}")))?;
-                }
-                if let Some(g) = &self.generate {
-                    parse_mac(&g.dst).map_err(|m| err(format!("generate.dst: {m}")))?;
-                    if !(GEN_MIN_SIZE..=GEN_MAX_SIZE).contains(&g.size) {
-                        return Err(err(format!(
-                            "generate.size = {} is out of range {GEN_MIN_SIZE}..={GEN_MAX_SIZE}",
-                            g.size
-                        )));
-                    }
-                    if g.flows == 0 {
-                        return Err(err("generate.flows must be at least 1".into()));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Fails if a VLAN has two uplinks, or if the guarantees of a VLAN's ports add up to more
 /// than `reservable` × its uplink's capacity.
 pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigError> {
     let mut uplinks: Vec<(u16, &str, u64)> = Vec::new();
     for p in ports {
-        if let Some(c) = p.capacity_bps()? {
-            let vlan = p.vlan.unwrap_or(0);
+        if let Some(c) = p.capacity_bps() {
+            let vlan = p.vlan_id();
             if let Some((_, first, _)) = uplinks.iter().find(|u| u.0 == vlan) {
                 return Err(ConfigError::Qos(format!(
                     "ports '{first}' and '{}' are both uplinks (capacity) of VLAN {vlan}; at most one per VLAN",
@@ -800,9 +975,9 @@ pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigErro
     for (vlan, up, cap) in uplinks {
         let sum: u64 = ports
             .iter()
-            .filter(|p| p.vlan.unwrap_or(0) == vlan && p.capacity.is_none())
-            .map(|p| p.qos_settings().map(|s| s.min.unwrap_or(0)))
-            .sum::<Result<u64, _>>()?;
+            .filter(|p| p.vlan_id() == vlan && p.capacity.is_none())
+            .map(|p| p.qos_settings().min.unwrap_or(0))
+            .sum();
         let limit = (reservable * cap as f64) as u64;
         if sum > limit {
             return Err(ConfigError::Qos(format!(
@@ -816,100 +991,6 @@ pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigErro
     Ok(())
 }
 
-impl PortConfig {
-    /// The port's CPU set, if it has one.
-    pub fn cpu_set(&self) -> Result<Option<Vec<usize>>, ConfigError> {
-        self.cpus
-            .as_deref()
-            .map(|v| {
-                v.parse::<CpuList>()
-                    .map(|l| l.cpus().to_vec())
-                    .map_err(|e| ConfigError::Port {
-                        name: self.name.clone(),
-                        message: format!("cpus = \"{v}\": {e}"),
-                    })
-            })
-            .transpose()
-    }
-
-    /// The port's parsed QoS settings (defaults when it has no `qos`).
-    pub fn qos_settings(&self) -> Result<QosSettings, ConfigError> {
-        self.qos
-            .as_ref()
-            .map(QosConfig::settings)
-            .transpose()
-            .map(Option::unwrap_or_default)
-            .map_err(|message| ConfigError::Port {
-                name: self.name.clone(),
-                message,
-            })
-    }
-
-    /// The uplink capacity in bits/s, if the port is an uplink.
-    pub fn capacity_bps(&self) -> Result<Option<u64>, ConfigError> {
-        let Some(c) = self.capacity.as_deref() else {
-            return Ok(None);
-        };
-        let err = |message: String| ConfigError::Port {
-            name: self.name.clone(),
-            message,
-        };
-        let bps = parse_rate(c).map_err(|m| err(format!("capacity: {m}")))?;
-        if bps == 0 {
-            return Err(err("capacity must be above 0".into()));
-        }
-        if self.qos.is_some() {
-            return Err(err(
-                "an uplink (capacity) takes no qos; its ports share its capacity".into(),
-            ));
-        }
-        Ok(Some(bps))
-    }
-
-    fn refuse_vhost_keys(&self) -> Result<(), ConfigError> {
-        for (key, set) in [
-            ("socket", self.socket.is_some()),
-            ("mode", self.mode.is_some()),
-        ] {
-            if set {
-                return Err(ConfigError::Port {
-                    name: self.name.clone(),
-                    message: format!("key '{key}' does not apply to type {}", self.kind),
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let mut out = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in out.iter_mut() {
-        let p = parts
-            .next()
-            .ok_or_else(|| format!("'{s}' is not a MAC address"))?;
-        if p.len() != 2 {
-            return Err(format!("'{s}' is not a MAC address"));
-        }
-        *b = u8::from_str_radix(p, 16).map_err(|_| format!("'{s}' is not a MAC address"))?;
-    }
-    if parts.next().is_some() {
-        return Err(format!("'{s}' is not a MAC address"));
-    }
-    Ok(out)
-}
-
-/// Parses a MAC address that may be a frame's source (not multicast or broadcast).
-pub fn parse_unicast_mac(s: &str) -> Result<[u8; 6], String> {
-    let m = parse_mac(s)?;
-    if m[0] & 1 != 0 {
-        return Err(format!("'{s}' is a multicast address"));
-    }
-    Ok(m)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -918,6 +999,12 @@ mod tests {
 
     fn check(text: &str) -> Result<CpuList, ConfigError> {
         Config::from_toml(text)?.validate(ONLINE)
+    }
+
+    fn err(text: &str) -> String {
+        let e = check(text).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{e}");
+        e
     }
 
     #[test]
@@ -936,19 +1023,104 @@ vlan = 10
         let cfg = Config::from_toml(text).unwrap();
         assert_eq!(cfg.validate(ONLINE).unwrap().cpus(), &[0, 1]);
         assert_eq!(cfg.ports[0].queues, 2);
-        assert_eq!(cfg.ports[0].vlan, Some(10));
-        assert_eq!(cfg.switch.fdb_aging, 300);
+        assert_eq!(cfg.ports[0].vlan_id(), 10);
+        assert_eq!(cfg.ports[0].ifname().unwrap().as_str(), "qs-a");
+        assert_eq!(cfg.switch.fdb_aging.get(), 300);
+        assert_eq!(cfg.switch.poll_spin_us.get(), 50);
+        assert_eq!(cfg.switch.reservable.get(), DEFAULT_RESERVABLE);
     }
 
     #[test]
     fn unknown_key_names_line_and_key() {
-        let e = check("[switch]\nworkers = \"0\"\nwrokers = \"1\"\n").unwrap_err();
-        let s = e.to_string();
-        assert!(s.starts_with("config line 3:"), "{s}");
-        assert!(s.contains("wrokers"), "{s}");
-        assert!(!s.contains('\n'));
-        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\ncolour='red'\n").unwrap_err();
-        assert!(e.to_string().contains("colour"), "{e}");
+        let e = err("[switch]\nworkers = \"0\"\nwrokers = \"1\"\n");
+        assert!(e.starts_with("config line 3:"), "{e}");
+        assert!(e.contains("wrokers"), "{e}");
+        let e = err("[[port]]\nname='a'\ntype='tap'\nifname='x'\ncolour='red'\n");
+        assert!(e.starts_with("config line 5:"), "{e}");
+        assert!(e.contains("colour"), "{e}");
+        let e = err("[[port]]\nname='a'\ntype='tap'\nifname='x'\nqos={min='1M', mni='1G'}\n");
+        assert!(e.starts_with("config line 5:") && e.contains("mni"), "{e}");
+    }
+
+    /// Every bad value names its line and key; a port's table-level problems name the line of
+    /// its `[[port]]` header and the port.
+    #[test]
+    fn errors_name_line_and_key() {
+        let ok_tap = "[[port]]\nname='t'\ntype='tap'\nifname='qs-t'\n\n";
+        for (text, want) in [
+            (
+                "[[port]]\nname='g'\ntype='gen'\nmac='zz'\n".to_string(),
+                "config line 4: mac: 'zz' is not a MAC address (six hex bytes, e.g. \"02:00:00:00:00:01\")",
+            ),
+            (
+                format!("{ok_tap}[[port]]\nname='b'\ntype='tap'\n"),
+                "config line 6: port 'b': type tap needs ifname",
+            ),
+            (
+                format!("{ok_tap}[[port]]\nname='b'\ntype='gen'\nsocket='/s'\n"),
+                "config line 6: port 'b': key 'socket' does not apply to type gen",
+            ),
+            (
+                "[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos = { min = \"1M\", max = \"x\" }\n".into(),
+                "config line 5: qos.max: 'x' is not a rate (a number of bits/s with an optional k, M, G or T suffix, e.g. \"200M\")",
+            ),
+            (
+                "[[port]]\nname='g'\ntype='gen'\ngenerate = { dst = 'zz' }\n".into(),
+                "config line 4: generate.dst: 'zz' is not a MAC address (six hex bytes, e.g. \"02:00:00:00:00:01\")",
+            ),
+            (
+                "[[port]]\nname='a'\ntype='tap'\nifname='a'\nvlan = 4095\n".into(),
+                "config line 5: vlan = 4095 is out of range 1..=4094",
+            ),
+            (
+                "[[port]]\nname='a'\ntype='tap'\nifname='a'\nqueues = 'two'\n".into(),
+                "config line 5: queues: invalid type: string \"two\", expected u16",
+            ),
+            (
+                "[switch]\nworkers = \"1-0\"\n".into(),
+                "config line 2: workers: bad CPU range '1-0': the first CPU is above the last",
+            ),
+            (
+                "[switch]\npoll_spin_us = 20000\n".into(),
+                "config line 2: poll_spin_us = 20000 is out of range 0..=10000",
+            ),
+            (
+                "[switch]\nfdb_aging = 0\n".into(),
+                "config line 2: fdb_aging = 0 is out of range 1..=31536000",
+            ),
+            (
+                "[switch]\nhttp = \"localhost\"\n".into(),
+                "config line 2: http = \"localhost\": expected an IP address and port, e.g. \"127.0.0.1:9470\"",
+            ),
+            (
+                "[[port]]\nname='bad name'\ntype='gen'\n".into(),
+                "config line 2: name: port name 'bad name': a name must be 1..=32 characters of [A-Za-z0-9._-]",
+            ),
+            (
+                "[[port]]\nname='a'\ntype='vxlan'\n".into(),
+                "config line 3: type: unknown variant `vxlan`, expected one of `tap`, `gen`, `vhost-user`",
+            ),
+            (
+                "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
+                "config line 1: port 'v': queues = 17 is out of range 1..=16 for type vhost-user",
+            ),
+        ] {
+            assert_eq!(err(&text), want, "{text}");
+        }
+        assert_eq!(
+            check(
+                "[[port]]\nname='a'\ntype='tap'\n\n[[port]]\nname='b'\ntype='gen'\nmode='client'\n"
+            )
+            .unwrap_err(),
+            ConfigError::PortAt {
+                line: 1,
+                name: "a".into(),
+                problem: PortError::Missing {
+                    kind: PortType::Tap,
+                    key: "ifname"
+                }
+            }
+        );
     }
 
     #[test]
@@ -956,25 +1128,22 @@ vlan = 10
         let cfg = Config::from_toml("[switch]\nhttp = \"127.0.0.1:9470\"\n").unwrap();
         cfg.validate(ONLINE).unwrap();
         assert_eq!(
-            cfg.switch.http_addr().unwrap(),
+            cfg.switch.http.map(HttpAddr::get),
             Some("127.0.0.1:9470".parse().unwrap())
         );
-        assert_eq!(Config::default().switch.http_addr().unwrap(), None);
+        assert_eq!(Config::default().switch.http, None);
         assert!(check("[switch]\nhttp = \"[::1]:80\"\n").is_ok());
         for bad in ["localhost:9470", "127.0.0.1", "127.0.0.1:99999", ""] {
-            let e = check(&format!("[switch]\nhttp = \"{bad}\"\n")).unwrap_err();
-            assert_eq!(e, ConfigError::Http(bad.into()));
-            assert!(
-                e.to_string().contains("expected an IP address and port"),
-                "{e}"
-            );
+            let e = err(&format!("[switch]\nhttp = \"{bad}\"\n"));
+            assert!(e.contains("expected an IP address and port"), "{e}");
+            assert!(e.contains(&format!("http = \"{bad}\"")), "{e}");
         }
     }
 
     #[test]
     fn bad_cpu_lists() {
         let e = check("[switch]\nworkers = \"1-0\"\n").unwrap_err();
-        assert!(matches!(e, ConfigError::Workers { .. }), "{e}");
+        assert!(matches!(e, ConfigError::Syntax { line: 2, .. }), "{e}");
         let e = check("[switch]\nworkers = \"0-3\"\n").unwrap_err();
         assert_eq!(
             e,
@@ -984,6 +1153,8 @@ vlan = 10
             }
         );
         assert!(e.to_string().contains("CPU 2 is not present"));
+        let e = check("[switch]\ncontrol = \"relative.sock\"\n").unwrap_err();
+        assert_eq!(e, ConfigError::Control("relative.sock".into()));
     }
 
     #[test]
@@ -998,40 +1169,63 @@ vlan = 10
         )
         .unwrap_err();
         assert!(matches!(e, ConfigError::DuplicateIfname { .. }), "{e}");
+        let e = check(
+            "[[port]]\nname='a'\ntype='vhost-user'\nsocket='/s'\n[[port]]\nname='b'\ntype='vhost-user'\nsocket='/s'\nmode='client'\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "duplicate socket '/s' (ports 'a' and 'b')");
     }
 
     #[test]
     fn queue_and_vlan_ranges() {
         for q in [0, 257] {
-            let e = check(&format!(
+            let e = err(&format!(
                 "[[port]]\nname='a'\ntype='tap'\nifname='x'\nqueues={q}\n"
-            ))
-            .unwrap_err();
-            assert!(e.to_string().contains("queues"), "{e}");
+            ));
+            assert!(
+                e.contains(&format!("queues = {q} is out of range 1..=256")),
+                "{e}"
+            );
         }
-        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\nvlan=4095\n").unwrap_err();
-        assert!(e.to_string().contains("vlan"), "{e}");
+        let e = err("[[port]]\nname='a'\ntype='tap'\nifname='x'\nvlan=4095\n");
+        assert!(e.contains("vlan"), "{e}");
         let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\nqueues=-1\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
     }
 
     #[test]
     fn type_specific_keys() {
-        let e = check("[[port]]\nname='a'\ntype='tap'\n").unwrap_err();
-        assert!(e.to_string().contains("needs ifname"), "{e}");
-        let e = check("[[port]]\nname='a'\ntype='gen'\nifname='x'\n").unwrap_err();
-        assert!(e.to_string().contains("does not apply"), "{e}");
+        assert!(err("[[port]]\nname='a'\ntype='tap'\n").contains("needs ifname"));
+        assert!(err("[[port]]\nname='a'\ntype='vhost-user'\n").contains("needs socket"));
+        let e = err("[[port]]\nname='a'\ntype='gen'\nifname='x'\n");
+        assert!(e.contains("key 'ifname' does not apply to type gen"), "{e}");
+        let e = err("[[port]]\nname='a'\ntype='tap'\nifname='x'\nmac='02:00:00:00:00:01'\n");
+        assert!(e.contains("key 'mac' does not apply to type tap"), "{e}");
+        let e = err("[[port]]\nname='a'\ntype='vhost-user'\nsocket='/s'\ngenerate={dst='ff:ff:ff:ff:ff:ff'}\n");
+        assert!(
+            e.contains("key 'generate' does not apply to type vhost-user"),
+            "{e}"
+        );
         let e = check("[[port]]\nname='a'\ntype='vxlan'\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
+        let e = err("[[port]]\nname='a'\ntype='tap'\nifname='this-name-is-too-long'\n");
+        assert!(e.contains("not a valid interface name"), "{e}");
         let e =
-            check("[[port]]\nname='a'\ntype='tap'\nifname='this-name-is-too-long'\n").unwrap_err();
-        assert!(e.to_string().contains("not a valid interface name"), "{e}");
+            err("[[port]]\nname='g'\ntype='gen'\ngenerate={dst='ff:ff:ff:ff:ff:ff', size=20}\n");
+        assert!(e.contains("generate.size"), "{e}");
         let e =
-            check("[[port]]\nname='g'\ntype='gen'\ngenerate={dst='ff:ff:ff:ff:ff:ff', size=20}\n")
-                .unwrap_err();
-        assert!(e.to_string().contains("generate.size"), "{e}");
-        let e = check("[[port]]\nname='g'\ntype='gen'\nmac='01:00:5e:00:00:01'\n").unwrap_err();
-        assert!(e.to_string().contains("multicast"), "{e}");
+            err("[[port]]\nname='g'\ntype='gen'\ngenerate={dst='ff:ff:ff:ff:ff:ff', flows=0}\n");
+        assert!(e.contains("generate.flows must be at least 1"), "{e}");
+        let e = err("[[port]]\nname='g'\ntype='gen'\nmac='01:00:5e:00:00:01'\n");
+        assert!(
+            e.contains("mac: '01:00:5e:00:00:01' is a multicast address"),
+            "{e}"
+        );
+        let e = err("[[port]]\nname='v'\ntype='vhost-user'\nsocket=''\n");
+        assert!(
+            e.contains("socket: socket path must be 1..=107 bytes, got 0"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1041,28 +1235,26 @@ vlan = 10
         )
         .unwrap();
         cfg.validate(ONLINE).unwrap();
-        let g = cfg.ports[0].generate.as_ref().unwrap();
+        let PortKind::Gen(g) = &cfg.ports[0].kind else {
+            panic!("not a gen port: {:?}", cfg.ports[0]);
+        };
+        assert_eq!(g.mac.map(|m| m.get().octets()), Some([2, 0, 0, 0, 0, 1]));
+        let g = g.generate.as_ref().unwrap();
+        assert_eq!(g.dst.octets(), [2, 0, 0, 0, 0, 2]);
         assert_eq!((g.size, g.rate, g.flows, g.count), (64, 1000, 4, 0));
     }
 
     #[test]
-    fn rates_parse_and_format() {
-        assert_eq!(parse_rate("200M"), Ok(200_000_000));
-        assert_eq!(parse_rate("1.5G"), Ok(1_500_000_000));
-        assert_eq!(parse_rate("64k"), Ok(64_000));
-        assert_eq!(parse_rate("800000"), Ok(800_000));
-        assert_eq!(parse_rate(" 1T "), Ok(1_000_000_000_000));
-        for bad in ["", "M", "1.2.3M", "-5M", "1X", "1e9", "10 M", "1Mbit"] {
-            assert!(
-                parse_rate(bad).unwrap_err().contains("is not a rate"),
-                "{bad}"
-            );
-        }
-        assert!(parse_rate("2000T").unwrap_err().contains("largest"));
-        assert_eq!(format_rate(150_000_000), "150M");
-        assert_eq!(format_rate(1_500_000_000), "1.5G");
-        assert_eq!(format_rate(900_000_000), "900M");
-        assert_eq!(format_rate(999), "999");
+    fn vhost_user_mode_defaults_to_server() {
+        let cfg =
+            Config::from_toml("[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=16\n")
+                .unwrap();
+        assert_eq!(cfg.ports[0].vhost_mode(), Some(VhostMode::Server));
+        assert_eq!(
+            cfg.ports[0].socket().unwrap().as_path(),
+            std::path::Path::new("/s")
+        );
+        assert_eq!(cfg.ports[0].kind.to_string(), "vhost-user");
     }
 
     #[test]
@@ -1078,43 +1270,44 @@ vlan = 10
         )
         .unwrap();
         assert_eq!(
-            cfg.ports[0].qos_settings().unwrap(),
+            cfg.ports[0].qos_settings(),
             QosSettings {
                 min: Some(400_000_000),
                 max: Some(1_000_000_000),
                 weight: 2
             }
         );
+        let cfg = Config::from_toml("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='0'}\n")
+            .unwrap();
+        assert_eq!(cfg.ports[0].qos_settings(), QosSettings::default());
         for (text, needle) in [
             ("[switch]\nreservable = 0.7\n[[port]]\nname='up'\ntype='tap'\nifname='u'\ncapacity='1G'\n[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='400M'}\n[[port]]\nname='b'\ntype='tap'\nifname='b'\nqos={min='400M'}\n", "add up to 800M, above reservable 0.7 x capacity 1G = 700M"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={weight=0}\n", "weight = 0 is out of range"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={max='0'}\n", "max must be above 0"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={min='2G', max='1G'}\n", "min 2G is above max 1G"),
-            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={max='fast'}\n", "qos max: 'fast' is not a rate"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={max='fast'}\n", "qos.max: 'fast' is not a rate"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1Q'\n", "capacity: '1Q' is not a rate"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='0'\n", "capacity must be above 0"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\nqos={max='1G'}\n", "takes no qos"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\ncapacity='1G'\n", "both uplinks"),
             ("[switch]\nreservable = 0\n", "reservable = 0 is out of range"),
+            ("[switch]\nreservable = 1.5\n", "reservable = 1.5 is out of range"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={mni='1G'}\n", "mni"),
         ] {
-            let e = check(text).unwrap_err().to_string();
+            let e = err(text);
             assert!(e.contains(needle), "{needle}: {e}");
-            assert!(!e.contains('\n'));
         }
         // Uplinks of different VLANs are independent.
         check("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\nvlan=5\ncapacity='1G'\n").unwrap();
-    }
-
-    #[test]
-    fn mac_parsing() {
+        // reservable = 1 is an integer in TOML.
         assert_eq!(
-            parse_mac("02:00:00:00:00:ff").unwrap(),
-            [2, 0, 0, 0, 0, 0xff]
+            Config::from_toml("[switch]\nreservable = 1\n")
+                .unwrap()
+                .switch
+                .reservable
+                .get(),
+            1.0
         );
-        assert!(parse_mac("02:00:00:00:00").is_err());
-        assert!(parse_mac("02:00:00:00:00:00:00").is_err());
-        assert!(parse_mac("2:00:00:00:00:00").is_err());
-        assert!(parse_mac("zz:00:00:00:00:00").is_err());
     }
 
     #[test]
@@ -1124,14 +1317,304 @@ vlan = 10
         )
         .unwrap();
         cfg.validate(ONLINE).unwrap();
-        assert_eq!(cfg.switch.reserved_list().unwrap(), vec![0]);
+        assert_eq!(cfg.switch.reserved_list(), vec![0]);
+        assert_eq!(
+            Config::default().switch.reserved_list(),
+            Vec::<usize>::new()
+        );
         assert_eq!(cfg.switch.placement, PlacementMode::Static);
-        assert_eq!(cfg.ports[0].cpu_set().unwrap(), Some(vec![0, 1]));
-        let e = check("[switch]\nreserved_cpus='x'\n").unwrap_err();
-        assert!(e.to_string().starts_with("[switch] reserved_cpus"), "{e}");
-        let e = check("[[port]]\nname='a'\ntype='tap'\nifname='x'\ncpus='3-1'\n").unwrap_err();
-        assert!(e.to_string().contains("cpus = \"3-1\""), "{e}");
+        assert_eq!(cfg.ports[0].cpu_set(), Some(vec![0, 1]));
+        let e = err("[switch]\nreserved_cpus='x'\n");
+        assert!(
+            e.contains("line 2: reserved_cpus: bad CPU list item 'x'"),
+            "{e}"
+        );
+        let e = err("[[port]]\nname='a'\ntype='tap'\nifname='x'\ncpus='3-1'\n");
+        assert!(e.contains("line 5: cpus: bad CPU range '3-1'"), "{e}");
         let e = check("[switch]\nplacement='wild'\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
+    }
+
+    /// A port built in code is checked where it is used (`Switch::add_port`, `port add`).
+    #[test]
+    fn ports_built_in_code_validate() {
+        let mut p = PortConfig::gen("g");
+        p.validate().unwrap();
+        p.queues = 0;
+        assert!(p.validate().unwrap_err().to_string().contains("queues = 0"));
+        let mut p = PortConfig::gen("no spaces");
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("name must be"));
+        p.name = "ok".into();
+        p.qos = Some(QosConfig {
+            weight: None,
+            min: Some("2G".parse().unwrap()),
+            max: Some("1G".parse().unwrap()),
+        });
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("min 2G is above max 1G"));
+        // The control protocol's JSON goes through the same checks as the file.
+        let json = r#"{"name":"a","type":"tap","queues":1}"#;
+        let e = serde_json::from_str::<PortConfig>(json).unwrap_err();
+        assert!(
+            e.to_string().contains("port 'a': type tap needs ifname"),
+            "{e}"
+        );
+        let json = r#"{"name":"a","type":"tap","ifname":"qs-a","colour":"red"}"#;
+        assert!(serde_json::from_str::<PortConfig>(json).is_err());
+    }
+
+    /// The ```toml block of this module's documentation.
+    #[test]
+    fn module_doc_example_parses() {
+        let src = include_str!("config.rs");
+        let start = src.find("//! ```toml\n").expect("example") + 12;
+        let end = start + src[start..].find("//! ```").expect("end");
+        let text: String = src[start..end]
+            .lines()
+            .map(|l| l.strip_prefix("//!").unwrap_or(l).trim_start_matches(' '))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        cfg.validate(ONLINE).unwrap();
+        assert_eq!(cfg.ports.len(), 4);
+    }
+
+    /// The ```toml blocks of README.md.
+    fn readme_examples() -> Vec<String> {
+        let readme = include_str!("../../../README.md");
+        let mut blocks = Vec::new();
+        let mut rest = readme;
+        while let Some(i) = rest.find("```toml\n") {
+            let body = &rest[i + 8..];
+            let end = body.find("```").expect("closed code block");
+            blocks.push(body[..end].to_string());
+            rest = &body[end + 3..];
+        }
+        blocks
+    }
+
+    /// `qswitch demo`'s embedded config with its placeholders filled in.
+    fn demo_config() -> String {
+        include_str!("../../lab/src/demo.toml")
+            .replace("{workers}", "0-1")
+            .replace("{control}", "/tmp/qswitch-demo/control.sock")
+            .replace("{tap_a}", "qsdA1")
+            .replace("{tap_b}", "qsdB1")
+    }
+
+    /// Every key there is, with values that differ from the defaults.
+    const EVERY_KEY: &str = r#"
+[switch]
+workers = "0,1"
+control = "/run/q/c.sock"
+fdb_aging = 60
+poll_spin_us = 0
+reserved_cpus = "1"
+placement = "static"
+reservable = 0.55
+http = "[::1]:9470"
+
+[[port]]
+name = "up"
+type = "tap"
+ifname = "qs-up"
+queues = 256
+vlan = 4094
+cpus = "0-1:1"
+capacity = "1.234567G"
+
+[[port]]
+name = "vm.1"
+type = "vhost-user"
+socket = "/run/q/vm1.sock"
+mode = "client"
+queues = 16
+vlan = 4094
+qos = { min = "0", max = "123456789", weight = 1000 }
+
+[[port]]
+name = "g_2"
+type = "gen"
+mac = "0A:00:00:00:00:01"
+generate = { dst = "ff:ff:ff:ff:ff:ff", size = 9018, rate = 9223372036854775807, flows = 65535, count = 1 }
+
+[[port]]
+name = "sink"
+type = "gen"
+"#;
+
+    #[test]
+    fn every_example_parses_and_validates() {
+        let examples = readme_examples();
+        assert_eq!(examples.len(), 2, "README.md's config examples");
+        for text in examples
+            .iter()
+            .map(String::as_str)
+            .chain([demo_config().as_str(), EVERY_KEY])
+        {
+            let cfg = Config::from_toml(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            cfg.validate(ONLINE)
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        }
+    }
+
+    /// What `qswitch config dump` will print reads back as the same configuration.
+    #[test]
+    fn round_trip_through_toml() {
+        let mut texts = readme_examples();
+        texts.push(demo_config());
+        texts.push(EVERY_KEY.to_string());
+        texts.push(String::new());
+        for text in texts {
+            let cfg = Config::from_toml(&text).unwrap();
+            let dumped = cfg.to_toml().unwrap();
+            let again = Config::from_toml(&dumped).unwrap_or_else(|e| panic!("{e}\n{dumped}"));
+            assert_eq!(again, cfg, "{dumped}");
+            assert_eq!(again.to_toml().unwrap(), dumped);
+        }
+        let cfg = Config::from_toml(EVERY_KEY).unwrap();
+        let dumped = cfg.to_toml().unwrap();
+        for needle in [
+            "capacity = \"1234.567M\"",
+            "mac = \"0a:00:00:00:00:01\"",
+            "mode = \"client\"",
+            "http = \"[::1]:9470\"",
+        ] {
+            assert!(dumped.contains(needle), "{needle}\n{dumped}");
+        }
+        for p in &cfg.ports {
+            let json = serde_json::to_string(p).unwrap();
+            assert_eq!(&serde_json::from_str::<PortConfig>(&json).unwrap(), p);
+        }
+    }
+
+    mod prop {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        fn rate() -> impl Strategy<Value = Option<Rate>> {
+            proptest::option::of((0..=crate::value::MAX_RATE).prop_map(Rate::from_bps))
+        }
+
+        fn port() -> impl Strategy<Value = PortConfig> {
+            let kind = prop_oneof![
+                "[a-z][a-z0-9]{0,14}".prop_map(|i| PortKind::Tap(TapConfig {
+                    ifname: i.parse().unwrap()
+                })),
+                ("/[a-z]{1,40}", any::<bool>()).prop_map(|(s, client)| {
+                    PortKind::VhostUser(VhostUserConfig {
+                        socket: s.parse().unwrap(),
+                        mode: if client {
+                            VhostMode::Client
+                        } else {
+                            VhostMode::Server
+                        },
+                    })
+                }),
+                (proptest::option::of(any::<[u8; 6]>()), any::<bool>()).prop_map(|(mac, g)| {
+                    PortKind::Gen(GenPortConfig {
+                        mac: mac.and_then(|mut m| {
+                            m[0] &= 0xfe;
+                            UnicastMac::try_from(MacAddress(m)).ok()
+                        }),
+                        generate: g.then_some(GenConfig {
+                            dst: MacAddress([0xff; 6]),
+                            size: 64,
+                            rate: 7,
+                            flows: 3,
+                            count: 0,
+                        }),
+                    })
+                }),
+            ];
+            (
+                "[A-Za-z0-9._-]{1,32}",
+                1..=16u16,
+                proptest::option::of(1..=4094u16),
+                proptest::option::of(proptest::collection::vec(0..64usize, 1..5)),
+                rate(),
+                kind,
+            )
+                .prop_map(|(name, queues, vlan, cpus, capacity, kind)| PortConfig {
+                    name,
+                    queues,
+                    vlan: vlan.map(|v| VlanId::try_from(v).unwrap()),
+                    cpus: cpus.and_then(CpuList::from_cpus),
+                    qos: None,
+                    capacity: capacity.filter(|c| c.bps() > 0),
+                    kind,
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Edits of a full config (the fuzz target's property, on stable): no panic, a
+            /// one-line error, or a config that dumps and parses back equal.
+            #[test]
+            fn edited_text_errs_in_one_line_or_round_trips(
+                edits in proptest::collection::vec(
+                    (any::<prop::sample::Index>(), 0..3u8, "[a-z0-9 =.:'\"{},\\[\\]\n_-]{0,3}"),
+                    1..4,
+                ),
+            ) {
+                let mut text = super::EVERY_KEY.to_string();
+                for (at, op, s) in edits {
+                    let mut i = at.index(text.len() + 1);
+                    while !text.is_char_boundary(i) {
+                        i -= 1;
+                    }
+                    match op {
+                        0 => text.insert_str(i, &s),
+                        1 => {
+                            let end = (i + s.len().max(1)).min(text.len());
+                            if text.is_char_boundary(end) {
+                                text.replace_range(i..end, &s);
+                            }
+                        }
+                        _ => {
+                            let end = (i + 1 + s.len()).min(text.len());
+                            if text.is_char_boundary(end) {
+                                text.replace_range(i..end, "");
+                            }
+                        }
+                    }
+                }
+                match Config::from_toml(&text) {
+                    Ok(cfg) => {
+                        if let Err(e) = cfg.validate(&[0, 1]) {
+                            prop_assert!(!e.to_string().contains('\n'));
+                        }
+                        let dumped = cfg.to_toml().unwrap();
+                        prop_assert_eq!(Config::from_toml(&dumped).unwrap(), cfg);
+                    }
+                    Err(e) => prop_assert!(!e.to_string().contains('\n'), "{}", e),
+                }
+            }
+
+            #[test]
+            fn any_port_round_trips(ports in proptest::collection::vec(port(), 0..4), max in rate()) {
+                let mut cfg = Config { ports, ..Config::default() };
+                if let Some(p) = cfg.ports.first_mut() {
+                    if p.capacity.is_none() {
+                        p.qos = Some(QosConfig {
+                            min: None,
+                            max: max.filter(|m| m.bps() > 0),
+                            weight: Some(Weight::try_from(3).unwrap()),
+                        });
+                    }
+                }
+                let dumped = cfg.to_toml().unwrap();
+                prop_assert_eq!(Config::from_toml(&dumped).unwrap(), cfg);
+            }
+        }
     }
 }

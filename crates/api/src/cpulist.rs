@@ -4,11 +4,15 @@
 use std::fmt;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 /// Largest CPU number accepted (a sanity bound, not a limit of any machine we run on).
 pub const MAX_CPU: usize = 4095;
 
-/// A sorted, de-duplicated, non-empty set of CPU numbers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A sorted, de-duplicated, non-empty set of CPU numbers. In TOML and JSON it is its string
+/// form (`"0-3,6"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct CpuList(Vec<usize>);
 
 /// Why a CPU list did not parse.
@@ -30,6 +34,11 @@ impl CpuList {
     /// The CPUs, ascending.
     pub fn cpus(&self) -> &[usize] {
         &self.0
+    }
+
+    /// The list of one CPU (at most [`MAX_CPU`]).
+    pub fn single(cpu: usize) -> CpuList {
+        CpuList(vec![cpu.min(MAX_CPU)])
     }
 
     /// Builds a list from CPU numbers (sorted and de-duplicated); `None` when empty.
@@ -86,6 +95,19 @@ impl FromStr for CpuList {
             cpus.extend((first..=last).step_by(stride));
         }
         CpuList::from_cpus(cpus).ok_or(CpuListError::Empty)
+    }
+}
+
+impl TryFrom<String> for CpuList {
+    type Error = CpuListError;
+    fn try_from(s: String) -> Result<Self, CpuListError> {
+        s.parse()
+    }
+}
+
+impl From<CpuList> for String {
+    fn from(l: CpuList) -> String {
+        l.to_string()
     }
 }
 

@@ -368,7 +368,7 @@ mod tests {
             Request::PortList,
             Request::PortDel { name: "a".into() },
             Request::PortAdd {
-                port: PortConfig::tap("a", "qs-a"),
+                port: PortConfig::tap("a", "qs-a".parse().unwrap()),
             },
             Request::Fdb,
             Request::Stats,

@@ -19,8 +19,8 @@ const IPV6_TCP: [u8; 36] = [
 
 fn bench(c: &mut Criterion) {
     let t = Toeplitz::new(&DEFAULT_KEY).unwrap();
-    assert_eq!(t.hash(&IPV4_TCP), 0x51ccc178);
-    assert_eq!(t.hash(&IPV6_TCP), 0x40207d3d);
+    assert_eq!(t.hash(&IPV4_TCP), Ok(0x51ccc178));
+    assert_eq!(t.hash(&IPV6_TCP), Ok(0x40207d3d));
     let inputs: [(&str, &[u8]); 2] = [("ipv4_tcp_12B", &IPV4_TCP), ("ipv6_tcp_36B", &IPV6_TCP)];
     let mut group = c.benchmark_group("toeplitz");
     for (name, input) in inputs {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qswitch_dp::packet::{Burst, BURST};
-use qswitch_dp::port::vhost_user::{Mode, VhostUserPort};
+use qswitch_dp::port::vhost_user::{Mode, Reactor, VhostUserPort};
 use qswitch_dp::port::Port;
 use qswitch_dp::stats::DropTally;
 use qswitch_virtio_driver::{Driver, DriverOptions, NetHdr};
@@ -36,8 +36,8 @@ fn bench(c: &mut Criterion) {
     let dir = Dir(std::env::temp_dir().join(format!("qswitch-bench-vhost-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let (sa, sb) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
-    let a = VhostUserPort::new("a", &sa, Mode::Server, 1).unwrap();
-    let b = VhostUserPort::new("b", &sb, Mode::Server, 1).unwrap();
+    let a = VhostUserPort::new("a", &sa, Mode::Server, 1, &Reactor::shared().unwrap()).unwrap();
+    let b = VhostUserPort::new("b", &sb, Mode::Server, 1, &Reactor::shared().unwrap()).unwrap();
     let opts = DriverOptions {
         mem_size: 16 << 20,
         request_calls: false,

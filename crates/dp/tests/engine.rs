@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{frame, numbered, seq_of, Sim, BCAST, MAC_A, MAC_B, MAC_C};
-use qswitch_api::{GenConfig, PlacementMode, PortConfig, QosConfig};
+use qswitch_api::{GenConfig, GenPortConfig, PlacementMode, PortConfig, PortKind, QosConfig};
 use qswitch_dp::qos::QosUpdate;
 use qswitch_dp::{Options, Switch};
 
@@ -249,12 +249,12 @@ fn qos_guarantees_are_admitted_up_to_the_reservable_share() {
     let sim = Sim::new(1);
     let sw = &sim.sw;
     let mut up = PortConfig::gen("up");
-    up.capacity = Some("1G".into());
+    up.capacity = Some("1G".parse().unwrap());
     sw.add_port(&up).unwrap();
     let with_min = |name: &str, min: &str| {
         let mut p = PortConfig::gen(name);
         p.qos = Some(QosConfig {
-            min: Some(min.into()),
+            min: Some(min.parse().unwrap()),
             ..QosConfig::default()
         });
         p
@@ -314,16 +314,21 @@ fn generated_frames_all_arrive_in_order_without_threads() {
     let mut sim = Sim::new(2);
     let count = 20_000;
     let mut sink = PortConfig::gen("sink");
-    sink.mac = Some("02:00:00:00:00:02".into());
+    sink.kind = PortKind::Gen(GenPortConfig {
+        mac: Some("02:00:00:00:00:02".parse().unwrap()),
+        generate: None,
+    });
     let mut src = PortConfig::gen("src");
-    src.mac = Some("02:00:00:00:00:01".into());
     src.queues = 2;
-    src.generate = Some(GenConfig {
-        dst: "02:00:00:00:00:02".into(),
-        size: 64,
-        rate: 0,
-        flows: 8,
-        count,
+    src.kind = PortKind::Gen(GenPortConfig {
+        mac: Some("02:00:00:00:00:01".parse().unwrap()),
+        generate: Some(GenConfig {
+            dst: "02:00:00:00:00:02".parse().unwrap(),
+            size: 64,
+            rate: 0,
+            flows: 8,
+            count,
+        }),
     });
     sim.sw.add_ports(&[sink, src]).unwrap();
     let received = |sim: &Sim| {

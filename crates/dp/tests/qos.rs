@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qswitch_api::{GenConfig, PortConfig, QosConfig, VhostMode};
+use qswitch_api::{GenConfig, GenPortConfig, PortConfig, PortKind, QosConfig, VhostMode};
 use qswitch_dp::{Options, Switch};
 use qswitch_virtio_driver::{Driver, DriverOptions, NetHdr};
 
@@ -24,13 +24,15 @@ impl Drop for Dir {
 
 fn gen(name: &str, mac: &str, dst: &str, size: u16, rate: u64) -> PortConfig {
     let mut p = PortConfig::gen(name);
-    p.mac = Some(mac.into());
-    p.generate = Some(GenConfig {
-        dst: dst.into(),
-        size,
-        rate,
-        flows: 1,
-        count: 0,
+    p.kind = PortKind::Gen(GenPortConfig {
+        mac: Some(mac.parse().unwrap()),
+        generate: Some(GenConfig {
+            dst: dst.parse().unwrap(),
+            size,
+            rate,
+            flows: 1,
+            count: 0,
+        }),
     });
     p
 }
@@ -64,12 +66,13 @@ fn vhost_user_guarantee_holds_while_another_port_floods() {
     // The uplink (a sink with a 500M capacity) says hello to the VM now and then, so its
     // address is learned; the flooder sends 1514-byte frames at it as fast as it can.
     let mut up = gen("up", UPLINK, "02:00:00:00:00:01", 60, 50);
-    up.capacity = Some("500M".into());
+    up.capacity = Some("500M".parse().unwrap());
     let flood = gen("flood", "02:00:00:00:00:02", UPLINK, 1514, 0);
     let sock = dir.0.join("vm.sock");
-    let mut vm = PortConfig::vhost_user("vm", &sock, VhostMode::Server);
+    let mut vm =
+        PortConfig::vhost_user("vm", sock.as_path().try_into().unwrap(), VhostMode::Server);
     vm.qos = Some(QosConfig {
-        min: Some("300M".into()),
+        min: Some("300M".parse().unwrap()),
         ..QosConfig::default()
     });
     sw.add_ports(&[up, flood, vm]).unwrap();
@@ -167,7 +170,7 @@ fn changes_apply_within_a_tick_and_refusals_change_nothing() {
     let cpus = qswitch_sys::thread::online_cpus().unwrap();
     let sw = Switch::start(&cpus[..1], &Options::default()).unwrap();
     let mut up = PortConfig::gen("up");
-    up.capacity = Some("1G".into());
+    up.capacity = Some("1G".parse().unwrap());
     let a = PortConfig::gen("a");
     let b = PortConfig::gen("b");
     sw.add_ports(&[up, a, b]).unwrap();
@@ -224,7 +227,7 @@ fn changes_apply_within_a_tick_and_refusals_change_nothing() {
     // A port added live with a guarantee beyond the reservable share is refused too.
     let mut c = PortConfig::gen("c");
     c.qos = Some(QosConfig {
-        min: Some("1M".into()),
+        min: Some("1M".parse().unwrap()),
         ..QosConfig::default()
     });
     let e = sw.add_port(&c).unwrap_err().to_string();
@@ -253,7 +256,7 @@ fn racing_port_adds_and_qos_sets_never_over_admit() {
     };
     let sw = Arc::new(Switch::start(&cpus[..1], &options).unwrap());
     let mut up = PortConfig::gen("up");
-    up.capacity = Some("1G".into());
+    up.capacity = Some("1G".parse().unwrap());
     let mut first = vec![up];
     first.extend((0..8).map(|i| PortConfig::gen(&format!("base{i}"))));
     first.extend((0..EACH).map(|i| PortConfig::gen(&format!("s{i}"))));
@@ -271,7 +274,7 @@ fn racing_port_adds_and_qos_sets_never_over_admit() {
                     if i % 2 == 0 {
                         let mut p = PortConfig::gen(&format!("a{i}"));
                         p.qos = Some(QosConfig {
-                            min: Some("100M".into()),
+                            min: Some("100M".parse().unwrap()),
                             ..QosConfig::default()
                         });
                         sw.add_port(&p).is_ok()

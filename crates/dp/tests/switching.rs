@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{frame, Sim, BCAST, MAC_A, MAC_B, MAC_C};
 use qswitch_api::request::PortStats;
-use qswitch_api::{GenConfig, PortConfig};
+use qswitch_api::{GenConfig, GenPortConfig, PortConfig, PortKind};
 use qswitch_dp::Switch;
 use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, GSO_TCPV4};
 
@@ -23,8 +23,10 @@ fn switch(workers: usize) -> Switch {
 
 fn gen_port(name: &str, mac: &str, gen: Option<GenConfig>, queues: u16) -> PortConfig {
     let mut p = PortConfig::gen(name);
-    p.mac = Some(mac.to_string());
-    p.generate = gen;
+    p.kind = PortKind::Gen(GenPortConfig {
+        mac: Some(mac.parse().unwrap()),
+        generate: gen,
+    });
     p.queues = queues;
     p
 }
@@ -52,7 +54,7 @@ fn every_generated_frame_arrives_in_order() {
         let sw = switch(workers);
         let count = 200_000;
         let g = GenConfig {
-            dst: "02:00:00:00:00:02".into(),
+            dst: "02:00:00:00:00:02".parse().unwrap(),
             size: 64,
             rate: 0,
             flows: 8,
@@ -221,7 +223,7 @@ fn offload_metadata_crosses_the_switch() {
 fn ports_come_and_go_without_disturbing_traffic() {
     let sw = switch(2);
     let g = GenConfig {
-        dst: "02:00:00:00:00:02".into(),
+        dst: "02:00:00:00:00:02".parse().unwrap(),
         size: 64,
         rate: 200_000,
         flows: 4,

@@ -15,6 +15,14 @@
 //!   receive buffers) and malformed protocol messages, each on its own port, while a
 //!   well-behaved pair of ports keeps forwarding.
 //! - An idle switch sleeps.
+//! - Hostile frontends (issue 15), each while a well-behaved pair keeps forwarding on the
+//!   same worker and `port list` answers, the attacked port serving a new frontend after:
+//!   guest memory shrunk under the switch (unsealed: the port stops, the switch lives;
+//!   sealable: sealed, the shrink fails), a memory table beyond the per-port cap, memory
+//!   left mapped after a disconnect, kick fds that block, are not eventfds or storm, a call
+//!   fd that blocks, silent and half-sent connections.
+//! - 200 idle ports cost one control thread (and an ignored measurement of idle CPU and
+//!   `port add` time at 10, 100 and 1000 ports).
 //!
 //! Each test has its own switch (one worker on the first online CPU, two for MQ) and its own
 //! temporary directory for the sockets; every wait is bounded.
@@ -84,7 +92,7 @@ fn switch(workers: usize) -> Switch {
 }
 
 fn vhost_port(name: &str, sock: &Path, mode: VhostMode, pairs: u16) -> PortConfig {
-    let mut p = PortConfig::vhost_user(name, sock, mode);
+    let mut p = PortConfig::vhost_user(name, sock.try_into().expect("socket path"), mode);
     p.queues = pairs;
     p
 }
@@ -1763,4 +1771,500 @@ fn idle_switch_sleeps() {
     a.close();
     b.close();
     sw.shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// 11. Hostile frontends (issue 15): each attack on a port `p` while a well-behaved pair
+// a <-> b keeps forwarding on the same worker; afterwards `p` serves a new frontend.
+
+const REQ_SET_VRING_KICK: u32 = 12;
+const REQ_SET_VRING_CALL: u32 = 13;
+
+/// A switch with ports a, b (ping-ponging in the background), p (to attack) and q (p's
+/// partner once it recovers).
+struct Arena {
+    dir: TestDir,
+    sw: Switch,
+    bg: Background,
+    sp: PathBuf,
+    q: Driver,
+}
+
+const MP: [u8; 6] = [2, 0, 0, 0, 0, 0x1];
+const MQ: [u8; 6] = [2, 0, 0, 0, 0, 0x2];
+
+impl Arena {
+    fn new(test: &str) -> Arena {
+        let dir = TestDir::new(test);
+        let sw = switch(1);
+        let (ma, mb) = (mac(0xa), mac(0xb));
+        let sa = add_server(&sw, &dir, "a");
+        let sb = add_server(&sw, &dir, "b");
+        let sp = add_server(&sw, &dir, "p");
+        let sq = add_server(&sw, &dir, "q");
+        let mut a = connect(&sa, opts());
+        let mut b = connect(&sb, opts());
+        roundtrip(&mut a, &mut b, ma, mb, 1);
+        let mut bg = Background::start(a, b, ma, mb);
+        bg.wait_rounds(5, "at start");
+        let q = connect(&sq, opts());
+        Arena { dir, sw, bg, sp, q }
+    }
+
+    /// The switch is fine: a and b still exchange frames, and `port list` answers at once.
+    fn still_fine(&mut self, what: &str) {
+        self.bg.wait_rounds(20, what);
+        let t0 = Instant::now();
+        let _ = self.sw.ports();
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "{what}: port list took {:?}",
+            t0.elapsed()
+        );
+        assert!(!self.sw.stopping(), "{what}: the switch is stopping");
+    }
+
+    /// A new, well-behaved frontend on p exchanges frames with q.
+    fn p_recovers(&mut self, what: &str) {
+        wait_until(&format!("p free after {what}"), || {
+            port_info(&self.sw, "p").connected == Some(false)
+        });
+        let mut p = connect(&self.sp, opts());
+        roundtrip(&mut p, &mut self.q, MP, MQ, 10);
+        p.close();
+        self.still_fine(what);
+    }
+
+    fn finish(self) {
+        let rounds = self.bg.finish();
+        eprintln!("well-behaved pair: {rounds} round trips during the test");
+        self.q.close();
+        self.sw.shutdown();
+        drop(self.dir);
+    }
+}
+
+/// A memfd holding a copy of `d`'s guest memory, and the SET_MEM_TABLE region for it
+/// (same guest and frontend addresses as `d`'s own table).
+fn copy_of_memory(
+    d: &Driver,
+    name: &str,
+    sealable: bool,
+) -> (std::fs::File, VhostUserMemoryRegionInfo) {
+    let f = qswitch_sys::guestmap::memfd(name, sealable).unwrap();
+    let mut buf = vec![0u8; d.mem_size() as usize];
+    d.mem().read_slice(&mut buf, GuestAddress(0)).unwrap();
+    (&f).write_all(&buf).unwrap();
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: d.mem_size(),
+        userspace_addr: d.user_addr(0),
+        mmap_offset: 0,
+        mmap_handle: f.as_raw_fd(),
+    };
+    (f, region)
+}
+
+/// Makes the worker touch p's guest memory: a kick on p's transmit ring and broadcast
+/// frames from q (flooded into p's receive ring).
+fn touch_p(p: &mut Driver, q: &mut Driver, n: u32) {
+    let _ = p.kick(1);
+    for i in 0..n {
+        send_plain(q, &l2_frame(BCAST, MQ, i, 100));
+    }
+}
+
+/// F1, unsealed: SET_MEM_TABLE with a memfd that cannot be sealed, then `ftruncate(0)`.
+/// The worker's next access faults; the switch must turn that into a stopped port, not
+/// die of SIGBUS (on the base commit the whole test process died).
+#[test]
+fn f1_unsealed_memory_shrunk_stops_only_its_port() {
+    let mut ar = Arena::new("f1_unsealed");
+    let mut p = connect(&ar.sp, opts());
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    let (mem, region) = copy_of_memory(&p, "qs-f1-unsealed", false);
+    // From here the switch reads p's rings from the copy, which p does not write: p's own
+    // traffic is not checked any more.
+    p.frontend().set_mem_table(&[region]).unwrap();
+    mem.set_len(0).unwrap();
+    touch_p(&mut p, &mut ar.q, 5);
+    wait_until("p stopped after its memory shrank", || {
+        port_info(&ar.sw, "p").connected == Some(false)
+    });
+    ar.still_fine("after the fault");
+    p.close();
+    drop(mem);
+    ar.p_recovers("unsealed memory shrunk");
+    ar.finish();
+}
+
+/// F1, sealed: a sealable memfd is sealed by the switch against shrinking (ftruncate
+/// fails), and one the frontend sealed itself is accepted as it is.
+#[test]
+fn f1_sealable_memory_is_sealed_against_shrinking() {
+    let mut ar = Arena::new("f1_sealed");
+    let mut p = connect(&ar.sp, opts());
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    // Rings off first, so that on a switch without the fix the truncation below cannot
+    // crash the test before its assertion.
+    p.enable_pairs(0).unwrap();
+    let (mem, region) = copy_of_memory(&p, "qs-f1-sealable", true);
+    p.frontend().set_mem_table(&[region]).unwrap();
+    let r = mem.set_len(0);
+    assert!(
+        r.is_err(),
+        "the frontend shrank sealable guest memory after the switch mapped it"
+    );
+    // Sealed by the frontend itself (as QEMU's memory-backend-memfd,seal=on does).
+    let (mem2, region2) = copy_of_memory(&p, "qs-f1-sealed", true);
+    assert_eq!(
+        qswitch_sys::guestmap::seal_against_shrink(&mem2).unwrap(),
+        qswitch_sys::guestmap::Seal::Added
+    );
+    p.frontend().set_mem_table(&[region2]).unwrap();
+    assert!(mem2.set_len(0).is_err());
+    touch_p(&mut p, &mut ar.q, 3);
+    assert_eq!(port_info(&ar.sw, "p").connected, Some(true));
+    ar.still_fine("sealed memory");
+    p.close();
+    ar.p_recovers("sealed memory");
+    drop((mem, mem2));
+    ar.finish();
+}
+
+/// F6: regions adding up to 16 TiB (sparse memfds; the attack used 128 TiB, which is refused
+/// the same way) are refused with an error reply; the address space stays as it was and
+/// the connection goes on with its old table.
+#[test]
+fn f6_guest_memory_beyond_the_cap_is_refused() {
+    let mut ar = Arena::new("f6_cap");
+    let mut p = connect(&ar.sp, opts());
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    let vm_before = vm_size_kib();
+    let size = 2u64 << 40;
+    let files: Vec<std::fs::File> = (0..8)
+        .map(|i| {
+            let f = qswitch_sys::guestmap::memfd(&format!("qs-f6-{i}"), false).unwrap();
+            f.set_len(size).unwrap();
+            f
+        })
+        .collect();
+    let regions: Vec<VhostUserMemoryRegionInfo> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| VhostUserMemoryRegionInfo {
+            guest_phys_addr: (i as u64 + 1) * size,
+            memory_size: size,
+            userspace_addr: 0x1000_0000_0000 + i as u64 * size,
+            mmap_offset: 0,
+            mmap_handle: f.as_raw_fd(),
+        })
+        .collect();
+    let r = p.frontend().set_mem_table(&regions);
+    let grew = vm_size_kib().saturating_sub(vm_before) << 10;
+    assert!(r.is_err(), "16 TiB of guest memory accepted");
+    assert!(grew < 1 << 40, "the address space grew by {grew} bytes");
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    ar.still_fine("after the refused table");
+    p.close();
+    ar.p_recovers("oversized table");
+    ar.finish();
+}
+
+fn vm_size_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn mapped(name: &str) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .contains(name)
+}
+
+/// F8: the guest memory of a frontend that disconnects is unmapped at once, not when the
+/// next frontend sends a table.
+#[test]
+fn f8_guest_memory_unmapped_on_disconnect() {
+    let mut ar = Arena::new("f8_unmap");
+    let mut p = connect(&ar.sp, opts());
+    p.enable_pairs(0).unwrap();
+    let name = format!("qs-f8-{}", std::process::id());
+    let (mem, region) = copy_of_memory(&p, &name, false);
+    p.frontend().set_mem_table(&[region]).unwrap();
+    drop(mem);
+    assert!(mapped(&name), "the switch did not map the table");
+    p.close();
+    wait_until("guest memory unmapped after the disconnect", || {
+        !mapped(&name)
+    });
+    ar.p_recovers("disconnect");
+    ar.finish();
+}
+
+/// F2 and F10: a kick eventfd whose O_NONBLOCK the frontend cleared must not block the
+/// worker (on the base commit a and b stopped for good); a pipe (a kick fd that stays
+/// readable for ever once its writer is closed) and a socket are refused as kick or call
+/// fds.
+#[test]
+fn f2_f10_kick_fds_cannot_block_or_spin_a_worker() {
+    let mut ar = Arena::new("f2_kick");
+    let mut p = connect(&ar.sp, opts());
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    // Blocking eventfd, counter 0: a plain read(2) would wait for ever.
+    let blocking = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+    p.frontend().set_vring_kick(1, &blocking).unwrap();
+    // The file status flags are shared: undo whatever the switch set.
+    qswitch_sys::fd::clear_nonblocking(blocking.as_raw_fd()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    ar.still_fine("blocking kick fd");
+    let w0 = ar.sw.stats().workers.remove(0);
+
+    // Not eventfds: refused.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(writer);
+    let (sock, _other) = UnixStream::pair().unwrap();
+    for (req, what) in [(REQ_SET_VRING_KICK, "kick"), (REQ_SET_VRING_CALL, "call")] {
+        for (fd, kind) in [(reader.as_raw_fd(), "pipe"), (sock.as_raw_fd(), "socket")] {
+            p.send_raw_message_with_fds(&message(req, 8, &1u64.to_le_bytes()), &[fd])
+                .unwrap();
+            expect_hang_up_or_nack(&mut p, &format!("{kind} as {what} fd"));
+            if port_info(&ar.sw, "p").connected != Some(true) {
+                p.close();
+                p = connect(&ar.sp, opts());
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let w1 = ar.sw.stats().workers.remove(0);
+    if w0.cpu_ns > 0 {
+        assert!(
+            w1.cpu_ns - w0.cpu_ns < 400_000_000,
+            "the worker used {} ms of CPU in about 0.5 s",
+            (w1.cpu_ns - w0.cpu_ns) / 1_000_000
+        );
+    }
+    ar.still_fine("refused kick and call fds");
+    p.close();
+    ar.p_recovers("kick fds");
+    ar.finish();
+}
+
+/// F10, with an eventfd: a frontend that writes its kick eventfd in a loop (kicks that bring
+/// no frames) costs the worker a bounded number of wake-ups, not one per write.
+#[test]
+fn f10_a_kick_storm_cannot_make_a_worker_spin() {
+    let mut ar = Arena::new("f10_storm");
+    let mut p = connect(&ar.sp, opts());
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    let kick = vmm_sys_util::eventfd::EventFd::new(libc_nonblock()).unwrap();
+    p.frontend().set_vring_kick(1, &kick).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm = {
+        let (kick, stop) = (kick.try_clone().unwrap(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = kick.write(1);
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let w0 = ar.sw.stats().workers.remove(0);
+    std::thread::sleep(Duration::from_secs(2));
+    let w1 = ar.sw.stats().workers.remove(0);
+    stop.store(true, Ordering::Relaxed);
+    let writes = storm.join().unwrap();
+    let wakeups = w1.wakeups - w0.wakeups;
+    eprintln!("kick storm: {writes} kicks written, {wakeups} worker wake-ups in 2 s");
+    // The well-behaved pair alone wakes the worker about once per round (~1 ms).
+    assert!(
+        wakeups < 8_000,
+        "{wakeups} worker wake-ups in 2 s of kick storm"
+    );
+    ar.still_fine("kick storm");
+    p.close();
+    ar.p_recovers("kick storm");
+    ar.finish();
+}
+
+/// `EFD_NONBLOCK`, so the storm thread never blocks on a saturated counter.
+fn libc_nonblock() -> i32 {
+    0o4000
+}
+
+/// F3: a call eventfd pushed to its maximum count with O_NONBLOCK cleared: the worker's
+/// write would block (on the base commit for good, holding the ring lock, and `port list`
+/// hung). The write is interrupted, p loses its calls, everything else goes on.
+#[test]
+fn f3_a_saturated_call_fd_cannot_block_a_worker() {
+    let mut ar = Arena::new("f3_call");
+    let mut p = connect(&ar.sp, opts());
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    let call = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+    call.write(u64::MAX - 1).unwrap();
+    p.frontend().set_vring_call(0, &call).unwrap();
+    qswitch_sys::fd::clear_nonblocking(call.as_raw_fd()).unwrap();
+    // Frames for p: the worker signals p's receive ring.
+    touch_p(&mut p, &mut ar.q, 5);
+    ar.still_fine("saturated call fd");
+    touch_p(&mut p, &mut ar.q, 5);
+    ar.still_fine("saturated call fd, again");
+    p.close();
+    ar.p_recovers("saturated call fd");
+    ar.finish();
+}
+
+/// F11: a connection that sends nothing is dropped after the handshake deadline, so the
+/// next frontend gets the port; a half-sent message is dropped after the message deadline
+/// and does not hold up other ports meanwhile.
+#[test]
+fn f11_silent_and_half_sent_connections_do_not_hold_a_port() {
+    use qswitch_dp::port::vhost_user::{HANDSHAKE_DEADLINE, MESSAGE_DEADLINE};
+    let mut ar = Arena::new("f11_deadline");
+    let sr = add_server(&ar.sw, &ar.dir, "r");
+    let ss = add_server(&ar.sw, &ar.dir, "s");
+
+    let silent = UnixStream::connect(&ar.sp).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    let mut o = opts();
+    o.reply_timeout = HANDSHAKE_DEADLINE + Duration::from_secs(5);
+    let mut p = Driver::connect(&ar.sp, o).expect("the port stayed taken by a silent frontend");
+    let waited = t0.elapsed();
+    eprintln!("second frontend served after {waited:?}");
+    assert!(waited < HANDSHAKE_DEADLINE + Duration::from_secs(2));
+    roundtrip(&mut p, &mut ar.q, MP, MQ, 5);
+    drop(silent);
+
+    // Six bytes of a header, then nothing.
+    let mut half = UnixStream::connect(&sr).unwrap();
+    half.write_all(&message(REQ_SET_FEATURES, 8, &[])[..6])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    let s = connect(&ss, opts());
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "another port waited {:?} for a half-sent message",
+        t0.elapsed()
+    );
+    half.set_read_timeout(Some(MESSAGE_DEADLINE + Duration::from_secs(3)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    // The switch hangs up: end of file, or a reset (it closed with our bytes unread).
+    match half.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Ok(n) => panic!("unexpected reply to half a message: {:?}", &buf[..n]),
+        Err(e) => panic!("a half-sent message was not dropped within the deadline: {e}"),
+    }
+    ar.still_fine("half-sent message");
+    s.close();
+    p.close();
+    ar.p_recovers("deadlines");
+    ar.finish();
+}
+
+// ---------------------------------------------------------------------------------------
+// 12. Many idle ports: one control thread.
+
+fn vhost_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.starts_with("qs-vhost"))
+        .count()
+}
+
+/// 200 idle vhost-user ports (server and client mode) share the one event loop thread.
+#[test]
+fn idle_ports_share_one_thread() {
+    let dir = TestDir::new("idle_ports");
+    let sw = switch(1);
+    for i in 0..200 {
+        let name = format!("i{i}");
+        let mode = if i % 2 == 0 {
+            VhostMode::Server
+        } else {
+            VhostMode::Client
+        };
+        sw.add_port(&vhost_port(&name, &dir.sock(&name), mode, 1))
+            .unwrap();
+    }
+    let n = vhost_threads();
+    assert_eq!(n, 1, "{n} vhost-user control threads for 200 ports");
+    // The ports still work.
+    let sa = dir.sock("i0");
+    let sb = dir.sock("i2");
+    let mut a = connect(&sa, opts());
+    let mut b = connect(&sb, opts());
+    roundtrip(&mut a, &mut b, mac(0xa), mac(0xb), 5);
+    a.close();
+    b.close();
+    sw.shutdown();
+}
+
+/// CPU time so far of each thread of this process: tid -> (name, ns).
+fn thread_cpu() -> BTreeMap<i32, (String, u64)> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let t = t.ok()?;
+            let tid: i32 = t.file_name().to_str()?.parse().ok()?;
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let ns = qswitch_sys::thread::thread_cpu_ns(tid).ok()?;
+            Some((tid, (name.trim().to_string(), ns / 1_000_000)))
+        })
+        .collect()
+}
+
+/// Idle cost of N vhost-user ports (no frontend): CPU of the whole process over 2 s and
+/// the time of one more `port add`, for N = 10, 100, 1000. A measurement, not a check:
+/// `cargo test --release -p qswitch-dp --test vhost_user -- --ignored idle_port_cost --nocapture`.
+#[test]
+#[ignore = "measurement"]
+fn idle_port_cost() {
+    for n in [10usize, 100, 1000] {
+        let dir = TestDir::new(&format!("cost{n}"));
+        let sw = switch(1);
+        for i in 0..n {
+            let name = format!("i{i}");
+            sw.add_port(&vhost_port(&name, &dir.sock(&name), VhostMode::Server, 1))
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = thread_cpu();
+        let c0 = qswitch_sys::thread::process_cpu_ns();
+        std::thread::sleep(Duration::from_secs(2));
+        let cpu = qswitch_sys::thread::process_cpu_ns() - c0;
+        let mut per: Vec<(u64, String)> = thread_cpu()
+            .into_iter()
+            .map(|(tid, (name, ns))| (ns - t0.get(&tid).map_or(0, |t| t.1), name))
+            .filter(|(ns, _)| *ns > 0)
+            .collect();
+        per.sort_unstable_by(|a, b| b.cmp(a));
+        per.truncate(4);
+        eprintln!("  busiest threads (ms in 2 s): {per:?}");
+        let t0 = Instant::now();
+        sw.add_port(&vhost_port(
+            "extra",
+            &dir.sock("extra"),
+            VhostMode::Server,
+            1,
+        ))
+        .unwrap();
+        let add = t0.elapsed();
+        eprintln!(
+            "{n} idle ports: {:.2}% of a CPU, {} vhost threads, port add {add:?}",
+            cpu as f64 / 2e9 * 100.0,
+            vhost_threads()
+        );
+        sw.shutdown();
+    }
 }

@@ -6,7 +6,10 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::Subcommand;
 use qswitch_api::request::{Rates, StatsReport};
-use qswitch_api::{PortConfig, PortType, Request, Response};
+use qswitch_api::{
+    CpuList, IfName, PortConfig, PortKeys, PortName, PortType, Rate, Request, Response, SocketPath,
+    VlanId,
+};
 
 use qswitch_api::client::call;
 
@@ -19,27 +22,27 @@ pub enum PortCmd {
     },
     /// Add a port to the running switch.
     Add {
-        name: String,
+        name: PortName,
         /// Port type (tap, gen or vhost-user).
         #[arg(long = "type", value_name = "TYPE")]
         kind: PortType,
         /// TAP interface name (created if absent).
         #[arg(long)]
-        ifname: Option<String>,
+        ifname: Option<IfName>,
         #[arg(long, default_value_t = 1)]
         queues: u16,
         /// Access VLAN (1-4094).
         #[arg(long)]
-        vlan: Option<u16>,
+        vlan: Option<VlanId>,
         /// vhost-user socket path.
         #[arg(long)]
-        socket: Option<std::path::PathBuf>,
+        socket: Option<SocketPath>,
         /// vhost-user: server (qswitch listens) or client (qswitch connects).
         #[arg(long)]
         mode: Option<qswitch_api::VhostMode>,
         /// CPUs the port's queues may run on ("2-5", "0-14:2").
         #[arg(long)]
-        cpus: Option<String>,
+        cpus: Option<CpuList>,
     },
     /// Remove a port from the running switch.
     Del { name: String },
@@ -102,21 +105,16 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
             mode,
             cpus,
         } => {
-            let port = PortConfig {
-                name,
-                kind,
+            // The same keys as a [[port]] table, so the same checks and errors.
+            let port = PortConfig::try_from(PortKeys {
                 ifname,
                 queues,
                 vlan,
-                mac: None,
-                generate: None,
                 socket,
                 mode,
                 cpus,
-                qos: None,
-                capacity: None,
-            };
-            port.validate()?;
+                ..PortKeys::new(name, kind)
+            })?;
             call(control, &Request::PortAdd { port })?;
         }
         PortCmd::Del { name } => {
@@ -347,8 +345,8 @@ pub enum QosCmd {
     },
 }
 
-fn parse_rate_arg(s: &str) -> Result<u64, String> {
-    qswitch_api::config::parse_rate(s)
+fn parse_rate_arg(s: &str) -> Result<u64, qswitch_api::value::RateError> {
+    s.parse::<Rate>().map(Rate::bps)
 }
 
 fn rate(r: Option<u64>) -> String {

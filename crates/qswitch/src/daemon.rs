@@ -126,17 +126,17 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
         signal_hook::flag::register(sig, term.clone()).context("cannot install signal handler")?;
     }
     let socket = control::Socket::bind(&config.switch.control)?;
-    let http = match config.switch.http_addr()? {
+    let http = match config.switch.http.map(qswitch_api::HttpAddr::get) {
         Some(addr) => Some((addr, crate::http::bind(addr)?)),
         None => None,
     };
     let options = qswitch_dp::Options {
-        fdb_aging: Duration::from_secs(config.switch.fdb_aging),
-        poll_spin: Duration::from_micros(config.switch.poll_spin_us),
-        reserved: config.switch.reserved_list()?,
+        fdb_aging: Duration::from_secs(config.switch.fdb_aging.get()),
+        poll_spin: Duration::from_micros(config.switch.poll_spin_us.get()),
+        reserved: config.switch.reserved_list(),
         placement: config.switch.placement,
         topology: None,
-        reservable: config.switch.reservable,
+        reservable: config.switch.reservable.get(),
     };
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.

@@ -16,7 +16,8 @@ use qswitch_api::client::call;
 pub enum RssCmd {
     /// Print the 32-bit Toeplitz hash (8 hex digits) of raw input bytes or of a flow.
     Hash {
-        /// Key as hex (at least 40 bytes); Microsoft's default key when absent.
+        /// Key as hex: at least 40 bytes, and at least 4 more than the input (the hash of n
+        /// bytes uses the key's first n + 4); Microsoft's 40-byte key when absent.
         #[arg(long)]
         key: Option<String>,
         /// Raw input bytes as hex.
@@ -50,7 +51,9 @@ pub fn run(control: &Path, cmd: RssCmd) -> anyhow::Result<()> {
         } => {
             let t = toeplitz(key.as_deref())?;
             let h = match (input, flow) {
-                (Some(hex), None) => t.hash(&parse_hex(&hex).context("--input")?),
+                (Some(hex), None) => t
+                    .hash(&parse_hex(&hex).context("--input")?)
+                    .map_err(|e| anyhow::anyhow!("--input: {e}"))?,
                 (None, Some(f)) => {
                     let (k, ports) = parse_flow(&f)?;
                     if symmetric {
@@ -192,7 +195,26 @@ mod tests {
             parse_flow("[3ffe:2501:200:1fff::7]:2794-[3ffe:2501:200:3::1]:1766/tcp").unwrap();
         assert_eq!(t.hash_flow(&k, p), 0x40207d3d);
         let raw = parse_hex("420995bb a18e6450 0aea 06e6").unwrap();
-        assert_eq!(t.hash(&raw), 0x51ccc178);
+        assert_eq!(t.hash(&raw), Ok(0x51ccc178));
+    }
+
+    #[test]
+    fn long_keys() {
+        // Microsoft's key and 12 more bytes: the first 40 are all a 12-byte input uses.
+        let key = format!(
+            "{}{}",
+            "6d5a56da255b0ec24167253d43a38fb0d0ca2bcbae7b30b477cb2da38030f20c6a42b73bbeac01fa",
+            "5b0ec24167253d43a38fb0d0"
+        );
+        let t = toeplitz(Some(&key)).unwrap();
+        assert_eq!(t.key().len(), 52);
+        let raw = parse_hex("420995bb a18e6450 0aea 06e6").unwrap();
+        assert_eq!(t.hash(&raw), Ok(0x51ccc178));
+        assert!(t.hash(&[0; 48]).is_ok());
+        let e = t.hash(&[0; 49]).unwrap_err().to_string();
+        assert!(e.contains("too short for 49 input bytes"), "{e}");
+        let e = toeplitz(Some("00ff")).unwrap_err().to_string();
+        assert!(e.contains("--key: RSS key of 2 bytes is too short"), "{e}");
     }
 
     #[test]

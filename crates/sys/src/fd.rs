@@ -18,6 +18,22 @@ pub fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Clears `O_NONBLOCK` on the open fd `raw` (what a hostile vhost-user frontend does to an
+/// eventfd it shares with qswitch; for tests, with fds of types that do not implement
+/// `AsFd`). A closed fd is `EBADF`.
+pub fn clear_nonblocking(raw: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL reads the flags of fd `raw`; no memory is passed (a bad fd is EBADF).
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: F_SETFL with an integer argument; no memory is passed.
+    if unsafe { libc::fcntl(raw, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Reads what is waiting on socket `fd` without consuming it (`recv(MSG_PEEK)`); blocks
 /// like a read when nothing is there (unless the socket is non-blocking).
 pub fn peek(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
@@ -29,6 +45,59 @@ pub fn peek(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(n as usize)
+}
+
+/// Bytes waiting to be read on socket `fd` (`FIONREAD`), over all queued messages.
+pub fn readable_bytes(fd: &impl AsFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which points to the live local.
+    if unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::FIONREAD, &mut n) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// Connects a non-blocking, close-on-exec Unix stream socket to `path`. Never blocks: a
+/// listener whose backlog is full gives `WouldBlock` instead of a wait.
+pub fn connect_unix_nonblocking(
+    path: &std::path::Path,
+) -> io::Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: a zeroed sockaddr_un is valid (family 0, empty path).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long or contains NUL",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, &s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: socket() has no memory preconditions.
+    let fd = crate::cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    // SAFETY: connect reads `len` (<= size_of::<sockaddr_un>()) bytes of the live local
+    // `addr`.
+    crate::cvt(unsafe {
+        libc::connect(
+            fd,
+            std::ptr::from_ref(&addr).cast::<libc::sockaddr>(),
+            len as libc::socklen_t,
+        )
+    })?;
+    Ok(std::os::unix::net::UnixStream::from(owned))
 }
 
 #[cfg(test)]
@@ -45,6 +114,24 @@ mod tests {
         let mut again = [0u8; 5];
         b.read_exact(&mut again).unwrap();
         assert_eq!(&again, b"hello");
+    }
+
+    #[test]
+    fn nonblocking_connect_and_readable_bytes() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("qs-fd-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("s");
+        let _ = std::fs::remove_file(&path);
+        assert!(connect_unix_nonblocking(&path).is_err());
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut c = connect_unix_nonblocking(&path).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(readable_bytes(&s).unwrap(), 0);
+        c.write_all(b"abc").unwrap();
+        c.write_all(b"de").unwrap();
+        assert_eq!(readable_bytes(&s).unwrap(), 5);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

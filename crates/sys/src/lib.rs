@@ -18,12 +18,20 @@
 //!   copies, ring-index atomics, prefetch hints.
 //! - [`dirty_log`]: the vhost-user dirty-page log (live migration): one atomic bit per
 //!   guest page.
-//! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`.
+//! - [`guestmap`]: mapping a vhost-user frontend's memory so that shrinking it cannot kill
+//!   the process: `F_SEAL_SHRINK` seals, and a `SIGBUS` handler that turns a fault in guest
+//!   memory into zero pages and an event.
+//! - [`eventfd`]: a non-blocking eventfd to wake a worker sleeping in `epoll`; reading and
+//!   signalling a frontend's eventfds without trusting their (shared) `O_NONBLOCK` flag.
+//! - [`interrupt`]: interrupting a thread stuck in a system call (a signal with an empty
+//!   handler and no `SA_RESTART`).
 //! - [`netns`]: move the calling thread into a network namespace.
 //! - [`xdp`]: AF_XDP sockets (UMEM and rings) and the XDP redirect program, loaded and
 //!   attached through `bpf(2)` from hand-written instructions.
 //! - [`udp`]: UDP sockets for tunnel endpoints: `recvmmsg`/`sendmmsg` batches with source
 //!   addresses, never-fragment, transmit checksum on/off, route MTU.
+//! - [`packet`]: AF_PACKET sockets (a `TPACKET_V2` receive ring, `sendmmsg` with
+//!   `PACKET_QDISC_BYPASS`) and promiscuous mode held by a socket.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
 //!   CPU time, process CPU time, effective-uid check.
 //!
@@ -45,8 +53,11 @@ pub mod epoll;
 pub mod eventfd;
 pub mod fd;
 pub mod guest;
+pub mod guestmap;
+pub mod interrupt;
 pub mod netif;
 pub mod netns;
+pub mod packet;
 pub mod tap;
 pub mod thread;
 pub mod udp;

@@ -17,8 +17,16 @@
 //! A [`Socket`] owns its UMEM (anonymous memory registered with the kernel) and the four
 //! rings. The UMEM's frames are split in two: the first half is lent to the kernel through
 //! the fill ring for receiving, the second half is the transmit pool, returned through the
-//! completion ring. Each frame is [`FRAME_SIZE`] bytes, so one frame holds a 1518-byte frame
-//! (jumbo frames need multi-buffer, which this does not use).
+//! completion ring. [`Socket::split`] cuts it along that line into a [`SocketRx`] (rx and
+//! fill rings, receive half) and a [`SocketTx`] (tx and completion rings, transmit half),
+//! which two threads can use at once. Frames are [`FRAME_SIZE`] (2048) bytes, or 4096 with
+//! [`Socket::with_frame_size`]; a frame receives at most its size less [`RX_HEADROOM`], so
+//! 1792 or 3840 bytes (larger frames need multi-buffer, which this does not use).
+//!
+//! [`SocketTx::push`] writes descriptors without publishing them and [`SocketTx::commit`]
+//! publishes them and kicks the kernel, as many times as copy mode needs (it sends at most
+//! 32 frames per kick). [`rx_queues`] and [`mtu`] query the interface through ioctls, so
+//! they see the caller's network namespace.
 //!
 //! # Limitations
 //! - Needs `CAP_NET_ADMIN`, `CAP_NET_RAW` and `CAP_BPF` (root here).
@@ -30,6 +38,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use crate::cvt;
 
@@ -256,6 +265,12 @@ pub fn attach(prog: &Program, ifindex: u32, mode: AttachMode) -> io::Result<Link
     Ok(Link { _fd: owned(fd) })
 }
 
+/// Whether an [`attach`] error means the interface already has an XDP program (attached
+/// through netlink or by another link): `EBUSY` or `EEXIST`.
+pub fn already_attached(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST))
+}
+
 /// The index of interface `name` in this thread's network namespace.
 pub fn ifindex(name: &str) -> io::Result<u32> {
     let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -361,17 +376,11 @@ impl<T> Drop for Ring<T> {
     }
 }
 
-/// A frame received: where it lies in the UMEM.
-#[derive(Debug, Clone, Copy)]
-pub struct RxFrame {
-    addr: u64,
-    len: u32,
-}
-
 /// Counters the kernel keeps for a socket (`XDP_STATISTICS`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Dropped for other reasons (e.g. no fill buffer in time).
+    /// Dropped for other reasons (e.g. no fill buffer in time, or a frame larger than a
+    /// UMEM frame).
     pub rx_dropped: u64,
     /// Dropped because of invalid descriptors.
     pub rx_invalid_descs: u64,
@@ -383,30 +392,79 @@ pub struct Stats {
     pub tx_ring_empty_descs: u64,
 }
 
-/// An AF_XDP socket bound to one queue of one interface, with its UMEM and rings.
-pub struct Socket {
-    // Drop order: rings first, then the socket, then the UMEM the kernel may still use.
-    rx: Ring<libc::xdp_desc>,
-    tx: Ring<libc::xdp_desc>,
-    fill: Ring<u64>,
-    comp: Ring<u64>,
+/// Headroom the kernel keeps in front of every received frame in a UMEM frame
+/// (`XDP_PACKET_HEADROOM`): a frame of `frame_size` bytes receives at most
+/// `frame_size - RX_HEADROOM` bytes.
+pub const RX_HEADROOM: u32 = 256;
+
+/// The socket and its UMEM, shared by the two halves. Field order is drop order: the
+/// socket closes (the kernel lets go of the UMEM) before the UMEM is unmapped.
+struct Core {
     fd: OwnedFd,
     umem: Umem,
+    frame_size: u32,
+}
+
+/// An AF_XDP socket bound to one queue of one interface, with its UMEM and rings.
+///
+/// It can be used whole ([`Socket::recv`], [`Socket::send`]) or split into its receive and
+/// transmit halves ([`Socket::split`]), which touch disjoint rings and disjoint halves of
+/// the UMEM, so two threads can use them at once.
+pub struct Socket {
+    rx: SocketRx,
+    tx: SocketTx,
+}
+
+/// The receive half: the rx and fill rings and the first half of the UMEM.
+pub struct SocketRx {
+    // Drop order: rings first, then (when the last half goes) the socket and the UMEM.
+    rx: Ring<libc::xdp_desc>,
+    fill: Ring<u64>,
+    core: Arc<Core>,
+}
+
+/// The transmit half: the tx and completion rings and the second half of the UMEM.
+pub struct SocketTx {
+    tx: Ring<libc::xdp_desc>,
+    comp: Ring<u64>,
+    core: Arc<Core>,
     /// Transmit frames not in flight.
-    tx_free: Vec<u64>,
+    free: Vec<u64>,
+    /// Descriptors written after the producer index, not yet published.
+    pending: u32,
     zero_copy: bool,
 }
 
-// SAFETY: the raw pointers refer to mappings owned by the socket; they are only used
-// through `&mut self` (or `&self` for read-only counters), so moving the socket to another
-// thread moves their sole user with it.
-unsafe impl Send for Socket {}
+// SAFETY: the raw pointers refer to mappings owned by the half (its rings) or shared through
+// the `Arc<Core>` (the UMEM); each half only touches its own rings and its own half of the
+// UMEM, through `&mut self` (or `&self` for reads of kernel-written indices), so moving a
+// half to another thread moves their sole user with it.
+unsafe impl Send for SocketRx {}
+// SAFETY: as for `SocketRx`.
+unsafe impl Send for SocketTx {}
 
 impl std::fmt::Debug for Socket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Socket")
-            .field("fd", &self.fd)
-            .field("zero_copy", &self.zero_copy)
+            .field("fd", &self.rx.core.fd)
+            .field("zero_copy", &self.tx.zero_copy)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for SocketRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketRx")
+            .field("fd", &self.core.fd)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for SocketTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketTx")
+            .field("fd", &self.core.fd)
+            .field("free", &self.free.len())
             .finish()
     }
 }
@@ -426,13 +484,32 @@ fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T) -> io::Result<()> {
 }
 
 impl Socket {
-    /// A socket on queue `queue` of interface `ifindex`, with `frames` UMEM frames (a power
-    /// of two ≥ 4; half for receiving, half for sending) and rings of `frames / 2` entries.
+    /// A socket on queue `queue` of interface `ifindex`, with `frames` UMEM frames of
+    /// [`FRAME_SIZE`] bytes (a power of two ≥ 4; half for receiving, half for sending) and
+    /// rings of `frames / 2` entries.
     pub fn new(ifindex: u32, queue: u32, frames: u32, mode: BindMode) -> io::Result<Socket> {
+        Socket::with_frame_size(ifindex, queue, frames, FRAME_SIZE, mode)
+    }
+
+    /// [`Socket::new`] with UMEM frames of `frame_size` bytes (2048 or 4096): the largest
+    /// frame received is `frame_size - RX_HEADROOM`, the largest sent `frame_size`.
+    pub fn with_frame_size(
+        ifindex: u32,
+        queue: u32,
+        frames: u32,
+        frame_size: u32,
+        mode: BindMode,
+    ) -> io::Result<Socket> {
         if frames < 4 || !frames.is_power_of_two() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "UMEM frames must be a power of two >= 4",
+            ));
+        }
+        if frame_size != 2048 && frame_size != 4096 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "UMEM frame size must be 2048 or 4096",
             ));
         }
         let ring = frames / 2;
@@ -441,7 +518,7 @@ impl Socket {
             libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0)
         })?);
         let raw = fd.as_raw_fd();
-        let umem_len = frames as usize * FRAME_SIZE as usize;
+        let umem_len = frames as usize * frame_size as usize;
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
         let umem = unsafe {
             libc::mmap(
@@ -456,14 +533,18 @@ impl Socket {
         if umem == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let umem = Umem {
-            ptr: umem.cast(),
-            len: umem_len,
-        };
+        let core = Arc::new(Core {
+            fd,
+            umem: Umem {
+                ptr: umem.cast(),
+                len: umem_len,
+            },
+            frame_size,
+        });
         let reg = libc::xdp_umem_reg {
-            addr: umem.ptr as u64,
+            addr: core.umem.ptr as u64,
             len: umem_len as u64,
-            chunk_size: FRAME_SIZE,
+            chunk_size: frame_size,
             headroom: 0,
             flags: 0,
             tx_metadata_len: 0,
@@ -491,39 +572,34 @@ impl Socket {
             Ok(off)
         };
         let off = setup()?;
-        let rings = (|| -> io::Result<_> {
-            Ok((
-                Ring::map(raw, &off.rx, ring, libc::XDP_PGOFF_RX_RING)?,
-                Ring::map(raw, &off.tx, ring, libc::XDP_PGOFF_TX_RING)?,
-                Ring::map(raw, &off.fr, ring, libc::XDP_UMEM_PGOFF_FILL_RING as i64)?,
-                Ring::map(
-                    raw,
-                    &off.cr,
-                    ring,
-                    libc::XDP_UMEM_PGOFF_COMPLETION_RING as i64,
-                )?,
-            ))
-        })();
-        let (rx, tx, fill, comp) = rings?;
-        let s = Socket {
-            rx,
-            tx,
-            fill,
-            comp,
-            fd,
-            umem,
-            tx_free: (ring..frames)
-                .map(|i| u64::from(i) * u64::from(FRAME_SIZE))
+        let rx = SocketRx {
+            rx: Ring::map(raw, &off.rx, ring, libc::XDP_PGOFF_RX_RING)?,
+            fill: Ring::map(raw, &off.fr, ring, libc::XDP_UMEM_PGOFF_FILL_RING as i64)?,
+            core: Arc::clone(&core),
+        };
+        let tx = SocketTx {
+            tx: Ring::map(raw, &off.tx, ring, libc::XDP_PGOFF_TX_RING)?,
+            comp: Ring::map(
+                raw,
+                &off.cr,
+                ring,
+                libc::XDP_UMEM_PGOFF_COMPLETION_RING as i64,
+            )?,
+            core,
+            free: (ring..frames)
+                .rev()
+                .map(|i| u64::from(i) * u64::from(frame_size))
                 .collect(),
+            pending: 0,
             zero_copy: mode == BindMode::ZeroCopy,
         };
         // All receive frames go to the kernel before binding.
-        let p = s.fill.producer().load(Ordering::Relaxed);
+        let p = rx.fill.producer().load(Ordering::Relaxed);
         for i in 0..ring {
-            s.fill
-                .set(p.wrapping_add(i), u64::from(i) * u64::from(FRAME_SIZE));
+            rx.fill
+                .set(p.wrapping_add(i), u64::from(i) * u64::from(frame_size));
         }
-        s.fill
+        rx.fill
             .producer()
             .store(p.wrapping_add(ring), Ordering::Release);
         let sa = libc::sockaddr_xdp {
@@ -540,19 +616,44 @@ impl Socket {
         // SAFETY: `sa` is a live sockaddr_xdp of the size passed.
         cvt(unsafe {
             libc::bind(
-                s.fd.as_raw_fd(),
+                raw,
                 std::ptr::addr_of!(sa).cast(),
                 std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
             )
         })?;
-        Ok(s)
+        Ok(Socket { rx, tx })
     }
 
     /// Whether the socket was bound zero-copy.
     pub fn zero_copy(&self) -> bool {
-        self.zero_copy
+        self.tx.zero_copy
     }
 
+    /// Receives up to `max` frames, handing each to `f`, then gives their buffers back to the
+    /// kernel. Returns the number of frames.
+    pub fn recv(&mut self, max: usize, f: impl FnMut(&[u8])) -> usize {
+        self.rx.recv(max, f)
+    }
+
+    /// Queues `frames` for transmission (each at most the frame size; longer ones are
+    /// skipped) and kicks the kernel. Returns how many were queued; the rest did not fit
+    /// (no free transmit frame or ring slot).
+    pub fn send<'a>(&mut self, frames: impl IntoIterator<Item = &'a [u8]>) -> usize {
+        self.tx.send(frames)
+    }
+
+    /// The kernel's counters for this socket.
+    pub fn stats(&self) -> io::Result<Stats> {
+        self.rx.stats()
+    }
+
+    /// The receive and transmit halves, for use from different threads.
+    pub fn split(self) -> (SocketRx, SocketTx) {
+        (self.rx, self.tx)
+    }
+}
+
+impl SocketRx {
     /// Receives up to `max` frames, handing each to `f`, then gives their buffers back to the
     /// kernel. Returns the number of frames.
     pub fn recv(&mut self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
@@ -565,23 +666,19 @@ impl Socket {
         let n = avail.min(max as u32);
         if n == 0 {
             if self.fill.needs_wakeup() {
-                self.kick_rx();
+                self.kick();
             }
             return 0;
         }
+        let fs = u64::from(self.core.frame_size);
         let fp = self.fill.producer().load(Ordering::Relaxed);
         for i in 0..n {
             let d = self.rx.get(cons.wrapping_add(i));
-            let frame = RxFrame {
-                addr: d.addr,
-                len: d.len,
-            };
-            if let Some(bytes) = self.frame(frame) {
+            if let Some(bytes) = self.frame(d.addr, d.len) {
                 f(bytes);
             }
             // The buffer's base address (the kernel may have added an offset).
-            let base = d.addr - d.addr % u64::from(FRAME_SIZE);
-            self.fill.set(fp.wrapping_add(i), base);
+            self.fill.set(fp.wrapping_add(i), d.addr - d.addr % fs);
         }
         self.rx
             .consumer()
@@ -594,106 +691,47 @@ impl Socket {
         n as usize
     }
 
-    fn frame(&self, f: RxFrame) -> Option<&[u8]> {
-        let end = f.addr.checked_add(u64::from(f.len))?;
-        if end > self.umem.len as u64 {
+    /// Takes the socket's pending error, if any: `ENETDOWN` once the interface was deleted
+    /// (the socket is unbound for good).
+    pub fn take_error(&self) -> Option<io::Error> {
+        crate::packet::take_error(self.core.fd.as_raw_fd())
+    }
+
+    /// Whether received frames are waiting.
+    pub fn pending(&self) -> bool {
+        self.rx.producer().load(Ordering::Acquire) != self.rx.consumer().load(Ordering::Relaxed)
+    }
+
+    /// Before sleeping on the socket's fd: wakes the driver if it asked to be woken to
+    /// refill (need_wakeup on the fill ring) and says whether sleeping is safe (`false`:
+    /// frames are already waiting).
+    pub fn arm(&self) -> bool {
+        if self.fill.needs_wakeup() {
+            self.kick();
+        }
+        !self.pending()
+    }
+
+    fn frame(&self, addr: u64, len: u32) -> Option<&[u8]> {
+        let end = addr.checked_add(u64::from(len))?;
+        // Receive buffers are the first half of the UMEM.
+        if end > self.core.umem.len as u64 / 2 {
             return None;
         }
-        // SAFETY: [addr, addr+len) lies within the UMEM (checked above), and the kernel
-        // finished writing it before publishing the descriptor we acquired; it does not
-        // touch the buffer again until we return it through the fill ring.
+        // SAFETY: [addr, addr+len) lies within the receive half of the UMEM (checked
+        // above), which the transmit half never touches; the kernel finished writing it
+        // before publishing the descriptor we acquired and does not touch the buffer again
+        // until we return it through the fill ring.
         Some(unsafe {
-            std::slice::from_raw_parts(self.umem.ptr.add(f.addr as usize), f.len as usize)
+            std::slice::from_raw_parts(self.core.umem.ptr.add(addr as usize), len as usize)
         })
     }
 
-    /// Queues `frames` for transmission (each at most [`FRAME_SIZE`] bytes; longer ones are
-    /// skipped) and kicks the kernel. Returns how many were queued; the rest did not fit
-    /// (no free transmit frame or ring slot).
-    pub fn send<'a>(&mut self, frames: impl IntoIterator<Item = &'a [u8]>) -> usize {
-        self.reclaim();
-        let prod = self.tx.producer().load(Ordering::Relaxed);
-        let cons = self.tx.consumer().load(Ordering::Acquire);
-        let room = (self.tx.mask + 1) - prod.wrapping_sub(cons);
-        let mut n = 0u32;
-        for frame in frames {
-            if n == room || frame.len() > FRAME_SIZE as usize {
-                if n == room {
-                    break;
-                }
-                continue;
-            }
-            let Some(addr) = self.tx_free.pop() else {
-                break;
-            };
-            // SAFETY: `addr` is the base of a transmit frame of FRAME_SIZE bytes within the
-            // UMEM that the kernel is not using (it is in our free list), and
-            // frame.len() <= FRAME_SIZE.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    frame.as_ptr(),
-                    self.umem.ptr.add(addr as usize),
-                    frame.len(),
-                );
-            }
-            self.tx.set(
-                prod.wrapping_add(n),
-                libc::xdp_desc {
-                    addr,
-                    len: frame.len() as u32,
-                    options: 0,
-                },
-            );
-            n += 1;
-        }
-        if n > 0 {
-            self.tx
-                .producer()
-                .store(prod.wrapping_add(n), Ordering::Release);
-            if self.tx.needs_wakeup() || !self.zero_copy {
-                self.kick_tx();
-            }
-        }
-        n as usize
-    }
-
-    /// Returns completed transmit frames to the free list.
-    fn reclaim(&mut self) {
-        let cons = self.comp.consumer().load(Ordering::Relaxed);
-        let n = self
-            .comp
-            .producer()
-            .load(Ordering::Acquire)
-            .wrapping_sub(cons);
-        for i in 0..n {
-            self.tx_free.push(self.comp.get(cons.wrapping_add(i)));
-        }
-        if n > 0 {
-            self.comp
-                .consumer()
-                .store(cons.wrapping_add(n), Ordering::Release);
-        }
-    }
-
-    fn kick_tx(&self) {
-        // SAFETY: a zero-length sendto with no buffer and no address only kicks transmission.
-        unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
-    }
-
-    fn kick_rx(&self) {
+    fn kick(&self) {
         // SAFETY: a zero-length recvfrom with no buffer only wakes the kernel's receive path.
         unsafe {
             libc::recvfrom(
-                self.fd.as_raw_fd(),
+                self.core.fd.as_raw_fd(),
                 std::ptr::null_mut(),
                 0,
                 libc::MSG_DONTWAIT,
@@ -705,49 +743,311 @@ impl Socket {
 
     /// The kernel's counters for this socket.
     pub fn stats(&self) -> io::Result<Stats> {
-        // SAFETY: all-zero is a valid xdp_statistics (plain integers).
-        let mut s: libc::xdp_statistics = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::xdp_statistics>() as libc::socklen_t;
-        // SAFETY: `s` and `len` are live; the kernel writes at most `len` bytes.
-        cvt(unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_XDP,
-                libc::XDP_STATISTICS,
-                std::ptr::addr_of_mut!(s).cast(),
-                &mut len,
-            )
-        })?;
-        Ok(Stats {
-            rx_dropped: s.rx_dropped,
-            rx_invalid_descs: s.rx_invalid_descs,
-            tx_invalid_descs: s.tx_invalid_descs,
-            rx_ring_full: s.rx_ring_full,
-            rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs,
-            tx_ring_empty_descs: s.tx_ring_empty_descs,
-        })
+        stats(self.core.fd.as_raw_fd())
     }
+
+    /// The largest frame the socket receives.
+    pub fn max_frame(&self) -> usize {
+        (self.core.frame_size - RX_HEADROOM) as usize
+    }
+}
+
+impl AsRawFd for SocketRx {
+    fn as_raw_fd(&self) -> RawFd {
+        self.core.fd.as_raw_fd()
+    }
+}
+
+impl SocketTx {
+    /// Queues `frames` (see [`SocketTx::push`]) and kicks the kernel ([`SocketTx::commit`]).
+    /// Returns how many were queued; the rest did not fit.
+    pub fn send<'a>(&mut self, frames: impl IntoIterator<Item = &'a [u8]>) -> usize {
+        let mut n = 0;
+        for frame in frames {
+            if frame.len() > self.max_frame() {
+                continue;
+            }
+            if !self.push(frame) {
+                break;
+            }
+            n += 1;
+        }
+        self.commit();
+        n
+    }
+
+    /// Copies `frame` into a free transmit frame and writes its descriptor, without
+    /// publishing it yet. `false` when there is no room (no free frame or ring slot) or the
+    /// frame is longer than the frame size. Call [`SocketTx::commit`] after the last push.
+    pub fn push(&mut self, frame: &[u8]) -> bool {
+        if frame.len() > self.max_frame() {
+            return false;
+        }
+        if self.free.is_empty() {
+            self.reclaim();
+        }
+        let prod = self.tx.producer().load(Ordering::Relaxed);
+        let cons = self.tx.consumer().load(Ordering::Acquire);
+        let used = prod.wrapping_sub(cons).wrapping_add(self.pending);
+        if used > self.tx.mask {
+            return false;
+        }
+        let Some(addr) = self.free.pop() else {
+            return false;
+        };
+        // SAFETY: `addr` is the base of a transmit frame of frame_size bytes within the
+        // transmit half of the UMEM (the free list only holds such addresses: see `new` and
+        // the check in `reclaim`) that the kernel is not using (it is in our free list), and
+        // frame.len() <= frame_size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                frame.as_ptr(),
+                self.core.umem.ptr.add(addr as usize),
+                frame.len(),
+            );
+        }
+        self.tx.set(
+            prod.wrapping_add(self.pending),
+            libc::xdp_desc {
+                addr,
+                len: frame.len() as u32,
+                options: 0,
+            },
+        );
+        self.pending += 1;
+        true
+    }
+
+    /// Publishes the pushed descriptors and kicks the kernel until it has taken them (copy
+    /// mode sends at most 32 per kick) or stops making progress.
+    pub fn commit(&mut self) {
+        if self.pending == 0 {
+            return;
+        }
+        let prod = self.tx.producer().load(Ordering::Relaxed);
+        self.tx
+            .producer()
+            .store(prod.wrapping_add(self.pending), Ordering::Release);
+        self.pending = 0;
+        if !self.zero_copy || self.tx.needs_wakeup() {
+            // Bounded: one kick per 32 descriptors of a full ring, plus one.
+            for _ in 0..=(self.tx.mask + 1) / 32 {
+                if !self.kick() {
+                    break;
+                }
+            }
+        }
+        self.reclaim();
+    }
+
+    /// Returns completed transmit frames to the free list.
+    fn reclaim(&mut self) {
+        let cons = self.comp.consumer().load(Ordering::Relaxed);
+        let n = self
+            .comp
+            .producer()
+            .load(Ordering::Acquire)
+            .wrapping_sub(cons);
+        let fs = u64::from(self.core.frame_size);
+        let (lo, hi) = (self.core.umem.len as u64 / 2, self.core.umem.len as u64);
+        for i in 0..n {
+            let addr = self.comp.get(cons.wrapping_add(i));
+            // Only addresses we lent out come back; anything else is not reused (`push`
+            // writes a whole frame at the address).
+            if addr >= lo && addr.saturating_add(fs) <= hi && addr & (fs - 1) == 0 {
+                self.free.push(addr);
+            }
+        }
+        if n > 0 {
+            self.comp
+                .consumer()
+                .store(cons.wrapping_add(n), Ordering::Release);
+        }
+    }
+
+    /// Kicks transmission; `true` if the kernel stopped with descriptors left (`EAGAIN`,
+    /// `EBUSY`, `ENOBUFS`), so another kick may send more.
+    fn kick(&self) -> bool {
+        // SAFETY: a zero-length sendto with no buffer and no address only kicks transmission.
+        let r = unsafe {
+            libc::sendto(
+                self.core.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+        if r >= 0 {
+            return false;
+        }
+        let e = io::Error::last_os_error().raw_os_error();
+        let more = matches!(e, Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS));
+        more && self.tx.producer().load(Ordering::Relaxed)
+            != self.tx.consumer().load(Ordering::Acquire)
+    }
+
+    /// The largest frame the socket sends.
+    pub fn max_frame(&self) -> usize {
+        self.core.frame_size as usize
+    }
+
+    /// Whether the socket was bound zero-copy.
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+}
+
+fn stats(fd: RawFd) -> io::Result<Stats> {
+    // SAFETY: all-zero is a valid xdp_statistics (plain integers).
+    let mut s: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::xdp_statistics>() as libc::socklen_t;
+    // SAFETY: `s` and `len` are live; the kernel writes at most `len` bytes.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_XDP,
+            libc::XDP_STATISTICS,
+            std::ptr::addr_of_mut!(s).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(Stats {
+        rx_dropped: s.rx_dropped,
+        rx_invalid_descs: s.rx_invalid_descs,
+        tx_invalid_descs: s.tx_invalid_descs,
+        rx_ring_full: s.rx_ring_full,
+        rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs,
+        tx_ring_empty_descs: s.tx_ring_empty_descs,
+    })
 }
 
 impl AsRawFd for Socket {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.rx.core.fd.as_raw_fd()
     }
 }
 
-/// The UMEM mapping; the socket's last field, so it is unmapped after the rings and the
-/// socket are gone.
+/// The UMEM mapping; the core's last field, so it is unmapped after the socket is closed.
 struct Umem {
     ptr: *mut u8,
     len: usize,
 }
 
+// SAFETY: the mapping is plain memory owned by the `Core`; the halves that share it use
+// disjoint parts of it (see `SocketRx`/`SocketTx`), and the pointer is only dereferenced
+// through them.
+unsafe impl Send for Umem {}
+// SAFETY: as above; `Core` is only shared read-only (the pointer and length never change).
+unsafe impl Sync for Umem {}
+
 impl Drop for Umem {
     fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `Socket::new`; no slice into it outlives the
-        // socket, and the kernel released it when the socket closed.
+        // SAFETY: unmaps the mapping made in `Socket::with_frame_size`; no slice into it
+        // outlives the socket, and the kernel released it when the socket closed (the
+        // socket fd is dropped before this field).
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
+}
+
+/// The number of receive queues of interface `name` in this thread's network namespace:
+/// the ethtool channels (`combined + rx`; `ETHTOOL_GCHANNELS`), or, for drivers without
+/// channels, `/sys/class/net/NAME/queues/rx-*` (which shows the namespace sysfs was
+/// mounted in), or 1.
+pub fn rx_queues(name: &str) -> io::Result<u32> {
+    match ethtool_channels(name) {
+        Ok(ch) if ch.combined_count + ch.rx_count > 0 => Ok(ch.combined_count + ch.rx_count),
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Err(e),
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => Err(e),
+        _ => {
+            let dir = format!("/sys/class/net/{name}/queues");
+            let n = std::fs::read_dir(dir)
+                .map(|d| {
+                    d.filter_map(Result::ok)
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                        .count() as u32
+                })
+                .unwrap_or(0);
+            Ok(n.max(1))
+        }
+    }
+}
+
+/// `struct ethtool_channels`.
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+
+/// `struct ifreq` with a pointer in its union (`ifr_data`) or an int (`ifr_mtu`).
+#[repr(C)]
+struct IfReqData {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: u64,
+    _pad: [u8; std::mem::size_of::<libc::ifreq>() - libc::IFNAMSIZ - 8],
+}
+
+fn ifreq_data(name: &str, data: u64) -> io::Result<IfReqData> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a valid interface name"),
+        ));
+    }
+    let mut r = IfReqData {
+        name: [0; libc::IFNAMSIZ],
+        data,
+        _pad: [0; std::mem::size_of::<libc::ifreq>() - libc::IFNAMSIZ - 8],
+    };
+    for (d, &b) in r.name.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    Ok(r)
+}
+
+fn ioctl_ifreq(req: libc::c_ulong, r: &mut IfReqData) -> io::Result<()> {
+    // SAFETY: socket() has no memory-safety preconditions.
+    let sock = owned(cvt(unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+    })?);
+    // SAFETY: `r` is a live, exclusively borrowed ifreq-sized value; for SIOCETHTOOL its
+    // data pointer points to a live ethtool struct of the size the command implies (set by
+    // the caller), for SIOCGIFMTU the kernel writes an int into the union.
+    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), req as libc::Ioctl, std::ptr::from_mut(r)) })
+        .map(drop)
+}
+
+fn ethtool_channels(name: &str) -> io::Result<EthtoolChannels> {
+    let mut ch = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..EthtoolChannels::default()
+    };
+    let mut r = ifreq_data(name, std::ptr::addr_of_mut!(ch) as u64)?;
+    ioctl_ifreq(libc::SIOCETHTOOL, &mut r)?;
+    Ok(ch)
+}
+
+/// The MTU of interface `name` in this thread's network namespace (`SIOCGIFMTU`).
+pub fn mtu(name: &str) -> io::Result<u32> {
+    let mut r = ifreq_data(name, 0)?;
+    ioctl_ifreq(libc::SIOCGIFMTU, &mut r)?;
+    // ifr_mtu is an int at the start of the union.
+    let b = r.data.to_ne_bytes();
+    let mtu = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+    u32::try_from(mtu).map_err(|_| io::Error::other(format!("{name}: negative MTU {mtu}")))
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! fields in place; setters are available when `T: AsMut<[u8]>`. Payload accessors on a view of
 //! `&'a [u8]` return slices that live for `'a`, so views can be chained without copying.
 //! On top of the views sit the datapath helpers: [`l2::classify`] (run on every frame),
-//! [`flow::extract`] (flow keys for RSS and QoS), [`virtio_net_hdr`] and [`checksum`].
+//! [`flow::extract`] (flow keys for RSS and QoS), [`virtio_net_hdr`] and [`checksum`]; for
+//! tunnels, port security and capture, [`vxlan`] (encapsulation and decapsulation),
+//! [`guard::inspect`] (the facts port security checks) and [`pcapng`] (a capture writer).
 //!
 //! # The contract
 //!
@@ -19,9 +21,11 @@
 //!   the bytes are, until a setter changes a length field (`set_total_len`, `set_len`,
 //!   `set_payload_len`): check again after that.
 //! * The free functions ([`l2::classify`], [`flow::extract`],
-//!   [`virtio_net_hdr::VirtioNetHdr::parse`], [`checksum::complete_partial`], ...) check their
-//!   input themselves and never panic on any input.
-//! * Nothing here allocates, performs I/O or uses `unsafe`.
+//!   [`virtio_net_hdr::VirtioNetHdr::parse`], [`checksum::complete_partial`],
+//!   [`vxlan::decap`], [`guard::inspect`], ...) check their input themselves and never panic
+//!   on any input.
+//! * Nothing here allocates, performs I/O or uses `unsafe`, with one exception:
+//!   [`pcapng::Writer`] writes to a [`std::io::Write`] the caller supplies.
 //! * Codes this crate has no name for are kept, not rejected: an unknown EtherType reads as
 //!   [`ethernet::EtherType::Unknown`], an unknown IP protocol as [`IpProtocol::Unknown`].
 //!
@@ -61,6 +65,7 @@ pub mod ipv6;
 mod ipv6_ext;
 pub mod l2;
 pub mod mac;
+pub mod pcapng;
 pub mod tcp;
 pub mod udp;
 pub mod virtio_net_hdr;

@@ -18,7 +18,13 @@
 //!   IPv6 always (RFC 8200 requires it; the zero-checksum exception of RFC 6935/6936 is not
 //!   used, and Linux refuses zero checksums over IPv6 unless told `udp6zerocsumrx`), over IPv4
 //!   only when [`Encap::udp_checksum`] asks for it (RFC 7348 says it SHOULD be zero; Linux
-//!   sends zero by default).
+//!   6.18 with iproute2 6.1 computes it unless the device is created with `noudpcsum`, and
+//!   accepts both).
+//!
+//! Interop with Linux's vxlan device was checked by hand on kernel 6.18 (two network
+//! namespaces, a veth, frames injected with AF_PACKET): it accepted and answered what
+//! [`Encap`] wrote over IPv4 (checksum zero and computed) and IPv6, and [`decap`] accepted its
+//! replies. The unit tests pin this down with frames captured from Linux.
 //! * [`decap`] checks an outer frame the way section 4 and 5 ask and returns the inner frame
 //!   with the outer facts a VTEP learns from; every rejection is a [`DecapError`] with a
 //!   [`reason`](DecapError::reason) string for counters.
@@ -520,7 +526,10 @@ pub fn decap_port(frame: &[u8], dst_port: u16) -> core::result::Result<Decap<'_>
             if walk.protocol != IpProtocol::Udp {
                 return Err(DecapError::NotUdp);
             }
-            let l4 = &ip.payload()[walk.offset - ipv6::HEADER_LEN..];
+            let l4 = ip
+                .payload()
+                .get(walk.offset - ipv6::HEADER_LEN..)
+                .ok_or(DecapError::TruncatedIp)?;
             (
                 IpAddr::V6(ip.src_addr()),
                 IpAddr::V6(ip.dst_addr()),

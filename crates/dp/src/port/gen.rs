@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use qswitch_api::config::{parse_mac, parse_unicast_mac, GenConfig};
 use qswitch_api::request::SinkStats;
+use qswitch_api::{GenConfig, UnicastMac};
 use qswitch_wire::checksum;
 use qswitch_wire::virtio_net_hdr::VirtioNetHdr;
 use qswitch_wire::MacAddr;
@@ -138,20 +138,18 @@ pub struct GenPort {
 
 impl GenPort {
     /// A gen port with `queues` queues; `gen` says what to generate (None: sink only);
-    /// `workers` is how many workers may transmit to it.
-    /// `mac` and `gen.dst` must already be validated ([`qswitch_api::PortConfig::validate`]).
+    /// `workers` is how many workers may transmit to it. Without `mac`, the port's address is
+    /// derived from its name. `gen` must have passed [`qswitch_api::PortConfig::validate`]
+    /// (a frame size and flows the template can take).
     pub fn new(
         id: PortId,
         name: &str,
-        mac: Option<&str>,
+        mac: Option<UnicastMac>,
         queues: u16,
         gen: Option<&GenConfig>,
         workers: usize,
     ) -> GenPort {
-        let mac = mac
-            .and_then(|m| parse_unicast_mac(m).ok())
-            .map(MacAddr)
-            .unwrap_or_else(|| default_mac(name));
+        let mac = mac.map_or_else(|| default_mac(name), |m| MacAddr(m.get().octets()));
         let nq = u64::from(queues.max(1));
         let queues = (0..nq)
             .map(|q| {
@@ -165,7 +163,7 @@ impl GenPort {
                         start: None,
                     }));
                 };
-                let dst = MacAddr(parse_mac(&g.dst).unwrap_or([0xff; 6]));
+                let dst = MacAddr(g.dst.octets());
                 let flows = (0..g.flows).filter(|f| u64::from(*f) % nq == q).collect();
                 let share = |total: u64| total / nq + u64::from(q < total % nq);
                 Padded(Mutex::new(GenQueue {
@@ -341,7 +339,7 @@ mod tests {
 
     fn gen(rate: u64, count: u64, flows: u16, queues: u16) -> GenPort {
         let g = GenConfig {
-            dst: "02:00:00:00:00:02".into(),
+            dst: "02:00:00:00:00:02".parse().expect("MAC"),
             size: 64,
             rate,
             flows,
@@ -350,7 +348,7 @@ mod tests {
         GenPort::new(
             PortId(7),
             "g",
-            Some("02:00:00:00:00:01"),
+            Some("02:00:00:00:00:01".parse().expect("MAC")),
             queues,
             Some(&g),
             1,

@@ -9,8 +9,10 @@
 //! | TAP | [`tap`] | `read` per frame on the queue's fd (vnet header + frame) | `write` on the worker's queue fd |
 //! | gen | [`gen`] | synthesised frames at a rate | validated and counted (sink) |
 //! | VXLAN | [`vxlan`] | `recvmmsg` on (local, dstport): decapsulated in place, learned, checked | head-end replication; `sendmmsg` of header + frame from a source-port pool picked by flow hash |
+//! | AF_XDP uplink | [`afxdp`] | one AF_XDP socket per NIC queue (copy out of the UMEM); AF_PACKET ring as fallback | TSO segmented, checksums completed, into the socket of queue `worker % n` (or `sendmmsg`) |
 //! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
 
+pub mod afxdp;
 pub mod gen;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod inject;
@@ -83,6 +85,7 @@ pub enum Device {
     VhostUser(vhost_user::VhostUserPort),
     /// Shared: the control plane (EVPN, `qswitch fdb`) keeps a handle to its remote table.
     Vxlan(std::sync::Arc<vxlan::VxlanPort>),
+    AfXdp(afxdp::AfXdpPort),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
 }
@@ -94,6 +97,7 @@ macro_rules! each_device {
             Device::Gen($d) => $e,
             Device::VhostUser($d) => $e,
             Device::Vxlan($d) => $e,
+            Device::AfXdp($d) => $e,
             #[cfg(any(test, feature = "test-utils"))]
             Device::Inject($d) => $e,
         }

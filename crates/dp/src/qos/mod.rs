@@ -116,8 +116,8 @@ impl PortQos {
             bucket: TokenBucket::new(MIN_DEPTH, now),
             wire_bytes: (0..queues).map(|_| Counter::default()).collect(),
             throttled: (0..queues).map(|_| Counter::default()).collect(),
-            capacity: config.capacity_bps().ok().flatten(),
-            settings: Mutex::new(config.qos_settings().unwrap_or_default()),
+            capacity: config.capacity_bps(),
+            settings: Mutex::new(config.qos_settings()),
             state: Mutex::new(AllocState {
                 second_at: now,
                 ..AllocState::default()

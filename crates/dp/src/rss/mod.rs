@@ -2,7 +2,7 @@
 //! which names the queue.
 //!
 //! ```text
-//!  FlowKey ── Toeplitz (40-byte key; addresses [+ ports], source first) ── u32 hash
+//!  FlowKey ── Toeplitz (key of 40+ bytes; addresses [+ ports], source first) ── u32 hash
 //!     hash & 127 ── Reta (128 entries, enabled queues round-robin) ── queue
 //!  not IP ── Reta::queue_for_non_ip (the first enabled queue)
 //! ```

@@ -11,11 +11,12 @@
 //! one XOR per input byte. The hash is linear (`h(a ^ b) == h(a) ^ h(b)`), which is what makes
 //! the table exact.
 //!
-//! # Inputs longer than the key allows
-//! The specification needs a key of at least `input.len() + 4` bytes. Here the key behaves as
-//! if it were followed by zero bits: a hash never fails or panics, the last three bytes an
-//! input may use only partly count, and input bytes at index `key_len` or beyond do not change
-//! the hash. [`reference_hash`] does the same, so the two always agree.
+//! # Key length
+//! Keys are any length from [`MIN_KEY_LEN`] (the specification's 40 bytes) up, as VPP and DPDK
+//! accept longer keys (e.g. the 52 bytes of Intel's i40e): the hash of `n` input bytes uses the
+//! key's first `n + 4` bytes and nothing past them, so a longer key hashes the usual inputs as
+//! its first 40 bytes would. [`Toeplitz::hash`] refuses an input the key is too short for;
+//! [`Toeplitz::hash_flow`] never needs more than 40 bytes, so it cannot fail.
 
 use qswitch_wire::flow::{FlowKey, IpPair};
 
@@ -28,8 +29,6 @@ pub const DEFAULT_KEY: [u8; 40] = [
 
 /// Shortest key accepted: the specification's 40 bytes (enough for a 36-byte input).
 pub const MIN_KEY_LEN: usize = 40;
-/// Longest key accepted.
-pub const MAX_KEY_LEN: usize = 128;
 /// Input bytes covered by the per-position table: the longest input [`Toeplitz::hash_flow`]
 /// builds (IPv6 addresses and ports). Longer inputs are hashed a byte at a time past this.
 pub const TABLE_LEN: usize = 36;
@@ -44,16 +43,19 @@ pub enum KeyError {
     /// Fewer than [`MIN_KEY_LEN`] bytes.
     #[error("RSS key of {0} bytes is too short (at least {MIN_KEY_LEN})")]
     TooShort(usize),
-    /// More than [`MAX_KEY_LEN`] bytes.
-    #[error("RSS key of {0} bytes is too long (at most {MAX_KEY_LEN})")]
-    TooLong(usize),
+    /// Fewer than `input + 4` bytes for an input of `input` bytes.
+    #[error("RSS key of {key} bytes is too short for {input} input bytes (the hash of n bytes needs a key of n + 4)")]
+    ShortForInput { key: usize, input: usize },
 }
+
+/// Zero bytes kept after the key, so every 8-byte window of it can be read.
+const PAD: usize = 8;
 
 /// A Toeplitz hasher for one key, with its lookup table.
 #[derive(Clone)]
 pub struct Toeplitz {
-    /// The key, followed by zero bytes (the zero extension, and room for 8-byte windows).
-    key: [u8; MAX_KEY_LEN + 8],
+    /// The key, followed by [`PAD`] zero bytes (room for 8-byte windows).
+    key: Box<[u8]>,
     key_len: usize,
     /// `table[i][b]`: the hash contribution of byte value `b` at input position `i`.
     table: Box<[[u32; 256]]>,
@@ -75,15 +77,12 @@ impl Default for Toeplitz {
 }
 
 impl Toeplitz {
-    /// A hasher for `key`, which must be [`MIN_KEY_LEN`]..=[`MAX_KEY_LEN`] bytes long.
+    /// A hasher for `key`, which must be at least [`MIN_KEY_LEN`] bytes long.
     pub fn new(key: &[u8]) -> Result<Toeplitz, KeyError> {
         if key.len() < MIN_KEY_LEN {
             return Err(KeyError::TooShort(key.len()));
         }
-        if key.len() > MAX_KEY_LEN {
-            return Err(KeyError::TooLong(key.len()));
-        }
-        let mut padded = [0u8; MAX_KEY_LEN + 8];
+        let mut padded = vec![0u8; key.len() + PAD].into_boxed_slice();
         padded[..key.len()].copy_from_slice(key);
         let mut table = vec![[0u32; 256]; TABLE_LEN].into_boxed_slice();
         for (pos, row) in table.iter_mut().enumerate() {
@@ -110,11 +109,23 @@ impl Toeplitz {
         &self.key[..self.key_len]
     }
 
-    /// The Toeplitz hash of raw input bytes. Inputs longer than `key_len - 4` bytes: see the
-    /// module documentation (the key is zero-extended; bytes from index `key_len` on are
-    /// ignored).
+    /// The Toeplitz hash of raw input bytes: at most `key length - 4` of them.
     #[inline]
-    pub fn hash(&self, input: &[u8]) -> u32 {
+    pub fn hash(&self, input: &[u8]) -> Result<u32, KeyError> {
+        if input.len() + 4 > self.key_len {
+            return Err(KeyError::ShortForInput {
+                key: self.key_len,
+                input: input.len(),
+            });
+        }
+        Ok(self.hash_within_key(input))
+    }
+
+    /// [`Toeplitz::hash`] of an input the key is long enough for (`input.len() + 4 <= key_len`,
+    /// as every input of at most [`TABLE_LEN`] bytes is).
+    #[inline]
+    fn hash_within_key(&self, input: &[u8]) -> u32 {
+        debug_assert!(input.len() + 4 <= self.key_len);
         let (head, tail) = input.split_at(input.len().min(TABLE_LEN));
         let mut result = 0;
         for (row, &byte) in self.table.iter().zip(head) {
@@ -130,8 +141,7 @@ impl Toeplitz {
     #[cold]
     fn hash_tail(&self, tail: &[u8]) -> u32 {
         let mut result = 0;
-        let end = self.key_len.saturating_sub(TABLE_LEN);
-        for (i, &byte) in tail.iter().take(end).enumerate() {
+        for (i, &byte) in tail.iter().enumerate() {
             let window = window64(&self.key, TABLE_LEN + i);
             for bit in 0..8 {
                 if byte & (0x80 >> bit) != 0 {
@@ -149,7 +159,7 @@ impl Toeplitz {
     #[inline]
     pub fn hash_flow(&self, key: &FlowKey, with_ports: bool) -> u32 {
         let (input, len) = flow_input(key, with_ports, false);
-        self.hash(&input[..len])
+        self.hash_within_key(&input[..len])
     }
 
     /// A symmetric variant of [`Toeplitz::hash_flow`]: both directions of a flow give the same
@@ -161,13 +171,13 @@ impl Toeplitz {
     #[inline]
     pub fn hash_flow_symmetric(&self, key: &FlowKey, with_ports: bool) -> u32 {
         let (input, len) = flow_input(key, with_ports, true);
-        self.hash(&input[..len])
+        self.hash_within_key(&input[..len])
     }
 }
 
 /// The 64 key bits starting at byte `pos` of a zero-padded key.
 #[inline]
-fn window64(padded: &[u8; MAX_KEY_LEN + 8], pos: usize) -> u64 {
+fn window64(padded: &[u8], pos: usize) -> u64 {
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&padded[pos..pos + 8]);
     u64::from_be_bytes(bytes)
@@ -230,8 +240,9 @@ fn put_addresses<const N: usize>(
     2 * N
 }
 
-/// The specification's algorithm, bit by bit, for any key length (zero-extended past its
-/// end, as [`Toeplitz::hash`]). Slow; for verification and benchmarks.
+/// The specification's algorithm, bit by bit. It is defined for keys of at least
+/// `input.len() + 4` bytes; for shorter ones this zero-extends the key (where
+/// [`Toeplitz::hash`] refuses). Slow; for verification and benchmarks.
 pub fn reference_hash(key: &[u8], input: &[u8]) -> u32 {
     let key_bit = |n: usize| -> u32 {
         key.get(n / 8)
@@ -370,8 +381,12 @@ mod tests {
             let (src, dst) = (v4(src), v4(dst));
             let ip_only = raw(&src, &dst, None);
             let with_tcp = raw(&src, &dst, Some((sport, dport)));
-            assert_eq!(t.hash(&ip_only), only, "{src:?} -> {dst:?}");
-            assert_eq!(t.hash(&with_tcp), tcp, "{src:?}:{sport} -> {dst:?}:{dport}");
+            assert_eq!(t.hash(&ip_only).unwrap(), only, "{src:?} -> {dst:?}");
+            assert_eq!(
+                t.hash(&with_tcp).unwrap(),
+                tcp,
+                "{src:?}:{sport} -> {dst:?}:{dport}"
+            );
             assert_eq!(reference_hash(&DEFAULT_KEY, &ip_only), only);
             assert_eq!(reference_hash(&DEFAULT_KEY, &with_tcp), tcp);
         }
@@ -384,8 +399,8 @@ mod tests {
             let (src, dst) = (v6(src), v6(dst));
             let ip_only = raw(&src, &dst, None);
             let with_tcp = raw(&src, &dst, Some((sport, dport)));
-            assert_eq!(t.hash(&ip_only), only);
-            assert_eq!(t.hash(&with_tcp), tcp);
+            assert_eq!(t.hash(&ip_only).unwrap(), only);
+            assert_eq!(t.hash(&with_tcp).unwrap(), tcp);
             assert_eq!(reference_hash(&DEFAULT_KEY, &ip_only), only);
             assert_eq!(reference_hash(&DEFAULT_KEY, &with_tcp), tcp);
         }
@@ -425,8 +440,8 @@ mod tests {
         let t = Toeplitz::default();
         let (dst, dport, src, sport, only, tcp) = V4_ROWS[0];
         let wrong = raw(&v4(dst), &v4(src), Some((dport, sport)));
-        assert_ne!(t.hash(&wrong), tcp);
-        assert_ne!(t.hash(&wrong[..8]), only);
+        assert_ne!(t.hash(&wrong), Ok(tcp));
+        assert_ne!(t.hash(&wrong[..8]), Ok(only));
     }
 
     #[test]
@@ -480,33 +495,101 @@ mod tests {
             Toeplitz::new(&DEFAULT_KEY[..39]).unwrap_err(),
             KeyError::TooShort(39)
         );
-        assert_eq!(
-            Toeplitz::new(&[0u8; MAX_KEY_LEN + 1]).unwrap_err(),
-            KeyError::TooLong(MAX_KEY_LEN + 1)
-        );
-        assert!(Toeplitz::new(&[0xa5u8; MAX_KEY_LEN]).is_ok());
+        assert!(Toeplitz::new(&[0xa5u8; 4096]).is_ok());
         assert_eq!(Toeplitz::new(&DEFAULT_KEY).unwrap().key(), &DEFAULT_KEY[..]);
         assert!(KeyError::TooShort(3).to_string().contains("too short"));
     }
 
+    /// A 52-byte key (the length of Intel's i40e keys): Microsoft's 40 bytes and 12 more.
+    const KEY52: [u8; 52] = [
+        0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3, 0x8f,
+        0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30,
+        0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa, 0x5b, 0x0e, 0xc2, 0x41, 0x67,
+        0x25, 0x3d, 0x43, 0xa3, 0x8f, 0xb0, 0xd0,
+    ];
+
     #[test]
-    fn input_past_the_key_is_ignored() {
-        let t = Toeplitz::default();
-        let input: Vec<u8> = (0..60u8).map(|b| b.wrapping_mul(37) | 1).collect();
-        let h = t.hash(&input[..40]);
-        assert_eq!(t.hash(&input), h);
-        assert_eq!(reference_hash(&DEFAULT_KEY, &input), h);
-        assert_eq!(t.hash(&[]), 0);
+    fn long_key_vectors() {
+        let t = Toeplitz::new(&KEY52).unwrap();
+        // Up to 36 input bytes only the first 40 key bytes count: Microsoft's tables hold.
+        for (dst, dport, src, sport, only, tcp) in V6_ROWS {
+            let with_tcp = raw(&v6(src), &v6(dst), Some((sport, dport)));
+            assert_eq!(t.hash(&with_tcp[..32]), Ok(only));
+            assert_eq!(t.hash(&with_tcp), Ok(tcp));
+            let key = flow(
+                IpPair::V6 {
+                    src: v6(src),
+                    dst: v6(dst),
+                },
+                TCP,
+                Some((sport, dport)),
+            );
+            assert_eq!(t.hash_flow(&key, true), tcp);
+        }
+        // Longer inputs use the rest of the key. Expected values from an independent
+        // bit-by-bit implementation (Python, the specification's loop).
+        let input: Vec<u8> = (0..48u8)
+            .map(|i| i.wrapping_mul(37).wrapping_add(11))
+            .collect();
+        for (n, want) in [
+            (37, 0x0f38_dad5),
+            (40, 0xef54_51da),
+            (44, 0xa91c_56ef),
+            (48, 0x531e_8cac),
+        ] {
+            assert_eq!(t.hash(&input[..n]), Ok(want), "{n} bytes");
+            assert_eq!(reference_hash(&KEY52, &input[..n]), want, "{n} bytes");
+        }
+    }
+
+    #[test]
+    fn a_key_too_short_for_the_input_is_an_error() {
+        let t = Toeplitz::new(&KEY52).unwrap();
+        let input = [0x5au8; 49];
+        let e = t.hash(&input).unwrap_err();
+        assert_eq!(e, KeyError::ShortForInput { key: 52, input: 49 });
+        assert_eq!(
+            e.to_string(),
+            "RSS key of 52 bytes is too short for 49 input bytes (the hash of n bytes needs a key of n + 4)"
+        );
+        assert!(Toeplitz::default().hash(&input[..36]).is_ok());
+        assert!(Toeplitz::default().hash(&input[..37]).is_err());
+        assert_eq!(Toeplitz::default().hash(&[]), Ok(0));
     }
 
     proptest! {
         #[test]
         fn table_matches_reference(
-            key in prop::collection::vec(any::<u8>(), MIN_KEY_LEN..=MAX_KEY_LEN),
-            input in prop::collection::vec(any::<u8>(), 0..=140),
+            key in prop::collection::vec(any::<u8>(), MIN_KEY_LEN..=160),
+            input in prop::collection::vec(any::<u8>(), 0..=160),
         ) {
             let t = Toeplitz::new(&key).unwrap();
-            prop_assert_eq!(t.hash(&input), reference_hash(&key, &input));
+            if input.len() + 4 <= key.len() {
+                prop_assert_eq!(t.hash(&input), Ok(reference_hash(&key, &input)));
+            } else {
+                prop_assert_eq!(
+                    t.hash(&input),
+                    Err(KeyError::ShortForInput { key: key.len(), input: input.len() })
+                );
+            }
+        }
+
+        /// The hash of n bytes depends on the key's first n + 4 bytes only.
+        #[test]
+        fn only_the_first_n_plus_4_key_bytes_count(
+            key in prop::collection::vec(any::<u8>(), 100..=140),
+            input in prop::collection::vec(any::<u8>(), 0..=96),
+            tail in any::<u8>(),
+        ) {
+            let n = input.len();
+            let mut other = key.clone();
+            for b in &mut other[n + 4..] {
+                *b ^= tail | 1;
+            }
+            let short = &key[..(n + 4).max(MIN_KEY_LEN)];
+            let h = Toeplitz::new(&key).unwrap().hash(&input);
+            prop_assert_eq!(Toeplitz::new(&other).unwrap().hash(&input), h);
+            prop_assert_eq!(Toeplitz::new(short).unwrap().hash(&input), h);
         }
 
         #[test]
@@ -516,7 +599,7 @@ mod tests {
                 .prop_flat_map(|n| prop::collection::vec(any::<u8>(), n)),
         ) {
             let t = Toeplitz::new(&key).unwrap();
-            prop_assert_eq!(t.hash(&input), reference_hash(&key, &input));
+            prop_assert_eq!(t.hash(&input), Ok(reference_hash(&key, &input)));
         }
 
         #[test]

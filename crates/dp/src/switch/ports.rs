@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qswitch_api::{PortConfig, PortType, VhostMode};
+use qswitch_api::{PortConfig, PortKind, VhostMode};
 
 use super::{Switch, SwitchError, MAX_PORTS};
 use crate::ids::PortId;
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
-use crate::port::vhost_user::{Mode, VhostUserPort};
+use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
 use crate::port::Device;
 use crate::qos;
 use crate::stats::PortCounters;
@@ -58,19 +58,15 @@ impl Switch {
             if p.config.name == config.name {
                 return Err(SwitchError::PortExists(config.name.clone()));
             }
-            if config.ifname.is_some() && p.config.ifname == config.ifname {
+            if let Some(ifname) = config.ifname().filter(|&i| p.config.ifname() == Some(i)) {
                 return Err(SwitchError::IfnameInUse {
-                    ifname: config.ifname.clone().unwrap_or_default(),
+                    ifname: ifname.to_string(),
                     port: p.config.name.clone(),
                 });
             }
-            if config.socket.is_some() && p.config.socket == config.socket {
+            if let Some(socket) = config.socket().filter(|&s| p.config.socket() == Some(s)) {
                 return Err(SwitchError::SocketInUse {
-                    socket: config
-                        .socket
-                        .as_ref()
-                        .map(|s| s.display().to_string())
-                        .unwrap_or_default(),
+                    socket: socket.to_string(),
                     port: p.config.name.clone(),
                 });
             }
@@ -95,7 +91,13 @@ impl Switch {
         let mut ctl = self.control.lock();
         let mut table = (*self.shared.ports.load_full()).clone();
         let mut config = PortConfig::gen(name);
-        config.vlan = vlan;
+        config.vlan = vlan
+            .map(qswitch_api::VlanId::try_from)
+            .transpose()
+            .map_err(|e| qswitch_api::ConfigError::Port {
+                name: name.to_string(),
+                problem: e.into(),
+            })?;
         let id = self.prepare(&table, &config)?;
         let port = Arc::new(crate::port::inject::InjectPort::new());
         let slot = usize::from(id.0);
@@ -109,30 +111,27 @@ impl Switch {
     }
 
     fn open_device(&self, id: PortId, config: &PortConfig) -> Result<Device, SwitchError> {
-        Ok(match config.kind {
-            PortType::Tap => {
-                let ifname = config.ifname.as_deref().unwrap_or_default();
-                Device::Tap(TapPort::open(ifname, config.queues)?)
-            }
-            PortType::VhostUser => {
-                let mode = match config.mode.unwrap_or(VhostMode::Server) {
+        Ok(match &config.kind {
+            PortKind::Tap(t) => Device::Tap(TapPort::open(t.ifname.as_str(), config.queues)?),
+            PortKind::VhostUser(v) => {
+                let mode = match v.mode {
                     VhostMode::Server => Mode::Server,
                     VhostMode::Client => Mode::Client,
                 };
-                let socket = config.socket.as_deref().unwrap_or(std::path::Path::new(""));
                 Device::VhostUser(VhostUserPort::new(
                     &config.name,
-                    socket,
+                    v.socket.as_path(),
                     mode,
                     config.queues,
+                    &Reactor::shared().map_err(VhostUserError::Setup)?,
                 )?)
             }
-            PortType::Gen => Device::Gen(GenPort::new(
+            PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,
                 &config.name,
-                config.mac.as_deref(),
+                g.mac,
                 config.queues,
-                config.generate.as_ref(),
+                g.generate.as_ref(),
                 self.workers.len(),
             )),
         })
@@ -142,7 +141,7 @@ impl Switch {
         Arc::new(PortEntry {
             id,
             config: config.clone(),
-            vlan: config.vlan.unwrap_or(0),
+            vlan: config.vlan_id(),
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
             qos: qos::PortQos::new(config, self.shared.now()),

@@ -8,7 +8,6 @@ use qswitch_api::request::{
     FdbEntry, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo, QueueStats,
     StatsReport, WorkerPlacementInfo, WorkerStats,
 };
-use qswitch_api::VhostMode;
 
 use super::runtime::Reason;
 use super::{Core, Switch};
@@ -55,16 +54,13 @@ impl Switch {
                 PortInfo {
                     name: p.config.name.clone(),
                     kind: p.config.kind.to_string(),
-                    ifname: p.config.ifname.clone(),
-                    vlan: p.config.vlan,
+                    ifname: p.config.ifname().map(ToString::to_string),
+                    vlan: p.config.vlan.map(u16::from),
                     mac,
                     created,
                     offloads: p.dev.offloads().into_iter().map(String::from).collect(),
-                    socket: p.config.socket.as_ref().map(|s| s.display().to_string()),
-                    mode: vhost.map(|_| match p.config.mode.unwrap_or(VhostMode::Server) {
-                        VhostMode::Server => "server".to_string(),
-                        VhostMode::Client => "client".to_string(),
-                    }),
+                    socket: p.config.socket().map(ToString::to_string),
+                    mode: vhost.and(p.config.vhost_mode()).map(|m| m.to_string()),
                     connected: vhost.map(|v| v.connected()),
                     enabled_queues: vhost.map(|v| v.enabled_pairs()),
                     queues,

@@ -101,7 +101,7 @@ impl Core {
             .map(|p| PortReq {
                 name: p.config.name.clone(),
                 queues: p.rx_queues(),
-                cpus: p.config.cpu_set().ok().flatten(),
+                cpus: p.config.cpu_set(),
                 numa_node: None,
             })
             .collect();

@@ -9,18 +9,19 @@
 //! (loops and over-long chains are errors), never reads outside guest memory, never follows a
 //! nested indirect table, and never overflows a length.
 
+use virtio_bindings::virtio_ring;
 use vm_memory::{Address, GuestAddress};
 
 use super::mem::GuestView;
 
 /// Most descriptors one chain may have, direct and indirect together.
 pub const MAX_SEGS: usize = 1024;
-/// `VRING_DESC_F_NEXT`.
-pub const F_NEXT: u16 = 1;
+/// `VRING_DESC_F_NEXT` (virtio-bindings), as the descriptor's 16-bit field.
+pub const F_NEXT: u16 = virtio_ring::VRING_DESC_F_NEXT as u16;
 /// `VRING_DESC_F_WRITE`.
-pub const F_WRITE: u16 = 2;
+pub const F_WRITE: u16 = virtio_ring::VRING_DESC_F_WRITE as u16;
 /// `VRING_DESC_F_INDIRECT`.
-pub const F_INDIRECT: u16 = 4;
+pub const F_INDIRECT: u16 = virtio_ring::VRING_DESC_F_INDIRECT as u16;
 const DESC_SIZE: u64 = 16;
 
 /// One buffer of a chain.
@@ -207,7 +208,8 @@ fn walk_indirect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestMemoryMmap};
+    use crate::port::vhost_user::GuestMem as GuestMemoryMmap;
+    use vm_memory::Bytes;
 
     const TABLE: u64 = 0x1000;
 

@@ -9,14 +9,18 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use qswitch_sys::guestmap;
 use vhost::vhost_user::message::*;
 use vhost::vhost_user::{Backend, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
 use vhost::VhostUserMemoryRegionBase;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryMmap, GuestRegionMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
 
-use super::{protocol_features, Device, Vring, FEATURES, F_PROTOCOL_FEATURES, MAX_QUEUE_SIZE};
+use super::{
+    max_guest_memory, protocol_features, Device, GuestMem, Vring, FEATURES, F_PROTOCOL_FEATURES,
+    MAX_QUEUE_SIZE,
+};
 
 /// Host virtual address → guest physical address, from SET_MEM_TABLE.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +63,23 @@ impl Handler {
         if (index as usize) < self.dev.vrings.len() {
             self.early_enables.retain(|(i, _)| *i != index);
             self.early_enables.push((index, enable));
+        }
+    }
+
+    /// Whether the frontend completed its handshake (SET_OWNER).
+    pub(crate) fn handshake_done(&self) -> bool {
+        self.owned
+    }
+
+    /// Refuses a kick or call fd that is not an eventfd (a pipe, socket or file could block
+    /// a worker, or stay readable for ever and make it spin).
+    fn check_eventfd(&self, fd: &Option<File>, what: &str) -> Result<()> {
+        match fd {
+            Some(f) if !qswitch_sys::eventfd::is_eventfd(f) => {
+                tracing::warn!(port = %self.dev.name, "{what} fd is not an eventfd; refused");
+                Err(Error::InvalidParam)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -145,9 +166,27 @@ impl VhostUserBackendReqHandlerMut for Handler {
         files: Vec<File>,
         _postcopy_listening: Option<bool>,
     ) -> Result<Option<Vec<VhostUserMemoryRegionBase>>> {
+        // The whole table first: a cap on the address space one port may take.
+        let total = ctx
+            .iter()
+            .try_fold(0u64, |t, r| t.checked_add(r.memory_size));
+        if total.is_none_or(|t| t > max_guest_memory()) {
+            tracing::warn!(port = %self.dev.name, total = ?total, cap = max_guest_memory(),
+                "guest memory larger than the per-port cap; refused");
+            return Err(Error::InvalidParam);
+        }
         let mut regions = Vec::with_capacity(ctx.len());
         let mut mappings = Vec::with_capacity(ctx.len());
         for (region, file) in ctx.iter().zip(files) {
+            // Memory the frontend could shrink under the mapping would SIGBUS the first
+            // worker to touch it: seal it where the kernel allows (before the size check,
+            // so that it cannot shrink in between); otherwise the SIGBUS handler of
+            // `guestmap` covers it.
+            let seal = guestmap::seal_against_shrink(&file).map_err(|e| {
+                tracing::warn!(port = %self.dev.name, error = %e,
+                    "sealable guest memory refused F_SEAL_SHRINK; refused");
+                Error::ReqHandlerError(e)
+            })?;
             // A mapping past the end of the file would SIGBUS the first worker that touches
             // it: refuse regions their file cannot back.
             let file_len = file.metadata().map_err(Error::ReqHandlerError)?.len();
@@ -158,7 +197,9 @@ impl VhostUserBackendReqHandlerMut for Handler {
                     "memory region larger than its file; refused");
                 return Err(Error::InvalidParam);
             }
-            let mmap = region.mmap_region(file)?;
+            let len = usize::try_from(size).map_err(|_| Error::InvalidParam)?;
+            let mmap = guestmap::map(&file, offset, len).map_err(Error::ReqHandlerError)?;
+            tracing::debug!(port = %self.dev.name, size, sealed = ?seal, "memory region mapped");
             let r = GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr))
                 .ok_or(Error::InvalidParam)?;
             regions.push(r);
@@ -168,7 +209,7 @@ impl VhostUserBackendReqHandlerMut for Handler {
                 gpa: region.guest_phys_addr,
             });
         }
-        let mem = GuestMemoryMmap::from_regions(regions)
+        let mem = GuestMem::from_regions(regions)
             .map_err(|e| Error::ReqHandlerError(io::Error::other(e)))?;
         self.dev
             .mem
@@ -245,14 +286,21 @@ impl VhostUserBackendReqHandlerMut for Handler {
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         let i = u32::from(index);
+        self.check_eventfd(&fd, "kick")?;
         let mut v = self.vring(i)?.lock();
         if let Some(old) = v.kick.take() {
             if i % 2 == 1 {
                 let _ = self.dev.kick_polls[i as usize / 2].delete(old.as_raw_fd());
             }
         }
+        // The kick fd is never read with read(2) (see `rings::arm`), so its O_NONBLOCK
+        // flag, which the frontend shares and controls, does not matter.
+        if i % 2 == 1 {
+            self.dev
+                .kicks_muted
+                .fetch_and(!(1 << (i / 2)), std::sync::atomic::Ordering::AcqRel);
+        }
         if let Some(f) = &fd {
-            qswitch_sys::fd::set_nonblocking(f).map_err(Error::ReqHandlerError)?;
             if i % 2 == 1 {
                 self.dev.kick_polls[i as usize / 2]
                     .add(f.as_raw_fd(), 0)
@@ -265,6 +313,7 @@ impl VhostUserBackendReqHandlerMut for Handler {
     }
 
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        self.check_eventfd(&fd, "call")?;
         self.vring(u32::from(index))?.lock().call = fd;
         Ok(())
     }

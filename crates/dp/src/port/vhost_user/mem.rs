@@ -11,7 +11,9 @@
 use std::sync::atomic::Ordering;
 
 use qswitch_sys::guest::Mapped;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use super::GuestMem;
 
 /// Regions resolved up front; QEMU typically passes one or two.
 pub const MAX_FAST_REGIONS: usize = 8;
@@ -29,7 +31,7 @@ const NO_REGION: Region<'static> = Region {
 
 /// Guest memory as the data path reads and writes it during one burst.
 pub struct GuestView<'a> {
-    mem: &'a GuestMemoryMmap,
+    mem: &'a GuestMem,
     /// The first region, checked before any other (QEMU's guest RAM below 3 GiB; the only
     /// one of a DPDK virtio-user frontend).
     first: Region<'a>,
@@ -39,7 +41,7 @@ pub struct GuestView<'a> {
 
 impl<'a> GuestView<'a> {
     /// Resolves the regions of `mem`.
-    pub fn new(mem: &'a GuestMemoryMmap) -> GuestView<'a> {
+    pub fn new(mem: &'a GuestMem) -> GuestView<'a> {
         let mut v = GuestView {
             mem,
             first: NO_REGION,
@@ -67,7 +69,7 @@ impl<'a> GuestView<'a> {
     }
 
     /// The underlying memory.
-    pub fn mem(&self) -> &'a GuestMemoryMmap {
+    pub fn mem(&self) -> &'a GuestMem {
         self.mem
     }
 
@@ -185,7 +187,7 @@ mod tests {
 
     #[test]
     fn fast_and_slow_paths_agree() {
-        let mem = GuestMemoryMmap::from_ranges(&[
+        let mem = GuestMem::from_ranges(&[
             (GuestAddress(0), 0x1000),
             (GuestAddress(0x1000), 0x1000),
             (GuestAddress(0x10000), 0x1000),

@@ -3,7 +3,7 @@
 //! ```text
 //!  frontend (QEMU / virtio-user)          qswitch
 //!  ┌──────────────────────┐  unix socket  ┌────────────────────────────────────────────┐
-//!  │ vhost-user messages  │ ◀───────────▶ │ qs-vhost-<port> thread: Handler (protocol) │
+//!  │ vhost-user messages  │ ◀───────────▶ │ qs-vhost event loop (all ports): Handler   │
 //!  │                      │               │   memory table, ring addresses, kick/call  │
 //!  │ guest memory (memfd) │ ═══ mmap ════ │ Device { mem, vrings: [Mutex<Vring>] }     │
 //!  │ transmitq K (2K+1) ──┼── descriptors ┼─▶ rx_burst(K)  by the worker owning K      │
@@ -16,13 +16,17 @@
 //! pinned workers must own the data path (busy-poll under load, no cross-thread hand-off), so
 //! qswitch implements the protocol handler itself on top of the `vhost` crate's message
 //! layer and lets workers access the rings directly: each vring sits behind a mutex that the
-//! protocol thread takes only to reconfigure it. Guest kicks reach a sleeping worker through
+//! control plane takes only to reconfigure it. Guest kicks reach a sleeping worker through
 //! a per-queue epoll instance that holds the current kick eventfd; the worker's own epoll
 //! watches that instance, whose fd stays the same when the frontend reconnects and replaces
 //! the kick fd.
 //!
-//! Each port has one protocol thread (`qs-vhost-<name>`), so a frontend that stalls in the
-//! middle of a message blocks only its own port.
+//! # One event loop for every port
+//! [`Reactor`] (thread `qs-vhost`, see `reactor.rs`) listens, accepts, connects (client
+//! mode, on timers) and runs the protocol for all ports: a port costs no thread and an idle
+//! daemon sleeps. A message is parsed only once it has arrived whole, so a frontend cannot
+//! stall the loop; [`HANDSHAKE_DEADLINE`] and [`MESSAGE_DEADLINE`] drop frontends that
+//! connect and say nothing or stop mid-message.
 //!
 //! # Untrusted guests
 //! Descriptor chains are walked by [`chain::walk`] (bounded, bounds-checked, no nested
@@ -31,32 +35,44 @@
 //! the frontend sets it up again. Each is logged once per ring. Protocol errors (wrong
 //! message sizes, a socket closed mid-message) end the connection; the port waits for the
 //! frontend to come back.
+//!
+//! # Untrusted frontends
+//! - Guest memory: sealed against shrinking where the file allows it, otherwise covered by
+//!   the `SIGBUS` handler of [`qswitch_sys::guestmap`] (a fault in guest memory becomes zero
+//!   pages and a stopped port). Why both: sealing is exact but only memfds created with
+//!   `MFD_ALLOW_SEALING` support it, and refusing the rest would refuse hugetlbfs-backed
+//!   QEMU and DPDK frontends; the handler covers everything but needs the port to be
+//!   stopped afterwards. At most [`max_guest_memory`] per port; unmapped on disconnect.
+//! - Kick and call fds must be eventfds. Kicks are drained with `preadv2(RWF_NOWAIT)` (the
+//!   frontend shares, and may clear, `O_NONBLOCK`); kicks that bring no frames faster than
+//!   [`KICK_STORM`] a second stop waking the worker until the next watchdog tick. A call write the frontend made blocking
+//!   (counter at its maximum, `O_NONBLOCK` cleared) is interrupted by the event loop's
+//!   watchdog within 200 ms and the call fd dropped, so a worker never stays blocked and a
+//!   ring lock is never held for long; the control plane reads ring state from atomics.
 
 pub mod chain;
 mod handler;
 pub mod mem;
+mod reactor;
 mod rings;
 
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use qswitch_sys::epoll::Epoll;
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost::vhost_user::{BackendReqHandler, Error as VhostError, Listener};
+use qswitch_sys::guestmap::MapOwner;
+use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::{Port, TxDone};
 use crate::packet::Pkt;
@@ -64,13 +80,38 @@ use crate::rss::{Reta, Toeplitz};
 use crate::stats::DropTally;
 
 pub use handler::Handler;
+pub use reactor::{Reactor, HANDSHAKE_DEADLINE, MESSAGE_DEADLINE, WATCHDOG};
+
+/// Guest memory as a port maps it: regions whose mappings are registered for `SIGBUS`
+/// recovery ([`qswitch_sys::guestmap`]).
+pub type GuestMem = GuestMemoryMmap<MapOwner>;
 
 /// Most queue pairs a port offers.
 pub const MAX_PAIRS: u16 = 16;
 /// Largest ring a frontend may set up.
 pub const MAX_QUEUE_SIZE: u16 = 4096;
+/// Default cap on the guest memory one port maps (the sum of its SET_MEM_TABLE regions):
+/// 1 TiB. Generous for real VMs (NFV guests with a few hundred GiB of hugepages), while a
+/// process's 128 TiB of user address space then needs more than a hundred hostile ports
+/// to exhaust (a single frontend once mapped 128 TiB of sparse memfds, after which the
+/// daemon could not even start threads). Mappings are `MAP_NORESERVE`: the cap bounds
+/// address space, not memory. Change it with [`set_max_guest_memory`].
+pub const DEFAULT_MAX_GUEST_MEMORY: u64 = 1 << 40;
+
+static MAX_GUEST_MEMORY: AtomicU64 = AtomicU64::new(DEFAULT_MAX_GUEST_MEMORY);
+
+/// Sets the cap on the guest memory one port may map (bytes); applies to later
+/// SET_MEM_TABLE messages.
+pub fn set_max_guest_memory(bytes: u64) {
+    MAX_GUEST_MEMORY.store(bytes, Ordering::Relaxed);
+}
+
+/// The current cap on the guest memory one port may map.
+pub fn max_guest_memory() -> u64 {
+    MAX_GUEST_MEMORY.load(Ordering::Relaxed)
+}
 /// `VHOST_USER_F_PROTOCOL_FEATURES`.
-pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+pub const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
 /// Virtio features qswitch offers.
 pub const FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
@@ -151,7 +192,18 @@ pub(crate) struct Vring {
     /// The used index when the guest was last considered for a notification.
     pub(crate) used_signalled: u16,
     pub(crate) scratch: rings::Scratch,
+    /// The next avail index at the last `arm` (a kick with no frame since is spurious).
+    pub(crate) arm_avail: u16,
+    /// Spurious kicks counted since `storm_start` (see [`KICK_STORM`]).
+    pub(crate) storm_count: u32,
+    pub(crate) storm_start: Option<std::time::Instant>,
 }
+
+/// Spurious kicks (a kick with no new frame) per second a transmit ring may cause before
+/// its kicks stop waking the worker until the event loop's next watchdog tick (100 ms):
+/// a frontend writing its kick eventfd in a loop costs the worker at most about this many
+/// wake-ups a second, not one per write. Real guests kick only after queueing frames.
+pub const KICK_STORM: u32 = 1000;
 
 impl Vring {
     fn new() -> Vring {
@@ -168,6 +220,9 @@ impl Vring {
             used_pending: 0,
             used_signalled: 0,
             scratch: rings::Scratch::default(),
+            arm_avail: 0,
+            storm_count: 0,
+            storm_start: None,
         }
     }
 
@@ -177,11 +232,17 @@ impl Vring {
         self.enabled && self.started && !self.broken && self.queue.ready()
     }
 
-    /// Signals the guest (call eventfd).
-    pub(crate) fn signal(&self) {
+    /// Signals the guest (call eventfd). False if the write blocked (the frontend
+    /// saturated the counter and cleared O_NONBLOCK) and was interrupted by the watchdog:
+    /// the call fd is then dropped.
+    pub(crate) fn signal(&mut self) -> bool {
         if let Some(call) = &self.call {
-            let _ = (&*call).write(&1u64.to_ne_bytes());
+            if !reactor::signal_call(call) {
+                self.call = None;
+                return false;
+            }
         }
+        true
     }
 }
 
@@ -190,11 +251,14 @@ impl Vring {
 pub(crate) struct Device {
     pub(crate) name: String,
     pub(crate) pairs: u16,
-    pub(crate) mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    pub(crate) mem: GuestMemoryAtomic<GuestMem>,
     /// 2 × pairs vrings: receiveqK = 2K, transmitqK = 2K + 1.
     pub(crate) vrings: Box<[Mutex<Vring>]>,
     /// Per pair: an epoll instance holding the transmitq's current kick fd (stable fd).
     pub(crate) kick_polls: Box<[Epoll]>,
+    /// Bit K: pair K's kick fd is out of its epoll for a kick storm (until the event
+    /// loop's next watchdog tick).
+    pub(crate) kicks_muted: AtomicU32,
     pub(crate) features: AtomicU64,
     /// Bit K set: receiveq K is usable (enabled, started, not broken).
     pub(crate) rx_enabled: AtomicU32,
@@ -212,11 +276,12 @@ impl Device {
         Ok(Device {
             name: name.to_string(),
             pairs,
-            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            mem: GuestMemoryAtomic::new(GuestMem::new()),
             vrings: (0..pairs * 2).map(|_| Mutex::new(Vring::new())).collect(),
             kick_polls: (0..pairs)
                 .map(|_| Epoll::new())
                 .collect::<std::io::Result<_>>()?,
+            kicks_muted: AtomicU32::new(0),
             features: AtomicU64::new(0),
             rx_enabled: AtomicU32::new(0),
             reta: ArcSwap::from_pointee(Reta::new(&[])),
@@ -252,7 +317,35 @@ impl Device {
         }
     }
 
-    /// The frontend went away: stop every ring (memory stays mapped until replaced).
+    /// Whether a region of the guest memory faulted (`SIGBUS`; it reads as zeros now).
+    pub(crate) fn mem_faulted(&self) -> bool {
+        self.mem.memory().iter().any(|r| r.bitmap().faulted())
+    }
+
+    /// Puts the kick fds muted for a kick storm back into their epoll instances.
+    pub(crate) fn unmute_kicks(&self) {
+        let muted = self.kicks_muted.swap(0, Ordering::AcqRel);
+        for q in (0..self.pairs).filter(|q| muted & (1 << q) != 0) {
+            let v = self.vrings[usize::from(q) * 2 + 1].lock();
+            if let Some(k) = &v.kick {
+                let _ = self.kick_polls[usize::from(q)].add(k.as_raw_fd(), 0);
+            }
+        }
+    }
+
+    /// Stops every ring as broken (the guest has to set them up again).
+    pub(crate) fn stop_rings(&self, why: &str) {
+        for (i, v) in self.vrings.iter().enumerate() {
+            let mut v = v.lock();
+            if v.started && !v.broken {
+                v.broken = true;
+                self.guest_error(why, i, true);
+                self.note_ring(i, &v);
+            }
+        }
+    }
+
+    /// The frontend went away: stop every ring and unmap the guest memory.
     pub(crate) fn disconnect(&self) {
         self.connected.store(false, Ordering::Relaxed);
         self.features.store(0, Ordering::Relaxed);
@@ -265,8 +358,13 @@ impl Device {
             }
             *v = Vring::new();
         }
+        self.kicks_muted.store(0, Ordering::Release);
         let old = self.rx_enabled.swap(0, Ordering::AcqRel);
         self.update_reta(old);
+        // Workers in the middle of a burst keep the old table alive until they finish.
+        if let Ok(m) = self.mem.lock() {
+            m.replace(GuestMem::new());
+        }
     }
 
     /// Rebuilds the indirection table if the usable receive queues changed from `old`.
@@ -291,14 +389,14 @@ impl Device {
     }
 }
 
-/// A vhost-user port.
+/// A vhost-user port. Its control plane (listening, connecting, the protocol) runs in the
+/// shared [`Reactor`]; its data path in the workers.
 pub struct VhostUserPort {
     dev: Arc<Device>,
     socket: PathBuf,
     mode: Mode,
-    stop: Arc<AtomicBool>,
-    conn: Arc<StdMutex<Option<UnixStream>>>,
-    thread: Option<JoinHandle<()>>,
+    id: u64,
+    reactor: Reactor,
 }
 
 impl std::fmt::Debug for VhostUserPort {
@@ -317,63 +415,45 @@ pub enum VhostUserError {
     Listen {
         path: String,
         #[source]
-        source: vhost::vhost_user::Error,
+        source: std::io::Error,
     },
     #[error("cannot set up the port")]
     Setup(#[source] std::io::Error),
 }
 
 impl VhostUserPort {
-    /// Creates the port and starts its protocol thread. In server mode the socket is bound
-    /// now (a stale socket file is replaced); in client mode the thread connects in the
+    /// Creates the port and hands it to `reactor`. In server mode the socket is bound now
+    /// (a stale socket file is replaced); in client mode the reactor connects in the
     /// background and keeps reconnecting.
     pub fn new(
         name: &str,
         socket: &Path,
         mode: Mode,
         pairs: u16,
+        reactor: &Reactor,
     ) -> Result<VhostUserPort, VhostUserError> {
         let dev =
             Arc::new(Device::new(name, pairs.clamp(1, MAX_PAIRS)).map_err(VhostUserError::Setup)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let conn: Arc<StdMutex<Option<UnixStream>>> = Arc::new(StdMutex::new(None));
         let listener = match mode {
-            Mode::Server => {
-                if let Some(dir) = socket.parent() {
-                    std::fs::create_dir_all(dir).map_err(VhostUserError::Setup)?;
-                }
-                let l = Listener::new(socket, true).map_err(|source| VhostUserError::Listen {
-                    path: socket.display().to_string(),
-                    source,
-                })?;
-                l.set_nonblocking(true)
-                    .map_err(|source| VhostUserError::Listen {
-                        path: socket.display().to_string(),
-                        source,
-                    })?;
-                Some(l)
-            }
+            Mode::Server => Some(listen(socket).map_err(|source| VhostUserError::Listen {
+                path: socket.display().to_string(),
+                source,
+            })?),
             Mode::Client => None,
         };
-        let thread = {
-            let (dev, stop, conn, socket) = (
-                dev.clone(),
-                stop.clone(),
-                conn.clone(),
-                socket.to_path_buf(),
-            );
-            std::thread::Builder::new()
-                .name(format!("qs-vhost-{name}"))
-                .spawn(move || protocol_thread(&dev, &socket, listener, &stop, &conn))
-                .map_err(VhostUserError::Setup)?
-        };
+        let id = reactor.next_id();
+        reactor.add(reactor::PortSetup {
+            id,
+            dev: dev.clone(),
+            socket: socket.to_path_buf(),
+            listener,
+        });
         Ok(VhostUserPort {
             dev,
             socket: socket.to_path_buf(),
             mode,
-            stop,
-            conn,
-            thread: Some(thread),
+            id,
+            reactor: reactor.clone(),
         })
     }
 
@@ -387,10 +467,12 @@ impl VhostUserPort {
         self.dev.connected.load(Ordering::Relaxed)
     }
 
-    /// Queue pairs whose receive ring the guest has enabled.
+    /// Queue pairs whose receive ring the guest has enabled. Reads an atomic: never waits
+    /// for a ring lock (the control plane calls this under its own lock).
     pub fn enabled_pairs(&self) -> Vec<u16> {
+        let bits = self.dev.rx_enabled.load(Ordering::Acquire);
         (0..self.dev.pairs)
-            .filter(|&p| self.dev.vrings[usize::from(p) * 2].lock().usable())
+            .filter(|&p| bits & (1 << p) != 0)
             .collect()
     }
 
@@ -405,17 +487,23 @@ impl VhostUserPort {
     }
 }
 
+/// Binds a non-blocking listener on `socket`, replacing a stale socket file.
+fn listen(socket: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
+        std::fs::remove_file(socket)?;
+    }
+    let l = UnixListener::bind(socket)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
 impl Drop for VhostUserPort {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Ok(c) = self.conn.lock() {
-            if let Some(s) = c.as_ref() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.reactor.remove(self.id);
         self.dev.disconnect();
         if self.mode == Mode::Server {
             let _ = std::fs::remove_file(&self.socket);
@@ -423,106 +511,11 @@ impl Drop for VhostUserPort {
     }
 }
 
-/// Serves the frontend: accept (server) or connect (client), handle messages until the
-/// connection ends, reset, repeat until stopped.
-fn protocol_thread(
-    dev: &Arc<Device>,
-    socket: &Path,
-    mut listener: Option<Listener>,
-    stop: &AtomicBool,
-    conn: &StdMutex<Option<UnixStream>>,
-) {
-    let mut warned = false;
-    while !stop.load(Ordering::Relaxed) {
-        let stream = match listener.as_mut() {
-            Some(l) => match l.accept() {
-                Ok(Some(s)) => s,
-                Ok(None) => {
-                    std::thread::sleep(Duration::from_millis(50));
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(port = %dev.name, error = %e, "accept failed");
-                    std::thread::sleep(Duration::from_millis(200));
-                    continue;
-                }
-            },
-            None => match UnixStream::connect(socket) {
-                Ok(s) => s,
-                Err(e) => {
-                    if !warned {
-                        tracing::info!(port = %dev.name, socket = %socket.display(), error = %e,
-                            "frontend not there yet; retrying every second");
-                        warned = true;
-                    }
-                    for _ in 0..20 {
-                        if stop.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    continue;
-                }
-            },
-        };
-        warned = false;
-        let _ = stream.set_nonblocking(false);
-        if let Ok(mut c) = conn.lock() {
-            *c = stream.try_clone().ok();
-        }
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        tracing::info!(port = %dev.name, "frontend connected");
-        dev.connected.store(true, Ordering::Relaxed);
-        let peek = stream.try_clone().ok();
-        let handler = Arc::new(StdMutex::new(Handler::new(dev.clone())));
-        let mut req = BackendReqHandler::from_stream(stream, handler.clone());
-        loop {
-            let enable = peek.as_ref().and_then(peek_vring_enable);
-            match req.handle_request() {
-                Ok(()) => {}
-                // QEMU 7.2 enables (and, after a reconnect, re-enables) rings before
-                // SET_FEATURES; the vhost crate refuses that. Remember it and apply it once
-                // PROTOCOL_FEATURES is acked, or the rings would stay disabled.
-                Err(VhostError::InactiveFeature(_)) if enable.is_some() => {
-                    if let (Some((index, on)), Ok(mut h)) = (enable, handler.lock()) {
-                        tracing::debug!(port = %dev.name, vring = index, on, "early vring enable deferred");
-                        h.defer_enable(index, on);
-                    }
-                }
-                // The request was read whole and refused; the connection is still in step.
-                // QEMU 7.2, for one, disables extra queue pairs before SET_FEATURES, which
-                // the vhost crate refuses: nothing to act on, rings start disabled anyway.
-                Err(
-                    e @ (VhostError::InactiveFeature(_)
-                    | VhostError::InactiveOperation(_)
-                    | VhostError::InvalidParam
-                    | VhostError::InvalidOperation(_)
-                    | VhostError::SocketRetry(_)),
-                ) => {
-                    tracing::debug!(port = %dev.name, error = %e, "request refused");
-                }
-                Err(e) => {
-                    if !stop.load(Ordering::Relaxed) {
-                        tracing::info!(port = %dev.name, error = %e, "frontend disconnected");
-                    }
-                    break;
-                }
-            }
-        }
-        dev.disconnect();
-        if let Ok(mut c) = conn.lock() {
-            *c = None;
-        }
-    }
-}
-
 /// `VHOST_USER_SET_VRING_ENABLE`.
-const SET_VRING_ENABLE: u32 = 18;
+const SET_VRING_ENABLE: u32 = FrontendReq::SET_VRING_ENABLE as u32;
 
 /// If the next message waiting on the socket is SET_VRING_ENABLE, its (vring, enable).
-fn peek_vring_enable(stream: &UnixStream) -> Option<(u32, bool)> {
+pub(crate) fn peek_vring_enable(stream: &UnixStream) -> Option<(u32, bool)> {
     // Header: request, flags, size (u32 each, native order); body: vring index, num.
     let mut b = [0u8; 20];
     let n = qswitch_sys::fd::peek(stream, &mut b).ok()?;

@@ -6,15 +6,16 @@
 //! - [`tx_burst`]: switch → the guest's receiveq. Device-writable chains; with MRG_RXBUF a
 //!   frame may span several chains (`num_buffers`). Offloads the guest did not negotiate are
 //!   resolved first: partial checksums are completed, TSO frames are segmented.
-//! - [`arm`]: before a worker sleeps, drain the kick eventfd and enable guest notifications;
+//! - [`arm`]: before a worker sleeps, drain the kick eventfd (`preadv2(RWF_NOWAIT)`: a
+//!   frontend cannot make it block) and enable guest notifications;
 //!   if the guest queued something meanwhile, say so (the worker polls again instead).
 
-use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, Ordering};
 
 use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
 use virtio_bindings::virtio_net::*;
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VRING_AVAIL_F_NO_INTERRUPT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
@@ -43,7 +44,8 @@ pub(crate) struct Scratch {
 
 fn avail_no_interrupt(v: &Vring, mem: &GuestView<'_>) -> bool {
     let mut flags = [0u8; 2];
-    mem.read(v.queue.avail_ring(), &mut flags) && u16::from_le_bytes(flags) & 1 != 0
+    mem.read(v.queue.avail_ring(), &mut flags)
+        && u32::from(u16::from_le_bytes(flags)) & VRING_AVAIL_F_NO_INTERRUPT != 0
 }
 
 /// Stops ring `vi` because its guest broke it (logged once per ring); the frontend has to
@@ -118,7 +120,7 @@ fn publish_used(v: &mut Vring, mem: &GuestView<'_>) -> bool {
 /// Signals the guest if it asked to hear about the used entries published since the last
 /// check: with EVENT_IDX when the used index passed `used_event` (the kernel's
 /// `vring_need_event`), without it unless VRING_AVAIL_F_NO_INTERRUPT is set.
-fn notify(dev: &Device, v: &mut Vring, mem: &GuestView<'_>) {
+fn notify(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
     let new = v.queue.next_used();
     let old = v.used_signalled;
     if new == old {
@@ -136,8 +138,12 @@ fn notify(dev: &Device, v: &mut Vring, mem: &GuestView<'_>) {
     } else {
         !avail_no_interrupt(v, mem)
     };
-    if wants {
-        v.signal();
+    if wants && !v.signal() {
+        dev.guest_error(
+            "call eventfd blocked (counter saturated, O_NONBLOCK cleared); calls stopped",
+            vi,
+            true,
+        );
     }
 }
 
@@ -148,7 +154,7 @@ fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
         stop_ring(dev, vi, v, "used ring not writable; ring stopped");
         return;
     }
-    notify(dev, v, mem);
+    notify(dev, vi, v, mem);
 }
 
 /// Pops up to `heads.len()` chain heads. The guest's avail index is read only when the
@@ -658,9 +664,25 @@ pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
     };
     let mut guard = vr.lock();
     let v = &mut *guard;
-    if let Some(k) = &v.kick {
-        let mut b = [0u8; 8];
-        let _ = (&*k).read(&mut b);
+    // Never a plain read: the frontend may clear O_NONBLOCK on its copy of the fd.
+    let kick = v.kick.as_ref().map(|k| {
+        let kicked = qswitch_sys::eventfd::drain_nowait(k).unwrap_or(0) > 0;
+        (kicked, k.as_raw_fd())
+    });
+    if let Some((kicked, fd)) = kick {
+        let next = v.queue.next_avail();
+        if kicked && next == v.arm_avail && kick_storm(v) {
+            // Kicks that bring nothing, faster than KICK_STORM a second: stop waking on
+            // them until the event loop's next watchdog tick puts the fd back.
+            let _ = dev.kick_polls[usize::from(queue)].delete(fd);
+            let first = dev.kicks_muted.fetch_or(1 << queue, Ordering::AcqRel) & (1 << queue) == 0;
+            dev.guest_error(
+                "kick storm (kicks without frames); kicks muted briefly",
+                vi,
+                first,
+            );
+        }
+        v.arm_avail = next;
     }
     if !v.usable() {
         return true;
@@ -668,4 +690,20 @@ pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
     let mem = dev.mem.memory();
     v.notify = true;
     !v.queue.enable_notification(&*mem).unwrap_or(false)
+}
+
+/// Counts a spurious kick; true when they come faster than [`super::KICK_STORM`] a second.
+fn kick_storm(v: &mut Vring) -> bool {
+    let now = std::time::Instant::now();
+    match v.storm_start {
+        Some(s) if now.duration_since(s) < std::time::Duration::from_secs(1) => {
+            v.storm_count += 1;
+            v.storm_count > super::KICK_STORM
+        }
+        _ => {
+            v.storm_start = Some(now);
+            v.storm_count = 1;
+            false
+        }
+    }
 }
