@@ -910,6 +910,79 @@ fn vnis_share_one_udp_port() {
     assert_eq!(unknown, 1);
 }
 
+/// A `type = "vxlan"` port from config in a (manual) switch: frames from a remote VTEP reach
+/// an inject port and are learned in the switch's fdb as behind the VXLAN port; unicast back
+/// goes out through the tunnel.
+#[test]
+fn config_port_in_a_switch() {
+    use qswitch_api::{PortConfig, PortKind};
+    let options = qswitch_dp::Options {
+        topology: Some(qswitch_dp::placement::Topology::synthetic(1, 4, 1)),
+        ..Default::default()
+    };
+    let sw = qswitch_dp::Switch::manual(&[0], &options).expect("manual switch");
+    let (l4, l5) = (
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4)),
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 5)),
+    );
+    let mut added = None;
+    for attempt in 0..20u16 {
+        let dstport = 20_000 + ((std::process::id() as u16).wrapping_add(attempt * 83) % 9_000);
+        let port = PortConfig::new(
+            "vx",
+            PortKind::Vxlan(qswitch_api::VxlanConfig {
+                vni: 42,
+                local: l4,
+                remotes: vec![l5],
+                dstport,
+                learning: true,
+                udp_csum: None,
+            }),
+        );
+        let mut c = VxlanConfig::new(42, l5);
+        c.remotes = vec![l4];
+        c.dstport = dstport;
+        if let (Ok(remote), Ok(_)) = (VxlanPort::open("remote", &c), sw.add_port(&port)) {
+            added = Some(remote);
+            break;
+        }
+    }
+    let remote = added.expect("a VXLAN port in the switch and its peer");
+    let a = sw.add_inject_port("a", None).unwrap();
+    let (mac_a, mac_r) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0x5]);
+
+    // Remote → switch: a broadcast reaches port a.
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    let mut bcast = inner_frame(mac_r, 60);
+    bcast[..6].fill(0xff);
+    pkts[0].fill(&bcast);
+    let mut drops = DropTally::default();
+    assert_eq!(remote.tx_burst(0, &mut pkts, &[0], &mut drops).packets, 1);
+    let mut got = Vec::new();
+    for i in 0..2000 {
+        sw.poll_once(1_000 * (i + 1));
+        got.extend(a.take_captured());
+        if !got.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(got, vec![bcast]);
+    let fdb = sw.fdb();
+    assert!(
+        fdb.iter()
+            .any(|e| e.port == "vx" && e.mac == MacAddr(mac_r).to_string()),
+        "{fdb:?}"
+    );
+
+    // Switch → remote: unicast to the learned MAC leaves through the tunnel.
+    let mut uni = inner_frame(mac_a, 60);
+    uni[..6].copy_from_slice(&mac_r);
+    a.inject(&uni);
+    sw.poll_once(10_000_000);
+    assert_eq!(receive(&remote, 1), vec![uni]);
+}
+
 #[test]
 fn one_flow_one_source_port() {
     use qswitch_dp::port::vxlan::flow_hash;
