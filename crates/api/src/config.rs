@@ -1590,14 +1590,26 @@ vlan = 7
         for (keys, want) in [
             ("local='192.0.2.1'\n", "type vxlan needs vni"),
             ("vni=1\n", "type vxlan needs local"),
-            ("vni=16777216\nlocal='192.0.2.1'\n", "vni = 16777216 is out of range"),
+            (
+                "vni=16777216\nlocal='192.0.2.1'\n",
+                "vni = 16777216 is out of range",
+            ),
             (
                 "vni=1\nlocal='192.0.2.1'\nremotes=['fd00::1']\n",
                 "remote fd00::1 is not of the address family of local 192.0.2.1",
             ),
-            ("vni=1\nlocal='192.0.2.1'\ndstport=0\n", "dstport must not be 0"),
-            ("vni=1\nlocal='192.0.2.1'\nqueues=2\n", "queues = 2 is out of range 1..=1"),
-            ("vni=1\nlocal='192.0.2.1'\nifname='x'\n", "key 'ifname' does not apply"),
+            (
+                "vni=1\nlocal='192.0.2.1'\ndstport=0\n",
+                "dstport must not be 0",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nqueues=2\n",
+                "queues = 2 is out of range 1..=1",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nifname='x'\n",
+                "key 'ifname' does not apply",
+            ),
             ("vni=1\nlocal='nope'\n", "local"),
         ] {
             let e = err(&format!("{base}{keys}"));
