@@ -59,8 +59,8 @@
 //! [`VxlanConfig::udp_csum`] overrides both.
 //!
 //! MTU: the sockets never fragment (`IP_PMTUDISC_DO`); an inner frame whose datagram does not
-//! fit the underlay MTU ([`VxlanPort::underlay_mtu`], from the route to the first remote
-//! unless configured) is dropped and counted (`mtu_exceeded`), as is one the kernel refuses
+//! fit the underlay MTU ([`VxlanPort::underlay_mtu`]: the smallest route MTU toward the
+//! remotes at open, unless configured) is dropped and counted (`mtu_exceeded`), as is one the kernel refuses
 //! with `EMSGSIZE`. [`VxlanPort::inner_mtu`] is the IP MTU guests must use: the underlay MTU
 //! less 50 bytes over IPv4, 70 over IPv6.
 //!
@@ -70,10 +70,17 @@
 //! so every port keeps its own socket, fd and rx queue and nothing is copied between ports.
 //!
 //! # Limitations
-//! One rx queue (one socket); no `UDP_GRO`/`UDP_SEGMENT` yet (TSO frames are segmented in
-//! software, all segments then sent in one `sendmmsg`); the inner frame must be untagged or carry one
-//! tag the switch put there; VNI-to-VLAN mapping is one VNI per port. Decapsulation drops are
-//! counted in this port's [`VxlanStats`], not (yet) in the switch's drop reasons.
+//! - One rx queue (one socket); no `UDP_GRO`/`UDP_SEGMENT` yet: TSO frames are segmented in
+//!   software and all segments sent in one `sendmmsg` (the kernel refuses `UDP_SEGMENT` on a
+//!   socket with `SO_NO_CHECK`, i.e. the IPv4 default).
+//! - One VNI per port (a port is an access port of one VLAN).
+//! - The underlay MTU is read once; [`VxlanPort::set_underlay_mtu`] changes it.
+//! - Every drop is counted by reason in [`VxlanStats`]; of those, only short or truncated
+//!   datagrams (`runt`, `oversize`), `mtu_exceeded` (`oversize`), `offload`, `tx_full` and
+//!   `tx_error` also reach the switch's drop reasons: `i_flag_clear`, `unknown_vni` and
+//!   `unknown_vtep` have no switch-wide reason yet.
+//! - The VNI steering assumes every member of a `SO_REUSEPORT` group is a port of this
+//!   process (another process of the same user binding the same address would join it).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
