@@ -49,6 +49,18 @@
 //! vlans = "20,30,100-200"          # carried tagged (802.1Q)
 //! security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "fe80::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
 //! storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 1000 }   # frames/s
+//!
+//! # VXLAN (RFC 7348; see `qswitch_dp::port::vxlan`)
+//! [[port]]
+//! name = "vx100"
+//! type = "vxlan"
+//! vni = 100
+//! local = "192.0.2.1"              # underlay source address (IPv4 or IPv6)
+//! remotes = ["192.0.2.2", "192.0.2.3"]  # flood list: head-end replication
+//! dstport = 4789                   # default 4789 (Linux's own default is 8472)
+//! learning = true                  # remote MAC -> VTEP from received frames
+//! vlan = 100                       # the switch VLAN this VNI carries
+//! # udp_csum = false               # default: off over IPv4, on over IPv6
 //! ```
 //! Rates are bits/s of L2 frames (Ethernet header counted, FCS not) with an
 //! optional k/M/G/T suffix (powers of 1000): "150M", "1.5G", "800000".
@@ -66,6 +78,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -218,6 +231,8 @@ pub enum PortType {
     Gen,
     /// A vhost-user socket: QEMU/KVM guests, Cloud Hypervisor, DPDK virtio-user.
     VhostUser,
+    /// A VXLAN tunnel endpoint (RFC 7348): one VNI to remote VTEPs over an IP underlay.
+    Vxlan,
 }
 
 impl fmt::Display for PortType {
@@ -226,6 +241,7 @@ impl fmt::Display for PortType {
             PortType::Tap => "tap",
             PortType::Gen => "gen",
             PortType::VhostUser => "vhost-user",
+            PortType::Vxlan => "vxlan",
         })
     }
 }
@@ -237,8 +253,9 @@ impl FromStr for PortType {
             "tap" => Ok(PortType::Tap),
             "gen" => Ok(PortType::Gen),
             "vhost-user" => Ok(PortType::VhostUser),
+            "vxlan" => Ok(PortType::Vxlan),
             other => Err(format!(
-                "unknown port type '{other}' (expected tap, gen or vhost-user)"
+                "unknown port type '{other}' (expected tap, gen, vhost-user or vxlan)"
             )),
         }
     }
@@ -318,7 +335,33 @@ pub enum PortKind {
     VhostUser(VhostUserConfig),
     /// `type = "gen"`.
     Gen(GenPortConfig),
+    /// `type = "vxlan"`.
+    Vxlan(VxlanConfig),
 }
+
+/// The keys of a VXLAN port. The VLAN the VNI carries is the port's `vlan`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanConfig {
+    /// The VNI, 0..=16777215.
+    pub vni: u32,
+    /// The local underlay address: outer source, and where the port listens.
+    pub local: IpAddr,
+    /// The static flood list (head-end replication of broadcast, multicast and unknown
+    /// unicast); same address family as `local`.
+    pub remotes: Vec<IpAddr>,
+    /// UDP destination port (default 4789, the IANA port; Linux's own default is 8472).
+    pub dstport: u16,
+    /// Learn remote MAC → VTEP from received frames (default true). When false, frames from
+    /// VTEPs not in `remotes` (or known through EVPN) are dropped.
+    pub learning: bool,
+    /// UDP checksum on transmit; default: off over IPv4, on over IPv6.
+    pub udp_csum: Option<bool>,
+}
+
+/// The default VXLAN UDP port (IANA).
+pub const VXLAN_PORT: u16 = 4789;
+/// The largest VNI.
+pub const MAX_VNI: u32 = 0x00ff_ffff;
 
 /// The keys of a TAP port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -353,6 +396,7 @@ impl PortKind {
             PortKind::Tap(_) => PortType::Tap,
             PortKind::VhostUser(_) => PortType::VhostUser,
             PortKind::Gen(_) => PortType::Gen,
+            PortKind::Vxlan(_) => PortType::Vxlan,
         }
     }
 }
@@ -486,6 +530,12 @@ pub enum PortError {
     GenSize(u16),
     #[error("generate.flows must be at least 1")]
     GenFlows,
+    #[error("vni = {0} is out of range 0..={MAX_VNI}")]
+    Vni(u32),
+    #[error("remote {remote} is not of the address family of local {local}")]
+    VxlanFamily { local: IpAddr, remote: IpAddr },
+    #[error("dstport must not be 0")]
+    ZeroDstport,
     #[error("capacity must be above 0")]
     ZeroCapacity,
     #[error("an uplink (capacity) takes no qos; its ports share its capacity")]
@@ -524,6 +574,24 @@ pub struct PortKeys {
     /// gen: what to generate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate: Option<GenConfig>,
+    /// vxlan: the VNI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vni: Option<u32>,
+    /// vxlan: the local underlay address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<IpAddr>,
+    /// vxlan: the static flood list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remotes: Option<Vec<IpAddr>>,
+    /// vxlan: the UDP destination port (default 4789).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dstport: Option<u16>,
+    /// vxlan: learn remote MACs (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning: Option<bool>,
+    /// vxlan: UDP checksum on transmit (default: off over IPv4, on over IPv6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_csum: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<CpuList>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -547,6 +615,7 @@ fn check_queues(queues: u16, t: PortType) -> Result<(), PortError> {
     let max = match t {
         PortType::VhostUser => MAX_VHOST_PAIRS,
         PortType::Tap | PortType::Gen => MAX_QUEUES,
+        PortType::Vxlan => 1,
     };
     if queues == 0 || queues > max {
         return Err(PortError::Queues {
@@ -571,6 +640,12 @@ impl PortKeys {
             vlan: None,
             mac: None,
             generate: None,
+            vni: None,
+            local: None,
+            remotes: None,
+            dstport: None,
+            learning: None,
+            udp_csum: None,
             cpus: None,
             qos: None,
             capacity: None,
@@ -591,6 +666,12 @@ impl PortKeys {
             ("mode", self.mode.is_some()),
             ("mac", self.mac.is_some()),
             ("generate", self.generate.is_some()),
+            ("vni", self.vni.is_some()),
+            ("local", self.local.is_some()),
+            ("remotes", self.remotes.is_some()),
+            ("dstport", self.dstport.is_some()),
+            ("learning", self.learning.is_some()),
+            ("udp_csum", self.udp_csum.is_some()),
         ]
         .into_iter()
         .find_map(|(key, set)| set.then_some(key))
@@ -611,6 +692,14 @@ impl PortKeys {
             PortType::Gen => PortKind::Gen(GenPortConfig {
                 mac: self.mac.take(),
                 generate: self.generate.take(),
+            }),
+            PortType::Vxlan => PortKind::Vxlan(VxlanConfig {
+                vni: self.vni.take().ok_or_else(|| missing("vni"))?,
+                local: self.local.take().ok_or_else(|| missing("local"))?,
+                remotes: self.remotes.take().unwrap_or_default(),
+                dstport: self.dstport.take().unwrap_or(VXLAN_PORT),
+                learning: self.learning.take().unwrap_or(true),
+                udp_csum: self.udp_csum.take(),
             }),
         };
         match self.kind_key_left() {
@@ -673,6 +762,14 @@ impl From<PortConfig> for PortKeys {
                 k.mac = g.mac;
                 k.generate = g.generate;
             }
+            PortKind::Vxlan(v) => {
+                k.vni = Some(v.vni);
+                k.local = Some(v.local);
+                k.remotes = Some(v.remotes);
+                k.dstport = Some(v.dstport);
+                k.learning = Some(v.learning);
+                k.udp_csum = v.udp_csum;
+            }
         }
         k
     }
@@ -733,6 +830,20 @@ impl PortConfig {
             }
             if g.flows == 0 {
                 return Err(PortError::GenFlows);
+            }
+        }
+        if let PortKind::Vxlan(v) = &self.kind {
+            if v.vni > MAX_VNI {
+                return Err(PortError::Vni(v.vni));
+            }
+            if let Some(&remote) = v.remotes.iter().find(|r| r.is_ipv4() != v.local.is_ipv4()) {
+                return Err(PortError::VxlanFamily {
+                    local: v.local,
+                    remote,
+                });
+            }
+            if v.dstport == 0 {
+                return Err(PortError::ZeroDstport);
             }
         }
         if let Some(c) = self.capacity {
@@ -1201,8 +1312,8 @@ vlan = 10
                 "config line 2: name: port name 'bad name': a name must be 1..=32 characters of [A-Za-z0-9._-]",
             ),
             (
-                "[[port]]\nname='a'\ntype='vxlan'\n".into(),
-                "config line 3: type: unknown variant `vxlan`, expected one of `tap`, `gen`, `vhost-user`",
+                "[[port]]\nname='a'\ntype='geneve'\n".into(),
+                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`",
             ),
             (
                 "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
@@ -1310,7 +1421,7 @@ vlan = 10
             e.contains("key 'generate' does not apply to type vhost-user"),
             "{e}"
         );
-        let e = check("[[port]]\nname='a'\ntype='vxlan'\n").unwrap_err();
+        let e = check("[[port]]\nname='a'\ntype='geneve'\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
         let e = err("[[port]]\nname='a'\ntype='tap'\nifname='this-name-is-too-long'\n");
         assert!(e.contains("not a valid interface name"), "{e}");
@@ -1487,7 +1598,7 @@ vlan = 10
             .join("\n");
         let cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         cfg.validate(ONLINE).unwrap();
-        assert_eq!(cfg.ports.len(), 5);
+        assert_eq!(cfg.ports.len(), 6);
         assert!(cfg.ports[4].vlans.is_some() && cfg.ports[4].security.is_some());
     }
 
@@ -1556,7 +1667,65 @@ generate = { dst = "ff:ff:ff:ff:ff:ff", size = 9018, rate = 9223372036854775807,
 [[port]]
 name = "sink"
 type = "gen"
+
+[[port]]
+name = "vx6"
+type = "vxlan"
+vni = 16777215
+local = "fd00::1"
+remotes = ["fd00::2", "fd00::3"]
+dstport = 8472
+learning = false
+udp_csum = false
+vlan = 7
 "#;
+
+    #[test]
+    fn vxlan_ports() {
+        let base = "[[port]]\nname='vx'\ntype='vxlan'\n";
+        let cfg = Config::from_toml(&format!("{base}vni=100\nlocal='192.0.2.1'\n")).unwrap();
+        assert_eq!(
+            cfg.ports[0].kind,
+            PortKind::Vxlan(VxlanConfig {
+                vni: 100,
+                local: "192.0.2.1".parse().unwrap(),
+                remotes: vec![],
+                dstport: VXLAN_PORT,
+                learning: true,
+                udp_csum: None,
+            })
+        );
+        for (keys, want) in [
+            ("local='192.0.2.1'\n", "type vxlan needs vni"),
+            ("vni=1\n", "type vxlan needs local"),
+            (
+                "vni=16777216\nlocal='192.0.2.1'\n",
+                "vni = 16777216 is out of range",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nremotes=['fd00::1']\n",
+                "remote fd00::1 is not of the address family of local 192.0.2.1",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\ndstport=0\n",
+                "dstport must not be 0",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nqueues=2\n",
+                "queues = 2 is out of range 1..=1",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nifname='x'\n",
+                "key 'ifname' does not apply",
+            ),
+            ("vni=1\nlocal='nope'\n", "local"),
+        ] {
+            let e = err(&format!("{base}{keys}"));
+            assert!(e.contains(want), "{keys}: {e}");
+        }
+        let e = err("[[port]]\nname='t'\ntype='tap'\nifname='x'\nvni=1\n");
+        assert!(e.contains("key 'vni' does not apply to type tap"), "{e}");
+    }
 
     #[test]
     fn every_example_parses_and_validates() {

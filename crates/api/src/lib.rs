@@ -23,7 +23,7 @@ pub mod value;
 pub use config::{
     Config, ConfigError, GenConfig, GenPortConfig, PlacementMode, PortConfig, PortError, PortKeys,
     PortKind, PortType, QosConfig, QosError, QosSettings, SwitchConfig, TapConfig, VhostMode,
-    VhostUserConfig,
+    VhostUserConfig, VxlanConfig,
 };
 pub use cpulist::{CpuList, CpuListError};
 pub use request::{Request, Response};

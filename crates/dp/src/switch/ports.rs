@@ -14,6 +14,7 @@ use crate::policy::{Policy, PortPolicy};
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
 use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
+use crate::port::vxlan::{VxlanConfig, VxlanPort};
 use crate::port::Device;
 use crate::qos;
 use crate::stats::PortCounters;
@@ -133,6 +134,14 @@ impl Switch {
                     config.queues,
                     &Reactor::shared().map_err(VhostUserError::Setup)?,
                 )?)
+            }
+            PortKind::Vxlan(v) => {
+                let mut c = VxlanConfig::new(v.vni, v.local);
+                c.remotes = v.remotes.clone();
+                c.dstport = v.dstport;
+                c.learning = v.learning;
+                c.udp_csum = v.udp_csum;
+                Device::Vxlan(Arc::new(VxlanPort::open(&config.name, &c)?))
             }
             PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,
