@@ -192,13 +192,26 @@ impl Persist {
             bail!("{}: version {} (expected {VERSION})", bad(), state.version);
         }
         if Path::new(&state.config_path) != persist.config_path {
-            notes.push(format!(
-                "state in {} belongs to {}, not {}: starting from the file",
-                dir.display(),
-                state.config_path,
-                persist.config_path.display()
-            ));
             persist.generation = state.generation;
+            if explicit {
+                notes.push(format!(
+                    "state in {} belongs to {}, not {}: starting from the file (and replacing it)",
+                    dir.display(),
+                    state.config_path,
+                    persist.config_path.display()
+                ));
+            } else {
+                // The default directory is shared by every daemon that sets none: do not
+                // overwrite another configuration's state.
+                tracing::warn!(
+                    "state in {} belongs to {}: live changes of this daemon ({}) will not \
+                     survive a restart (set [switch] state_dir)",
+                    dir.display(),
+                    state.config_path,
+                    persist.config_path.display()
+                );
+                persist.dir = None;
+            }
             return Ok(Start { persist, notes });
         }
         let base = Config::from_toml(&state.base).with_context(bad)?;
