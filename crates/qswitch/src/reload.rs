@@ -42,7 +42,8 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     target.config.validate(&online).map_err(|e| {
         anyhow!("the file with the live changes on top is invalid: {e}; nothing changed")
     })?;
-    match apply(sw, &live, &target, &mut changes) {
+    let mut reached = live.clone();
+    match apply(sw, &live, &target, &mut reached, &mut changes) {
         Ok(()) => {
             p.commit(target, Some((file, text)))?;
             for c in &changes {
@@ -50,7 +51,7 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
             }
             Ok(changes)
         }
-        Err((reached, e)) => {
+        Err(e) => {
             // Record what did happen; the next reload retries the rest.
             let recorded = p.commit(reached, None);
             let done = if changes.is_empty() {
@@ -70,44 +71,38 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     }
 }
 
-/// Applies the differences between `live` and `target`; on error, returns what runs.
+/// Applies the differences between `live` and `target`, keeping `cur` (which starts as
+/// `live`) what runs, also when a step fails.
 fn apply(
     sw: &Switch,
     live: &Live,
     target: &Live,
+    cur: &mut Live,
     changes: &mut Vec<String>,
-) -> Result<(), (Live, anyhow::Error)> {
-    let mut cur = live.clone();
+) -> anyhow::Result<()> {
     let find = |c: &Config, name: &str| c.ports.iter().position(|p| p.name == name);
-    macro_rules! tryop {
-        ($e:expr) => {
-            if let Err(e) = $e {
-                return Err((cur, anyhow::Error::from(e)));
-            }
-        };
-    }
     // Removed and changed ports.
     for old in &live.config.ports {
         let name = old.name.as_str();
         match find(&target.config, name).map(|i| &target.config.ports[i]) {
             Some(new) if new == old => {}
             Some(new) if same_but_qos(old, new) => {
-                tryop!(sw.qos_set(name, &qos_update(new.qos_settings())));
+                sw.qos_set(name, &qos_update(new.qos_settings()))?;
                 if let Some(i) = find(&cur.config, name) {
                     cur.config.ports[i].qos = new.qos.clone();
                 }
                 changes.push(format!("port {name}: qos set"));
             }
             Some(new) => {
-                tryop!(sw.del_port(name));
+                sw.del_port(name)?;
                 cur.config.ports.retain(|p| p.name != name);
                 cur.pins.retain(|(p, _), _| p != name);
-                tryop!(sw.add_port(new));
+                sw.add_port(new)?;
                 cur.config.ports.push(new.clone());
                 changes.push(format!("port {name}: changed, removed and added again"));
             }
             None => {
-                tryop!(sw.del_port(name));
+                sw.del_port(name)?;
                 cur.config.ports.retain(|p| p.name != name);
                 cur.pins.retain(|(p, _), _| p != name);
                 changes.push(format!("port {name}: removed"));
@@ -116,7 +111,7 @@ fn apply(
     }
     for new in &target.config.ports {
         if find(&live.config, &new.name).is_none() {
-            tryop!(sw.add_port(new));
+            sw.add_port(new)?;
             cur.config.ports.push(new.clone());
             changes.push(format!("port {}: added", new.name));
         }

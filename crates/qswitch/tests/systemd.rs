@@ -32,7 +32,7 @@ fn unit_value(key: &str) -> String {
     unit()
         .lines()
         .filter_map(|l| l.strip_prefix(&format!("{key}=")))
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("no {key}= in the unit"))
         .to_string()
 }
