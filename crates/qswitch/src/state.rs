@@ -192,17 +192,9 @@ impl Persist {
             bail!("{}: version {} (expected {VERSION})", bad(), state.version);
         }
         if Path::new(&state.config_path) != persist.config_path {
-            persist.generation = state.generation;
-            if explicit {
-                notes.push(format!(
-                    "state in {} belongs to {}, not {}: starting from the file (and replacing it)",
-                    dir.display(),
-                    state.config_path,
-                    persist.config_path.display()
-                ));
-            } else {
+            if !explicit {
                 // The default directory is shared by every daemon that sets none: do not
-                // overwrite another configuration's state.
+                // take over or overwrite another configuration's state.
                 tracing::warn!(
                     "state in {} belongs to {}: live changes of this daemon ({}) will not \
                      survive a restart (set [switch] state_dir)",
@@ -211,8 +203,15 @@ impl Persist {
                     persist.config_path.display()
                 );
                 persist.dir = None;
+                return Ok(Start { persist, notes });
             }
-            return Ok(Start { persist, notes });
+            // A state directory of its own identifies the daemon: the config file moved.
+            notes.push(format!(
+                "state in {} was recorded for {}; the config file is now {}",
+                dir.display(),
+                state.config_path,
+                persist.config_path.display()
+            ));
         }
         let base = Config::from_toml(&state.base).with_context(bad)?;
         let effective = Config::from_toml(&state.effective).with_context(bad)?;

@@ -119,6 +119,21 @@ fn live_changes_survive_kill_9_and_dump_starts_the_same_switch() {
     assert_eq!(g1["min"].as_u64(), Some(100_000_000), "{g1}");
     let placement = qs_json(&control2, &["placement", "--json"]);
     assert_eq!(placement["mode"], "static", "{placement}");
+
+    // The file edited while the daemon is down: its edit wins for the port it touches (g1's
+    // QoS); the live changes elsewhere stay (g2, static placement).
+    let edited = text.replace(
+        "[[port]]\nname = \"g1\"\ntype = \"gen\"\n",
+        "[[port]]\nname = \"g1\"\ntype = \"gen\"\nqos = { min = \"50M\" }\n",
+    );
+    assert_ne!(edited, text);
+    let _d3 = Daemon::start(dir.path(), "a", &edited, &control);
+    let g1 = qos_of(&control, "g1");
+    assert_eq!(g1["min"].as_u64(), Some(50_000_000), "{g1}");
+    let names3: BTreeSet<String> = port_names(&control).into_iter().collect();
+    assert_eq!(names3, names);
+    let placement = qs_json(&control, &["placement", "--json"]);
+    assert_eq!(placement["mode"], "static", "{placement}");
 }
 
 /// The switch as the test sees it: port names and their QoS weights.
