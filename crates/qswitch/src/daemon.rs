@@ -98,18 +98,20 @@ pub fn run(path: &Path) -> ExitCode {
         tracing::info!("{n}");
     }
     let config = start.persist.live().config.clone();
-    let workers =
-        match config.validate(&online) {
-            Ok(w) => w,
-            Err(e) => {
-                eprintln!(
-                "qswitch: the config file with the recorded live changes on top is invalid: {e} \
-                 (remove {} to start from the file alone)",
-                crate::state::state_dir(&file).0.join(crate::state::STATE_FILE).display()
+    let workers = match config.validate(&online) {
+        Ok(w) => w,
+        Err(e) => {
+            let state = crate::state::state_dir(&file)
+                .0
+                .join(crate::state::STATE_FILE);
+            eprintln!(
+                "qswitch: the config file with the recorded live changes on top is invalid: \
+                 {e} (remove {} to start from the file alone)",
+                state.display()
             );
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        };
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     keep_off_worker_cpus(&online, workers.cpus());
     match serve(start.persist, &text, &file, workers.cpus()) {
         Ok(()) => ExitCode::SUCCESS,
