@@ -12,6 +12,8 @@
 //! reserved_cpus = "0"              # CPUs no queue is placed on (default: none)
 //! placement = "dynamic"            # or "static": no moves by load
 //! reservable = 0.9                 # QoS: share of an uplink's capacity guarantees may reserve
+//! state_dir = "/var/lib/qswitch"   # live changes are recorded here (state.json)
+//! control_group = "qswitch"        # control socket 0660 owned by this group (default: 0600)
 //!
 //! [[port]]
 //! name = "a"
@@ -93,6 +95,8 @@ pub use crate::value::{
 
 /// Where the control socket lives unless the config says otherwise.
 pub const DEFAULT_CONTROL: &str = "/run/qswitch/control.sock";
+/// Where live changes are recorded unless `[switch] state_dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/qswitch";
 /// Most queues a port may have (the kernel's TAP limit).
 pub const MAX_QUEUES: u16 = 256;
 /// Most queue pairs a vhost-user port offers.
@@ -148,6 +152,14 @@ pub struct SwitchConfig {
     /// "127.0.0.1:9470". Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpAddr>,
+    /// Where live changes are recorded (`state.json`) so they survive a restart; default
+    /// [`DEFAULT_STATE_DIR`] (or systemd's `$STATE_DIRECTORY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// A group (name or number) that may use the control socket: it is then created 0660
+    /// owned by that group instead of 0600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_group: Option<String>,
 }
 
 fn default_workers() -> CpuList {
@@ -174,6 +186,8 @@ impl Default for SwitchConfig {
             placement: PlacementMode::default(),
             reservable: Reservable::default(),
             http: None,
+            state_dir: None,
+            control_group: None,
         }
     }
 }

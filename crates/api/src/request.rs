@@ -51,6 +51,10 @@ pub enum Request {
     },
     /// QoS settings, allocations and measured rates of every port.
     QosShow,
+    /// Re-read the config file and apply what changed in it (as SIGHUP does).
+    Reload,
+    /// The effective configuration (the file plus live changes) as TOML.
+    ConfigDump,
 }
 
 /// The daemon's answer.
@@ -80,6 +84,14 @@ pub enum Response {
     },
     Placement(Box<PlacementReport>),
     Qos(Box<QosReport>),
+    /// `reload`: what was changed, one line each (empty: nothing changed).
+    Reloaded {
+        changes: Vec<String>,
+    },
+    /// `config dump`: TOML that `run --config` accepts.
+    Config {
+        toml: String,
+    },
 }
 
 /// `qos show`: per port, its settings, current allocation and measured rates.
@@ -373,6 +385,8 @@ mod tests {
             Request::Fdb,
             Request::Stats,
             Request::QosShow,
+            Request::Reload,
+            Request::ConfigDump,
             Request::QosSet {
                 port: "vm1".into(),
                 min: Some(200_000_000),

@@ -71,6 +71,11 @@ enum Command {
     Rss(rss_cli::RssCmd),
     /// Where each rx queue runs, its load and why; `pin`, `unpin`, `mode`.
     Placement(placement_cli::PlacementArgs),
+    /// Re-read the daemon's config file and apply what changed (as SIGHUP does).
+    Reload,
+    /// The effective configuration.
+    #[command(subcommand)]
+    Config(qswitch::state::ConfigCmd),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
     /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
@@ -102,6 +107,8 @@ fn main() -> ExitCode {
             watch,
             workers,
         } => cli::stats(&control, json, watch, workers),
+        Command::Reload => qswitch::reload::cli(&control),
+        Command::Config(cmd) => qswitch::state::cli(&control, cmd),
         Command::Load(cmd) => load::run(cmd),
         Command::Bench(args) => {
             init_logging();
