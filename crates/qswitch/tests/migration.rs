@@ -137,15 +137,31 @@ fn guest_cfg(name: &str, sock: &Path, extra: Vec<String>) -> GuestConfig {
     }
 }
 
+/// The tests of this file run one at a time (guests under TCG share the CPUs).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The guest negotiates VIRTIO_NET_F_GUEST_ANNOUNCE and announces itself after the move.
 #[test]
 fn guest_migrates_between_ports_and_keeps_connectivity() {
+    scenario(1, true);
+}
+
+/// Without GUEST_ANNOUNCE (`guest_announce=off`), QEMU sends VHOST_USER_SEND_RARP on the
+/// destination and qswitch injects the RARP: the MAC moves all the same.
+#[test]
+fn guest_without_announce_is_found_by_rarp() {
+    scenario(2, false);
+}
+
+fn scenario(tag: u8, announce: bool) {
     if !common::root_or_skip() || common_guest::assets().is_none() {
         return;
     }
-    let dir = TempDir::new("migrate");
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new(&format!("migrate{tag}"));
     let pid = std::process::id();
-    let ns = Netns::new(&format!("qsmig{pid}"));
-    let tap = format!("qmig{}", pid % 100_000);
+    let ns = Netns::new(&format!("qsmig{pid}-{tag}"));
+    let tap = format!("qmig{tag}-{}", pid % 100_000);
     let control = dir.join("control.sock");
     let config = format!(
         "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n\
@@ -166,7 +182,7 @@ fn guest_migrates_between_ports_and_keeps_connectivity() {
     );
     daemon.wait_ready();
     ns.adopt(&tap, &format!("{NS_IP}/24"), false);
-    if let Err(e) = run(&dir, &control, &ns) {
+    if let Err(e) = run(&dir, &control, &ns, announce) {
         panic!(
             "{e:#}\n--- qswitch log (tail) ---\n{}",
             daemon
@@ -183,15 +199,19 @@ fn guest_migrates_between_ports_and_keeps_connectivity() {
     }
 }
 
-fn run(dir: &TempDir, control: &Path, ns: &Netns) -> Result<()> {
+fn run(dir: &TempDir, control: &Path, ns: &Netns, announce: bool) -> Result<()> {
     let qmp_src = dir.join("qmp-src.sock");
     let qmp_dst = dir.join("qmp-dst.sock");
     let mig = dir.join("mig.sock");
     let qmp_arg = |p: &Path| {
-        vec![
+        let mut a = vec![
             "-qmp".to_string(),
             format!("unix:{},server=on,wait=off", p.display()),
-        ]
+        ];
+        if !announce {
+            a.extend(["-global".into(), "virtio-net-pci.guest_announce=off".into()]);
+        }
+        a
     };
     let mut src = Guest::boot(guest_cfg("mga", &dir.join("p1.sock"), qmp_arg(&qmp_src)))?;
     eprintln!(
@@ -286,6 +306,9 @@ fn run(dir: &TempDir, control: &Path, ns: &Netns) -> Result<()> {
         last - first + 1,
         gap * 1000.0
     );
+    if !announce && announces == 0 {
+        bail!("no RARP injected on p2 for a guest without GUEST_ANNOUNCE");
+    }
     if logged == 0 {
         bail!("no dirty pages logged on p1");
     }
