@@ -85,6 +85,18 @@ impl Qmp {
     }
 }
 
+/// Waits until the destination QEMU listens for the migration stream on `mig`.
+fn wait_incoming(mig: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !mig.exists() {
+        if Instant::now() > deadline {
+            bail!("the destination QEMU does not listen on {}", mig.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 fn fdb_port(control: &Path) -> Option<String> {
     let fdb = qs_json(control, &["fdb", "--json"]);
     fdb.as_array()?
@@ -241,6 +253,7 @@ fn run(dir: &TempDir, control: &Path, ns: &Netns, announce: bool) -> Result<()> 
     );
     std::thread::sleep(Duration::from_secs(2));
 
+    wait_incoming(&mig)?;
     let mut qmp = Qmp::connect(&qmp_src)?;
     let _qmp_dst = Qmp::connect(&qmp_dst)?;
     let t0 = Instant::now();
@@ -314,6 +327,117 @@ fn run(dir: &TempDir, control: &Path, ns: &Netns, announce: bool) -> Result<()> 
     }
     if gap > GAP_MAX.as_secs_f64() {
         bail!("longest ping gap {gap:.2} s over {GAP_MAX:?}");
+    }
+    Ok(())
+}
+
+/// Runs `migrate` on the QMP socket `qmp` to `mig` and waits for completion.
+fn migrate(qmp: &Path, mig: &Path) -> Result<Duration> {
+    wait_incoming(mig)?;
+    let mut q = Qmp::connect(qmp)?;
+    let t0 = Instant::now();
+    q.exec(
+        "migrate",
+        serde_json::json!({ "uri": format!("unix:{}", mig.display()) }),
+    )?;
+    loop {
+        let st = q.exec("query-migrate", Value::Null)?;
+        match st["status"].as_str().unwrap_or("") {
+            "completed" => return Ok(t0.elapsed()),
+            "failed" | "cancelled" => bail!("migration failed: {st}"),
+            _ if t0.elapsed() > MIGRATE => bail!("migration not done within {MIGRATE:?}: {st}"),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Five migrations back and forth (p1 → p2 → p1 …) while the guest sends a TCP stream
+/// (iperf3) to the namespace: the connection survives all of them.
+#[test]
+fn five_migrations_back_and_forth_keep_a_tcp_connection() {
+    if !common::root_or_skip() || common_guest::assets().is_none() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("migrate5");
+    let pid = std::process::id();
+    let ns = Netns::new(&format!("qsmig{pid}-5"));
+    let tap = format!("qmig5-{}", pid % 100_000);
+    let control = dir.join("control.sock");
+    let config = format!(
+        "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n\
+         [[port]]\nname = \"p1\"\ntype = \"vhost-user\"\nsocket = \"{}\"\nmode = \"server\"\n\
+         [[port]]\nname = \"p2\"\ntype = \"vhost-user\"\nsocket = \"{}\"\nmode = \"server\"\n\
+         [[port]]\nname = \"tap\"\ntype = \"tap\"\nifname = \"{tap}\"\n",
+        common::worker_cpus(1),
+        control.display(),
+        dir.join("p1.sock").display(),
+        dir.join("p2.sock").display(),
+    );
+    std::fs::write(dir.join("qswitch.toml"), &config).unwrap();
+    let mut daemon = Daemon::spawn_logging(
+        &dir.join("qswitch.toml"),
+        &control,
+        &dir.join("qswitch.log"),
+        "info",
+    );
+    daemon.wait_ready();
+    ns.adopt(&tap, &format!("{NS_IP}/24"), false);
+    let _server = ns.spawn(&["iperf3", "-s", "-1"], &dir.join("iperf3-server.log"));
+    if let Err(e) = five(&dir, &control) {
+        panic!(
+            "{e:#}\n--- iperf3 server ---\n{}\n--- qswitch log ---\n{}",
+            std::fs::read_to_string(dir.join("iperf3-server.log")).unwrap_or_default(),
+            daemon.log_text()
+        );
+    }
+}
+
+fn five(dir: &TempDir, control: &Path) -> Result<()> {
+    let qmp = |i: usize| dir.join(&format!("qmp{i}.sock"));
+    let sock = |i: usize| dir.join(if i % 2 == 0 { "p1.sock" } else { "p2.sock" });
+    let qmp_arg = |i: usize| {
+        vec![
+            "-qmp".to_string(),
+            format!("unix:{},server=on,wait=off", qmp(i).display()),
+        ]
+    };
+    let mut cur = Guest::boot(guest_cfg("m5a", &sock(0), qmp_arg(0)))?;
+    cur.run_ok(&format!("ping -c 2 -W 2 {NS_IP}"), T)?;
+    cur.run_ok(
+        &format!("(iperf3 -c {NS_IP} -t 40 -i 5 > /tmp/iperf.log 2>&1 &)"),
+        T,
+    )?;
+    std::thread::sleep(Duration::from_secs(3));
+    let mut times = Vec::new();
+    for i in 1..=5 {
+        let mig = dir.join(&format!("mig{i}.sock"));
+        let mut extra = qmp_arg(i);
+        extra.extend(["-incoming".to_string(), format!("unix:{}", mig.display())]);
+        let mut next = Guest::start(guest_cfg(&format!("m5{i}"), &sock(i), extra))?;
+        let took = migrate(&qmp(i - 1), &mig)?;
+        let port = if i % 2 == 0 { "p1" } else { "p2" };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fdb_port(control).as_deref() != Some(port) {
+            if Instant::now() > deadline {
+                bail!("migration {i}: the fdb did not move the MAC to {port}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        cur.kill();
+        next.adopt_migrated(&cur);
+        cur = next;
+        times.push(format!("{took:.1?}"));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let out = cur.run_ok(
+        "pidof iperf3 >/dev/null || echo ENDED_EARLY; \
+         while pidof iperf3 >/dev/null; do sleep 1; done; cat /tmp/iperf.log",
+        Duration::from_secs(60),
+    )?;
+    eprintln!("5 migrations ({}); iperf3:\n{out}", times.join(", "));
+    if out.contains("ENDED_EARLY") || !out.contains("sender") || out.contains("error") {
+        bail!("the TCP stream did not survive the migrations:\n{out}");
     }
     Ok(())
 }
