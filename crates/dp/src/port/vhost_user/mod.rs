@@ -49,6 +49,15 @@
 //!   (counter at its maximum, `O_NONBLOCK` cleared) is interrupted by the event loop's
 //!   watchdog within 200 ms and the call fd dropped, so a worker never stays blocked and a
 //!   ring lock is never held for long; the control plane reads ring state from atomics.
+//!
+//! # Live migration (docs/migration.md)
+//! `VHOST_F_LOG_ALL` + `LOG_SHMFD`: SET_LOG_BASE maps the frontend's dirty log (sealed
+//! against shrinking, large enough for guest memory); while LOG_ALL is negotiated every
+//! write into guest memory is marked by guest-physical address ([`mem::GuestView`], the log
+//! taken once per burst). GET_VRING_BASE takes the ring lock, so the worker's burst ends
+//! first, and stops the ring. SEND_RARP queues a RARP from the guest's MAC for the next
+//! `rx_burst` of queue 0 (waking its worker), so the switch learns the MAC on this port.
+//! `CONFIGURE_MEM_SLOTS`: up to [`MAX_MEM_SLOTS`] regions.
 
 pub mod chain;
 mod handler;
