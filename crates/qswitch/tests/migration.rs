@@ -395,7 +395,13 @@ fn five_migrations_back_and_forth_keep_a_tcp_connection() {
 
 fn five(dir: &TempDir, control: &Path) -> Result<()> {
     let qmp = |i: usize| dir.join(&format!("qmp{i}.sock"));
-    let sock = |i: usize| dir.join(if i % 2 == 0 { "p1.sock" } else { "p2.sock" });
+    let sock = |i: usize| {
+        dir.join(if i.is_multiple_of(2) {
+            "p1.sock"
+        } else {
+            "p2.sock"
+        })
+    };
     let qmp_arg = |i: usize| {
         vec![
             "-qmp".to_string(),
@@ -416,7 +422,7 @@ fn five(dir: &TempDir, control: &Path) -> Result<()> {
         extra.extend(["-incoming".to_string(), format!("unix:{}", mig.display())]);
         let mut next = Guest::start(guest_cfg(&format!("m5{i}"), &sock(i), extra))?;
         let took = migrate(&qmp(i - 1), &mig)?;
-        let port = if i % 2 == 0 { "p1" } else { "p2" };
+        let port = if i.is_multiple_of(2) { "p1" } else { "p2" };
         let deadline = Instant::now() + Duration::from_secs(10);
         while fdb_port(control).as_deref() != Some(port) {
             if Instant::now() > deadline {
