@@ -229,6 +229,9 @@ pub struct PortInfo {
     /// vhost-user: queue pairs whose receive queue the guest has enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled_queues: Option<Vec<u16>>,
+    /// vhost-user: whether dirty-page logging (live migration) is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_log: Option<bool>,
     /// One entry per queue: which worker polls it.
     pub queues: Vec<QueueInfo>,
 }
@@ -283,6 +286,13 @@ pub struct PortStats {
     /// jumping avail index or an unwritable used ring).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_errors: Option<u64>,
+    /// For vhost-user ports: pages marked in the dirty log (live migration; a page written
+    /// twice counts twice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logged_pages: Option<u64>,
+    /// For vhost-user ports: announcements injected after a migration (SEND_RARP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announces: Option<u64>,
     /// For gen ports: frames generated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generated: Option<u64>,

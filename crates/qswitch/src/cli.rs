@@ -82,7 +82,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                     let enabled = p.enabled_queues.unwrap_or_default();
                     let enabled: Vec<String> = enabled.iter().map(u16::to_string).collect();
                     println!(
-                        "{:<12} {} mode, {}, enabled queue pairs: [{}]",
+                        "{:<12} {} mode, {}, enabled queue pairs: [{}], dirty log: {}",
                         "",
                         p.mode.unwrap_or_default(),
                         if connected {
@@ -90,7 +90,12 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                         } else {
                             "not connected"
                         },
-                        enabled.join(",")
+                        enabled.join(","),
+                        if p.dirty_log == Some(true) {
+                            "on"
+                        } else {
+                            "off"
+                        }
                     );
                 }
             }

@@ -77,6 +77,16 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Guest errors on a vhost-user port (bad descriptor chains, stopped rings).",
     ),
     (
+        "qswitch_vhost_logged_pages_total",
+        "counter",
+        "Pages a vhost-user port marked in the dirty log during live migration.",
+    ),
+    (
+        "qswitch_vhost_announces_total",
+        "counter",
+        "RARP announcements injected for a migrated guest (VHOST_USER_SEND_RARP).",
+    ),
+    (
         "qswitch_queue_assignment",
         "gauge",
         "1 for each rx queue, labelled with the worker and CPU polling it.",
@@ -281,6 +291,18 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
             o.sample("qswitch_vhost_guest_errors_total", &[("port", &p.name)], e);
         }
     }
+    o.family("qswitch_vhost_logged_pages_total");
+    for p in &s.ports {
+        if let Some(n) = p.logged_pages {
+            o.sample("qswitch_vhost_logged_pages_total", &[("port", &p.name)], n);
+        }
+    }
+    o.family("qswitch_vhost_announces_total");
+    for p in &s.ports {
+        if let Some(n) = p.announces {
+            o.sample("qswitch_vhost_announces_total", &[("port", &p.name)], n);
+        }
+    }
     o.family("qswitch_queue_assignment");
     for p in ports {
         for q in &p.queues {
@@ -411,6 +433,7 @@ mod tests {
             mode: None,
             connected: None,
             enabled_queues: None,
+            dirty_log: None,
             queues: vec![QueueInfo {
                 queue: 1,
                 worker: 0,

@@ -103,6 +103,14 @@ const NEVER_COUNTED: &[(&str, &str)] = &[
         "vhost-user ports only; counted by tests/vhost_guest.rs, which needs QEMU",
     ),
     (
+        "qswitch_vhost_logged_pages",
+        "needs a live migration of a vhost-user guest; counted by tests/migration.rs (QEMU)",
+    ),
+    (
+        "qswitch_vhost_announces",
+        "needs a migrated guest without GUEST_ANNOUNCE; counted by tests/migration.rs (QEMU)",
+    ),
+    (
         "qswitch_sink_lost_frames",
         "needs frames lost between generator and sink; a healthy gen→gen path loses none",
     ),

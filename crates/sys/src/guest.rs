@@ -9,7 +9,8 @@
 //! The memory is shared with the guest, which may change it at any moment: copies are
 //! `memcpy` into or out of memory Rust owns (what vm-memory does for copies above 8 bytes),
 //! ring indices are atomic accesses, and nothing read is trusted by this module. Writes are
-//! not recorded in a dirty bitmap (qswitch does not support live migration's dirty logging).
+//! not recorded here: during live migration the data path's per-burst view marks them in the
+//! frontend's dirty log ([`crate::dirty_log`]).
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU16, Ordering};

@@ -160,6 +160,8 @@ pub struct GuestConfig {
     /// Bound on the boot (QEMU start to `__QS_READY__`); None: 60 s under TCG, 30 s under
     /// KVM.
     pub ready_timeout: Option<Duration>,
+    /// More QEMU arguments, appended (e.g. `-qmp ...`, `-incoming ...` for migration).
+    pub qemu_args: Vec<String>,
 }
 
 impl Default for GuestConfig {
@@ -177,6 +179,7 @@ impl Default for GuestConfig {
             netdev: Netdev::VhostUser,
             cmdline: Vec::new(),
             ready_timeout: None,
+            qemu_args: Vec::new(),
         }
     }
 }
@@ -415,6 +418,13 @@ impl Guest {
         }
     }
 
+    /// Takes over a guest migrated from `src` into this QEMU (started with `-incoming`):
+    /// commands continue the source's numbering on this QEMU's control channel.
+    pub fn adopt_migrated(&mut self, src: &Guest) {
+        self.boot_time = src.boot_time;
+        self.seq = src.seq;
+    }
+
     /// [`Guest::run`], failing unless the exit code is 0; returns the output.
     pub fn run_ok(&mut self, cmd: &str, timeout: Duration) -> Result<String> {
         let (rc, out) = self.run(cmd, timeout)?;
@@ -628,6 +638,7 @@ fn qemu_args(
     let _ = write!(device, ",vectors={vectors}");
     a.push("-device".into());
     a.push(device);
+    a.extend(cfg.qemu_args.iter().cloned());
     a
 }
 

@@ -63,6 +63,7 @@ impl Switch {
                     mode: vhost.and(p.config.vhost_mode()).map(|m| m.to_string()),
                     connected: vhost.map(|v| v.connected()),
                     enabled_queues: vhost.map(|v| v.enabled_pairs()),
+                    dirty_log: vhost.map(|v| v.dirty_logging()),
                     queues,
                 }
             })
@@ -248,9 +249,13 @@ fn port_stats(p: &PortEntry) -> PortStats {
         Device::Gen(g) => (Some(g.sink_stats()), Some(g.generated())),
         _ => (None, None),
     };
-    let guest_errors = match &p.dev {
-        Device::VhostUser(v) => Some(v.guest_errors()),
-        _ => None,
+    let (guest_errors, logged_pages, announces) = match &p.dev {
+        Device::VhostUser(v) => (
+            Some(v.guest_errors()),
+            Some(v.logged_pages()),
+            Some(v.announces()),
+        ),
+        _ => (None, None, None),
     };
     PortStats {
         name: p.config.name.clone(),
@@ -267,5 +272,7 @@ fn port_stats(p: &PortEntry) -> PortStats {
         sink,
         generated,
         guest_errors,
+        logged_pages,
+        announces,
     }
 }

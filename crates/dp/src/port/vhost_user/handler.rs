@@ -4,7 +4,6 @@
 //! the frontend sees as a failed request.
 
 use std::fs::File;
-use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,10 +16,15 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestRegionMmap};
 
+use qswitch_sys::dirty_log::{DirtyLog, LOG_PAGE};
+use qswitch_sys::guestmap::MapOwner;
+
 use super::{
     max_guest_memory, protocol_features, Device, GuestMem, Vring, FEATURES, F_PROTOCOL_FEATURES,
-    MAX_QUEUE_SIZE,
+    MAX_MEM_SLOTS, MAX_QUEUE_SIZE,
 };
+
+type Region = Arc<GuestRegionMmap<MapOwner>>;
 
 /// Host virtual address → guest physical address, from SET_MEM_TABLE.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +40,8 @@ pub struct Handler {
     owned: bool,
     acked_features: u64,
     acked_protocol: u64,
-    mappings: Vec<Mapping>,
+    /// The memory slots (SET_MEM_TABLE, ADD_MEM_REG), in the order they came.
+    regions: Vec<(Mapping, Region)>,
     /// SET_VRING_ENABLE requests that arrived before SET_FEATURES (see `defer_enable`).
     early_enables: Vec<(u32, bool)>,
 }
@@ -52,7 +57,7 @@ impl Handler {
             owned: false,
             acked_features: 0,
             acked_protocol: 0,
-            mappings: Vec::new(),
+            regions: Vec::new(),
             early_enables: Vec::new(),
         }
     }
@@ -64,6 +69,18 @@ impl Handler {
             self.early_enables.retain(|(i, _)| *i != index);
             self.early_enables.push((index, enable));
         }
+    }
+
+    /// VHOST_USER_SEND_RARP (after a migration, for a guest without GUEST_ANNOUNCE):
+    /// hands the switch a RARP from `mac` as if the guest had sent it, so that the MAC
+    /// moves to this port in the forwarding table at once.
+    pub(crate) fn send_rarp(&self, mac: [u8; 6]) {
+        if self.acked_protocol & VhostUserProtocolFeatures::RARP.bits() == 0 {
+            tracing::warn!(port = %self.dev.name, "SEND_RARP without the RARP protocol feature; ignored");
+            return;
+        }
+        tracing::info!(port = %self.dev.name, mac = ?mac, "announcing the guest (SEND_RARP)");
+        self.dev.inject_rarp(mac);
     }
 
     /// Whether the frontend completed its handshake (SET_OWNER).
@@ -91,11 +108,74 @@ impl Handler {
     }
 
     fn va_to_gpa(&self, va: u64) -> Result<GuestAddress> {
-        self.mappings
+        self.regions
             .iter()
+            .map(|(m, _)| m)
             .find(|m| va >= m.vmm_addr && va - m.vmm_addr < m.size)
             .map(|m| GuestAddress(m.gpa + (va - m.vmm_addr)))
             .ok_or(Error::InvalidParam)
+    }
+
+    /// Maps one memory region from the frontend (SET_MEM_TABLE, ADD_MEM_REG).
+    fn map_region(&self, region: &VhostUserMemoryRegion, file: File) -> Result<(Mapping, Region)> {
+        // Memory the frontend could shrink under the mapping would SIGBUS the first
+        // worker to touch it: seal it where the kernel allows (before the size check,
+        // so that it cannot shrink in between); otherwise the SIGBUS handler of
+        // `guestmap` covers it.
+        let seal = guestmap::seal_against_shrink(&file).map_err(|e| {
+            tracing::warn!(port = %self.dev.name, error = %e,
+                "sealable guest memory refused F_SEAL_SHRINK; refused");
+            Error::ReqHandlerError(e)
+        })?;
+        // A mapping past the end of the file would SIGBUS the first worker that touches
+        // it: refuse regions their file cannot back.
+        let file_len = file.metadata().map_err(Error::ReqHandlerError)?.len();
+        // Copies: the message struct is packed.
+        let (offset, size) = (region.mmap_offset, region.memory_size);
+        if offset.checked_add(size).is_none_or(|end| end > file_len) || size == 0 {
+            tracing::warn!(port = %self.dev.name, file_len, offset, size,
+                "memory region larger than its file; refused");
+            return Err(Error::InvalidParam);
+        }
+        let gpa = region.guest_phys_addr;
+        if gpa.checked_add(size).is_none() {
+            return Err(Error::InvalidParam);
+        }
+        let len = usize::try_from(size).map_err(|_| Error::InvalidParam)?;
+        let mmap = guestmap::map(&file, offset, len).map_err(Error::ReqHandlerError)?;
+        tracing::debug!(port = %self.dev.name, size, sealed = ?seal, "memory region mapped");
+        let r = GuestRegionMmap::new(mmap, GuestAddress(gpa)).ok_or(Error::InvalidParam)?;
+        let m = Mapping {
+            vmm_addr: region.user_addr,
+            size,
+            gpa,
+        };
+        Ok((m, Arc::new(r)))
+    }
+
+    /// Publishes `regions` as the guest memory the data path sees.
+    fn publish_regions(&mut self, regions: Vec<(Mapping, Region)>) -> Result<()> {
+        let mem = GuestMem::from_arc_regions(regions.iter().map(|(_, r)| r.clone()).collect())
+            .map_err(|e| {
+                tracing::warn!(port = %self.dev.name, error = %e, "memory regions refused");
+                Error::InvalidParam
+            })?;
+        self.dev
+            .mem
+            .lock()
+            .map_err(|_| Error::BackendInternalError)?
+            .replace(mem);
+        self.regions = regions;
+        Ok(())
+    }
+
+    /// The end of guest-physical memory (the highest region end).
+    fn mem_end(&self) -> u64 {
+        self.regions
+            .iter()
+            .map(|(m, _)| m.gpa + m.size)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Starts a ring once it has an address and a kick fd.
@@ -157,6 +237,7 @@ impl VhostUserBackendReqHandlerMut for Handler {
         for (i, v) in self.dev.vrings.iter().enumerate() {
             self.dev.note_ring(i, &v.lock());
         }
+        self.dev.update_logging();
         Ok(())
     }
 
@@ -175,48 +256,16 @@ impl VhostUserBackendReqHandlerMut for Handler {
                 "guest memory larger than the per-port cap; refused");
             return Err(Error::InvalidParam);
         }
-        let mut regions = Vec::with_capacity(ctx.len());
-        let mut mappings = Vec::with_capacity(ctx.len());
-        for (region, file) in ctx.iter().zip(files) {
-            // Memory the frontend could shrink under the mapping would SIGBUS the first
-            // worker to touch it: seal it where the kernel allows (before the size check,
-            // so that it cannot shrink in between); otherwise the SIGBUS handler of
-            // `guestmap` covers it.
-            let seal = guestmap::seal_against_shrink(&file).map_err(|e| {
-                tracing::warn!(port = %self.dev.name, error = %e,
-                    "sealable guest memory refused F_SEAL_SHRINK; refused");
-                Error::ReqHandlerError(e)
-            })?;
-            // A mapping past the end of the file would SIGBUS the first worker that touches
-            // it: refuse regions their file cannot back.
-            let file_len = file.metadata().map_err(Error::ReqHandlerError)?.len();
-            // Copies: the message struct is packed.
-            let (offset, size) = (region.mmap_offset, region.memory_size);
-            if offset.checked_add(size).is_none_or(|end| end > file_len) || size == 0 {
-                tracing::warn!(port = %self.dev.name, file_len, offset, size,
-                    "memory region larger than its file; refused");
-                return Err(Error::InvalidParam);
-            }
-            let len = usize::try_from(size).map_err(|_| Error::InvalidParam)?;
-            let mmap = guestmap::map(&file, offset, len).map_err(Error::ReqHandlerError)?;
-            tracing::debug!(port = %self.dev.name, size, sealed = ?seal, "memory region mapped");
-            let r = GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr))
-                .ok_or(Error::InvalidParam)?;
-            regions.push(r);
-            mappings.push(Mapping {
-                vmm_addr: region.user_addr,
-                size: region.memory_size,
-                gpa: region.guest_phys_addr,
-            });
+        if ctx.len() > MAX_MEM_SLOTS {
+            tracing::warn!(port = %self.dev.name, regions = ctx.len(), max = MAX_MEM_SLOTS,
+                "more memory regions than slots; refused");
+            return Err(Error::InvalidParam);
         }
-        let mem = GuestMem::from_regions(regions)
-            .map_err(|e| Error::ReqHandlerError(io::Error::other(e)))?;
-        self.dev
-            .mem
-            .lock()
-            .map_err(|_| Error::BackendInternalError)?
-            .replace(mem);
-        self.mappings = mappings;
+        let mut regions = Vec::with_capacity(ctx.len());
+        for (region, file) in ctx.iter().zip(files) {
+            regions.push(self.map_region(region, file)?);
+        }
+        self.publish_regions(regions)?;
         tracing::debug!(port = %self.dev.name, regions = ctx.len(), "memory table set");
         Ok(None)
     }
@@ -232,15 +281,23 @@ impl VhostUserBackendReqHandlerMut for Handler {
     fn set_vring_addr(
         &mut self,
         index: u32,
-        _flags: VhostUserVringAddrFlags,
+        flags: VhostUserVringAddrFlags,
         descriptor: u64,
         used: u64,
         available: u64,
-        _log: u64,
+        log: u64,
     ) -> Result<()> {
         let desc = self.va_to_gpa(descriptor)?;
         let avail = self.va_to_gpa(available)?;
         let used = self.va_to_gpa(used)?;
+        // Used-ring writes are logged by the guest-physical address of the used ring,
+        // which is what QEMU passes as `log_guest_addr`; a frontend asking for another
+        // address is refused rather than given a log it would misread.
+        if flags.contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG) && log != used.0 {
+            tracing::warn!(port = %self.dev.name, vring = index, log, used = used.0,
+                "used-ring log address differs from the used ring; refused");
+            return Err(Error::InvalidParam);
+        }
         let mem = self.dev.mem.memory();
         let mut v = self.vring(index)?.lock();
         let q = &mut v.queue;
@@ -393,20 +450,53 @@ impl VhostUserBackendReqHandlerMut for Handler {
     }
 
     fn get_max_mem_slots(&mut self) -> Result<u64> {
-        Err(unsupported("memory slots"))
+        Ok(MAX_MEM_SLOTS as u64)
     }
 
     fn add_mem_region(
         &mut self,
-        _region: &VhostUserSingleMemoryRegion,
-        _fd: File,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
         _postcopy_listening: Option<bool>,
     ) -> Result<Option<VhostUserMemoryRegionBase>> {
-        Err(unsupported("memory slots"))
+        if self.regions.len() >= MAX_MEM_SLOTS {
+            tracing::warn!(port = %self.dev.name, max = MAX_MEM_SLOTS,
+                "memory region beyond the slot limit; refused");
+            return Err(Error::InvalidParam);
+        }
+        let total = self
+            .regions
+            .iter()
+            .try_fold(region.memory_size, |t, (m, _)| t.checked_add(m.size));
+        if total.is_none_or(|t| t > max_guest_memory()) {
+            tracing::warn!(port = %self.dev.name, total = ?total, cap = max_guest_memory(),
+                "guest memory larger than the per-port cap; refused");
+            return Err(Error::InvalidParam);
+        }
+        let new = self.map_region(region, fd)?;
+        let mut regions = self.regions.clone();
+        regions.push(new);
+        // Overlaps are refused by vm-memory when the collection is built.
+        self.publish_regions(regions)?;
+        tracing::debug!(port = %self.dev.name, slots = self.regions.len(), "memory region added");
+        Ok(None)
     }
 
-    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> Result<()> {
-        Err(unsupported("memory slots"))
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> Result<()> {
+        let (gpa, size, ua) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        let Some(i) = self
+            .regions
+            .iter()
+            .position(|(m, _)| m.gpa == gpa && m.size == size && m.vmm_addr == ua)
+        else {
+            tracing::warn!(port = %self.dev.name, gpa, size, "no such memory region to remove");
+            return Err(Error::InvalidParam);
+        };
+        let mut regions = self.regions.clone();
+        regions.remove(i);
+        self.publish_regions(regions)?;
+        tracing::debug!(port = %self.dev.name, slots = self.regions.len(), "memory region removed");
+        Ok(())
     }
 
     fn set_device_state_fd(
@@ -426,7 +516,42 @@ impl VhostUserBackendReqHandlerMut for Handler {
         Err(unsupported("shared memory"))
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
-        Err(unsupported("dirty log"))
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> Result<()> {
+        // Copies: the message struct is packed.
+        let (size, offset) = (log.mmap_size, log.mmap_offset);
+        let refuse = |why: &str| {
+            tracing::warn!(port = %self.dev.name, size, offset, "dirty log refused: {why}");
+            Err(Error::InvalidParam)
+        };
+        if self.regions.is_empty() {
+            return refuse("no memory table yet");
+        }
+        // One bit per page of guest-physical memory, up to the end of the highest region.
+        let needed = self.mem_end().div_ceil(LOG_PAGE).div_ceil(8);
+        if size < needed {
+            return refuse(&format!("{needed} bytes needed for the guest memory"));
+        }
+        // The log lives in the frontend's file like guest memory does; unlike guest memory
+        // it is only ever written through atomics outside the SIGBUS table, so it must be
+        // sealed against shrinking (QEMU's vhost log memfd is created sealed).
+        match guestmap::seal_against_shrink(&file) {
+            Ok(guestmap::Seal::Sealed | guestmap::Seal::Added) => {}
+            Ok(guestmap::Seal::Unsealable) => {
+                return refuse("the file cannot be sealed against shrinking")
+            }
+            Err(e) => return refuse(&format!("F_SEAL_SHRINK: {e}")),
+        }
+        let file_len = file.metadata().map_err(Error::ReqHandlerError)?.len();
+        if offset.checked_add(size).is_none_or(|end| end > file_len) {
+            return refuse("larger than its file");
+        }
+        let map = DirtyLog::map(&file, size, offset).map_err(|e| {
+            tracing::warn!(port = %self.dev.name, error = %e, "dirty log not mapped");
+            Error::ReqHandlerError(e)
+        })?;
+        self.dev.log.store(Some(Arc::new(map)));
+        self.dev.update_logging();
+        tracing::info!(port = %self.dev.name, size, "dirty log mapped");
+        Ok(())
     }
 }

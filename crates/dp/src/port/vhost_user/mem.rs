@@ -7,13 +7,45 @@
 //! access is a scan of (usually one or two) regions, a bounds check and a `memcpy`, load or
 //! store. Accesses that cross a region boundary, or regions beyond [`MAX_FAST_REGIONS`],
 //! fall back to vm-memory's general path, so every access stays bounds-checked either way.
+//!
+//! # Dirty logging (live migration)
+//! A view made with [`GuestView::with_log`] while the frontend has logging on marks every
+//! write (frames, used elements, the used index) in the dirty log by guest-physical address.
+//! With logging off the log is `None`: each write then costs one predictable branch on a
+//! field of the view, and the data path takes the log once per burst (a relaxed load of one
+//! flag). With logging on each write also costs one relaxed load per page touched (plus a
+//! locked `or` the first time a page is marked after QEMU cleared it) and one shared counter
+//! increment (`logged_pages`).
 
 use std::sync::atomic::Ordering;
 
+use qswitch_sys::dirty_log::{DirtyLog, LOG_PAGE};
 use qswitch_sys::guest::Mapped;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use super::GuestMem;
+use super::{Device, GuestMem};
+
+/// Marks `[gpa, gpa + len)` dirty in `log` and counts it on `dev` (pages marked; pages
+/// beyond the log, warned about once).
+#[cold]
+#[inline(never)]
+pub(crate) fn log_write(log: &DirtyLog, dev: &Device, gpa: u64, len: u64) {
+    if len == 0 {
+        return;
+    }
+    let n = gpa.saturating_add(len - 1) / LOG_PAGE - gpa / LOG_PAGE + 1;
+    let lost = log.mark(gpa, len);
+    dev.logged_pages.fetch_add(n - lost, Ordering::Relaxed);
+    if lost > 0 && dev.log_missed.fetch_add(lost, Ordering::Relaxed) == 0 {
+        tracing::warn!(port = %dev.name, gpa, "guest memory written beyond the dirty log");
+    }
+}
+
+#[derive(Clone, Copy)]
+struct LogSink<'a> {
+    log: &'a DirtyLog,
+    dev: &'a Device,
+}
 
 /// Regions resolved up front; QEMU typically passes one or two.
 pub const MAX_FAST_REGIONS: usize = 8;
@@ -37,6 +69,8 @@ pub struct GuestView<'a> {
     first: Region<'a>,
     rest: [Region<'a>; MAX_FAST_REGIONS - 1],
     n_rest: usize,
+    /// The dirty log while the frontend has logging on.
+    log: Option<LogSink<'a>>,
 }
 
 impl<'a> GuestView<'a> {
@@ -47,6 +81,7 @@ impl<'a> GuestView<'a> {
             first: NO_REGION,
             rest: [NO_REGION; MAX_FAST_REGIONS - 1],
             n_rest: 0,
+            log: None,
         };
         let mut n = 0;
         for r in mem.iter() {
@@ -66,6 +101,19 @@ impl<'a> GuestView<'a> {
         }
         v.n_rest = n.saturating_sub(1);
         v
+    }
+
+    /// Marks every later write in `log` (if any), counting on `dev`.
+    pub(crate) fn with_log(mut self, log: Option<&'a DirtyLog>, dev: &'a Device) -> Self {
+        self.log = log.map(|log| LogSink { log, dev });
+        self
+    }
+
+    #[inline(always)]
+    fn mark(&self, addr: u64, len: usize) {
+        if let Some(s) = self.log {
+            log_write(s.log, s.dev, addr, len as u64);
+        }
     }
 
     /// The underlying memory.
@@ -113,10 +161,14 @@ impl<'a> GuestView<'a> {
     /// Copies `buf` into guest memory at `addr`; false if any of it is not guest memory.
     #[inline(always)]
     pub fn write(&self, addr: u64, buf: &[u8]) -> bool {
-        match self.find(addr) {
+        let ok = match self.find(addr) {
             Some((m, off)) if m.write(off, buf) => true,
             _ => self.mem.write_slice(buf, GuestAddress(addr)).is_ok(),
+        };
+        if ok {
+            self.mark(addr, buf.len());
         }
+        ok
     }
 
     /// Reads one 16-byte split-ring descriptor as two little-endian words: (addr,
@@ -174,10 +226,14 @@ impl<'a> GuestView<'a> {
     /// Writes a little-endian u16 with the given ordering (the used index).
     #[inline(always)]
     pub fn store_u16(&self, addr: u64, v: u16, order: Ordering) -> bool {
-        match self.find(addr) {
+        let ok = match self.find(addr) {
             Some((m, off)) if m.store_u16(off, v.to_le(), order) => true,
             _ => self.mem.store(v.to_le(), GuestAddress(addr), order).is_ok(),
+        };
+        if ok {
+            self.mark(addr, 2);
         }
+        ok
     }
 }
 

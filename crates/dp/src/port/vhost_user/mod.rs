@@ -49,6 +49,15 @@
 //!   (counter at its maximum, `O_NONBLOCK` cleared) is interrupted by the event loop's
 //!   watchdog within 200 ms and the call fd dropped, so a worker never stays blocked and a
 //!   ring lock is never held for long; the control plane reads ring state from atomics.
+//!
+//! # Live migration (docs/migration.md)
+//! `VHOST_F_LOG_ALL` + `LOG_SHMFD`: SET_LOG_BASE maps the frontend's dirty log (sealed
+//! against shrinking, large enough for guest memory); while LOG_ALL is negotiated every
+//! write into guest memory is marked by guest-physical address ([`mem::GuestView`], the log
+//! taken once per burst). GET_VRING_BASE takes the ring lock, so the worker's burst ends
+//! first, and stops the ring. SEND_RARP queues a RARP from the guest's MAC for the next
+//! `rx_burst` of queue 0 (waking its worker), so the switch learns the MAC on this port.
+//! `CONFIGURE_MEM_SLOTS`: up to [`MAX_MEM_SLOTS`] regions.
 
 pub mod chain;
 mod handler;
@@ -63,9 +72,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
+use qswitch_sys::dirty_log::DirtyLog;
 use qswitch_sys::epoll::Epoll;
+use qswitch_sys::eventfd::EventFd;
 use qswitch_sys::guestmap::MapOwner;
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -112,6 +123,17 @@ pub fn max_guest_memory() -> u64 {
 }
 /// `VHOST_USER_F_PROTOCOL_FEATURES`.
 pub const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+/// `VHOST_F_LOG_ALL`: the frontend may ask for dirty-page logging (live migration).
+pub const F_LOG_ALL: u64 = VhostUserVirtioFeatures::LOG_ALL.bits();
+
+/// Memory slots a frontend may use (`VHOST_USER_GET_MAX_MEM_SLOTS`, the cap for
+/// SET_MEM_TABLE and ADD_MEM_REG). 32: QEMU uses one or two regions for RAM plus one per
+/// hot-plugged DIMM (its own default `slots=` limit for a pc machine is far lower than 32 in
+/// practice), DPDK one per hugepage segment list; the data path resolves the first
+/// [`mem::MAX_FAST_REGIONS`] regions up front and scans the rest, so a small table keeps
+/// that scan short. The per-port cap on guest memory ([`max_guest_memory`]) applies to the
+/// sum of all slots either way.
+pub const MAX_MEM_SLOTS: usize = 32;
 
 /// Virtio features qswitch offers.
 pub const FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
@@ -128,11 +150,17 @@ pub const FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_NET_F_GUEST_ANNOUNCE)
+    | F_LOG_ALL
     | F_PROTOCOL_FEATURES;
 
 /// Protocol features qswitch offers.
 pub fn protocol_features() -> VhostUserProtocolFeatures {
-    VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::LOG_SHMFD
+        | VhostUserProtocolFeatures::RARP
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
 }
 
 /// Names of negotiated feature bits, for `port list`.
@@ -152,6 +180,8 @@ pub fn feature_names(features: u64) -> Vec<&'static str> {
         (VIRTIO_RING_F_INDIRECT_DESC, "indirect_desc"),
         (VIRTIO_RING_F_EVENT_IDX, "event_idx"),
         (VIRTIO_F_VERSION_1, "version_1"),
+        (VIRTIO_NET_F_GUEST_ANNOUNCE, "guest_announce"),
+        (VIRTIO_F_LOG_ALL_BIT, "log_all"),
     ];
     NAMES
         .iter()
@@ -159,6 +189,8 @@ pub fn feature_names(features: u64) -> Vec<&'static str> {
         .map(|(_, n)| *n)
         .collect()
 }
+
+const VIRTIO_F_LOG_ALL_BIT: u32 = F_LOG_ALL.trailing_zeros();
 
 /// Who opens the socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,18 +301,40 @@ pub(crate) struct Device {
     pub(crate) connected: AtomicBool,
     /// Guest errors seen (bad chains, broken rings), for logs and tests.
     pub(crate) guest_errors: AtomicU64,
+    /// The dirty log from SET_LOG_BASE (live migration), kept until the next one or a
+    /// disconnect.
+    pub(crate) log: ArcSwapOption<DirtyLog>,
+    /// LOG_ALL negotiated and a log mapped: every write into guest memory marks its pages.
+    /// The data path reads this once per burst.
+    pub(crate) logging: AtomicBool,
+    /// Page marks made in the dirty log (a page written twice counts twice).
+    pub(crate) logged_pages: AtomicU64,
+    /// Pages written while logging that lay beyond the log (a frontend's log too small for
+    /// memory added later); the frontend may then miss them.
+    pub(crate) log_missed: AtomicU64,
+    /// RARP announcements injected for SEND_RARP.
+    pub(crate) rarps: AtomicU64,
+    /// Frames to hand the switch as if the guest had sent them (SEND_RARP), taken by the
+    /// next `rx_burst` of queue 0.
+    pub(crate) inject: Mutex<Vec<[u8; 60]>>,
+    pub(crate) inject_pending: AtomicBool,
+    /// In pair 0's kick epoll: wakes the worker polling queue 0 for an injected frame.
+    pub(crate) inject_wake: EventFd,
 }
 
 impl Device {
     fn new(name: &str, pairs: u16) -> std::io::Result<Device> {
+        let kick_polls: Box<[Epoll]> = (0..pairs)
+            .map(|_| Epoll::new())
+            .collect::<std::io::Result<_>>()?;
+        let inject_wake = EventFd::new()?;
+        kick_polls[0].add(inject_wake.as_raw_fd(), INJECT_TOKEN)?;
         Ok(Device {
             name: name.to_string(),
             pairs,
             mem: GuestMemoryAtomic::new(GuestMem::new()),
             vrings: (0..pairs * 2).map(|_| Mutex::new(Vring::new())).collect(),
-            kick_polls: (0..pairs)
-                .map(|_| Epoll::new())
-                .collect::<std::io::Result<_>>()?,
+            kick_polls,
             kicks_muted: AtomicU32::new(0),
             features: AtomicU64::new(0),
             rx_enabled: AtomicU32::new(0),
@@ -288,7 +342,80 @@ impl Device {
             rss: Toeplitz::default(),
             connected: AtomicBool::new(false),
             guest_errors: AtomicU64::new(0),
+            log: ArcSwapOption::empty(),
+            logging: AtomicBool::new(false),
+            logged_pages: AtomicU64::new(0),
+            log_missed: AtomicU64::new(0),
+            rarps: AtomicU64::new(0),
+            inject: Mutex::new(Vec::new()),
+            inject_pending: AtomicBool::new(false),
+            inject_wake,
         })
+    }
+
+    /// The dirty log while logging is on: one relaxed load when it is off (once per burst).
+    #[inline(always)]
+    pub(crate) fn dirty_log(&self) -> Option<Arc<DirtyLog>> {
+        if self.logging.load(Ordering::Relaxed) {
+            self.log.load_full()
+        } else {
+            None
+        }
+    }
+
+    /// Turns logging on when LOG_ALL is negotiated and a log is mapped, off otherwise.
+    pub(crate) fn update_logging(&self) {
+        let on =
+            self.features.load(Ordering::Relaxed) & F_LOG_ALL != 0 && self.log.load().is_some();
+        let was = self.logging.swap(on, Ordering::AcqRel);
+        if was != on {
+            tracing::info!(port = %self.name, on, "dirty-page logging");
+        }
+    }
+
+    /// Marks the used ring's flags and `avail_event` (written by virtio-queue's
+    /// notification toggles) in the dirty log.
+    pub(crate) fn log_used_meta(&self, v: &Vring) {
+        if let Some(log) = self.dirty_log() {
+            let used = v.queue.used_ring();
+            let size = u64::from(v.queue.size());
+            mem::log_write(&log, self, used, 4);
+            mem::log_write(&log, self, used + 4 + 8 * size, 2);
+        }
+    }
+
+    /// Queues a RARP from `mac` as if the guest had sent it (VHOST_USER_SEND_RARP after a
+    /// migration): the switch learns `mac` on this port at once.
+    pub(crate) fn inject_rarp(&self, mac: [u8; 6]) {
+        let mut f = [0u8; 60];
+        f[..6].fill(0xff);
+        f[6..12].copy_from_slice(&mac);
+        f[12..14].copy_from_slice(&0x8035u16.to_be_bytes());
+        // htype 1 (Ethernet), ptype IPv4, hlen 6, plen 4, op 3 (reverse request).
+        f[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 3]);
+        f[22..28].copy_from_slice(&mac);
+        f[32..38].copy_from_slice(&mac);
+        {
+            let mut q = self.inject.lock();
+            if q.len() < 8 {
+                q.push(f);
+            }
+        }
+        self.inject_pending.store(true, Ordering::Release);
+        self.rarps.fetch_add(1, Ordering::Relaxed);
+        let _ = self.inject_wake.notify();
+    }
+
+    /// Moves queued injected frames into `pkts`; returns how many.
+    fn take_injected(&self, pkts: &mut [Pkt]) -> usize {
+        let _ = self.inject_wake.drain();
+        let mut q = self.inject.lock();
+        let n = q.len().min(pkts.len());
+        for (pkt, f) in pkts.iter_mut().zip(q.drain(..n)) {
+            pkt.fill(&f);
+        }
+        self.inject_pending.store(!q.is_empty(), Ordering::Release);
+        n
     }
 
     pub(crate) fn has(&self, bit: u32) -> bool {
@@ -359,6 +486,8 @@ impl Device {
             *v = Vring::new();
         }
         self.kicks_muted.store(0, Ordering::Release);
+        self.logging.store(false, Ordering::Release);
+        self.log.store(None);
         let old = self.rx_enabled.swap(0, Ordering::AcqRel);
         self.update_reta(old);
         // Workers in the middle of a burst keep the old table alive until they finish.
@@ -485,6 +614,21 @@ impl VhostUserPort {
     pub fn guest_errors(&self) -> u64 {
         self.dev.guest_errors.load(Ordering::Relaxed)
     }
+
+    /// Whether dirty-page logging (live migration) is on.
+    pub fn dirty_logging(&self) -> bool {
+        self.dev.logging.load(Ordering::Relaxed)
+    }
+
+    /// Page marks made in the dirty log so far.
+    pub fn logged_pages(&self) -> u64 {
+        self.dev.logged_pages.load(Ordering::Relaxed)
+    }
+
+    /// RARP announcements injected (VHOST_USER_SEND_RARP) so far.
+    pub fn announces(&self) -> u64 {
+        self.dev.rarps.load(Ordering::Relaxed)
+    }
 }
 
 /// Binds a non-blocking listener on `socket`, replacing a stale socket file.
@@ -511,6 +655,25 @@ impl Drop for VhostUserPort {
     }
 }
 
+/// Token of the injected-frame wake-up in pair 0's kick epoll (the kick fds use 0).
+const INJECT_TOKEN: u64 = 1;
+
+/// `VHOST_USER_SEND_RARP`.
+const SEND_RARP: u32 = FrontendReq::SEND_RARP as u32;
+
+/// If the next message waiting on the socket is SEND_RARP, the MAC it carries.
+pub(crate) fn peek_send_rarp(stream: &UnixStream) -> Option<[u8; 6]> {
+    // Header (12 bytes), then a u64 whose first 6 bytes are the MAC.
+    let mut b = [0u8; 20];
+    let n = qswitch_sys::fd::peek(stream, &mut b).ok()?;
+    let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    (n == b.len() && word(0) == SEND_RARP && word(8) == 8).then(|| {
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&b[12..18]);
+        mac
+    })
+}
+
 /// `VHOST_USER_SET_VRING_ENABLE`.
 const SET_VRING_ENABLE: u32 = FrontendReq::SET_VRING_ENABLE as u32;
 
@@ -525,6 +688,10 @@ pub(crate) fn peek_vring_enable(stream: &UnixStream) -> Option<(u32, bool)> {
 
 impl Port for VhostUserPort {
     fn rx_burst(&self, queue: u16, pkts: &mut [Pkt], _now: u64, drops: &mut DropTally) -> usize {
+        if queue == 0 && self.dev.inject_pending.load(Ordering::Relaxed) {
+            let n = self.dev.take_injected(pkts);
+            return n + rings::rx_burst(&self.dev, queue, &mut pkts[n..], drops);
+        }
         rings::rx_burst(&self.dev, queue, pkts, drops)
     }
 
@@ -546,7 +713,8 @@ impl Port for VhostUserPort {
     }
 
     fn rx_arm(&self, queue: u16) -> bool {
-        rings::arm(&self.dev, queue)
+        let ready = rings::arm(&self.dev, queue);
+        ready && !(queue == 0 && self.dev.inject_pending.load(Ordering::Acquire))
     }
 
     fn offloads(&self) -> Vec<&'static str> {

@@ -46,9 +46,10 @@ use std::time::{Duration, Instant};
 
 use qswitch_sys::epoll::{Epoll, Event};
 use qswitch_sys::eventfd::EventFd;
+use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 
-use super::{peek_vring_enable, Device, Handler};
+use super::{peek_send_rarp, peek_vring_enable, Device, Handler};
 
 /// A frontend must send `SET_OWNER` within this long after connecting.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -585,8 +586,21 @@ impl Loop {
 /// Handles one complete message. Err: the connection must end.
 fn handle_one(c: &mut Conn) -> Result<(), String> {
     let enable = peek_vring_enable(&c.stream);
+    let rarp = peek_send_rarp(&c.stream);
+    let log_base = peek_request(&c.stream) == Some(FrontendReq::SET_LOG_BASE as u32);
     match c.req.handle_request() {
         Ok(()) => Ok(()),
+        // The vhost crate reads SEND_RARP whole, then refuses it as unknown: qswitch
+        // handles it here (the frontend expects no reply).
+        Err(VhostError::InvalidMessage) if rarp.is_some() => {
+            if let (Some(mac), Ok(h)) = (rarp, c.handler.lock()) {
+                h.send_rarp(mac);
+            }
+            Ok(())
+        }
+        // A refused dirty log gets no reply, and the frontend waits for one: end the
+        // connection so that it sees the failure (QEMU then fails the migration).
+        Err(e) if log_base => Err(format!("dirty log refused: {e}")),
         // QEMU 7.2 enables (and, after a reconnect, re-enables) rings before SET_FEATURES;
         // the vhost crate refuses that. Remember it and apply it once PROTOCOL_FEATURES is
         // acked, or the rings would stay disabled.
@@ -612,6 +626,15 @@ fn handle_one(c: &mut Conn) -> Result<(), String> {
             Ok(())
         }
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The request code of the next message waiting on `s`.
+fn peek_request(s: &UnixStream) -> Option<u32> {
+    let mut b = [0u8; 4];
+    match qswitch_sys::fd::peek(s, &mut b) {
+        Ok(4) => Some(u32::from_ne_bytes(b)),
+        _ => None,
     }
 }
 

@@ -213,10 +213,12 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
         return 0;
     }
     let guard = dev.mem.memory();
-    let mem = GuestView::new(&guard);
+    let log = dev.dirty_log();
+    let mem = GuestView::new(&guard).with_log(log.as_deref(), dev);
     if v.notify {
         let _ = v.queue.disable_notification(&*guard);
         v.notify = false;
+        dev.log_used_meta(v);
     }
     let mut heads = [0u16; BURST];
     let nh = pop_heads(dev, vi, v, &mem, &mut heads[..pkts.len().min(BURST)]);
@@ -367,7 +369,8 @@ pub(crate) fn tx_burst(
             continue;
         }
         let guard = dev.mem.memory();
-        let mem = GuestView::new(&guard);
+        let log = dev.dirty_log();
+        let mem = GuestView::new(&guard).with_log(log.as_deref(), dev);
         let frames = pair_of[..sel.len()].iter().filter(|&&q| q == p).count();
         prefetch_rx_chains(v, &mem, frames);
         // Moving the scratch vectors out for the burst and back costs no allocation.
@@ -689,7 +692,9 @@ pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
     }
     let mem = dev.mem.memory();
     v.notify = true;
-    !v.queue.enable_notification(&*mem).unwrap_or(false)
+    let armed = !v.queue.enable_notification(&*mem).unwrap_or(false);
+    dev.log_used_meta(v);
+    armed
 }
 
 /// Counts a spurious kick; true when they come faster than [`super::KICK_STORM`] a second.
