@@ -103,6 +103,10 @@ const NEVER_COUNTED: &[(&str, &str)] = &[
         "vhost-user ports only; counted by tests/vhost_guest.rs, which needs QEMU",
     ),
     (
+        "qswitch_afxdp_kernel_drops",
+        "afxdp ports only; tests/uplink.rs has them",
+    ),
+    (
         "qswitch_sink_lost_frames",
         "needs frames lost between generator and sink; a healthy gen→gen path loses none",
     ),

@@ -95,6 +95,8 @@ pub enum SwitchError {
     Tap(#[from] TapError),
     #[error(transparent)]
     VhostUser(#[from] VhostUserError),
+    #[error(transparent)]
+    AfXdp(#[from] crate::port::afxdp::AfXdpError),
     #[error("cannot start worker {worker} on CPU {cpu}")]
     Worker {
         worker: usize,

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qswitch_api::{PortConfig, PortKind, VhostMode};
+use qswitch_api::{PortConfig, PortKind, VhostMode, XdpMode};
 
 use super::{Switch, SwitchError, MAX_PORTS};
 use crate::ids::PortId;
+use crate::port::afxdp::{self, AfXdpPort};
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
 use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
@@ -39,6 +40,15 @@ impl Switch {
             if slot == new_table.len() {
                 new_table.push(None);
             }
+            // An afxdp port has the queues the interface gave it (its default is all of them;
+            // the packet mode has one).
+            let config = match &dev {
+                Device::AfXdp(a) => &PortConfig {
+                    queues: a.queues(),
+                    ..config.clone()
+                },
+                _ => config,
+            };
             new_table[slot] = Some(self.entry(id, config, dev));
             ids.push(id);
         }
@@ -124,6 +134,20 @@ impl Switch {
                     mode,
                     config.queues,
                     &Reactor::shared().map_err(VhostUserError::Setup)?,
+                )?)
+            }
+            PortKind::AfXdp(a) => {
+                let mode = match a.mode {
+                    XdpMode::Auto => afxdp::Mode::Auto,
+                    XdpMode::Native => afxdp::Mode::Native,
+                    XdpMode::Skb => afxdp::Mode::Skb,
+                    XdpMode::Packet => afxdp::Mode::Packet,
+                };
+                Device::AfXdp(AfXdpPort::open(
+                    &config.name,
+                    a.ifname.as_str(),
+                    a.queues,
+                    mode,
                 )?)
             }
             PortKind::Gen(g) => Device::Gen(GenPort::new(
