@@ -95,8 +95,12 @@ pub enum SwitchError {
     Tap(#[from] TapError),
     #[error(transparent)]
     VhostUser(#[from] VhostUserError),
-    #[error(transparent)]
-    AfXdp(#[from] crate::port::afxdp::AfXdpError),
+    /// An afxdp port's interface cannot be used as asked (a configuration error).
+    #[error("port '{port}': {error}")]
+    AfXdp {
+        port: String,
+        error: crate::port::afxdp::AfXdpError,
+    },
     #[error("cannot start worker {worker} on CPU {cpu}")]
     Worker {
         worker: usize,

@@ -143,12 +143,14 @@ impl Switch {
                     XdpMode::Skb => afxdp::Mode::Skb,
                     XdpMode::Packet => afxdp::Mode::Packet,
                 };
-                Device::AfXdp(AfXdpPort::open(
-                    &config.name,
-                    a.ifname.as_str(),
-                    a.queues,
-                    mode,
-                )?)
+                Device::AfXdp(
+                    AfXdpPort::open(&config.name, a.ifname.as_str(), a.queues, mode).map_err(
+                        |error| SwitchError::AfXdp {
+                            port: config.name.clone(),
+                            error,
+                        },
+                    )?,
+                )
             }
             PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,
