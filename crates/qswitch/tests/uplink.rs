@@ -128,8 +128,9 @@ impl World {
     fn write_config(&self, name: &str, ports: &str) -> (PathBuf, PathBuf) {
         let control = self.dir.join(&format!("{name}.sock"));
         let config = self.dir.join(&format!("{name}.toml"));
+        // The namespace's own loopback: every test's daemon may use the same HTTP port.
         let text = format!(
-            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n{ports}",
+            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"127.0.0.1:9479\"\n{ports}",
             worker_cpus(2),
             control.display()
         );
@@ -330,6 +331,22 @@ fn run_mode(n: u8, mode: &str, expect_mode: &str) {
             "{mode}: {streams} stream(s), reverse {reverse}: {g} Gbit/s"
         );
     }
+    // /metrics (fetched inside sw, where the daemon listens): the mode and kernel drops.
+    let metrics = w
+        .sw
+        .ok(&[
+            "python3",
+            "-c",
+            "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9479/metrics', timeout=5).read().decode())",
+        ])
+        .stdout;
+    let info =
+        format!("qswitch_port_info{{port=\"up\",kind=\"afxdp\",xdp_mode=\"{expect_mode}\"}} 1");
+    assert!(metrics.contains(&info), "{info}\n{metrics}");
+    assert!(
+        metrics.contains("qswitch_afxdp_kernel_drops_total{port=\"up\",reason=\"rx_dropped\"}"),
+        "{metrics}"
+    );
     let stats = w.daemon.as_ref().unwrap().stats();
     let oversize = common::drops(&stats, "up", "oversize");
     assert_eq!(oversize, 0, "oversize drops on the uplink: {stats}");
