@@ -63,6 +63,14 @@
 //! learning = true                  # remote MAC -> VTEP from received frames
 //! vlan = 100                       # the switch VLAN this VNI carries
 //! # udp_csum = false               # default: off over IPv4, on over IPv6
+//!
+//! [[port]]
+//! name = "nic"
+//! type = "afxdp"                   # a NIC as an uplink (docs/uplink.md)
+//! ifname = "eth1"
+//! queues = 2                       # default: every rx queue of the NIC
+//! mode = "auto"                    # or native, skb, packet; `port list` shows the one in use
+//! vlan = 20
 //! ```
 //! Rates are bits/s of L2 frames (Ethernet header counted, FCS not) with an
 //! optional k/M/G/T suffix (powers of 1000): "150M", "1.5G", "800000".
@@ -247,6 +255,8 @@ pub enum PortType {
     VhostUser,
     /// A VXLAN tunnel endpoint (RFC 7348): one VNI to remote VTEPs over an IP underlay.
     Vxlan,
+    /// A kernel interface (a NIC) as an uplink through AF_XDP, or AF_PACKET as the fallback.
+    Afxdp,
 }
 
 impl fmt::Display for PortType {
@@ -256,6 +266,7 @@ impl fmt::Display for PortType {
             PortType::Gen => "gen",
             PortType::VhostUser => "vhost-user",
             PortType::Vxlan => "vxlan",
+            PortType::Afxdp => "afxdp",
         })
     }
 }
@@ -268,8 +279,9 @@ impl FromStr for PortType {
             "gen" => Ok(PortType::Gen),
             "vhost-user" => Ok(PortType::VhostUser),
             "vxlan" => Ok(PortType::Vxlan),
+            "afxdp" => Ok(PortType::Afxdp),
             other => Err(format!(
-                "unknown port type '{other}' (expected tap, gen, vhost-user or vxlan)"
+                "unknown port type '{other}' (expected tap, gen, vhost-user, vxlan or afxdp)"
             )),
         }
     }
@@ -303,6 +315,113 @@ impl FromStr for VhostMode {
             "client" => Ok(VhostMode::Client),
             other => Err(format!(
                 "unknown mode '{other}' (expected server or client)"
+            )),
+        }
+    }
+}
+
+/// The data path of an afxdp port (see `qswitch_dp::port::afxdp`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum XdpMode {
+    /// Native XDP (zero-copy, then copy), generic XDP, AF_PACKET: the first that works.
+    #[default]
+    Auto,
+    /// XDP in the driver only.
+    Native,
+    /// Generic XDP (on the skb) only.
+    Skb,
+    /// AF_PACKET only.
+    Packet,
+}
+
+impl fmt::Display for XdpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            XdpMode::Auto => "auto",
+            XdpMode::Native => "native",
+            XdpMode::Skb => "skb",
+            XdpMode::Packet => "packet",
+        })
+    }
+}
+
+/// The values of the `mode` key, which two port types have: vhost-user's
+/// (`server`, `client`) and afxdp's (`auto`, `native`, `skb`, `packet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeKey {
+    Server,
+    Client,
+    Auto,
+    Native,
+    Skb,
+    Packet,
+}
+
+impl ModeKey {
+    fn vhost(self) -> Option<VhostMode> {
+        match self {
+            ModeKey::Server => Some(VhostMode::Server),
+            ModeKey::Client => Some(VhostMode::Client),
+            _ => None,
+        }
+    }
+
+    fn xdp(self) -> Option<XdpMode> {
+        match self {
+            ModeKey::Auto => Some(XdpMode::Auto),
+            ModeKey::Native => Some(XdpMode::Native),
+            ModeKey::Skb => Some(XdpMode::Skb),
+            ModeKey::Packet => Some(XdpMode::Packet),
+            _ => None,
+        }
+    }
+}
+
+impl From<VhostMode> for ModeKey {
+    fn from(m: VhostMode) -> ModeKey {
+        match m {
+            VhostMode::Server => ModeKey::Server,
+            VhostMode::Client => ModeKey::Client,
+        }
+    }
+}
+
+impl From<XdpMode> for ModeKey {
+    fn from(m: XdpMode) -> ModeKey {
+        match m {
+            XdpMode::Auto => ModeKey::Auto,
+            XdpMode::Native => ModeKey::Native,
+            XdpMode::Skb => ModeKey::Skb,
+            XdpMode::Packet => ModeKey::Packet,
+        }
+    }
+}
+
+impl fmt::Display for ModeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.vhost(), self.xdp()) {
+            (Some(v), _) => v.fmt(f),
+            (_, Some(x)) => x.fmt(f),
+            _ => unreachable!("every mode is one or the other"),
+        }
+    }
+}
+
+impl FromStr for ModeKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "server" => Ok(ModeKey::Server),
+            "client" => Ok(ModeKey::Client),
+            "auto" => Ok(ModeKey::Auto),
+            "native" => Ok(ModeKey::Native),
+            "skb" => Ok(ModeKey::Skb),
+            "packet" => Ok(ModeKey::Packet),
+            other => Err(format!(
+                "unknown mode '{other}' (vhost-user: server or client; afxdp: auto, native, \
+                 skb or packet)"
             )),
         }
     }
@@ -351,6 +470,21 @@ pub enum PortKind {
     Gen(GenPortConfig),
     /// `type = "vxlan"`.
     Vxlan(VxlanConfig),
+    /// `type = "afxdp"`.
+    AfXdp(AfXdpConfig),
+}
+
+/// The keys of an afxdp port. Its [`PortConfig::queues`] is the number of queues in use,
+/// which the switch sets when it opens the interface; `queues` here is what was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AfXdpConfig {
+    /// The kernel interface (NIC) to attach to; it must exist.
+    pub ifname: IfName,
+    /// AF_XDP sockets, one per NIC rx queue: at most the NIC's queue count, which is the
+    /// default (`None`).
+    pub queues: Option<u16>,
+    /// The data path (default: auto).
+    pub mode: XdpMode,
 }
 
 /// The keys of a VXLAN port. The VLAN the VNI carries is the port's `vlan`.
@@ -411,6 +545,7 @@ impl PortKind {
             PortKind::VhostUser(_) => PortType::VhostUser,
             PortKind::Gen(_) => PortType::Gen,
             PortKind::Vxlan(_) => PortType::Vxlan,
+            PortKind::AfXdp(_) => PortType::Afxdp,
         }
     }
 }
@@ -534,6 +669,12 @@ pub enum PortError {
         crate::value::MAX_PORT_NAME
     )]
     Name,
+    #[error("mode '{mode}' does not apply to type {kind} (expected {expected})")]
+    Mode {
+        mode: ModeKey,
+        kind: PortType,
+        expected: &'static str,
+    },
     #[error("queues = {queues} is out of range 1..={max} for type {kind}")]
     Queues {
         queues: u16,
@@ -569,17 +710,19 @@ pub struct PortKeys {
     pub name: PortName,
     #[serde(rename = "type")]
     pub kind: PortType,
-    /// tap: the interface name.
+    /// tap, afxdp: the interface name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ifname: Option<IfName>,
     /// vhost-user: the socket path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<SocketPath>,
-    /// vhost-user: who opens the socket (default: server).
+    /// vhost-user: who opens the socket (default: server); afxdp: the data path (default:
+    /// auto).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<VhostMode>,
-    #[serde(default = "default_queues")]
-    pub queues: u16,
+    pub mode: Option<ModeKey>,
+    /// Default 1; afxdp: the NIC's rx queue count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlan: Option<VlanId>,
     /// gen: the port's own MAC address.
@@ -628,7 +771,7 @@ fn default_queues() -> u16 {
 fn check_queues(queues: u16, t: PortType) -> Result<(), PortError> {
     let max = match t {
         PortType::VhostUser => MAX_VHOST_PAIRS,
-        PortType::Tap | PortType::Gen => MAX_QUEUES,
+        PortType::Tap | PortType::Gen | PortType::Afxdp => MAX_QUEUES,
         PortType::Vxlan => 1,
     };
     if queues == 0 || queues > max {
@@ -650,7 +793,7 @@ impl PortKeys {
             ifname: None,
             socket: None,
             mode: None,
-            queues: default_queues(),
+            queues: None,
             vlan: None,
             mac: None,
             generate: None,
@@ -701,7 +844,26 @@ impl PortKeys {
             }),
             PortType::VhostUser => PortKind::VhostUser(VhostUserConfig {
                 socket: self.socket.take().ok_or_else(|| missing("socket"))?,
-                mode: self.mode.take().unwrap_or_default(),
+                mode: match self.mode.take() {
+                    None => VhostMode::default(),
+                    Some(m) => m.vhost().ok_or(PortError::Mode {
+                        mode: m,
+                        kind: t,
+                        expected: "server or client",
+                    })?,
+                },
+            }),
+            PortType::Afxdp => PortKind::AfXdp(AfXdpConfig {
+                ifname: self.ifname.take().ok_or_else(|| missing("ifname"))?,
+                queues: self.queues,
+                mode: match self.mode.take() {
+                    None => XdpMode::default(),
+                    Some(m) => m.xdp().ok_or(PortError::Mode {
+                        mode: m,
+                        kind: t,
+                        expected: "auto, native, skb or packet",
+                    })?,
+                },
             }),
             PortType::Gen => PortKind::Gen(GenPortConfig {
                 mac: self.mac.take(),
@@ -727,7 +889,8 @@ impl TryFrom<PortKeys> for PortConfig {
     type Error = ConfigError;
 
     fn try_from(mut k: PortKeys) -> Result<PortConfig, ConfigError> {
-        let kind = check_queues(k.queues, k.kind)
+        let queues = k.queues.unwrap_or_else(default_queues);
+        let kind = check_queues(queues, k.kind)
             .and_then(|()| k.take_kind())
             .map_err(|problem| ConfigError::Port {
                 name: k.name.to_string(),
@@ -735,7 +898,7 @@ impl TryFrom<PortKeys> for PortConfig {
             })?;
         let port = PortConfig {
             name: k.name.into(),
-            queues: k.queues,
+            queues,
             vlan: k.vlan,
             cpus: k.cpus,
             qos: k.qos,
@@ -758,7 +921,7 @@ impl From<PortConfig> for PortKeys {
             PortName::unchecked(p.name),
             p.kind.port_type(),
         );
-        k.queues = p.queues;
+        k.queues = Some(p.queues);
         k.vlan = p.vlan;
         k.cpus = p.cpus;
         k.qos = p.qos;
@@ -770,7 +933,12 @@ impl From<PortConfig> for PortKeys {
             PortKind::Tap(t) => k.ifname = Some(t.ifname),
             PortKind::VhostUser(v) => {
                 k.socket = Some(v.socket);
-                k.mode = Some(v.mode);
+                k.mode = Some(v.mode.into());
+            }
+            PortKind::AfXdp(a) => {
+                k.ifname = Some(a.ifname);
+                k.queues = a.queues;
+                k.mode = Some(a.mode.into());
             }
             PortKind::Gen(g) => {
                 k.mac = g.mac;
@@ -809,6 +977,18 @@ impl PortConfig {
     /// A TAP port with defaults.
     pub fn tap(name: &str, ifname: IfName) -> PortConfig {
         PortConfig::new(name, PortKind::Tap(TapConfig { ifname }))
+    }
+
+    /// An afxdp port with defaults (every NIC queue, mode auto).
+    pub fn afxdp(name: &str, ifname: IfName, mode: XdpMode) -> PortConfig {
+        PortConfig::new(
+            name,
+            PortKind::AfXdp(AfXdpConfig {
+                ifname,
+                queues: None,
+                mode,
+            }),
+        )
     }
 
     /// A vhost-user port with defaults.
@@ -894,10 +1074,11 @@ impl PortConfig {
         self.vlan.map_or(0, VlanId::get)
     }
 
-    /// A TAP port's interface name.
+    /// A TAP or afxdp port's interface name.
     pub fn ifname(&self) -> Option<&IfName> {
         match &self.kind {
             PortKind::Tap(t) => Some(&t.ifname),
+            PortKind::AfXdp(a) => Some(&a.ifname),
             _ => None,
         }
     }
@@ -1327,7 +1508,7 @@ vlan = 10
             ),
             (
                 "[[port]]\nname='a'\ntype='geneve'\n".into(),
-                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`",
+                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`, `afxdp`",
             ),
             (
                 "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
@@ -1599,6 +1780,76 @@ vlan = 10
         assert!(serde_json::from_str::<PortConfig>(json).is_err());
     }
 
+    #[test]
+    fn afxdp_port_keys() {
+        let cfg = Config::from_toml("[[port]]\nname='up'\ntype='afxdp'\nifname='eth1'\n").unwrap();
+        assert_eq!(
+            cfg.ports[0].kind,
+            PortKind::AfXdp(AfXdpConfig {
+                ifname: "eth1".parse().unwrap(),
+                queues: None,
+                mode: XdpMode::Auto,
+            })
+        );
+        assert_eq!(cfg.ports[0].ifname().map(|i| i.as_str()), Some("eth1"));
+        let dumped = cfg.to_toml().unwrap();
+        assert!(!dumped.contains("queues"), "{dumped}");
+        assert_eq!(Config::from_toml(&dumped).unwrap(), cfg);
+
+        let cfg = Config::from_toml(
+            "[[port]]\nname='up'\ntype='afxdp'\nifname='eth1'\nqueues=4\nmode='skb'\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.ports[0].queues, 4);
+        let PortKind::AfXdp(a) = &cfg.ports[0].kind else {
+            panic!("{cfg:?}")
+        };
+        assert_eq!((a.queues, a.mode), (Some(4), XdpMode::Skb));
+        let json = serde_json::to_string(&cfg.ports[0]).unwrap();
+        assert_eq!(
+            serde_json::from_str::<PortConfig>(&json).unwrap(),
+            cfg.ports[0]
+        );
+
+        for (text, want) in [
+            (
+                "[[port]]\nname='up'\ntype='afxdp'\n",
+                "config line 1: port 'up': type afxdp needs ifname",
+            ),
+            (
+                "[[port]]\nname='up'\ntype='afxdp'\nifname='e'\nmode='fast'\n",
+                "config line 5: mode: unknown variant `fast`",
+            ),
+            (
+                "[[port]]\nname='up'\ntype='afxdp'\nifname='e'\nmode='server'\n",
+                "config line 1: port 'up': mode 'server' does not apply to type afxdp \
+                 (expected auto, native, skb or packet)",
+            ),
+            (
+                "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nmode='native'\n",
+                "config line 1: port 'v': mode 'native' does not apply to type vhost-user \
+                 (expected server or client)",
+            ),
+            (
+                "[[port]]\nname='up'\ntype='afxdp'\nifname='e'\nqueues=0\n",
+                "config line 1: port 'up': queues = 0 is out of range 1..=256 for type afxdp",
+            ),
+            (
+                "[[port]]\nname='up'\ntype='afxdp'\nifname='e'\nsocket='/s'\n",
+                "config line 1: port 'up': key 'socket' does not apply to type afxdp",
+            ),
+            (
+                "[[port]]\nname='up'\ntype='afxdp'\nifname='e'\n[[port]]\nname='t'\ntype='tap'\nifname='e'\n",
+                "duplicate ifname 'e' (ports 'up' and 't')",
+            ),
+        ] {
+            let e = err(text);
+            assert!(e.starts_with(want) || e.contains(want), "{e}\nwant: {want}");
+        }
+        let e = "turbo".parse::<ModeKey>().unwrap_err();
+        assert!(e.contains("auto, native, skb or packet"), "{e}");
+    }
+
     /// The ```toml block of this module's documentation.
     #[test]
     fn module_doc_example_parses() {
@@ -1612,7 +1863,7 @@ vlan = 10
             .join("\n");
         let cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         cfg.validate(ONLINE).unwrap();
-        assert_eq!(cfg.ports.len(), 6);
+        assert_eq!(cfg.ports.len(), 7);
         assert!(cfg.ports[4].vlans.is_some() && cfg.ports[4].security.is_some());
     }
 
@@ -1692,6 +1943,15 @@ dstport = 8472
 learning = false
 udp_csum = false
 vlan = 7
+
+[[port]]
+name = "nic0"
+type = "afxdp"
+ifname = "eth0"
+queues = 8
+mode = "native"
+vlan = 10
+capacity = "10G"
 "#;
 
     #[test]
@@ -1776,6 +2036,7 @@ vlan = 7
             "capacity = \"1234.567M\"",
             "mac = \"0a:00:00:00:00:01\"",
             "mode = \"client\"",
+            "mode = \"native\"",
             "http = \"[::1]:9470\"",
         ] {
             assert!(dumped.contains(needle), "{needle}\n{dumped}");
@@ -1810,6 +2071,21 @@ vlan = 7
                         },
                     })
                 }),
+                (
+                    "[a-z][a-z0-9]{0,14}",
+                    proptest::option::of(1..=256u16),
+                    0..4u8
+                )
+                    .prop_map(|(i, queues, m)| PortKind::AfXdp(AfXdpConfig {
+                        ifname: i.parse().unwrap(),
+                        queues,
+                        mode: [
+                            XdpMode::Auto,
+                            XdpMode::Native,
+                            XdpMode::Skb,
+                            XdpMode::Packet
+                        ][usize::from(m)],
+                    })),
                 (proptest::option::of(any::<[u8; 6]>()), any::<bool>()).prop_map(|(mac, g)| {
                     PortKind::Gen(GenPortConfig {
                         mac: mac.and_then(|mut m| {
@@ -1836,7 +2112,11 @@ vlan = 7
             )
                 .prop_map(|(name, queues, vlan, cpus, capacity, kind)| PortConfig {
                     name,
-                    queues,
+                    // An afxdp port's queue count before it is opened is the one asked for.
+                    queues: match &kind {
+                        PortKind::AfXdp(a) => a.queues.unwrap_or(1),
+                        _ => queues,
+                    },
                     vlan: vlan.map(|v| VlanId::try_from(v).unwrap()),
                     cpus: cpus.and_then(CpuList::from_cpus),
                     qos: None,

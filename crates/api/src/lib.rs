@@ -21,9 +21,9 @@ pub mod request;
 pub mod value;
 
 pub use config::{
-    Config, ConfigError, GenConfig, GenPortConfig, PlacementMode, PortConfig, PortError, PortKeys,
-    PortKind, PortType, QosConfig, QosError, QosSettings, SwitchConfig, TapConfig, VhostMode,
-    VhostUserConfig, VxlanConfig,
+    AfXdpConfig, Config, ConfigError, GenConfig, GenPortConfig, ModeKey, PlacementMode, PortConfig,
+    PortError, PortKeys, PortKind, PortType, QosConfig, QosError, QosSettings, SwitchConfig,
+    TapConfig, VhostMode, VhostUserConfig, VxlanConfig, XdpMode,
 };
 pub use cpulist::{CpuList, CpuListError};
 pub use request::{Request, Response};

@@ -234,6 +234,22 @@ pub struct PortInfo {
     pub dirty_log: Option<bool>,
     /// One entry per queue: which worker polls it.
     pub queues: Vec<QueueInfo>,
+    /// afxdp: the data path in use (`native-zc`, `native-copy`, `skb` or `packet`), as OVS's
+    /// `xdp-mode-in-use`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp_mode: Option<String>,
+    /// afxdp: what the kernel's sockets dropped before qswitch saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelDrops>,
+}
+
+/// An afxdp port's kernel-side drop counters, summed over its queues.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelDrops {
+    /// Frames dropped for want of a fill buffer or rx ring space (packet mode: ring full).
+    pub rx_dropped: u64,
+    /// Invalid ring descriptors (0 unless something is broken).
+    pub invalid_descs: u64,
 }
 
 /// Which worker polls a queue.

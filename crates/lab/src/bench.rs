@@ -48,11 +48,13 @@ mod multiqueue;
 mod pvp;
 mod qos;
 mod txn;
+mod uplink;
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue).
+    /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
+    /// uplink).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -119,6 +121,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "multiqueue",
         about: "many 1 MB transfers through TAP ports with 1 vs 4 queues",
         run: multiqueue::run,
+    },
+    Scenario {
+        name: "uplink",
+        about: "peer netns -> veth -> afxdp uplink (native, skb, packet) -> TAP netns vs Linux bridge; 1 and 4 streams",
+        run: uplink::run,
     },
 ];
 

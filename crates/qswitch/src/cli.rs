@@ -23,23 +23,25 @@ pub enum PortCmd {
     /// Add a port to the running switch.
     Add {
         name: PortName,
-        /// Port type (tap, gen or vhost-user).
+        /// Port type (tap, gen, vhost-user or afxdp).
         #[arg(long = "type", value_name = "TYPE")]
         kind: PortType,
-        /// TAP interface name (created if absent).
+        /// TAP interface name (created if absent); afxdp: the NIC (must exist).
         #[arg(long)]
         ifname: Option<IfName>,
-        #[arg(long, default_value_t = 1)]
-        queues: u16,
+        /// Queues (default 1; afxdp: every rx queue of the NIC).
+        #[arg(long)]
+        queues: Option<u16>,
         /// Access VLAN (1-4094).
         #[arg(long)]
         vlan: Option<VlanId>,
         /// vhost-user socket path.
         #[arg(long)]
         socket: Option<SocketPath>,
-        /// vhost-user: server (qswitch listens) or client (qswitch connects).
+        /// vhost-user: server (qswitch listens) or client (qswitch connects); afxdp: auto,
+        /// native, skb or packet.
         #[arg(long)]
-        mode: Option<qswitch_api::VhostMode>,
+        mode: Option<qswitch_api::ModeKey>,
         /// CPUs the port's queues may run on ("2-5", "0-14:2").
         #[arg(long)]
         cpus: Option<CpuList>,
@@ -69,6 +71,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                     .map(|q| format!("{}:{}@{}", q.queue, q.worker, q.cpu))
                     .collect();
                 let id = p.ifname.or(p.mac).or(p.socket).unwrap_or_default();
+
                 println!(
                     "{:<12} {:<10} {:<24} {:>4} {:<22} {}",
                     p.name,
@@ -78,6 +81,13 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                     queues.join(" "),
                     p.offloads.join(",")
                 );
+                if let Some(m) = &p.xdp_mode {
+                    let k = p.kernel.unwrap_or_default();
+                    println!(
+                        "{:<12} xdp mode in use: {m}, kernel drops: rx {} invalid {}",
+                        "", k.rx_dropped, k.invalid_descs
+                    );
+                }
                 if let Some(connected) = p.connected {
                     let enabled = p.enabled_queues.unwrap_or_default();
                     let enabled: Vec<String> = enabled.iter().map(u16::to_string).collect();

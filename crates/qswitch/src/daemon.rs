@@ -117,7 +117,11 @@ pub fn run(path: &Path) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("qswitch: {}", crate::chain(&e));
-            ExitCode::from(1)
+            // An uplink interface that cannot be used as configured is a config error.
+            match e.downcast_ref::<qswitch_dp::SwitchError>() {
+                Some(qswitch_dp::SwitchError::AfXdp { .. }) => ExitCode::from(EXIT_CONFIG),
+                _ => ExitCode::from(1),
+            }
         }
     }
 }

@@ -52,6 +52,17 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Frames dropped on receive, per port, rx queue and reason (part of qswitch_port_drops_total).",
     ),
     (
+        "qswitch_port_info",
+        "gauge",
+        "1 per port, labelled with its type and, for afxdp ports, the data path in use (xdp_mode).",
+    ),
+    (
+        "qswitch_afxdp_kernel_drops_total",
+        "counter",
+        "Frames an afxdp port's kernel sockets dropped before qswitch saw them (rx_dropped: no \
+         fill buffer or ring space), and invalid descriptors (invalid_descs).",
+    ),
+    (
         "qswitch_gen_generated_frames_total",
         "counter",
         "Frames a gen port generated.",
@@ -248,6 +259,29 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
             }
         }
     }
+    o.family("qswitch_port_info");
+    for p in ports {
+        let mut labels = vec![("port", p.name.as_str()), ("kind", p.kind.as_str())];
+        if let Some(m) = &p.xdp_mode {
+            labels.push(("xdp_mode", m));
+        }
+        o.sample("qswitch_port_info", &labels, 1);
+    }
+    o.family("qswitch_afxdp_kernel_drops_total");
+    for p in ports {
+        if let Some(k) = p.kernel {
+            for (reason, v) in [
+                ("rx_dropped", k.rx_dropped),
+                ("invalid_descs", k.invalid_descs),
+            ] {
+                o.sample(
+                    "qswitch_afxdp_kernel_drops_total",
+                    &[("port", &p.name), ("reason", reason)],
+                    v,
+                );
+            }
+        }
+    }
     o.family("qswitch_gen_generated_frames_total");
     for p in &s.ports {
         if let Some(g) = p.generated {
@@ -421,7 +455,7 @@ mod tests {
             }],
             rates: None,
         };
-        let ports = vec![PortInfo {
+        let gen = PortInfo {
             name: "a\"b".into(),
             kind: "gen".into(),
             ifname: None,
@@ -439,7 +473,18 @@ mod tests {
                 worker: 0,
                 cpu: 1,
             }],
-        }];
+            xdp_mode: None,
+            kernel: None,
+        };
+        let mut up = gen.clone();
+        up.name = "up".into();
+        up.kind = "afxdp".into();
+        up.xdp_mode = Some("native-copy".into());
+        up.kernel = Some(qswitch_api::request::KernelDrops {
+            rx_dropped: 4,
+            invalid_descs: 0,
+        });
+        let ports = vec![gen, up];
         let placement = PlacementReport {
             mode: "dynamic".into(),
             reserved_cpus: vec![],
@@ -478,6 +523,16 @@ mod tests {
         ));
         assert!(t.contains("qswitch_queue_load_ratio{port=\"a\\\"b\",queue=\"1\"} 0.25\n"));
         assert!(t.contains("qswitch_placement_moves_total 3\n"));
+        assert!(
+            t.contains("qswitch_port_info{port=\"a\\\"b\",kind=\"gen\"} 1\n"),
+            "{t}"
+        );
+        assert!(t.contains(
+            "qswitch_port_info{port=\"up\",kind=\"afxdp\",xdp_mode=\"native-copy\"} 1\n"
+        ));
+        assert!(
+            t.contains("qswitch_afxdp_kernel_drops_total{port=\"up\",reason=\"rx_dropped\"} 4\n")
+        );
         assert!(t.contains("qswitch_placement_warnings 1\n"));
         assert!(t
             .lines()

@@ -111,6 +111,10 @@ const NEVER_COUNTED: &[(&str, &str)] = &[
         "needs a migrated guest without GUEST_ANNOUNCE; counted by tests/migration.rs (QEMU)",
     ),
     (
+        "qswitch_afxdp_kernel_drops",
+        "afxdp ports only; tests/uplink.rs has them",
+    ),
+    (
         "qswitch_sink_lost_frames",
         "needs frames lost between generator and sink; a healthy gen→gen path loses none",
     ),

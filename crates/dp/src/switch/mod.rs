@@ -97,6 +97,12 @@ pub enum SwitchError {
     VhostUser(#[from] VhostUserError),
     #[error(transparent)]
     Vxlan(#[from] crate::port::vxlan::VxlanError),
+    /// An afxdp port's interface cannot be used as asked (a configuration error).
+    #[error("port '{port}': {error}")]
+    AfXdp {
+        port: String,
+        error: crate::port::afxdp::AfXdpError,
+    },
     #[error("cannot start worker {worker} on CPU {cpu}")]
     Worker {
         worker: usize,

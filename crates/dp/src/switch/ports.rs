@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use qswitch_api::{PortConfig, PortKind, VhostMode};
+use qswitch_api::{PortConfig, PortKind, VhostMode, XdpMode};
 
 use super::{Switch, SwitchError, MAX_PORTS};
 use crate::fdb::DEFAULT_PORT_LIMIT;
 use crate::ids::PortId;
 use crate::policy::{Policy, PortPolicy};
+use crate::port::afxdp::{self, AfXdpPort};
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
 use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
@@ -43,6 +44,15 @@ impl Switch {
             if slot == new_table.len() {
                 new_table.push(None);
             }
+            // An afxdp port has the queues the interface gave it (its default is all of them;
+            // the packet mode has one).
+            let config = match &dev {
+                Device::AfXdp(a) => &PortConfig {
+                    queues: a.queues(),
+                    ..config.clone()
+                },
+                _ => config,
+            };
             new_table[slot] = Some(self.entry(id, config, dev));
             ids.push(id);
         }
@@ -142,6 +152,22 @@ impl Switch {
                 c.learning = v.learning;
                 c.udp_csum = v.udp_csum;
                 Device::Vxlan(Arc::new(VxlanPort::open(&config.name, &c)?))
+            }
+            PortKind::AfXdp(a) => {
+                let mode = match a.mode {
+                    XdpMode::Auto => afxdp::Mode::Auto,
+                    XdpMode::Native => afxdp::Mode::Native,
+                    XdpMode::Skb => afxdp::Mode::Skb,
+                    XdpMode::Packet => afxdp::Mode::Packet,
+                };
+                Device::AfXdp(
+                    AfXdpPort::open(&config.name, a.ifname.as_str(), a.queues, mode).map_err(
+                        |error| SwitchError::AfXdp {
+                            port: config.name.clone(),
+                            error,
+                        },
+                    )?,
+                )
             }
             PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use qswitch_api::request::{
-    FdbEntry, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo, QueueStats,
-    StatsReport, WorkerPlacementInfo, WorkerStats,
+    FdbEntry, KernelDrops, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo,
+    QueueStats, StatsReport, WorkerPlacementInfo, WorkerStats,
 };
 
 use super::runtime::Reason;
@@ -51,6 +51,19 @@ impl Switch {
                     Device::VhostUser(v) => Some(v),
                     _ => None,
                 };
+                let (xdp_mode, kernel) = match &p.dev {
+                    Device::AfXdp(a) => {
+                        let k = a.kernel_stats();
+                        (
+                            Some(a.mode_in_use().to_string()),
+                            Some(KernelDrops {
+                                rx_dropped: k.rx_dropped,
+                                invalid_descs: k.invalid_descs,
+                            }),
+                        )
+                    }
+                    _ => (None, None),
+                };
                 PortInfo {
                     name: p.config.name.clone(),
                     kind: p.config.kind.to_string(),
@@ -65,6 +78,8 @@ impl Switch {
                     enabled_queues: vhost.map(|v| v.enabled_pairs()),
                     dirty_log: vhost.map(|v| v.dirty_logging()),
                     queues,
+                    xdp_mode,
+                    kernel,
                 }
             })
             .collect()

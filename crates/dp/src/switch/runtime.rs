@@ -102,7 +102,10 @@ impl Core {
                 name: p.config.name.clone(),
                 queues: p.rx_queues(),
                 cpus: p.config.cpu_set(),
-                numa_node: None,
+                numa_node: match &p.dev {
+                    crate::port::Device::AfXdp(a) => a.numa_node().map(|n| n as usize),
+                    _ => None,
+                },
             })
             .collect();
         let cpus: Vec<usize> = self.workers.iter().map(|w| w.cpu.0).collect();

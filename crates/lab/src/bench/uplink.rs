@@ -1,0 +1,309 @@
+//! `uplink`: a NIC as qswitch's uplink (issue 12). No NIC here: a veth pair stands in for the
+//! wire, its far end in a "wire peer" namespace.
+//!
+//! ```text
+//!   qswitch-MODE:  peer ns qsuP<n> ──veth── qsuU<n> ═ afxdp port (MODE) ═ qswitch ═ TAP qsuT<n> ── vm ns
+//!   linux-bridge:  peer ns qsuP<n> ──veth── qsuU<n> ═ bridge qsuB<n> ═ qsuV<n> ──veth── vm ns
+//! ```
+//!
+//! The qswitch daemon and the uplink's end of the veth are in the root namespace, with no
+//! address on the uplink and nothing routed through it. For both contenders the wire peer's
+//! checksum and segmentation offloads are off (`ethtool -K qsuP<n> tx off tso off gso off`), so
+//! the switch sees wire-size frames as from a NIC (a veth would otherwise hand the bridge 64
+//! KB super-frames), and GRO is off on the uplink end (the afxdp port docs say why).
+//! Contenders: qswitch with the uplink in each mode (native, skb, packet) and the Linux
+//! bridge, each with 1 and 4 TCP streams (iperf3 peer → vm), interleaved. Reports Gbit/s,
+//! machine busy CPUs per Gbit/s and the idle CPU before each run (`idle_busy_cpus`), and each
+//! mode's ratios to the bridge. Not here yet: 64 B Mpps from a generator in the peer namespace.
+
+use serde::Serialize;
+
+use super::{
+    interleave, iperf_run_with, print_table, run_line, summarise, warn_if_busy, Bench,
+    ContenderSummary, Ratio, Report, Topology,
+};
+use crate::netns::{self, Daemon, Link, Netns};
+use crate::plot;
+
+/// Modes of the qswitch contenders; the bridge is the last contender of each stream count.
+const MODES: [&str; 3] = ["native", "skb", "packet"];
+const STREAMS: [u32; 2] = [1, 4];
+
+/// Contender names: `qswitch-native-1`, ..., `linux-bridge-1`, then the same with `-4`.
+fn names() -> Vec<String> {
+    STREAMS
+        .iter()
+        .flat_map(|s| {
+            MODES
+                .iter()
+                .map(move |m| format!("qswitch-{m}-{s}"))
+                .chain([format!("linux-bridge-{s}")])
+        })
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+struct UplinkReport {
+    #[serde(flatten)]
+    report: Report,
+    /// Each mode against the bridge at the same stream count.
+    ratios: Vec<Ratio>,
+    /// The mode `port list` reported per qswitch contender (e.g. `native-copy`).
+    modes_in_use: Vec<(String, String)>,
+}
+
+/// Field order is drop order: the daemon (or bridge) first, then the veths, then the
+/// namespaces.
+struct UplinkTopo {
+    daemon: Option<Daemon>,
+    _bridge: Option<Link>,
+    _vm_veth: Option<Link>,
+    _wire: Link,
+    peer: Netns,
+    vm: Netns,
+    _dir: Option<crate::topology::RemoveDir>,
+}
+
+impl Topology for UplinkTopo {
+    fn client(&self) -> &Netns {
+        &self.peer
+    }
+    fn server(&self) -> &Netns {
+        &self.vm
+    }
+    fn server_addr(&self) -> &str {
+        "10.97.0.2"
+    }
+    fn daemon(&self) -> Option<&Daemon> {
+        self.daemon.as_ref()
+    }
+}
+
+/// The wire: namespace `peer` with `qsuP<n>` (10.97.0.1/24, offloads off) ↔ `qsuU<n>` in the root
+/// namespace (up, GRO off, no address); and the empty vm namespace.
+fn wire(id: u32, tag: &str) -> anyhow::Result<(Link, Netns, Netns)> {
+    let n = id % 10_000;
+    let peer = Netns::create(&format!("qsbench-up-{tag}-p-{id}"))?;
+    let vm = Netns::create(&format!("qsbench-up-{tag}-v-{id}"))?;
+    let (up, w) = (format!("qsuU{n}"), format!("qsuP{n}"));
+    let link = Link::veth(&up, &w)?;
+    peer.adopt(&w, "10.97.0.1/24")?;
+    peer.exec(&["ethtool", "-K", &w, "tx", "off", "tso", "off", "gso", "off"])?;
+    netns::run(&["ethtool", "-K", &up, "gro", "off"])?;
+    netns::run(&["ip", "link", "set", &up, "up"])?;
+    Ok((link, peer, vm))
+}
+
+fn setup_qswitch(id: u32, workers: &str, mode: &str) -> anyhow::Result<(UplinkTopo, String)> {
+    let n = id % 10_000;
+    let (wire, peer, vm) = wire(id, mode)?;
+    let (up, tap) = (format!("qsuU{n}"), format!("qsuT{n}"));
+    let dir =
+        crate::topology::RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-uplink-{id}")));
+    let control = dir.0.join("control.sock");
+    let text = format!(
+        "[switch]\nworkers = \"{workers}\"\ncontrol = \"{}\"\n\
+         [[port]]\nname = \"up\"\ntype = \"afxdp\"\nifname = \"{up}\"\nmode = \"{mode}\"\n\
+         [[port]]\nname = \"vm\"\ntype = \"tap\"\nifname = \"{tap}\"\n",
+        control.display()
+    );
+    let daemon = Daemon::start(&dir.0, &text)?;
+    let topo = UplinkTopo {
+        daemon: Some(daemon),
+        _bridge: None,
+        _vm_veth: None,
+        _wire: wire,
+        peer,
+        vm,
+        _dir: Some(dir),
+    };
+    topo.vm.adopt(&tap, "10.97.0.2/24")?;
+    let in_use = match qswitch_api::client::call(
+        &topo.daemon.as_ref().expect("daemon").control,
+        &qswitch_api::Request::PortList,
+    )? {
+        qswitch_api::Response::Ports { ports } => ports
+            .into_iter()
+            .find_map(|p| p.xdp_mode)
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    Ok((topo, in_use))
+}
+
+fn setup_bridge(id: u32) -> anyhow::Result<UplinkTopo> {
+    let n = id % 10_000;
+    let (wire, peer, vm) = wire(id, "br")?;
+    let bridge = Link::bridge(&format!("qsuB{n}"))?;
+    wire.attach(&bridge)?;
+    let vm_veth = Link::veth(&format!("qsuV{n}"), &format!("qsuW{n}"))?;
+    vm_veth.attach(&bridge)?;
+    vm.adopt(&format!("qsuW{n}"), "10.97.0.2/24")?;
+    Ok(UplinkTopo {
+        daemon: None,
+        _bridge: Some(bridge),
+        _vm_veth: Some(vm_veth),
+        _wire: wire,
+        peer,
+        vm,
+        _dir: None,
+    })
+}
+
+pub fn run(b: &Bench) -> anyhow::Result<()> {
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("ss", "iproute2"),
+        ("iperf3", "iperf3"),
+        ("ethtool", "ethtool"),
+    ] {
+        netns::ensure_tool(tool, pkg)?;
+    }
+    let (runs, seconds) = (b.args.runs, b.args.seconds);
+    let workers = crate::topology::worker_cpus(2)?;
+    let names = names();
+    let per = MODES.len() + 1;
+    let order: Vec<(u32, usize)> = interleave(names.len(), runs)
+        .into_iter()
+        .filter(|&(_, c)| b.args.only.as_deref().is_none_or(|o| names[c].contains(o)))
+        .collect();
+    b.say(format_args!(
+        "{runs} round(s) of {} contenders, {seconds} s each; qswitch workers on CPUs {workers}",
+        names.len()
+    ));
+    let mut results = Vec::new();
+    let mut modes_in_use = Vec::new();
+    for (seq, &(round, c)) in order.iter().enumerate() {
+        b.check()?;
+        let name = &names[c];
+        b.say_start(format_args!(
+            "[{:>2}/{}] round {} {name:<21}",
+            seq + 1,
+            order.len(),
+            round + 1
+        ));
+        let (mode, streams) = (c % per, STREAMS[c / per]);
+        let topo = if mode < MODES.len() {
+            let (t, in_use) = setup_qswitch(b.id, &workers, MODES[mode])?;
+            if round == 0 {
+                modes_in_use.push((name.clone(), in_use));
+            }
+            t
+        } else {
+            setup_bridge(b.id)?
+        };
+        let p = streams.to_string();
+        let r = iperf_run_with(b, &topo, (name, round + 1, seq + 1), &["-P", &p])?;
+        drop(topo);
+        println!("{}", run_line(&r));
+        results.push(r);
+    }
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (summary, _) = summarise(&name_refs, &results);
+    let mut ratios = Vec::new();
+    for (i, s) in summary.iter().enumerate() {
+        let bridge = &summary[(i / per) * per + MODES.len()];
+        if i % per != MODES.len() && s.runs > 0 && bridge.runs > 0 {
+            if let Some(r) = ratio_of(s, bridge) {
+                ratios.push(r);
+            }
+        }
+    }
+    let title = format!("uplink ({seconds} s, {runs} runs each)");
+    print_table("uplink", &title, &summary, None);
+    for r in &ratios {
+        println!(
+            "RESULT uplink {} gbps_ratio={:.3} cpu_per_gbps_ratio={:.3}",
+            r.of.replace(' ', ""),
+            r.gbps,
+            r.cpu_per_gbps
+        );
+    }
+    for (c, m) in &modes_in_use {
+        println!("RESULT uplink {c} mode_in_use={m}");
+    }
+    let idle: Vec<f64> = results.iter().map(|r| r.idle_busy_cpus).collect();
+    println!(
+        "RESULT uplink idle_busy_cpus_median={:.3}",
+        super::median(&idle)
+    );
+    warn_if_busy(&results);
+    let svg = svg(&title, &summary, &results);
+    let report = UplinkReport {
+        report: Report {
+            scenario: "uplink".into(),
+            config: serde_json::json!({
+                "runs": runs,
+                "seconds": seconds,
+                "contenders": names,
+                "order": order.iter().map(|&(_, c)| names[c].clone()).collect::<Vec<_>>(),
+                "qswitch_workers": workers,
+                "wire_peer_offloads": "tx off tso off gso off; uplink gro off",
+                "qswitch_version": env!("CARGO_PKG_VERSION"),
+                "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            }),
+            runs: results,
+            summary,
+            ratio: None,
+        },
+        ratios,
+        modes_in_use,
+    };
+    super::write_results(&b.args.out, "uplink", &report, &svg)
+}
+
+fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
+    (b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0).then(|| Ratio {
+        of: format!("{} / {}", a.contender, b.contender),
+        gbps: a.gbps_median / b.gbps_median,
+        cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
+    })
+}
+
+/// Gbit/s and CPU per Gbit/s per stream count; then per-second Gbit/s of every run.
+fn svg(title: &str, summary: &[ContenderSummary], runs: &[super::IperfRun]) -> String {
+    let per = MODES.len() + 1;
+    let group = |k: usize, f: fn(&ContenderSummary) -> f64| {
+        (
+            format!("{} stream(s)", STREAMS[k]),
+            summary[k * per..(k + 1) * per]
+                .iter()
+                .map(|s| {
+                    (
+                        s.contender.rsplit_once('-').map_or("", |x| x.0).to_string(),
+                        f(s),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    let ranges = |f: fn(&ContenderSummary) -> (f64, f64)| -> Vec<Vec<(f64, f64)>> {
+        (0..STREAMS.len())
+            .map(|k| summary[k * per..(k + 1) * per].iter().map(f).collect())
+            .collect()
+    };
+    let gbps = plot::bar_chart_with_ranges(
+        &format!("{title}: median Gbit/s (whiskers: min-max)"),
+        "Gbit/s",
+        &[group(0, |s| s.gbps_median), group(1, |s| s.gbps_median)],
+        &ranges(|s| (s.gbps_min, s.gbps_max)),
+    );
+    let cpu = plot::bar_chart_with_ranges(
+        "Cost: machine busy CPUs per Gbit/s (median, min-max; lower is better)",
+        "busy CPUs per Gbit/s",
+        &[
+            group(0, |s| s.cpu_per_gbps_median),
+            group(1, |s| s.cpu_per_gbps_median),
+        ],
+        &ranges(|s| (s.cpu_per_gbps_min, s.cpu_per_gbps_max)),
+    );
+    let series = super::gbps_per_run(runs);
+    let lines = plot::line_chart(
+        "iperf3 Gbit/s per second, every run",
+        "seconds since the client started",
+        "Gbit/s",
+        &series,
+        &[],
+    );
+    plot::stack(&[gbps, cpu, lines])
+}

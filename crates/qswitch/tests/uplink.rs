@@ -1,0 +1,553 @@
+//! AF_XDP uplinks end to end (root only). Each test builds its own world out of namespaces:
+//!
+//! ```text
+//!   peer ns (the wire)          sw ns (qswitch runs here)              vm ns
+//!   wU  10.201.n.1  ──veth──  uU ── afxdp port "up" ─┐
+//!                                                     qswitch ── tap port "vm" ── qvN 10.201.n.2
+//! ```
+//!
+//! The daemon itself runs inside the `sw` namespace (`ip netns exec`), so nothing touches the
+//! root namespace; its TAP is moved into the `vm` namespace. For each mode (native, skb,
+//! packet): `port list` names the mode in use, ping both ways, iperf3 TCP with 1 and 4
+//! streams both ways, with the peer's checksum offload off and GRO off on the uplink (see
+//! `qswitch_dp::port::afxdp`). `kill -9` of qswitch leaves the veth to the kernel (no
+//! program, no promiscuity) and a restart reattaches. Bad input (no such interface, too
+//! many queues, a mode the driver refuses) is exit code 2 with one line and nothing
+//! attached; `port add` refuses the same with one line. The host-port recipe of
+//! docs/uplink.md: the "host" namespace's address moves from its NIC to an internal TAP port,
+//! and the wire peer still reaches it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{
+    have_tool, qs, qs_json, qswitch_bin, require, root_or_skip, run_timeout, wait_until,
+    worker_cpus, ChildGuard, Daemon, Netns, Out, TempDir,
+};
+use serde_json::Value;
+
+fn privileged() -> bool {
+    root_or_skip()
+        && require(have_tool("iperf3", &[]), "needs iperf3")
+        && require(have_tool("ethtool", &[]), "needs ethtool")
+        && require(have_tool("ip", &["-V"]), "needs the ip tool")
+}
+
+/// The namespaces and veth of one test; the daemon runs in `sw`. Drops the daemon first,
+/// then the namespaces (which takes the veth and the TAP with them), then the temp dir.
+struct World {
+    daemon: Option<Daemon>,
+    sw: Netns,
+    peer: Netns,
+    vm: Netns,
+    n: u8,
+    dir: TempDir,
+}
+
+impl World {
+    /// Namespaces `qsup<pid>-<n>{s,p,v}` and a veth `uU` (sw) ↔ `wU` (peer), both up; the
+    /// peer has 10.201.n.1/24.
+    fn new(n: u8) -> World {
+        let dir = TempDir::new(&format!("uplink{n}"));
+        let pid = std::process::id() % 100_000;
+        let ns = |c: char| Netns::new(&format!("qsup{pid}-{n}{c}"));
+        let w = World {
+            daemon: None,
+            sw: ns('s'),
+            peer: ns('p'),
+            vm: ns('v'),
+            n,
+            dir,
+        };
+        common::sh_ok(&[
+            "ip",
+            "-n",
+            &w.sw.name,
+            "link",
+            "add",
+            "uU",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "wU",
+            "netns",
+            &w.peer.name,
+        ]);
+        for ns in [&w.sw, &w.peer, &w.vm] {
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+            ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+        }
+        w.sw.ok(&["ip", "link", "set", "uU", "up"]);
+        w.peer.ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.201.{n}.1/24"),
+            "dev",
+            "wU",
+        ]);
+        w.peer.ok(&["ip", "link", "set", "wU", "up"]);
+        w
+    }
+
+    fn addr(&self, host: u8) -> String {
+        format!("10.201.{}.{host}", self.n)
+    }
+
+    fn tap(&self) -> String {
+        format!("qv{}", self.n)
+    }
+
+    /// Offloads as the port docs say for a veth standing in for a wire: the peer computes
+    /// its checksums and sends wire-size frames; the uplink does not aggregate.
+    fn offloads(&self) {
+        self.peer.ok(&[
+            "ethtool", "-K", "wU", "tx", "off", "tso", "off", "gso", "off",
+        ]);
+        self.sw.ok(&["ethtool", "-K", "uU", "gro", "off"]);
+    }
+
+    /// Starts the daemon in `sw` with `ports` (TOML `[[port]]` tables) and waits until it
+    /// answers.
+    fn start(&mut self, name: &str, ports: &str) {
+        let (config, control) = self.write_config(name, ports);
+        let mut d = spawn_in(
+            &self.sw,
+            &config,
+            &control,
+            &self.dir.join(&format!("{name}.log")),
+        );
+        d.wait_ready();
+        self.daemon = Some(d);
+    }
+
+    fn write_config(&self, name: &str, ports: &str) -> (PathBuf, PathBuf) {
+        let control = self.dir.join(&format!("{name}.sock"));
+        let config = self.dir.join(&format!("{name}.toml"));
+        // The namespace's own loopback: every test's daemon may use the same HTTP port.
+        let text = format!(
+            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"127.0.0.1:9479\"\n{ports}",
+            worker_cpus(2),
+            control.display()
+        );
+        std::fs::write(&config, text).unwrap();
+        (config, control)
+    }
+
+    fn control(&self) -> PathBuf {
+        self.daemon.as_ref().expect("daemon").control.clone()
+    }
+
+    /// The standard ports: the uplink in `mode` and the TAP.
+    fn ports(&self, mode: &str) -> String {
+        format!(
+            "[[port]]\nname = \"up\"\ntype = \"afxdp\"\nifname = \"uU\"\nmode = \"{mode}\"\n\
+             [[port]]\nname = \"vm\"\ntype = \"tap\"\nifname = \"{}\"\n",
+            self.tap()
+        )
+    }
+
+    /// Moves the daemon's TAP into `vm` with 10.201.n.2/24.
+    fn attach_vm(&self) {
+        let tap = self.tap();
+        self.sw
+            .ok(&["ip", "link", "set", "dev", &tap, "netns", &self.vm.name]);
+        self.vm.ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", self.addr(2)),
+            "dev",
+            &tap,
+        ]);
+        self.vm.ok(&["ip", "link", "set", "dev", &tap, "up"]);
+    }
+
+    fn port_json(&self, name: &str) -> Value {
+        let ports = qs_json(&self.control(), &["port", "list", "--json"]);
+        ports
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no port {name}: {ports}"))
+    }
+
+    /// `ip -d link show uU` in `sw`.
+    fn uplink_link(&self) -> String {
+        self.sw.ok(&["ip", "-d", "link", "show", "uU"]).stdout
+    }
+
+    /// No program and no promiscuity left on the uplink (polled for a second: the kernel
+    /// releases sockets of a killed process asynchronously).
+    fn assert_clean(&self) {
+        let mut link = String::new();
+        assert!(
+            wait_until(Duration::from_secs(2), || {
+                link = self.uplink_link();
+                !link.contains("xdp") && link.contains("promiscuity 0")
+            }),
+            "an XDP program or promiscuous mode is left: {link}"
+        );
+    }
+
+    fn log(&self) -> String {
+        self.daemon
+            .as_ref()
+            .map(Daemon::log_text)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            if std::thread::panicking() {
+                eprintln!("daemon log:\n{}", d.log_text());
+            }
+            d.kill();
+        }
+    }
+}
+
+/// `ip netns exec NS qswitch run --config config` (ip execs qswitch: same pid).
+fn spawn_in(ns: &Netns, config: &Path, control: &Path, log: &Path) -> Daemon {
+    let err = std::fs::File::create(log).unwrap();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(qswitch_bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("QSWITCH_LOG", "info")
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap();
+    Daemon {
+        child: ChildGuard::new(child),
+        control: control.to_path_buf(),
+        log: log.to_path_buf(),
+    }
+}
+
+fn ping(from: &Netns, to: &str) -> Out {
+    from.run_for(
+        &["ping", "-n", "-c", "3", "-i", "0.2", "-W", "2", to],
+        Duration::from_secs(15),
+    )
+}
+
+fn assert_ping(from: &Netns, to: &str, what: &str) {
+    // The first frames may flood before qswitch has learned both MACs: allow one retry.
+    let out = ping(from, to);
+    if !out.ok() {
+        let again = ping(from, to);
+        assert!(again.ok(), "{what}: ping {to}: {out:?}\nthen: {again:?}");
+    }
+}
+
+/// iperf3 TCP for 2 s from `client` to the server at `server_ip` (in `server`), `streams`
+/// streams, `reverse`: the server sends. Returns Gbit/s received.
+fn iperf(server: &Netns, server_ip: &str, client: &Netns, streams: u32, reverse: bool) -> f64 {
+    let dir = TempDir::new("uplink-iperf");
+    let _srv = server.spawn(
+        &["iperf3", "-s", "-1", "-B", server_ip],
+        &dir.join("server.log"),
+    );
+    assert!(server.wait_listening(5201), "iperf3 server did not start");
+    let p = streams.to_string();
+    let mut args = vec![
+        "iperf3",
+        "-c",
+        server_ip,
+        "-t",
+        "2",
+        "-P",
+        &p,
+        "-J",
+        "--connect-timeout",
+        "3000",
+    ];
+    if reverse {
+        args.push("-R");
+    }
+    let out = client.run_for(&args, Duration::from_secs(20));
+    assert!(out.ok(), "iperf3 {args:?}: {out:?}");
+    let v: Value = serde_json::from_str(&out.stdout).expect("iperf3 JSON");
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    bps / 1e9
+}
+
+/// Ping and iperf3 both ways through the uplink in `mode`; `port list` says `expect_mode`.
+fn run_mode(n: u8, mode: &str, expect_mode: &str) {
+    if !privileged() {
+        return;
+    }
+    let t0 = Instant::now();
+    let mut w = World::new(n);
+    w.offloads();
+    w.start(mode, &w.ports(mode));
+    w.attach_vm();
+
+    let up = w.port_json("up");
+    assert_eq!(up["type"], "afxdp", "{up}");
+    assert_eq!(up["xdp_mode"], expect_mode, "{up}");
+    assert!(up["kernel"]["rx_dropped"].is_u64(), "{up}");
+    let link = w.uplink_link();
+    if mode == "packet" {
+        assert!(!link.contains("xdp"), "{link}");
+    } else {
+        assert!(link.contains("prog/xdp"), "{link}");
+    }
+    assert!(link.contains("promiscuity 1"), "{link}");
+    let table = qs(&w.control(), &["port", "list"]);
+    assert!(
+        table
+            .stdout
+            .contains(&format!("xdp mode in use: {expect_mode}")),
+        "{table:?}"
+    );
+
+    assert_ping(&w.peer, &w.addr(2), "peer → vm");
+    assert_ping(&w.vm, &w.addr(1), "vm → peer");
+    let mut rates = Vec::new();
+    for (streams, reverse) in [(1, false), (4, false), (1, true), (4, true)] {
+        let g = iperf(&w.vm, &w.addr(2), &w.peer, streams, reverse);
+        rates.push(format!(
+            "{} {streams}: {g:.2}",
+            if reverse { "vm→peer" } else { "peer→vm" }
+        ));
+        assert!(
+            g > 0.05,
+            "{mode}: {streams} stream(s), reverse {reverse}: {g} Gbit/s"
+        );
+    }
+    // /metrics (fetched inside sw, where the daemon listens): the mode and kernel drops.
+    let metrics = w
+        .sw
+        .ok(&[
+            "python3",
+            "-c",
+            "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9479/metrics', timeout=5).read().decode())",
+        ])
+        .stdout;
+    let info =
+        format!("qswitch_port_info{{port=\"up\",kind=\"afxdp\",xdp_mode=\"{expect_mode}\"}} 1");
+    assert!(metrics.contains(&info), "{info}\n{metrics}");
+    assert!(
+        metrics.contains("qswitch_afxdp_kernel_drops_total{port=\"up\",reason=\"rx_dropped\"}"),
+        "{metrics}"
+    );
+    let stats = w.daemon.as_ref().unwrap().stats();
+    let oversize = common::drops(&stats, "up", "oversize");
+    assert_eq!(oversize, 0, "oversize drops on the uplink: {stats}");
+    eprintln!(
+        "{mode} ({expect_mode}): Gbit/s {} ({:.1} s)",
+        rates.join(", "),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(!w.log().contains("panicked"), "{}", w.log());
+}
+
+#[test]
+fn native_mode_end_to_end() {
+    run_mode(1, "native", "native-copy");
+}
+
+#[test]
+fn skb_mode_end_to_end() {
+    run_mode(2, "skb", "skb");
+}
+
+#[test]
+fn packet_mode_end_to_end() {
+    run_mode(3, "packet", "packet");
+}
+
+/// `kill -9`: the kernel has the veth back (no program, no promiscuity, an address on it
+/// answers); a restart reattaches and switches again.
+#[test]
+fn kill_9_gives_the_uplink_back_and_a_restart_reattaches() {
+    if !privileged() {
+        return;
+    }
+    let mut w = World::new(4);
+    w.offloads();
+    w.start("first", &w.ports("native"));
+    w.attach_vm();
+    assert_ping(&w.peer, &w.addr(2), "before kill");
+    assert!(w.uplink_link().contains("prog/xdp"));
+
+    let mut d = w.daemon.take().unwrap();
+    common::signal(d.pid(), "KILL");
+    assert!(d.child.wait_timeout(Duration::from_secs(5)).is_some());
+    w.assert_clean();
+    // The kernel's stack receives on the veth again.
+    let host = format!("{}/24", w.addr(3));
+    w.sw.ok(&["ip", "addr", "add", &host, "dev", "uU"]);
+    assert_ping(&w.peer, &w.addr(3), "kernel after kill -9");
+    w.sw.ok(&["ip", "addr", "del", &host, "dev", "uU"]);
+    w.peer.ok(&["ip", "neigh", "flush", "dev", "wU"]);
+
+    // The TAP went with the process; the restart creates it again in sw.
+    assert!(wait_until(Duration::from_secs(5), || !w
+        .vm
+        .has_link(&w.tap())));
+    w.start("second", &w.ports("native"));
+    w.attach_vm();
+    assert_eq!(w.port_json("up")["xdp_mode"], "native-copy");
+    assert!(w.uplink_link().contains("prog/xdp"));
+    assert_ping(&w.peer, &w.addr(2), "after restart");
+    assert_ping(&w.vm, &w.addr(1), "after restart, vm → peer");
+}
+
+/// Runs the daemon in `sw` with `ports` and expects exit 2 with one line containing `needle`.
+fn expect_exit_2(w: &World, case: &str, ports: &str, needle: &str) {
+    let (config, control) = w.write_config(case, ports);
+    let out = run_timeout(
+        Command::new("ip")
+            .args(["netns", "exec", &w.sw.name])
+            .arg(qswitch_bin())
+            .args(["run", "--config"])
+            .arg(&config),
+        Duration::from_secs(15),
+    );
+    out.assert_no_panic();
+    assert_eq!(out.code, Some(2), "{case}: {out:?}");
+    let lines = out.stderr_lines();
+    assert_eq!(lines.len(), 1, "{case}: want one stderr line: {out:?}");
+    assert!(
+        lines[0].starts_with("qswitch: port 'up': "),
+        "{case}: {out:?}"
+    );
+    assert!(lines[0].contains(needle), "{case}: {out:?}");
+    assert!(!control.exists(), "{case}: the control socket is left");
+    eprintln!("{case}: {}", lines[0]);
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line_and_attaches_nothing() {
+    if !privileged() {
+        return;
+    }
+    let mut w = World::new(5);
+    let up = |ifname: &str, extra: &str| {
+        format!("[[port]]\nname = \"up\"\ntype = \"afxdp\"\nifname = \"{ifname}\"\n{extra}")
+    };
+    expect_exit_2(
+        &w,
+        "nosuch",
+        &up("qsnope", ""),
+        "interface qsnope does not exist",
+    );
+    let queues =
+        w.sw.ok(&["ls", "/sys/class/net/uU/queues"])
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("rx-"))
+            .count();
+    expect_exit_2(
+        &w,
+        "queues",
+        &up("uU", "queues = 64\n"),
+        &format!("interface uU has {queues} rx queue(s); 64 requested"),
+    );
+    w.assert_clean();
+    // A bridge has no native XDP.
+    w.sw.ok(&["ip", "link", "add", "qbr", "type", "bridge"]);
+    w.sw.ok(&["ip", "link", "set", "qbr", "up"]);
+    expect_exit_2(
+        &w,
+        "refused",
+        &up("qbr", "mode = \"native\"\n"),
+        "interface qbr refused mode native",
+    );
+    let br = w.sw.ok(&["ip", "-d", "link", "show", "qbr"]).stdout;
+    assert!(!br.contains("xdp") && br.contains("promiscuity 0"), "{br}");
+
+    // `port add` refuses the same with one line and changes nothing; a good one works.
+    w.start(
+        "running",
+        &format!(
+            "[[port]]\nname = \"vm\"\ntype = \"tap\"\nifname = \"{}\"\n",
+            w.tap()
+        ),
+    );
+    let control = w.control();
+    for (args, needle) in [
+        (
+            vec!["--ifname", "qsnope"],
+            "interface qsnope does not exist",
+        ),
+        (
+            vec!["--ifname", "qbr", "--mode", "native"],
+            "interface qbr refused mode native",
+        ),
+        (vec!["--ifname", "uU", "--queues", "64"], "64 requested"),
+        (vec!["--ifname", "uU", "--mode", "client"], "does not apply"),
+    ] {
+        let mut a = vec!["port", "add", "up", "--type", "afxdp"];
+        a.extend(args);
+        let out = qs(&control, &a);
+        assert_eq!(out.code, Some(1), "{a:?}: {out:?}");
+        let lines = out.stderr_lines();
+        assert_eq!(lines.len(), 1, "{a:?}: {out:?}");
+        assert!(lines[0].contains(needle), "{a:?}: {out:?}");
+    }
+    w.assert_clean();
+    let names: Vec<String> = common::port_names(&control);
+    assert_eq!(names, ["vm"]);
+    qs(
+        &control,
+        &[
+            "port", "add", "up", "--type", "afxdp", "--ifname", "uU", "--mode", "skb",
+        ],
+    )
+    .assert_ok("port add afxdp");
+    assert_eq!(w.port_json("up")["xdp_mode"], "skb");
+    assert!(w.uplink_link().contains("xdp"));
+    qs(&control, &["port", "del", "up"]).assert_ok("port del");
+    w.assert_clean();
+}
+
+/// docs/uplink.md's host-port recipe: the "host" (namespace sw) has its address on its NIC
+/// (uU); qswitch takes the NIC as an uplink and the address moves to an internal TAP port
+/// with the NIC's MAC; the wire peer still reaches the host, and the host the peer.
+#[test]
+fn host_address_moves_to_an_internal_port() {
+    if !privileged() {
+        return;
+    }
+    let mut w = World::new(6);
+    w.offloads();
+    let host = format!("{}/24", w.addr(10));
+    w.sw.ok(&["ip", "addr", "add", &host, "dev", "uU"]);
+    assert_ping(&w.peer, &w.addr(10), "before: the host on its NIC");
+    let mac = w.sw.mac("uU");
+
+    w.start(
+        "host",
+        "[[port]]\nname = \"nic\"\ntype = \"afxdp\"\nifname = \"uU\"\n\
+         [[port]]\nname = \"host\"\ntype = \"tap\"\nifname = \"mgmt\"\n",
+    );
+    // The recipe: the NIC's address and MAC go to the internal port.
+    w.sw.ok(&["ip", "addr", "del", &host, "dev", "uU"]);
+    w.sw.ok(&["ip", "link", "set", "dev", "mgmt", "address", &mac]);
+    w.sw.ok(&["ip", "addr", "add", &host, "dev", "mgmt"]);
+    w.sw.ok(&["ip", "link", "set", "dev", "mgmt", "up"]);
+
+    assert_eq!(w.port_json("nic")["xdp_mode"], "native-copy");
+    assert_ping(&w.peer, &w.addr(10), "after: the host on its internal port");
+    assert_ping(&w.sw, &w.addr(1), "after: the host reaches the wire");
+    let g = iperf(&w.sw, &w.addr(10), &w.peer, 1, false);
+    assert!(g > 0.05, "{g} Gbit/s");
+}
