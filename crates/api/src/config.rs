@@ -124,6 +124,14 @@ pub struct SwitchConfig {
     /// "127.0.0.1:9470". Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpAddr>,
+    /// Host names the HTTP server answers to besides IP addresses (and `localhost` on a
+    /// loopback address); a request naming another host gets 421 (DNS rebinding).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http_hosts: Vec<String>,
+    /// The group (name or number) given the vhost-user sockets the switch creates, which
+    /// are mode 0660; the daemon's own group when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_group: Option<String>,
 }
 
 fn default_workers() -> CpuList {
@@ -150,6 +158,8 @@ impl Default for SwitchConfig {
             placement: PlacementMode::default(),
             reservable: Reservable::default(),
             http: None,
+            http_hosts: Vec::new(),
+            vhost_group: None,
         }
     }
 }

@@ -127,7 +127,7 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
     }
     let socket = control::Socket::bind(&config.switch.control)?;
     let http = match config.switch.http.map(qswitch_api::HttpAddr::get) {
-        Some(addr) => Some((addr, crate::http::bind(addr)?)),
+        Some(addr) => Some((addr, crate::http::bind(addr, &config.switch.http_hosts)?)),
         None => None,
     };
     let options = qswitch_dp::Options {
