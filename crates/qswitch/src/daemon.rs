@@ -138,6 +138,11 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
         topology: None,
         reservable: config.switch.reservable.get(),
     };
+    if let Some(group) = &config.switch.vhost_group {
+        let gid = qswitch_sys::thread::group_id(group)
+            .with_context(|| format!("[switch] vhost_group = \"{group}\""))?;
+        qswitch_dp::port::vhost_user::set_socket_group(Some(gid));
+    }
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.
     switch.add_ports(&config.ports)?;

@@ -117,3 +117,53 @@ fn failed_connections_do_not_leak_slots() {
     }
     assert!(daemon.running());
 }
+
+/// Issue 15 point 6: vhost-user sockets are created 0660 whatever the daemon's umask (here
+/// 000, which used to give 0777), in `[switch] vhost_group`, for configured ports and for
+/// ports added later.
+#[test]
+fn vhost_sockets_are_0660_in_the_configured_group() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TempDir::new("vhost-perm");
+    let control = dir.join("control.sock");
+    let sock = dir.join("a.sock");
+    // Root may give a socket any group; anyone else, their own (the primary one here).
+    let (group, gid) = if qswitch_sys::thread::is_root() {
+        (
+            "daemon".to_string(),
+            qswitch_sys::thread::group_id("daemon").unwrap(),
+        )
+    } else {
+        let gid = std::fs::metadata(dir.path()).unwrap().gid();
+        (gid.to_string(), gid)
+    };
+    let text = format!(
+        "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nvhost_group = \"{group}\"\n\
+         [[port]]\nname = \"a\"\ntype = \"vhost-user\"\nsocket = \"{}\"\n",
+        first_cpu(),
+        control.display(),
+        sock.display()
+    );
+    let old = qswitch_sys::thread::set_umask(0);
+    let _daemon = Daemon::start(dir.path(), "perm", &text, &control);
+    qswitch_sys::thread::set_umask(old);
+    let b = dir.join("b.sock");
+    common::qs(
+        &control,
+        &[
+            "port",
+            "add",
+            "b",
+            "--type",
+            "vhost-user",
+            "--socket",
+            &b.display().to_string(),
+        ],
+    )
+    .assert_ok("port add b");
+    for s in [&sock, &b] {
+        let meta = std::fs::metadata(s).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o660, "{}", s.display());
+        assert_eq!(meta.gid(), gid, "{}", s.display());
+    }
+}
