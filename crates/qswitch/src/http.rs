@@ -118,7 +118,7 @@ impl HostPolicy {
             return true;
         }
         let name = normalize(name);
-        self.names.iter().any(|n| *n == name)
+        self.names.contains(&name)
     }
 }
 

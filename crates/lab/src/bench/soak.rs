@@ -198,7 +198,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             if !ok {
                 churn_errors += 1;
             }
-            if round % 5 == 0 {
+            if round.is_multiple_of(5) {
                 // b goes away and comes back (frames to it meanwhile: counted no_queue drops).
                 if let Some(d) = vb.take() {
                     d.close();
