@@ -168,6 +168,14 @@ pub struct SwitchConfig {
     /// owned by that group instead of 0600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_group: Option<String>,
+    /// Host names the HTTP server answers to besides IP addresses (and `localhost` on a
+    /// loopback address); a request naming another host gets 421 (DNS rebinding).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http_hosts: Vec<String>,
+    /// The group (name or number) given the vhost-user sockets the switch creates, which
+    /// are mode 0660; the daemon's own group when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_group: Option<String>,
 }
 
 fn default_workers() -> CpuList {
@@ -196,6 +204,8 @@ impl Default for SwitchConfig {
             http: None,
             state_dir: None,
             control_group: None,
+            http_hosts: Vec::new(),
+            vhost_group: None,
         }
     }
 }

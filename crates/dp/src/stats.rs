@@ -114,6 +114,8 @@ drop_reasons! {
     NoQueue => "no_queue",
     /// A TSO frame the destination cannot take could not be segmented.
     Offload => "offload",
+    /// A guest sent a GSO frame of a kind it did not negotiate (HOST_TSO4/TSO6/ECN, UFO).
+    OffloadNotNegotiated => "offload_not_negotiated",
 }
 
 /// Per-reason drop counters.

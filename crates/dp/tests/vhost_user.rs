@@ -1118,6 +1118,116 @@ fn offloads_are_passed_or_resolved() {
     sw.shutdown();
 }
 
+/// Offload hygiene (issue 15 point 5, F7): a guest may not send GSO it did not negotiate or
+/// with an absurd `gso_size` (each a counted drop), and segmenting for a guest without TSO
+/// stops when its receive ring is full.
+#[test]
+fn offload_hygiene() {
+    let dir = TestDir::new("offload-hygiene");
+    let sw = switch(1);
+    let (ma, mb, mc) = (mac(0xa), mac(0xb), mac(0xc));
+    let sa = add_server(&sw, &dir, "a");
+    let sb = add_server(&sw, &dir, "b");
+    let sc = add_server(&sw, &dir, "c");
+    let mut a = connect(&sa, opts());
+    // b acks no HOST_TSO*: it may not send TSO frames.
+    let mut b = connect(
+        &sb,
+        DriverOptions {
+            features: features::DEFAULT & !(features::HOST_TSO4 | features::HOST_TSO6),
+            ..opts()
+        },
+    );
+    // c takes no TSO and has a 16-entry receive ring.
+    let mut c = connect(
+        &sc,
+        DriverOptions {
+            features: features::DEFAULT
+                & !(features::GUEST_TSO4 | features::GUEST_TSO6 | features::GUEST_CSUM),
+            queue_size: 16,
+            ..opts()
+        },
+    );
+    assert_eq!(b.features() & features::HOST_TSO4, 0);
+    for (d, m) in [(&mut a, ma), (&mut b, mb), (&mut c, mc)] {
+        let f = l2_frame(BCAST, m, 0, 60);
+        let h = plain_hdr(d);
+        send_wait(d, 0, &h, &f);
+    }
+    recv_from(&mut a, 0, mb);
+    recv_from(&mut a, 0, mc);
+    recv_from(&mut b, 0, ma);
+    recv_from(&mut c, 0, ma);
+    let _ = frame_from_within(&mut b, 0, mc, Duration::from_millis(20));
+    let _ = frame_from_within(&mut c, 0, mb, Duration::from_millis(20));
+
+    let payload: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+    // (a) TSO from b, which did not negotiate HOST_TSO4: dropped, counted, a gets nothing.
+    let f = ipv4_frame(ma, mb, 6, 1, tcp_segment(1, TCP_ACK, &payload), true);
+    let hl = b.hdr_len();
+    send_wait(&mut b, 0, &tso_hdr(hl), &f);
+    wait_until("offload_not_negotiated drop", || {
+        drops_of(&sw, "b", "offload_not_negotiated") == 1
+    });
+    assert!(!frame_from_within(&mut a, 0, mb, Duration::from_millis(50)));
+
+    // (b) gso_size 1 from a (which did negotiate TSO): an absurd header, dropped, counted.
+    let f = ipv4_frame(mb, ma, 6, 1, tcp_segment(1, TCP_ACK, &payload), true);
+    let tiny = NetHdr {
+        gso_size: 1,
+        ..NetHdr::from_bytes(&tso_hdr(a.hdr_len())).unwrap()
+    }
+    .to_bytes()[..a.hdr_len()]
+        .to_vec();
+    send_wait(&mut a, 0, &tiny, &f);
+    wait_until("bad_vnet_hdr drop", || {
+        drops_of(&sw, "a", "bad_vnet_hdr") == 1
+    });
+    assert!(!frame_from_within(&mut b, 0, ma, Duration::from_millis(50)));
+
+    // (c) a 64 KB TSO frame with the smallest MSS to c: ~940 segments, c's ring takes 16.
+    // Segmenting stops there: c gets exactly the first 16 (in order), the frame counts as one
+    // tx_full drop, and the ring works afterwards.
+    let big: Vec<u8> = (0..60_000u32).map(|i| (i * 7) as u8).collect();
+    let f = ipv4_frame(mc, ma, 6, 1, tcp_segment(1000, TCP_ACK, &big), true);
+    let min_mss = NetHdr {
+        gso_size: 64,
+        ..NetHdr::from_bytes(&tso_hdr(a.hdr_len())).unwrap()
+    }
+    .to_bytes()[..a.hdr_len()]
+        .to_vec();
+    let before = drops_of(&sw, "c", "tx_full") + drops_of(&sw, "a", "tx_full");
+    send_wait(&mut a, 0, &min_mss, &f);
+    wait_until("tx_full drop", || {
+        drops_of(&sw, "c", "tx_full") + drops_of(&sw, "a", "tx_full") > before
+    });
+    let mut got = 0u32;
+    let mut buf = Vec::new();
+    let hlc = c.hdr_len();
+    while c.recv(0, &mut buf).unwrap().is_some() {
+        if buf[hlc + 6..hlc + 12] == ma {
+            let tcp = &buf[hlc + 34..hlc + 54];
+            let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+            assert_eq!(seq, 1000 + got * 64, "segment {got} out of order");
+            got += 1;
+        }
+    }
+    assert_eq!(got, 16, "segments delivered to a 16-entry ring");
+    assert_eq!(
+        drops_of(&sw, "c", "tx_full") + drops_of(&sw, "a", "tx_full"),
+        before + 1,
+        "the super-frame counts as one drop"
+    );
+    // The ring is refilled by recv: c still receives.
+    let f = l2_frame(mc, ma, 9, 60);
+    send_plain(&mut a, &f);
+    recv_from(&mut c, 0, ma);
+    a.close();
+    b.close();
+    c.close();
+    sw.shutdown();
+}
+
 // ---------------------------------------------------------------------------------------
 // 6. Client mode.
 

@@ -47,6 +47,7 @@ mod gen;
 mod multiqueue;
 mod pvp;
 mod qos;
+mod soak;
 mod txn;
 mod uplink;
 
@@ -54,7 +55,7 @@ mod uplink;
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
-    /// uplink).
+    /// uplink, soak).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -116,6 +117,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "affinity",
         about: "TCP request/response with the worker on the endpoints' CPU vs another CPU; context switches",
         run: affinity::run,
+    },
+    Scenario {
+        name: "soak",
+        about: "leak hunt: gen + vhost-user load with ports added/removed every 2 s; RSS, fds, counters (issue 15)",
+        run: soak::run,
     },
     Scenario {
         name: "multiqueue",

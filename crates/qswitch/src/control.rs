@@ -1,15 +1,23 @@
 //! The control socket: a Unix stream socket (mode 0600) carrying one JSON request line and
 //! one JSON response line per connection. Requests are handled one at a time on the control
 //! thread; a failed request changes nothing.
+//!
+//! One thread (`qs-control`) and one epoll set serve the listener and every connection, all
+//! non-blocking, in [`MAX_CLIENTS`] fixed slots: a client costs a slot and a small buffer,
+//! never a thread. A client has [`REQUEST_DEADLINE`] from connecting to send its whole
+//! request line (not per read: dripping a byte at a time does not extend it) and
+//! [`REPLY_DEADLINE`] to take the answer. When all slots are taken, a new client evicts the
+//! oldest one still sending its request (the slowest), so a crowd of slow clients cannot
+//! lock the CLI out. The slot is the connection (dropping it closes the socket), so there
+//! is no counter to leak, and a panic while executing a request becomes an error response.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use qswitch_api::{Request, Response};
@@ -72,7 +80,8 @@ impl Drop for Socket {
     }
 }
 
-/// Serves requests until `stop` is set.
+/// Serves requests until `stop` is set: one thread, one epoll set, every connection
+/// non-blocking (see the module docs).
 pub fn serve(socket: Socket, daemon: &Daemon, stop: &AtomicBool) {
     let epoll = match Epoll::new().and_then(|e| e.add(socket.listener.as_raw_fd(), 0).map(|()| e)) {
         Ok(e) => e,
@@ -82,35 +91,194 @@ pub fn serve(socket: Socket, daemon: &Daemon, stop: &AtomicBool) {
             return;
         }
     };
-    let mut events = [Event::EMPTY; 4];
-    let active = Arc::new(AtomicUsize::new(0));
-    std::thread::scope(|scope| {
-        while !stop.load(Ordering::Relaxed) {
-            if epoll.wait(&mut events, 200).unwrap_or(0) == 0 {
-                continue;
-            }
-            while let Ok((stream, _)) = socket.listener.accept() {
-                // One thread per connection, so a client that says nothing stalls nobody.
-                if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
-                    active.fetch_sub(1, Ordering::AcqRel);
-                    let _ = reply(&stream, &busy());
-                    continue;
-                }
-                let active = active.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("qs-control-conn".into())
-                    .spawn_scoped(scope, move || {
-                        if let Err(e) = handle(stream, daemon) {
-                            tracing::debug!(error = %e, "control connection failed");
-                        }
-                        active.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if spawned.is_err() {
-                    tracing::warn!("cannot start a control connection thread");
-                }
+    let mut conns = Conns::new(MAX_CLIENTS);
+    let mut events = [Event::EMPTY; MAX_CLIENTS + 1];
+    while !stop.load(Ordering::Relaxed) {
+        // Pending output is retried every few milliseconds (responses nearly always fit in
+        // the socket buffer at once); otherwise wake for the next deadline or the stop flag.
+        let timeout = if conns.writing() { 5 } else { 200 };
+        let n = epoll.wait(&mut events, timeout).unwrap_or(0);
+        let mut accept = false;
+        for ev in &events[..n] {
+            match ev.token() {
+                0 => accept = true,
+                t => conns.readable(usize::try_from(t - 1).unwrap_or(usize::MAX), &epoll, daemon),
             }
         }
-    });
+        conns.flush_and_expire(Instant::now());
+        // Accepting last: a slot freed above is never confused with the one it becomes.
+        if accept {
+            while let Ok((stream, _)) = socket.listener.accept() {
+                conns.accept(stream, &epoll, Instant::now());
+            }
+        }
+    }
+}
+
+/// Time a client has from connecting to sending its whole request line.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// Time a client has to take its response.
+pub const REPLY_DEADLINE: Duration = Duration::from_secs(5);
+
+/// One connection: reading its request line, then writing its response.
+struct Conn {
+    stream: UnixStream,
+    /// The request line so far; then the response.
+    buf: Vec<u8>,
+    /// Response bytes already written (`Some` once the request is answered).
+    written: Option<usize>,
+    accepted: Instant,
+    deadline: Instant,
+}
+
+/// The connections, in a fixed number of slots. A connection lives in its slot and nowhere
+/// else, so freeing the slot and closing the socket are the same act (dropping the `Conn`):
+/// no counter to leak.
+struct Conns {
+    slots: Vec<Option<Conn>>,
+}
+
+impl Conns {
+    fn new(n: usize) -> Conns {
+        Conns {
+            slots: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    fn writing(&self) -> bool {
+        self.slots.iter().flatten().any(|c| c.written.is_some())
+    }
+
+    /// Takes a new connection. When every slot is taken, the slowest client goes: the one
+    /// connected longest that has not finished its request (a client that already has its
+    /// answer is only waiting for the kernel to take it). If none is evictable, the new
+    /// client is told to try again.
+    fn accept(&mut self, stream: UnixStream, epoll: &Epoll, now: Instant) {
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                let victim = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
+                    .filter(|(_, c)| c.written.is_none())
+                    .min_by_key(|(_, c)| c.accepted)
+                    .map(|(i, _)| i);
+                match victim {
+                    Some(i) => {
+                        tracing::debug!("control: too many connections; dropping the slowest");
+                        self.slots[i] = None;
+                        i
+                    }
+                    None => {
+                        let _ = stream.set_nonblocking(true);
+                        let _ = reply(&stream, &busy());
+                        return;
+                    }
+                }
+            }
+        };
+        if stream.set_nonblocking(true).is_err()
+            || epoll.add(stream.as_raw_fd(), slot as u64 + 1).is_err()
+        {
+            return;
+        }
+        self.slots[slot] = Some(Conn {
+            stream,
+            buf: Vec::new(),
+            written: None,
+            accepted: now,
+            deadline: now + REQUEST_DEADLINE,
+        });
+    }
+
+    /// Reads what slot `i`'s client sent; answers once the line (or EOF) is there.
+    fn readable(&mut self, i: usize, epoll: &Epoll, daemon: &Daemon) {
+        let Some(Some(c)) = self.slots.get_mut(i) else {
+            return;
+        };
+        if c.written.is_some() {
+            return;
+        }
+        let mut chunk = [0u8; 4096];
+        let request = loop {
+            match (&c.stream).read(&mut chunk) {
+                Ok(0) => break Some(Ok(())),
+                Ok(n) => {
+                    c.buf.extend_from_slice(&chunk[..n]);
+                    if let Some(end) = c.buf.iter().position(|&b| b == b'\n') {
+                        c.buf.truncate(end);
+                        break Some(Ok(()));
+                    }
+                    if c.buf.len() as u64 > MAX_REQUEST {
+                        break Some(Err(format!("request longer than {MAX_REQUEST} bytes")));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break None,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.slots[i] = None;
+                    return;
+                }
+            }
+        };
+        let Some(request) = request else {
+            return;
+        };
+        let response = match request {
+            Err(message) => Response::Error {
+                message: format!("bad request: {message}"),
+            },
+            Ok(()) => match serde_json::from_slice::<Request>(c.buf.trim_ascii_end()) {
+                Ok(req) => execute_guarded(req, daemon),
+                Err(e) => Response::Error {
+                    message: format!("bad request: {e}"),
+                },
+            },
+        };
+        // Whatever else the client sends is not read: stop watching it (level-triggered, it
+        // would wake this thread until the response is taken).
+        let _ = epoll.delete(c.stream.as_raw_fd());
+        c.buf = serde_json::to_vec(&response).unwrap_or_default();
+        c.buf.push(b'\n');
+        c.written = Some(0);
+        c.deadline = Instant::now() + REPLY_DEADLINE;
+        self.flush(i);
+    }
+
+    /// Writes what it can of slot `i`'s response; frees the slot when done or broken.
+    fn flush(&mut self, i: usize) {
+        let Some(c) = self.slots[i].as_mut() else {
+            return;
+        };
+        let Some(mut done) = c.written else {
+            return;
+        };
+        while done < c.buf.len() {
+            match (&c.stream).write(&c.buf[done..]) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    c.written = Some(done);
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        self.slots[i] = None;
+    }
+
+    /// Retries pending responses and drops the connections past their deadline.
+    fn flush_and_expire(&mut self, now: Instant) {
+        for i in 0..self.slots.len() {
+            self.flush(i);
+            if self.slots[i].as_ref().is_some_and(|c| now >= c.deadline) {
+                tracing::debug!("control: a client missed its deadline; dropped");
+                self.slots[i] = None;
+            }
+        }
+    }
 }
 
 fn busy() -> Response {
@@ -119,24 +287,14 @@ fn busy() -> Response {
     }
 }
 
-fn handle(stream: UnixStream, daemon: &Daemon) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = Vec::new();
-    let read = BufReader::new((&stream).take(MAX_REQUEST)).read_until(b'\n', &mut line);
-    let response = match read {
-        Err(e) => Response::Error {
-            message: format!("bad request: {e}"),
+/// [`execute`], with a panic turned into an error response: one bad request handler must
+/// not take the control socket down.
+fn execute_guarded(req: Request, daemon: &Daemon) -> Response {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(req, daemon))).unwrap_or_else(
+        |_| Response::Error {
+            message: "internal error while handling the request (see the daemon log)".into(),
         },
-        Ok(_) => match serde_json::from_slice::<Request>(line.trim_ascii_end()) {
-            Ok(req) => execute(req, daemon),
-            Err(e) => Response::Error {
-                message: format!("bad request: {e}"),
-            },
-        },
-    };
-    reply(&stream, &response)
+    )
 }
 
 fn reply(stream: &UnixStream, response: &Response) -> std::io::Result<()> {

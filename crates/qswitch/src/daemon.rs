@@ -202,7 +202,7 @@ fn serve(
         crate::sdnotify::share_with_group(&config.switch.control, group)?;
     }
     let http = match config.switch.http.map(qswitch_api::HttpAddr::get) {
-        Some(addr) => Some((addr, crate::http::bind(addr)?)),
+        Some(addr) => Some((addr, crate::http::bind(addr, &config.switch.http_hosts)?)),
         None => None,
     };
     let options = qswitch_dp::Options {
@@ -213,6 +213,11 @@ fn serve(
         topology: None,
         reservable: config.switch.reservable.get(),
     };
+    if let Some(group) = &config.switch.vhost_group {
+        let gid = qswitch_sys::thread::group_id(group)
+            .with_context(|| format!("[switch] vhost_group = \"{group}\""))?;
+        qswitch_dp::port::vhost_user::set_socket_group(Some(gid));
+    }
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.
     switch.add_ports(&config.ports)?;

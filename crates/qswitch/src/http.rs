@@ -10,17 +10,27 @@
 //! [`WRITE_TIMEOUT`] to take the response. Malformed requests get `400` from hyper. Only GET
 //! and HEAD. Nothing here touches the workers: handlers read counters and the history, like
 //! the control socket.
+//!
+//! Hostile clients (issue 15, F9): when every slot is taken, or a client (by IP address)
+//! already holds [`MAX_PER_CLIENT`] connections, a new connection evicts the oldest one that
+//! has not finished sending its request head (the slowest), so a crowd of slow or idle
+//! connections cannot keep a legitimate scraper out; only when all are mid-response does a
+//! newcomer get `503`. A slot is held by a guard owned by the connection's task, so an
+//! aborted or failed task frees it. The `Host` header must name the server (see
+//! [`HostPolicy`]): anything else gets `421`, which defeats DNS rebinding (a page of
+//! `attacker.example` whose name later resolves to this address). Binding a non-loopback
+//! address logs a warning: nothing here authenticates.
 
 use std::convert::Infallible;
-use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
@@ -29,6 +39,8 @@ use crate::daemon::Daemon;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 16;
+/// Connections one client (IP address) may hold at once.
+pub const MAX_PER_CLIENT: usize = 8;
 /// Largest request head (request line and headers); hyper's smallest buffer limit.
 pub const MAX_HEAD: usize = 8192;
 /// Time a client has to send its request head.
@@ -42,15 +54,80 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
     Content-Length: 5\r\nCache-Control: no-store\r\nConnection: close\r\n\r\nbusy\n";
 
-/// Binds `addr` (before the switch starts, so a taken port is a start-up error).
-pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+/// The bound listener and the `Host` names it answers to.
+pub struct Listener {
+    tcp: TcpListener,
+    hosts: HostPolicy,
+}
+
+/// Binds `addr` (before the switch starts, so a taken port is a start-up error). `hosts` is
+/// `[switch] http_hosts`: extra names the server answers to. Warns when the address is not
+/// loopback.
+pub fn bind(addr: SocketAddr, hosts: &[String]) -> anyhow::Result<Listener> {
     let l = TcpListener::bind(addr).with_context(|| format!("cannot listen on http {addr}"))?;
     l.set_nonblocking(true)?;
-    Ok(l)
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            "http on {addr}, which is not a loopback address: anyone who can reach it reads \
+             the switch's ports, counters and placement (the server has no authentication)"
+        );
+    }
+    Ok(Listener {
+        tcp: l,
+        hosts: HostPolicy::new(addr.ip(), hosts),
+    })
+}
+
+/// Which `Host` headers are served: any IP literal (DNS rebinding needs a name), `localhost`
+/// when the server listens on loopback (or on every address), and the names configured in
+/// `[switch] http_hosts`. A request without `Host` (HTTP/1.0 tools) is served: browsers
+/// always send one. Ports are ignored; names compare case-insensitively, without a
+/// trailing dot.
+#[derive(Debug, Clone)]
+pub struct HostPolicy {
+    names: Vec<String>,
+}
+
+impl HostPolicy {
+    pub fn new(bind: IpAddr, extra: &[String]) -> HostPolicy {
+        let mut names: Vec<String> = extra.iter().map(|h| normalize(h)).collect();
+        if bind.is_loopback() || bind.is_unspecified() {
+            names.push("localhost".into());
+        }
+        HostPolicy { names }
+    }
+
+    /// Whether a request with this `Host` value is served.
+    pub fn allows(&self, host: Option<&[u8]>) -> bool {
+        let Some(host) = host else {
+            return true;
+        };
+        let Ok(host) = std::str::from_utf8(host) else {
+            return false;
+        };
+        // "[v6]:port", "[v6]", "v4:port", "v4", "name:port", "name".
+        let name = if let Some(rest) = host.strip_prefix('[') {
+            match rest.split_once(']') {
+                Some((ip, _)) => return ip.parse::<std::net::Ipv6Addr>().is_ok(),
+                None => return false,
+            }
+        } else {
+            host.rsplit_once(':').map_or(host, |(h, _)| h)
+        };
+        if name.parse::<std::net::Ipv4Addr>().is_ok() {
+            return true;
+        }
+        let name = normalize(name);
+        self.names.contains(&name)
+    }
+}
+
+fn normalize(host: &str) -> String {
+    host.trim().trim_end_matches('.').to_ascii_lowercase()
 }
 
 /// Serves until `term` is set.
-pub fn serve(listener: TcpListener, daemon: &Arc<Daemon>, term: &AtomicBool) {
+pub fn serve(listener: Listener, daemon: &Arc<Daemon>, term: &AtomicBool) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -65,20 +142,84 @@ pub fn serve(listener: TcpListener, daemon: &Arc<Daemon>, term: &AtomicBool) {
     rt.block_on(accept_loop(listener, daemon, term));
 }
 
-async fn accept_loop(listener: TcpListener, daemon: &Arc<Daemon>, term: &AtomicBool) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
+/// One connection's slot.
+struct Slot {
+    id: u64,
+    client: IpAddr,
+    accepted: Instant,
+    /// The request head has arrived: the connection is only being answered.
+    answered: Arc<AtomicBool>,
+    abort: Option<tokio::task::AbortHandle>,
+}
+
+/// The connections being served.
+#[derive(Default)]
+struct Slots(Mutex<Vec<Slot>>);
+
+/// Frees its slot when the connection's task ends in any way (finished, failed, aborted).
+struct SlotGuard {
+    slots: Arc<Slots>,
+    id: u64,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let mut v = self.slots.0.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|s| s.id != self.id);
+    }
+}
+
+impl Slots {
+    /// Makes room for a connection from `client`: evicts the slowest connection if the
+    /// client or the server is at its limit. False if there is no room (everyone is being
+    /// answered).
+    fn make_room(&self, client: IpAddr) -> bool {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = v.iter().filter(|s| s.client == client).count();
+        let victim = if mine >= MAX_PER_CLIENT {
+            oldest_unanswered(&v, Some(client))
+        } else if v.len() >= MAX_CONNECTIONS {
+            oldest_unanswered(&v, None)
+        } else {
+            return true;
+        };
+        let Some(i) = victim else {
+            return false;
+        };
+        let slot = v.swap_remove(i);
+        tracing::debug!(client = %slot.client, "http: full; dropping the slowest connection");
+        if let Some(a) = slot.abort {
+            a.abort();
+        }
+        true
+    }
+}
+
+fn oldest_unanswered(v: &[Slot], client: Option<IpAddr>) -> Option<usize> {
+    v.iter()
+        .enumerate()
+        .filter(|(_, s)| client.is_none_or(|c| s.client == c))
+        .filter(|(_, s)| !s.answered.load(Ordering::Relaxed))
+        .min_by_key(|(_, s)| s.accepted)
+        .map(|(i, _)| i)
+}
+
+async fn accept_loop(listener: Listener, daemon: &Arc<Daemon>, term: &AtomicBool) {
+    let hosts = Arc::new(listener.hosts);
+    let listener = match tokio::net::TcpListener::from_std(listener.tcp) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!("http: {e}");
             return;
         }
     };
-    let active = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Slots::default());
+    let mut next_id = 0u64;
     let mut stop_check = tokio::time::interval(STOP_CHECK);
     while !term.load(Ordering::Relaxed) {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(a) => a,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning on the error.
                     tracing::debug!("http accept: {e}");
@@ -88,18 +229,34 @@ async fn accept_loop(listener: TcpListener, daemon: &Arc<Daemon>, term: &AtomicB
             },
             _ = stop_check.tick() => continue,
         };
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
+        if !slots.make_room(peer.ip()) {
             tokio::spawn(async move {
                 let mut s = stream;
                 let _ = tokio::time::timeout(Duration::from_millis(100), s.write_all(BUSY)).await;
             });
             continue;
         }
-        let (daemon, mine) = (daemon.clone(), active.clone());
-        tokio::spawn(async move {
+        next_id += 1;
+        let id = next_id;
+        let answered = Arc::new(AtomicBool::new(false));
+        let guard = SlotGuard {
+            slots: slots.clone(),
+            id,
+        };
+        let (daemon, hosts, flag) = (daemon.clone(), hosts.clone(), answered.clone());
+        let task = tokio::spawn(async move {
+            let _guard = guard;
             let service = hyper::service::service_fn(move |req| {
-                let response = respond(&daemon, &req);
+                flag.store(true, Ordering::Relaxed);
+                let response = if hosts.allows(req.headers().get(HOST).map(HeaderValue::as_bytes)) {
+                    respond(&daemon, &req)
+                } else {
+                    reply(
+                        StatusCode::MISDIRECTED_REQUEST,
+                        "text/plain",
+                        b"unknown Host; add it to [switch] http_hosts\n".to_vec(),
+                    )
+                };
                 async move { Ok::<_, Infallible>(response) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -113,8 +270,19 @@ async fn accept_loop(listener: TcpListener, daemon: &Arc<Daemon>, term: &AtomicB
                 Err(_) => tracing::debug!("http connection: timed out"),
                 Ok(Ok(())) => {}
             }
-            mine.fetch_sub(1, Ordering::AcqRel);
         });
+        // The task has not run yet (one thread): its slot is in place before it can end.
+        slots
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Slot {
+                id,
+                client: peer.ip(),
+                accepted: Instant::now(),
+                answered,
+                abort: Some(task.abort_handle()),
+            });
     }
 }
 
@@ -193,6 +361,34 @@ fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_policy() {
+        let lo = HostPolicy::new("127.0.0.1".parse().unwrap(), &[]);
+        for ok in [
+            None,
+            Some("127.0.0.1:9470"),
+            Some("localhost:9470"),
+            Some("LOCALHOST."),
+            Some("[::1]:9470"),
+            Some("10.1.2.3"),
+        ] {
+            assert!(lo.allows(ok.map(str::as_bytes)), "{ok:?}");
+        }
+        for bad in [
+            "attacker.example",
+            "attacker.example:9470",
+            "localhost.attacker.example",
+            "[bad",
+        ] {
+            assert!(!lo.allows(Some(bad.as_bytes())), "{bad}");
+        }
+        let public = HostPolicy::new("192.0.2.1".parse().unwrap(), &["Switch.Example".into()]);
+        assert!(!public.allows(Some(b"localhost")));
+        assert!(public.allows(Some(b"switch.example:80")));
+        assert!(public.allows(Some(b"192.0.2.1:80")));
+        assert!(!public.allows(Some(b"attacker.example")));
+    }
 
     #[test]
     fn query_params() {

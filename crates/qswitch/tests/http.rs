@@ -78,7 +78,7 @@ fn get_raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     get_raw(
         addr,
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
     )
 }
 
@@ -491,4 +491,106 @@ fn dashboard_in_headless_chromium() {
         "{}",
         png.len()
     );
+}
+
+/// F9: 16 connections that never finish their request (and reconnect as soon as the server
+/// drops them) do not keep a legitimate /metrics client out: it gets 200 within 2 s, every
+/// time. The slow connections are evicted for it.
+#[test]
+fn never_finishing_clients_do_not_starve_metrics() {
+    let dir = TempDir::new("http-slowloris");
+    let control = dir.join("control.sock");
+    let addr = free_addr();
+    let mut daemon = Daemon::start(dir.path(), "s", &config(&control, addr, 100), &control);
+    assert_eq!(get(addr, "/metrics").0, 200);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let open = || {
+                let mut s = TcpStream::connect(addr).ok()?;
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: ").ok()?;
+                s.set_nonblocking(true).ok()?;
+                Some(s)
+            };
+            let mut conns: Vec<TcpStream> = (0..16).filter_map(|_| open()).collect();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Replace every connection the server closed: the crowd stays at 16.
+                conns.retain(|s| {
+                    let mut b = [0u8; 64];
+                    matches!((&*s).read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                while conns.len() < 16 {
+                    match open() {
+                        Some(s) => conns.push(s),
+                        None => break,
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    for k in 0..10 {
+        let t = Instant::now();
+        let (status, body) = get(addr, "/metrics");
+        assert_eq!(status, 200, "scrape {k}");
+        assert!(body.contains("qswitch_"), "scrape {k}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "scrape {k} took {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    attacker.join().unwrap();
+    assert!(daemon.running());
+}
+
+/// F9: DNS rebinding. A request naming another host (`Host: attacker.example`) gets 421;
+/// IP literals, `localhost` on loopback and the names in `http_hosts` are served. A
+/// non-loopback bind is logged as a warning.
+#[test]
+fn foreign_host_header_is_refused() {
+    let dir = TempDir::new("http-host");
+    let control = dir.join("control.sock");
+    let addr = free_addr();
+    let mut daemon = Daemon::start(dir.path(), "h", &config(&control, addr, 100), &control);
+    let with_host = |a: SocketAddr, host: &str| {
+        get_raw(
+            a,
+            format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
+        )
+        .0
+    };
+    assert_eq!(with_host(addr, "attacker.example"), 421);
+    assert_eq!(
+        with_host(addr, &format!("attacker.example:{}", addr.port())),
+        421
+    );
+    assert_eq!(with_host(addr, &format!("localhost:{}", addr.port())), 200);
+    assert_eq!(with_host(addr, &addr.to_string()), 200);
+    assert_eq!(get_raw(addr, b"GET /metrics HTTP/1.0\r\n\r\n").0, 200);
+    assert!(!daemon.log_text().contains("not a loopback address"));
+    daemon.terminate(Duration::from_secs(10));
+
+    // On every address, with an allow-list: the listed name is served, others are not.
+    let port = free_addr().port();
+    let any: SocketAddr = format!("0.0.0.0:{port}").parse().unwrap();
+    let local: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let text = config(&control, any, 100).replace(
+        "[switch]\n",
+        "[switch]\nhttp_hosts = [\"switch.example\"]\n",
+    );
+    let mut daemon = Daemon::start(dir.path(), "h2", &text, &control);
+    assert_eq!(with_host(local, "switch.example"), 200);
+    assert_eq!(with_host(local, "SWITCH.example.:80"), 200);
+    assert_eq!(with_host(local, "attacker.example"), 421);
+    assert!(
+        daemon.log_text().contains("not a loopback address"),
+        "{}",
+        daemon.log_text()
+    );
+    assert!(daemon.running());
 }

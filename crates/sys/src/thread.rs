@@ -257,6 +257,48 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The id of the group called `name` (through NSS, like `chgrp`); a number is taken as
+/// the id itself. `NotFound` if there is no such group.
+pub fn group_id(name: &str) -> std::io::Result<u32> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in group name"))?;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // SAFETY: all-zero bytes are a valid `group` (null pointers, zero id).
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: `cname` is NUL-terminated; `grp`, `buf` (with its true length) and
+        // `result` are valid and writable for the call; the strings it leaves in `buf` are
+        // not used after it returns, only the id.
+        let rc = unsafe {
+            libc::getgrnam_r(
+                cname.as_ptr(),
+                &mut grp,
+                buf.as_mut_ptr().cast::<libc::c_char>(),
+                buf.len(),
+                &mut result,
+            )
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        if result.is_null() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no group named {name}"),
+            ));
+        }
+        return Ok(grp.gr_gid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -631,16 +631,42 @@ impl VhostUserPort {
     }
 }
 
-/// Binds a non-blocking listener on `socket`, replacing a stale socket file.
+/// No group set for the sockets.
+const NO_GROUP: u32 = u32::MAX;
+static SOCKET_GROUP: AtomicU32 = AtomicU32::new(NO_GROUP);
+
+/// Sets the group given the vhost-user sockets created from now on (`None`: the daemon's
+/// own). The sockets are mode 0660 either way.
+pub fn set_socket_group(gid: Option<u32>) {
+    SOCKET_GROUP.store(gid.unwrap_or(NO_GROUP), Ordering::Relaxed);
+}
+
+/// Binds a non-blocking listener on `socket`, replacing a stale socket file. The socket is
+/// mode 0660 whatever the umask (created under a 0177 umask, so never more open than 0600
+/// before the chmod), in the group set by [`set_socket_group`].
 fn listen(socket: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)?;
     }
     if std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
         std::fs::remove_file(socket)?;
     }
-    let l = UnixListener::bind(socket)?;
+    let old = qswitch_sys::thread::set_umask(0o177);
+    let bound = UnixListener::bind(socket);
+    qswitch_sys::thread::set_umask(old);
+    let l = bound?;
+    let gid = SOCKET_GROUP.load(Ordering::Relaxed);
+    let placed = (|| {
+        if gid != NO_GROUP {
+            std::os::unix::fs::chown(socket, None, Some(gid))?;
+        }
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))
+    })();
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(socket);
+        return Err(e);
+    }
     l.set_nonblocking(true)?;
     Ok(l)
 }

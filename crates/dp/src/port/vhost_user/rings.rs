@@ -40,6 +40,8 @@ pub(crate) struct Scratch {
     tmp: Vec<Seg>,
     /// Buffer for the segments of a software-segmented TSO frame.
     gso: Vec<u8>,
+    /// Segments of a frame were written, although the frame as a whole was dropped.
+    wrote_partial: bool,
 }
 
 fn avail_no_interrupt(v: &Vring, mem: &GuestView<'_>) -> bool {
@@ -226,6 +228,7 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
         return 0;
     }
     let hdr_len = dev.hdr_len();
+    let host_gso = HostGso::of(dev);
     let table = GuestAddress(v.queue.desc_table());
     let qsize = v.queue.size();
     // The guest wrote these descriptors and frames on another core. Touch the whole
@@ -267,7 +270,7 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
         let r = if bad & (1 << k) != 0 {
             Err(DropReason::BadDescriptor)
         } else {
-            copy_chain(&mem, chain, totals[k], hdr_len, &mut pkts[n])
+            copy_chain(&mem, chain, totals[k], hdr_len, host_gso, &mut pkts[n])
         };
         match r {
             Ok(()) => n += 1,
@@ -295,6 +298,37 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
     n
 }
 
+/// The GSO requests a guest may make: the HOST_TSO4/TSO6/ECN features it acked (UFO is
+/// never offered).
+#[derive(Clone, Copy, Debug)]
+struct HostGso {
+    tso4: bool,
+    tso6: bool,
+    ecn: bool,
+}
+
+impl HostGso {
+    fn of(dev: &Device) -> HostGso {
+        HostGso {
+            tso4: dev.has(VIRTIO_NET_F_HOST_TSO4),
+            tso6: dev.has(VIRTIO_NET_F_HOST_TSO6),
+            ecn: dev.has(VIRTIO_NET_F_HOST_ECN),
+        }
+    }
+
+    /// Whether a (validated) header asks only for what was negotiated.
+    fn allows(self, hdr: &VirtioNetHdr) -> bool {
+        let ecn_ok = hdr.gso_type & virtio_net_hdr::GSO_ECN == 0 || self.ecn;
+        ecn_ok
+            && match hdr.gso_type & !virtio_net_hdr::GSO_ECN {
+                virtio_net_hdr::GSO_NONE => true,
+                virtio_net_hdr::GSO_TCPV4 => self.tso4,
+                virtio_net_hdr::GSO_TCPV6 => self.tso6,
+                _ => false,
+            }
+    }
+}
+
 /// Copies one transmit chain (`segs`, `total` bytes: virtio-net header, then the frame)
 /// into `pkt`.
 fn copy_chain(
@@ -302,6 +336,7 @@ fn copy_chain(
     segs: &[Seg],
     total: u32,
     hdr_len: usize,
+    host_gso: HostGso,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
     let total = total as usize;
@@ -328,6 +363,9 @@ fn copy_chain(
     let frame_len = total - hdr_len;
     hdr.validate(frame_len)
         .map_err(|_| DropReason::BadVnetHdr)?;
+    if !host_gso.allows(&hdr) {
+        return Err(DropReason::OffloadNotNegotiated);
+    }
     pkt.set_len(frame_len);
     pkt.hdr = VirtioNetHdr {
         num_buffers: 0,
@@ -390,6 +428,7 @@ pub(crate) fn tx_burst(
                 Err(reason) => drops.count(reason),
             }
         }
+        wrote |= std::mem::take(&mut sc.wrote_partial);
         v.scratch = sc;
         if wrote {
             complete(dev, vi, v, &mem);
@@ -523,13 +562,19 @@ fn deliver_segmented(
     }
     let mut result = Ok(());
     let hdr = pkt.hdr;
-    let seg = qswitch_wire::gso::segment(pkt.frame(), &hdr, &mut scratch, |frame| {
-        if result.is_ok() {
-            result = write_rx_chains(dev, vi, v, mem, &VirtioNetHdr::default(), frame, sc);
-        }
+    // Stop at the first segment the ring cannot take: the rest would only be dropped, and
+    // building them is what a guest sending tiny-MSS super-frames would have us spend.
+    let seg = qswitch_wire::gso::segment_while(pkt.frame(), &hdr, &mut scratch, |frame| {
+        result = write_rx_chains(dev, vi, v, mem, &VirtioNetHdr::default(), frame, sc);
+        result.is_ok()
     });
     sc.gso = scratch;
-    seg.map_err(|_| DropReason::Offload)?;
+    match seg {
+        // Some segments went out before the ring filled: they must be published.
+        Ok(n) if n > 0 => sc.wrote_partial = true,
+        Ok(_) => {}
+        Err(_) => return Err(DropReason::Offload),
+    }
     result
 }
 
