@@ -138,6 +138,9 @@ impl Forwarder {
             .dev
             .rx_burst(queue, &mut self.burst.pkts[..budget], now, &mut drops);
         entry.qos.charge(queue, &self.burst.pkts[..n]);
+        if entry.capture.on() {
+            entry.capture.rx(queue, &self.burst.pkts[..n], now);
+        }
         self.switch_burst(view, fdb, entry, queue, n, now, drops);
         n
     }
@@ -228,6 +231,9 @@ impl Forwarder {
             let sel = &mut self.out[usize::from(p.0)];
             if let Some(Some(dst)) = view.table.get(usize::from(p.0)) {
                 let mut td = DropTally::default();
+                if dst.capture.on() {
+                    dst.capture.tx(w, &self.burst.pkts, sel, now);
+                }
                 let done = dst.dev.tx_burst(w, &mut self.burst.pkts, sel, &mut td);
                 let tc = &dst.counters.tx[w];
                 tc.tx_packets.add(u64::from(done.packets));

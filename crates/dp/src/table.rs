@@ -35,6 +35,8 @@ pub struct PortEntry {
     pub counters: PortCounters,
     /// QoS: allocation, token bucket, live settings (see [`crate::qos`]).
     pub qos: qos::PortQos,
+    /// Packet capture hook (see [`crate::capture`]): off unless a capture runs.
+    pub capture: crate::capture::PortCapture,
 }
 
 impl PortEntry {

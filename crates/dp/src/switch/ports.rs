@@ -145,6 +145,7 @@ impl Switch {
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
             qos: qos::PortQos::new(config, self.shared.now()),
+            capture: Default::default(),
         })
     }
 
