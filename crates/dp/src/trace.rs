@@ -54,10 +54,14 @@ pub fn trace(
         if vlan == 0 { "untagged" } else { "access" },
         frame.len()
     ));
-    r.steps.push(format!("ingress QoS: {}", qos_text(&r.ingress_qos)));
+    r.steps
+        .push(format!("ingress QoS: {}", qos_text(&r.ingress_qos)));
     let drop = |r: &mut TraceReport, why: DropReason| {
         r.drop_reason = Some(why.name().into());
-        r.steps.push(format!("drop: {} (counted on the ingress rx queue)", why.name()));
+        r.steps.push(format!(
+            "drop: {} (counted on the ingress rx queue)",
+            why.name()
+        ));
     };
     let l2 = match l2::classify(frame) {
         Ok(l2) => l2,
@@ -80,7 +84,9 @@ pub fn trace(
         l2.src,
         l2.dst,
         r.ether_type.as_deref().unwrap_or_default(),
-        l2.vlan.map(|v| format!(", 802.1Q tag {v}")).unwrap_or_default()
+        l2.vlan
+            .map(|v| format!(", 802.1Q tag {v}"))
+            .unwrap_or_default()
     ));
     if l2.vlan.is_some() {
         drop(&mut r, DropReason::VlanTagged);
@@ -113,14 +119,20 @@ pub fn trace(
             }
         }
     };
-    r.steps.push(format!("learn: {} on VLAN {vlan} -> {learn}", l2.src));
+    r.steps
+        .push(format!("learn: {} on VLAN {vlan} -> {learn}", l2.src));
     r.learn = Some(learn);
 
     // Lookup: after learning (the frame's own source is known by then).
     let dst = if l2.dst.is_multicast() {
-        r.steps.push(format!("lookup: {} is multicast/broadcast", l2.dst));
+        r.steps
+            .push(format!("lookup: {} is multicast/broadcast", l2.dst));
         None
-    } else if l2.dst == l2.src && r.learn.as_deref().is_some_and(|l| !l.starts_with("refused")) {
+    } else if l2.dst == l2.src
+        && r.learn
+            .as_deref()
+            .is_some_and(|l| !l.starts_with("refused"))
+    {
         Some(ingress.id)
     } else {
         match find(l2.dst, vlan) {
