@@ -130,6 +130,8 @@ fn handle(stream: UnixStream, daemon: &Daemon) -> std::io::Result<()> {
             message: format!("bad request: {e}"),
         },
         Ok(_) => match serde_json::from_slice::<Request>(line.trim_ascii_end()) {
+            // Streaming: the capture owns the connection until it ends.
+            Ok(Request::Capture(c)) => return crate::capture::serve(&stream, daemon, c),
             Ok(req) => execute(req, daemon),
             Err(e) => Response::Error {
                 message: format!("bad request: {e}"),
@@ -184,6 +186,12 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
                 },
             )
             .map(|_| ()),
+        Request::Trace { port, frame } => return crate::capture::trace(daemon, &port, &frame),
+        Request::Capture(_) => {
+            return Response::Error {
+                message: "capture is a streaming request (use the control socket)".into(),
+            }
+        }
         Request::Rss { port } => {
             return match sw.reta(&port) {
                 Ok(r) => Response::Rss {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use qswitch::{chain, cli, daemon, placement_cli, rss_cli};
+use qswitch::{capture, chain, cli, daemon, placement_cli, rss_cli};
 use qswitch_lab::{bench, load};
 
 /// A userspace virtual switch for Linux/KVM hosts.
@@ -71,6 +71,10 @@ enum Command {
     Rss(rss_cli::RssCmd),
     /// Where each rx queue runs, its load and why; `pin`, `unpin`, `mode`.
     Placement(placement_cli::PlacementArgs),
+    /// Capture a port's frames as pcapng (`-w FILE`, `-w -` for stdout) or one line each.
+    Capture(capture::CaptureArgs),
+    /// What the switch would do with a frame arriving on a port, and why (changes nothing).
+    Trace(capture::TraceArgs),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
     /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
@@ -102,6 +106,8 @@ fn main() -> ExitCode {
             watch,
             workers,
         } => cli::stats(&control, json, watch, workers),
+        Command::Capture(args) => capture::run(&control, args),
+        Command::Trace(args) => capture::run_trace(&control, args),
         Command::Load(cmd) => load::run(cmd),
         Command::Bench(args) => {
             init_logging();
