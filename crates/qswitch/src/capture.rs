@@ -185,7 +185,7 @@ pub fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
         .bytes()
         .filter(|c| !c.is_ascii_whitespace() && *c != b':')
         .collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         bail!("odd number of hex digits");
     }
     digits
