@@ -300,6 +300,7 @@ impl PortCapture {
 
     /// Received frames (after rx_burst, before switching).
     #[cold]
+    #[inline(never)]
     pub fn rx(&self, queue: u16, pkts: &[Pkt], now: u64) {
         if pkts.is_empty() {
             return;
@@ -313,6 +314,7 @@ impl PortCapture {
 
     /// Frames about to be sent (`sel` indexes `pkts`), by worker `worker`.
     #[cold]
+    #[inline(never)]
     pub fn tx(&self, worker: usize, pkts: &[Pkt], sel: &[u8], now: u64) {
         if let Some(t) = &*self.tap.load() {
             if t.spec.tx {

@@ -204,3 +204,37 @@ fn trace_agrees_with_the_engine_and_changes_nothing() {
         assert_eq!(got, want);
     }
 }
+
+/// The loop docs/capture.md measures under callgrind: `BURSTS` bursts of 32 frames a -> b
+/// with no capture (`CAPTURE=off`), a capture on b's tx (`on`), or a full capture ring
+/// (`full`: 1 slot, so every frame is a counted drop). Ignored: run it by hand.
+#[test]
+#[ignore]
+fn capture_cost_loop() {
+    let bursts: usize = std::env::var("BURSTS").map_or(1000, |v| v.parse().unwrap());
+    let mode = std::env::var("CAPTURE").unwrap_or_else(|_| "off".into());
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    sim.send(&b, &[frame(BCAST, MAC_B, 60)]);
+    let spec = Spec {
+        rx: false,
+        snaplen: 128,
+        slots: Some(if mode == "full" { 1 } else { 64 }),
+        ..Spec::default()
+    };
+    let cap = (mode != "off").then(|| sim.sw.capture("b", spec).unwrap());
+    let f = frame(MAC_B, MAC_A, 60);
+    let mut out = Vec::new();
+    for _ in 0..bursts {
+        for _ in 0..32 {
+            a.inject(&f);
+        }
+        sim.step(1_000);
+        b.take_captured();
+        if let Some(c) = &cap {
+            out.clear();
+            c.drain(&mut out, usize::MAX);
+        }
+    }
+}
