@@ -12,6 +12,8 @@
 //! reserved_cpus = "0"              # CPUs no queue is placed on (default: none)
 //! placement = "dynamic"            # or "static": no moves by load
 //! reservable = 0.9                 # QoS: share of an uplink's capacity guarantees may reserve
+//! state_dir = "/var/lib/qswitch"   # live changes are recorded here (state.json)
+//! control_group = "qswitch"        # control socket 0660 owned by this group (default: 0600)
 //!
 //! [[port]]
 //! name = "a"
@@ -39,6 +41,28 @@
 //! type = "tap"
 //! ifname = "qs-vm1"
 //! qos = { min = "200M", max = "1G", weight = 2 }
+//!
+//! # VLAN trunks, port security, storm control (see `qswitch_dp::policy`), on any port
+//! [[port]]
+//! name = "vm2"
+//! type = "tap"
+//! ifname = "qs-vm2"
+//! vlan = 10                        # native VLAN (untagged)
+//! vlans = "20,30,100-200"          # carried tagged (802.1Q)
+//! security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "fe80::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
+//! storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 1000 }   # frames/s
+//!
+//! # VXLAN (RFC 7348; see `qswitch_dp::port::vxlan`)
+//! [[port]]
+//! name = "vx100"
+//! type = "vxlan"
+//! vni = 100
+//! local = "192.0.2.1"              # underlay source address (IPv4 or IPv6)
+//! remotes = ["192.0.2.2", "192.0.2.3"]  # flood list: head-end replication
+//! dstport = 4789                   # default 4789 (Linux's own default is 8472)
+//! learning = true                  # remote MAC -> VTEP from received frames
+//! vlan = 100                       # the switch VLAN this VNI carries
+//! # udp_csum = false               # default: off over IPv4, on over IPv6
 //! ```
 //! Rates are bits/s of L2 frames (Ethernet header counted, FCS not) with an
 //! optional k/M/G/T suffix (powers of 1000): "150M", "1.5G", "800000".
@@ -56,12 +80,14 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cpulist::CpuList;
+pub use crate::policy::{IpPrefix, SecurityConfig, StormConfig, VlanSet};
 pub use crate::value::{
     format_rate, FdbAging, HttpAddr, IfName, MacAddress, PollSpinUs, PortName, Rate, Reservable,
     SocketPath, UnicastMac, VlanId, Weight, MAX_IFNAME,
@@ -69,6 +95,8 @@ pub use crate::value::{
 
 /// Where the control socket lives unless the config says otherwise.
 pub const DEFAULT_CONTROL: &str = "/run/qswitch/control.sock";
+/// Where live changes are recorded unless `[switch] state_dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/qswitch";
 /// Most queues a port may have (the kernel's TAP limit).
 pub const MAX_QUEUES: u16 = 256;
 /// Most queue pairs a vhost-user port offers.
@@ -124,6 +152,14 @@ pub struct SwitchConfig {
     /// "127.0.0.1:9470". Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpAddr>,
+    /// Where live changes are recorded (`state.json`) so they survive a restart; default
+    /// [`DEFAULT_STATE_DIR`] (or systemd's `$STATE_DIRECTORY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    /// A group (name or number) that may use the control socket: it is then created 0660
+    /// owned by that group instead of 0600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_group: Option<String>,
 }
 
 fn default_workers() -> CpuList {
@@ -150,6 +186,8 @@ impl Default for SwitchConfig {
             placement: PlacementMode::default(),
             reservable: Reservable::default(),
             http: None,
+            state_dir: None,
+            control_group: None,
         }
     }
 }
@@ -207,6 +245,8 @@ pub enum PortType {
     Gen,
     /// A vhost-user socket: QEMU/KVM guests, Cloud Hypervisor, DPDK virtio-user.
     VhostUser,
+    /// A VXLAN tunnel endpoint (RFC 7348): one VNI to remote VTEPs over an IP underlay.
+    Vxlan,
 }
 
 impl fmt::Display for PortType {
@@ -215,6 +255,7 @@ impl fmt::Display for PortType {
             PortType::Tap => "tap",
             PortType::Gen => "gen",
             PortType::VhostUser => "vhost-user",
+            PortType::Vxlan => "vxlan",
         })
     }
 }
@@ -226,8 +267,9 @@ impl FromStr for PortType {
             "tap" => Ok(PortType::Tap),
             "gen" => Ok(PortType::Gen),
             "vhost-user" => Ok(PortType::VhostUser),
+            "vxlan" => Ok(PortType::Vxlan),
             other => Err(format!(
-                "unknown port type '{other}' (expected tap, gen or vhost-user)"
+                "unknown port type '{other}' (expected tap, gen, vhost-user or vxlan)"
             )),
         }
     }
@@ -286,6 +328,14 @@ pub struct PortConfig {
     /// Makes the port an uplink with this capacity: the other ports of its VLAN share it by
     /// the QoS rule. At most one uplink per VLAN; an uplink takes no `qos`.
     pub capacity: Option<Rate>,
+    /// VLANs the port carries tagged (a trunk); `vlan` stays its native (untagged) VLAN, and
+    /// a trunk without `vlan` takes no untagged frames.
+    pub vlans: Option<VlanSet>,
+    /// Port security: allowed source MACs and IPs, MAC limit, DHCP and RA guards (boxed:
+    /// most ports have none, and a config travels in control requests).
+    pub security: Option<Box<SecurityConfig>>,
+    /// Storm control: frames/s of broadcast, multicast and unknown unicast.
+    pub storm: Option<Box<StormConfig>>,
     /// The kind of port and its own keys.
     pub kind: PortKind,
 }
@@ -299,7 +349,33 @@ pub enum PortKind {
     VhostUser(VhostUserConfig),
     /// `type = "gen"`.
     Gen(GenPortConfig),
+    /// `type = "vxlan"`.
+    Vxlan(VxlanConfig),
 }
+
+/// The keys of a VXLAN port. The VLAN the VNI carries is the port's `vlan`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanConfig {
+    /// The VNI, 0..=16777215.
+    pub vni: u32,
+    /// The local underlay address: outer source, and where the port listens.
+    pub local: IpAddr,
+    /// The static flood list (head-end replication of broadcast, multicast and unknown
+    /// unicast); same address family as `local`.
+    pub remotes: Vec<IpAddr>,
+    /// UDP destination port (default 4789, the IANA port; Linux's own default is 8472).
+    pub dstport: u16,
+    /// Learn remote MAC → VTEP from received frames (default true). When false, frames from
+    /// VTEPs not in `remotes` (or known through EVPN) are dropped.
+    pub learning: bool,
+    /// UDP checksum on transmit; default: off over IPv4, on over IPv6.
+    pub udp_csum: Option<bool>,
+}
+
+/// The default VXLAN UDP port (IANA).
+pub const VXLAN_PORT: u16 = 4789;
+/// The largest VNI.
+pub const MAX_VNI: u32 = 0x00ff_ffff;
 
 /// The keys of a TAP port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,6 +410,7 @@ impl PortKind {
             PortKind::Tap(_) => PortType::Tap,
             PortKind::VhostUser(_) => PortType::VhostUser,
             PortKind::Gen(_) => PortType::Gen,
+            PortKind::Vxlan(_) => PortType::Vxlan,
         }
     }
 }
@@ -467,6 +544,12 @@ pub enum PortError {
     GenSize(u16),
     #[error("generate.flows must be at least 1")]
     GenFlows,
+    #[error("vni = {0} is out of range 0..={MAX_VNI}")]
+    Vni(u32),
+    #[error("remote {remote} is not of the address family of local {local}")]
+    VxlanFamily { local: IpAddr, remote: IpAddr },
+    #[error("dstport must not be 0")]
+    ZeroDstport,
     #[error("capacity must be above 0")]
     ZeroCapacity,
     #[error("an uplink (capacity) takes no qos; its ports share its capacity")]
@@ -505,12 +588,36 @@ pub struct PortKeys {
     /// gen: what to generate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate: Option<GenConfig>,
+    /// vxlan: the VNI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vni: Option<u32>,
+    /// vxlan: the local underlay address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<IpAddr>,
+    /// vxlan: the static flood list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remotes: Option<Vec<IpAddr>>,
+    /// vxlan: the UDP destination port (default 4789).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dstport: Option<u16>,
+    /// vxlan: learn remote MACs (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning: Option<bool>,
+    /// vxlan: UDP checksum on transmit (default: off over IPv4, on over IPv6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_csum: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<CpuList>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<QosConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Rate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlans: Option<VlanSet>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<SecurityConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storm: Option<StormConfig>,
 }
 
 fn default_queues() -> u16 {
@@ -522,6 +629,7 @@ fn check_queues(queues: u16, t: PortType) -> Result<(), PortError> {
     let max = match t {
         PortType::VhostUser => MAX_VHOST_PAIRS,
         PortType::Tap | PortType::Gen => MAX_QUEUES,
+        PortType::Vxlan => 1,
     };
     if queues == 0 || queues > max {
         return Err(PortError::Queues {
@@ -546,9 +654,18 @@ impl PortKeys {
             vlan: None,
             mac: None,
             generate: None,
+            vni: None,
+            local: None,
+            remotes: None,
+            dstport: None,
+            learning: None,
+            udp_csum: None,
             cpus: None,
             qos: None,
             capacity: None,
+            vlans: None,
+            security: None,
+            storm: None,
         }
     }
 }
@@ -563,6 +680,12 @@ impl PortKeys {
             ("mode", self.mode.is_some()),
             ("mac", self.mac.is_some()),
             ("generate", self.generate.is_some()),
+            ("vni", self.vni.is_some()),
+            ("local", self.local.is_some()),
+            ("remotes", self.remotes.is_some()),
+            ("dstport", self.dstport.is_some()),
+            ("learning", self.learning.is_some()),
+            ("udp_csum", self.udp_csum.is_some()),
         ]
         .into_iter()
         .find_map(|(key, set)| set.then_some(key))
@@ -583,6 +706,14 @@ impl PortKeys {
             PortType::Gen => PortKind::Gen(GenPortConfig {
                 mac: self.mac.take(),
                 generate: self.generate.take(),
+            }),
+            PortType::Vxlan => PortKind::Vxlan(VxlanConfig {
+                vni: self.vni.take().ok_or_else(|| missing("vni"))?,
+                local: self.local.take().ok_or_else(|| missing("local"))?,
+                remotes: self.remotes.take().unwrap_or_default(),
+                dstport: self.dstport.take().unwrap_or(VXLAN_PORT),
+                learning: self.learning.take().unwrap_or(true),
+                udp_csum: self.udp_csum.take(),
             }),
         };
         match self.kind_key_left() {
@@ -609,6 +740,9 @@ impl TryFrom<PortKeys> for PortConfig {
             cpus: k.cpus,
             qos: k.qos,
             capacity: k.capacity,
+            vlans: k.vlans,
+            security: k.security.map(Box::new),
+            storm: k.storm.map(Box::new),
             kind,
         };
         port.validate()?;
@@ -629,6 +763,9 @@ impl From<PortConfig> for PortKeys {
         k.cpus = p.cpus;
         k.qos = p.qos;
         k.capacity = p.capacity;
+        k.vlans = p.vlans;
+        k.security = p.security.map(|s| *s);
+        k.storm = p.storm.map(|s| *s);
         match p.kind {
             PortKind::Tap(t) => k.ifname = Some(t.ifname),
             PortKind::VhostUser(v) => {
@@ -638,6 +775,14 @@ impl From<PortConfig> for PortKeys {
             PortKind::Gen(g) => {
                 k.mac = g.mac;
                 k.generate = g.generate;
+            }
+            PortKind::Vxlan(v) => {
+                k.vni = Some(v.vni);
+                k.local = Some(v.local);
+                k.remotes = Some(v.remotes);
+                k.dstport = Some(v.dstport);
+                k.learning = Some(v.learning);
+                k.udp_csum = v.udp_csum;
             }
         }
         k
@@ -654,6 +799,9 @@ impl PortConfig {
             cpus: None,
             qos: None,
             capacity: None,
+            vlans: None,
+            security: None,
+            storm: None,
             kind,
         }
     }
@@ -696,6 +844,20 @@ impl PortConfig {
             }
             if g.flows == 0 {
                 return Err(PortError::GenFlows);
+            }
+        }
+        if let PortKind::Vxlan(v) = &self.kind {
+            if v.vni > MAX_VNI {
+                return Err(PortError::Vni(v.vni));
+            }
+            if let Some(&remote) = v.remotes.iter().find(|r| r.is_ipv4() != v.local.is_ipv4()) {
+                return Err(PortError::VxlanFamily {
+                    local: v.local,
+                    remote,
+                });
+            }
+            if v.dstport == 0 {
+                return Err(PortError::ZeroDstport);
             }
         }
         if let Some(c) = self.capacity {
@@ -906,8 +1068,14 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// `capacity = "1Q"`, `qos.max` for `qos = { min = "1M", max = "x" }`. Bare keys only.
 fn key_of_value_at(text: &str, offset: usize) -> Option<String> {
     let before = text.get(..offset)?;
-    let line = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
-    let line = line.trim_end().strip_suffix('=')?;
+    let mut line = before[before.rfind('\n').map_or(0, |i| i + 1)..].trim_end();
+    // An element of an array value (`macs = ["x", "y"]`) is named by the array's key.
+    if let Some(i) = line.rfind('[') {
+        if !line[i..].contains(']') {
+            line = line[..i].trim_end();
+        }
+    }
+    let line = line.strip_suffix('=')?;
     let mut path = Vec::new();
     for segment in line.split('{') {
         let pair = segment.rsplit(',').next()?;
@@ -1008,6 +1176,67 @@ mod tests {
     }
 
     #[test]
+    fn policy_keys_parse_dump_and_name_line_and_key() {
+        let text = r#"
+[[port]]
+name = "t"
+type = "tap"
+ifname = "t"
+vlan = 10
+vlans = "20,30,100-200"
+security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "2001:db8::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
+storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 100 }
+"#;
+        let cfg = Config::from_toml(text).unwrap();
+        let p = &cfg.ports[0];
+        assert_eq!(p.vlans.as_ref().unwrap().to_string(), "20,30,100-200");
+        let sec = p.security.as_ref().unwrap();
+        assert_eq!(sec.macs.len(), 1);
+        assert_eq!(sec.ips[1].to_string(), "2001:db8::/64");
+        assert_eq!(sec.mac_limit, Some(4));
+        assert!(sec.dhcp_guard && sec.ra_guard);
+        assert_eq!(p.storm.as_ref().unwrap().unknown_unicast, Some(100));
+        let dumped = cfg.to_toml().unwrap();
+        assert_eq!(Config::from_toml(&dumped).unwrap(), cfg);
+
+        let port = "[[port]]\nname='a'\ntype='gen'\n";
+        for (keys, needle) in [
+            (
+                "vlans = '10,4095'",
+                "line 4: vlans: VLAN ID 4095 is out of range 1..=4094",
+            ),
+            ("vlans = '10-x'", "line 4: vlans: 'x' is not a VLAN ID"),
+            (
+                "vlans = '20-10'",
+                "line 4: vlans: VLAN range 20-10 is empty",
+            ),
+            ("security = { macs = ['zz'] }", "line 4: security.macs:"),
+            (
+                "security = { macs = ['52:54:00:00:00:01', 'ff:ff:ff:ff:ff:ff'] }",
+                "line 4: security.macs:",
+            ),
+            (
+                "security = { ips = ['10.0.0.0/33'] }",
+                "line 4: security.ips: '10.0.0.0/33': /33 is not a prefix length",
+            ),
+            (
+                "security = { ips = ['10.0.0.1', 'x'] }",
+                "line 4: security.ips: 'x' is not an IP address",
+            ),
+            (
+                "security = { mac_limit = -1 }",
+                "line 4: security.mac_limit:",
+            ),
+            ("security = { dhcp_gaurd = true }", "dhcp_gaurd"),
+            ("storm = { broadcast = 'lots' }", "line 4: storm.broadcast:"),
+            ("storm = { unicast = 10 }", "unicast"),
+        ] {
+            let e = err(&format!("{port}{keys}\n"));
+            assert!(e.contains(needle), "{keys}: {e}");
+        }
+    }
+
+    #[test]
     fn issue_example_is_valid() {
         let text = r#"
 [switch]
@@ -1097,8 +1326,8 @@ vlan = 10
                 "config line 2: name: port name 'bad name': a name must be 1..=32 characters of [A-Za-z0-9._-]",
             ),
             (
-                "[[port]]\nname='a'\ntype='vxlan'\n".into(),
-                "config line 3: type: unknown variant `vxlan`, expected one of `tap`, `gen`, `vhost-user`",
+                "[[port]]\nname='a'\ntype='geneve'\n".into(),
+                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`",
             ),
             (
                 "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
@@ -1206,7 +1435,7 @@ vlan = 10
             e.contains("key 'generate' does not apply to type vhost-user"),
             "{e}"
         );
-        let e = check("[[port]]\nname='a'\ntype='vxlan'\n").unwrap_err();
+        let e = check("[[port]]\nname='a'\ntype='geneve'\n").unwrap_err();
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
         let e = err("[[port]]\nname='a'\ntype='tap'\nifname='this-name-is-too-long'\n");
         assert!(e.contains("not a valid interface name"), "{e}");
@@ -1383,7 +1612,8 @@ vlan = 10
             .join("\n");
         let cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         cfg.validate(ONLINE).unwrap();
-        assert_eq!(cfg.ports.len(), 4);
+        assert_eq!(cfg.ports.len(), 6);
+        assert!(cfg.ports[4].vlans.is_some() && cfg.ports[4].security.is_some());
     }
 
     /// The ```toml blocks of README.md.
@@ -1438,6 +1668,9 @@ mode = "client"
 queues = 16
 vlan = 4094
 qos = { min = "0", max = "123456789", weight = 1000 }
+vlans = "1,7,100-4094"
+security = { macs = ["02:00:00:00:00:0a"], ips = ["0.0.0.0/0", "fe80::/10"], mac_limit = 0, dhcp_guard = true, ra_guard = true }
+storm = { broadcast = 0, multicast = 9223372036854775807, unknown_unicast = 1 }
 
 [[port]]
 name = "g_2"
@@ -1448,12 +1681,70 @@ generate = { dst = "ff:ff:ff:ff:ff:ff", size = 9018, rate = 9223372036854775807,
 [[port]]
 name = "sink"
 type = "gen"
+
+[[port]]
+name = "vx6"
+type = "vxlan"
+vni = 16777215
+local = "fd00::1"
+remotes = ["fd00::2", "fd00::3"]
+dstport = 8472
+learning = false
+udp_csum = false
+vlan = 7
 "#;
+
+    #[test]
+    fn vxlan_ports() {
+        let base = "[[port]]\nname='vx'\ntype='vxlan'\n";
+        let cfg = Config::from_toml(&format!("{base}vni=100\nlocal='192.0.2.1'\n")).unwrap();
+        assert_eq!(
+            cfg.ports[0].kind,
+            PortKind::Vxlan(VxlanConfig {
+                vni: 100,
+                local: "192.0.2.1".parse().unwrap(),
+                remotes: vec![],
+                dstport: VXLAN_PORT,
+                learning: true,
+                udp_csum: None,
+            })
+        );
+        for (keys, want) in [
+            ("local='192.0.2.1'\n", "type vxlan needs vni"),
+            ("vni=1\n", "type vxlan needs local"),
+            (
+                "vni=16777216\nlocal='192.0.2.1'\n",
+                "vni = 16777216 is out of range",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nremotes=['fd00::1']\n",
+                "remote fd00::1 is not of the address family of local 192.0.2.1",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\ndstport=0\n",
+                "dstport must not be 0",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nqueues=2\n",
+                "queues = 2 is out of range 1..=1",
+            ),
+            (
+                "vni=1\nlocal='192.0.2.1'\nifname='x'\n",
+                "key 'ifname' does not apply",
+            ),
+            ("vni=1\nlocal='nope'\n", "local"),
+        ] {
+            let e = err(&format!("{base}{keys}"));
+            assert!(e.contains(want), "{keys}: {e}");
+        }
+        let e = err("[[port]]\nname='t'\ntype='tap'\nifname='x'\nvni=1\n");
+        assert!(e.contains("key 'vni' does not apply to type tap"), "{e}");
+    }
 
     #[test]
     fn every_example_parses_and_validates() {
         let examples = readme_examples();
-        assert_eq!(examples.len(), 2, "README.md's config examples");
+        assert_eq!(examples.len(), 3, "README.md's config examples");
         for text in examples
             .iter()
             .map(String::as_str)
@@ -1550,6 +1841,9 @@ type = "gen"
                     cpus: cpus.and_then(CpuList::from_cpus),
                     qos: None,
                     capacity: capacity.filter(|c| c.bps() > 0),
+                    vlans: None,
+                    security: None,
+                    storm: None,
                     kind,
                 })
         }

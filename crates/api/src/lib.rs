@@ -16,13 +16,14 @@
 pub mod client;
 pub mod config;
 pub mod cpulist;
+pub mod policy;
 pub mod request;
 pub mod value;
 
 pub use config::{
     Config, ConfigError, GenConfig, GenPortConfig, PlacementMode, PortConfig, PortError, PortKeys,
     PortKind, PortType, QosConfig, QosError, QosSettings, SwitchConfig, TapConfig, VhostMode,
-    VhostUserConfig,
+    VhostUserConfig, VxlanConfig,
 };
 pub use cpulist::{CpuList, CpuListError};
 pub use request::{Request, Response};

@@ -51,6 +51,10 @@ pub enum Request {
     },
     /// QoS settings, allocations and measured rates of every port.
     QosShow,
+    /// Re-read the config file and apply what changed in it (as SIGHUP does).
+    Reload,
+    /// The effective configuration (the file plus live changes) as TOML.
+    ConfigDump,
     /// Capture frames on a port. A streaming request: the daemon answers
     /// [`Response::CaptureStarted`], then [`Response::CapturePackets`] lines (at least one a
     /// second), then [`Response::CaptureEnd`] once `count` frames were sent or the port went;
@@ -203,6 +207,14 @@ pub enum Response {
     },
     Placement(Box<PlacementReport>),
     Qos(Box<QosReport>),
+    /// `reload`: what was changed, one line each (empty: nothing changed).
+    Reloaded {
+        changes: Vec<String>,
+    },
+    /// `config dump`: TOML that `run --config` accepts.
+    Config {
+        toml: String,
+    },
     /// A capture started; packets follow.
     CaptureStarted {
         port: String,
@@ -517,6 +529,8 @@ mod tests {
             Request::Fdb,
             Request::Stats,
             Request::QosShow,
+            Request::Reload,
+            Request::ConfigDump,
             Request::QosSet {
                 port: "vm1".into(),
                 min: Some(200_000_000),

@@ -6,11 +6,44 @@
 //!     │ rx_burst (≤ budget frames into the forwarder's own buffers) ; charge the bucket
 //!     ▼
 //!  Forwarder::switch_burst(view, fdb, ingress, queue, n, now)
-//!     │ classify L2 ── runt / oversize / bad source / tagged → counted drop
+//!     │ classify L2 ── runt / oversize / bad source / VLAN not carried → counted drop
+//!     │ port security (ports with `security`) → counted drop
 //!     │ learn (MAC, VLAN) → ingress ; look up destination → port | flood (same VLAN)
+//!     │ storm control (ports with `storm`): broadcast, multicast, unknown unicast
 //!     ▼
-//!  tx_burst once per destination, in arrival order ; counters added once per burst
+//!  tx_burst once per destination, in arrival order, each frame tagged or untagged as the
+//!  destination carries its VLAN ; counters added once per burst
 //! ```
+//!
+//! # VLANs
+//! A port has an access (native) VLAN, `vlan` (none configured: 0, the untagged domain),
+//! and may carry more VLANs tagged, `vlans` (a trunk; [`crate::policy::PortPolicy`]). A
+//! trunk without `vlan` has no native VLAN.
+//!
+//! | frame received | on an access port in VLAN *n* | on a trunk carrying *T*, native *n* | on a trunk carrying *T*, no native |
+//! |---|---|---|---|
+//! | untagged | VLAN *n* | VLAN *n* | dropped, `vlan_not_allowed` |
+//! | tagged *v*, *v* ∈ *T* | dropped, `vlan_tagged` | VLAN *v* | VLAN *v* |
+//! | tagged *v*, *v* ∉ *T* | dropped, `vlan_tagged` | dropped, `vlan_not_allowed` | dropped, `vlan_not_allowed` |
+//!
+//! | a frame of VLAN *v* leaves a port … | |
+//! |---|---|
+//! | whose native VLAN is *v* | untagged |
+//! | that carries *v* tagged | tagged *v* (the priority bits of a received tag kept) |
+//! | neither | never (not a flood member; a stale fdb entry there floods instead) |
+//!
+//! Learning, flooding, storm control and (in the ports) QoS and RSS see the frame's VLAN and
+//! its inner frame; the fdb is keyed by (MAC, VLAN). Tags are pushed and popped in place, in
+//! the rx buffer, between the `tx_burst` calls of different destinations (every port copies
+//! the bytes out during `tx_burst`): ports that carry no tagged VLAN are served first, then
+//! the trunks, so a frame flooded to both is re-encoded at most once or twice.
+//! A tag is pushed by moving the frame's tail 4 bytes on in the buffer, so the virtio-net
+//! header headroom in front of the frame stays whole (see [`crate::packet`]); a frame that
+//! would not fit tagged is dropped at that destination as `oversize`.
+//!
+//! Cost: a switch with no trunk and an ingress port with no policy runs the plain path,
+//! decided once per burst; VLAN handling, security and storm control are per frame only
+//! where configured.
 //!
 //! Time comes in as `now`; the engine never reads a clock and never blocks. A worker thread
 //! ([`crate::worker`]) runs it in a loop on the real clock; [`crate::Switch::poll_once`] runs
@@ -21,9 +54,9 @@
 //! Every frame of a burst is classified and learned before any frame of it is transmitted, so
 //! a burst that carries a station's first frame and a reply to it is switched as if the
 //! address had been known. Frames to one destination leave in one `tx_burst`, in arrival
-//! order; a flood goes to each member of the VLAN in table order, never back to the ingress
-//! port. Frames of one rx queue are never reordered; no frame is ever handed to another
-//! thread.
+//! order; a flood goes to each member of the VLAN in table order (with trunks in the switch:
+//! the ports that take it untagged first), never back to the ingress port. Frames of one rx
+//! queue are never reordered; no frame is ever handed to another thread.
 //!
 //! # Performance notes
 //! No allocation, no lock and no dynamic dispatch per frame: the burst and the
@@ -40,6 +73,7 @@ use qswitch_wire::MacAddr;
 use crate::fdb::{Fdb, REFRESH_NS};
 use crate::ids::PortId;
 use crate::packet::{Burst, BURST};
+use crate::policy::{self, Egress, Policy, StormClass};
 use crate::port::Port;
 use crate::stats::{DropReason, DropTally};
 use crate::table::{PortEntry, PortTable, QueueList, Shared, WorkerShared};
@@ -49,24 +83,61 @@ use crate::table::{PortEntry, PortTable, QueueList, Shared, WorkerShared};
 pub struct View {
     pub(crate) table: Arc<PortTable>,
     pub(crate) queues: Arc<QueueList>,
-    /// Flood domains: (vlan, member port ids in table order).
+    /// Each port's policy, indexed by port id, as of this view.
+    policies: Vec<Option<Arc<Policy>>>,
+    /// Whether some port carries tagged VLANs or has no native VLAN: then every burst takes
+    /// the VLAN-aware path (frames may need a tag pushed or popped on the way out).
+    vlan_aware: bool,
+    /// Flood domains: (vlan, member port ids in table order), sorted by VLAN.
     floods: Vec<(u16, Vec<PortId>)>,
 }
 
 impl View {
     /// A view of `table` for a worker that polls `queues`.
     pub fn new(table: Arc<PortTable>, queues: Arc<QueueList>) -> View {
-        let mut floods: Vec<(u16, Vec<PortId>)> = Vec::new();
-        for p in table.iter().flatten() {
-            match floods.iter_mut().find(|(v, _)| *v == p.vlan) {
-                Some((_, members)) => members.push(p.id),
-                None => floods.push((p.vlan, vec![p.id])),
+        let mut domains: std::collections::BTreeMap<u16, Vec<PortId>> = Default::default();
+        let mut policies = Vec::with_capacity(table.len());
+        let mut vlan_aware = false;
+        for slot in table.iter() {
+            let Some(p) = slot else {
+                policies.push(None);
+                continue;
+            };
+            let pol = p.policy.load_full();
+            vlan_aware |= pol.trunk || pol.native.is_none();
+            if let Some(v) = pol.native {
+                domains.entry(v).or_default().push(p.id);
             }
+            if pol.trunk {
+                for v in pol.settings.vlans.iter() {
+                    if pol.native != Some(v) {
+                        domains.entry(v).or_default().push(p.id);
+                    }
+                }
+            }
+            policies.push(Some(pol));
         }
         View {
             table,
             queues,
-            floods,
+            policies,
+            vlan_aware,
+            floods: domains.into_iter().collect(),
+        }
+    }
+
+    /// The policy of port `p`.
+    #[inline]
+    fn policy(&self, p: PortId) -> Option<&Policy> {
+        self.policies.get(usize::from(p.0))?.as_deref()
+    }
+
+    /// The members of VLAN `vlan`'s flood domain.
+    #[inline]
+    fn flood(&self, vlan: u16) -> &[PortId] {
+        match self.floods.binary_search_by_key(&vlan, |(v, _)| *v) {
+            Ok(i) => &self.floods[i].1,
+            Err(_) => &[],
         }
     }
 
@@ -98,6 +169,16 @@ pub struct Forwarder {
     out: Vec<Vec<u8>>,
     touched: Vec<PortId>,
     cache: FdbCache,
+    /// VLAN-aware path: each frame's VLAN, the TCI to push, and whether its buffer holds
+    /// it tagged now.
+    meta: [FrameVlan; BURST],
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct FrameVlan {
+    vlan: u16,
+    tci: u16,
+    tagged: bool,
 }
 
 impl Forwarder {
@@ -109,6 +190,7 @@ impl Forwarder {
             out: Vec::new(),
             touched: Vec::with_capacity(BURST),
             cache: FdbCache::default(),
+            meta: [FrameVlan::default(); BURST],
         }
     }
 
@@ -165,26 +247,43 @@ impl Forwarder {
             drops.flush(&qc.drops);
             return;
         }
+        // Decided once per burst: the plain path unless VLANs or the port's policy need more.
+        let pol = view
+            .policy(ingress.id)
+            .filter(|p| view.vlan_aware || p.active());
+        let rx_bytes = match pol {
+            None => self.decide(view, fdb, ingress, n, now, &mut drops),
+            Some(pol) => self.decide_policy(view, fdb, ingress.id, pol, n, now, &mut drops),
+        };
+        qc.rx_packets.add(n as u64);
+        qc.rx_bytes.add(rx_bytes);
+        drops.flush(&qc.drops);
+        if view.vlan_aware {
+            self.transmit_vlans(view, now);
+        } else {
+            self.transmit(view, now);
+        }
+    }
+
+    /// The plain path: every port an access port, no policy on the ingress. Returns bytes.
+    #[inline]
+    fn decide(
+        &mut self,
+        view: &View,
+        fdb: &Fdb,
+        ingress: &PortEntry,
+        n: usize,
+        now: u64,
+        drops: &mut DropTally,
+    ) -> u64 {
         let id = ingress.id;
         let vlan = ingress.vlan;
         let mut rx_bytes = 0u64;
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
             rx_bytes += frame.len() as u64;
-            let l2 = match l2::classify(frame) {
-                Ok(l2) => l2,
-                Err(L2Error::Runt) => {
-                    drops.count(DropReason::Runt);
-                    continue;
-                }
-                Err(L2Error::Oversize) => {
-                    drops.count(DropReason::Oversize);
-                    continue;
-                }
-                Err(L2Error::BadSrc) => {
-                    drops.count(DropReason::BadSrcMac);
-                    continue;
-                }
+            let Some(l2) = classify(frame, drops) else {
+                continue;
             };
             if l2.vlan.is_some() {
                 drops.count(DropReason::VlanTagged);
@@ -206,26 +305,110 @@ impl Forwarder {
                 {
                     self.push_out(p, i)
                 }
+                _ => self.flood(view, id, vlan, i, drops),
+            }
+        }
+        rx_bytes
+    }
+
+    /// The VLAN-aware path with the ingress port's policy: trunk ingress, port security,
+    /// storm control. Records each frame's VLAN for [`Forwarder::transmit_vlans`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn decide_policy(
+        &mut self,
+        view: &View,
+        fdb: &Fdb,
+        id: PortId,
+        pol: &Policy,
+        n: usize,
+        now: u64,
+        drops: &mut DropTally,
+    ) -> u64 {
+        let mut rx_bytes = 0u64;
+        for i in 0..n {
+            let frame = self.burst.pkts[i].frame();
+            rx_bytes += frame.len() as u64;
+            let Some(l2) = classify(frame, drops) else {
+                continue;
+            };
+            let (vlan, tci, tagged) = match l2.vlan {
+                None => match pol.native {
+                    Some(v) => (v, v, false),
+                    None => {
+                        drops.count(DropReason::VlanNotAllowed);
+                        continue;
+                    }
+                },
+                Some(vid) if pol.trunk && pol.settings.vlans.contains(vid) => {
+                    (vid, u16::from_be_bytes([frame[14], frame[15]]), true)
+                }
+                Some(_) if pol.trunk => {
+                    drops.count(DropReason::VlanNotAllowed);
+                    continue;
+                }
+                Some(_) => {
+                    drops.count(DropReason::VlanTagged);
+                    continue;
+                }
+            };
+            if pol.secure {
+                if let Some(r) = policy::security_verdict(&pol.settings.security, frame) {
+                    drops.count(r);
+                    continue;
+                }
+            }
+            self.meta[i] = FrameVlan { vlan, tci, tagged };
+            self.learn(fdb, l2.src, vlan, id, now);
+            let dst = if l2.dst.is_multicast() {
+                None
+            } else {
+                self.lookup(fdb, l2.dst, vlan, now)
+            };
+            match dst {
+                Some(p) if p == id => drops.count(DropReason::SamePort),
+                Some(p) if view.policy(p).is_some_and(|d| d.egress(vlan) != Egress::No) => {
+                    self.push_out(p, i)
+                }
                 _ => {
-                    let mut sent = false;
-                    if let Some((_, members)) = view.floods.iter().find(|(fv, _)| *fv == vlan) {
-                        for &p in members {
-                            if p != id {
-                                self.push_out(p, i);
-                                sent = true;
-                            }
+                    if pol.storm {
+                        let (class, reason) = if l2.dst.is_broadcast() {
+                            (StormClass::Broadcast, DropReason::StormBroadcast)
+                        } else if l2.dst.is_multicast() {
+                            (StormClass::Multicast, DropReason::StormMulticast)
+                        } else {
+                            (StormClass::UnknownUnicast, DropReason::StormUnknownUnicast)
+                        };
+                        if !pol.storm_admit(class, now) {
+                            drops.count(reason);
+                            continue;
                         }
                     }
-                    if !sent {
-                        drops.count(DropReason::NoDestination);
-                    }
+                    self.flood(view, id, vlan, i, drops)
                 }
             }
         }
-        qc.rx_packets.add(n as u64);
-        qc.rx_bytes.add(rx_bytes);
-        drops.flush(&qc.drops);
+        rx_bytes
+    }
 
+    /// Frame `i` to every member of `vlan` but the ingress.
+    #[inline]
+    fn flood(&mut self, view: &View, id: PortId, vlan: u16, i: usize, drops: &mut DropTally) {
+        let mut sent = false;
+        for &p in view.flood(vlan) {
+            if p != id {
+                self.push_out(p, i);
+                sent = true;
+            }
+        }
+        if !sent {
+            drops.count(DropReason::NoDestination);
+        }
+    }
+
+    /// One `tx_burst` per destination, frames as they are.
+    #[inline]
+    fn transmit(&mut self, view: &View, now: u64) {
         let w = self.worker;
         for p in self.touched.drain(..) {
             let sel = &mut self.out[usize::from(p.0)];
@@ -242,6 +425,72 @@ impl Forwarder {
             }
             sel.clear();
         }
+    }
+
+    /// One `tx_burst` per destination, each frame first tagged or untagged in place as that
+    /// destination carries its VLAN. Destinations that take frames untagged go first.
+    #[inline(never)]
+    fn transmit_vlans(&mut self, view: &View, now: u64) {
+        let w = self.worker;
+        let touched = std::mem::take(&mut self.touched);
+        // Two passes over the destinations (no sort: that could allocate): first the ports
+        // that carry no tagged VLAN, then the trunks.
+        for trunks in [false, true] {
+            for &p in &touched {
+                let Some(dpol) = view.policy(p) else { continue };
+                if dpol.trunk != trunks {
+                    continue;
+                }
+                let sel = &mut self.out[usize::from(p.0)];
+                if let Some(Some(dst)) = view.table.get(usize::from(p.0)) {
+                    let mut td = DropTally::default();
+                    let pkts = &mut self.burst.pkts;
+                    let meta = &mut self.meta;
+                    sel.retain(|&i| {
+                        let m = &mut meta[usize::from(i)];
+                        let pkt = &mut pkts[usize::from(i)];
+                        match dpol.egress(m.vlan) {
+                            Egress::Untagged => {
+                                if m.tagged {
+                                    pkt.pop_vlan();
+                                    m.tagged = false;
+                                }
+                                true
+                            }
+                            Egress::Tagged => {
+                                if !m.tagged {
+                                    if !pkt.push_vlan(m.tci) {
+                                        td.count(DropReason::Oversize);
+                                        return false;
+                                    }
+                                    m.tagged = true;
+                                }
+                                true
+                            }
+                            Egress::No => {
+                                td.count(DropReason::VlanNotAllowed);
+                                false
+                            }
+                        }
+                    });
+                    if dst.capture.on() {
+                        dst.capture.tx(w, pkts, sel, now);
+                    }
+                    let done = dst.dev.tx_burst(w, pkts, sel, &mut td);
+                    let tc = &dst.counters.tx[w];
+                    tc.tx_packets.add(u64::from(done.packets));
+                    tc.tx_bytes.add(done.bytes);
+                    td.flush(&tc.drops);
+                }
+                sel.clear();
+            }
+        }
+        // Every list is empty again (a destination missing from the view was skipped above).
+        for &p in &touched {
+            self.out[usize::from(p.0)].clear();
+        }
+        self.touched = touched;
+        self.touched.clear();
     }
 
     #[inline]
@@ -275,6 +524,26 @@ impl Forwarder {
         let p = fdb.lookup(mac, vlan, now);
         self.cache.looked_up = Some((mac, vlan, p, generation, now));
         p
+    }
+}
+
+/// Classifies a frame; a frame that cannot be switched is counted and `None`.
+#[inline]
+fn classify(frame: &[u8], drops: &mut DropTally) -> Option<l2::L2Info> {
+    match l2::classify(frame) {
+        Ok(l2) => Some(l2),
+        Err(L2Error::Runt) => {
+            drops.count(DropReason::Runt);
+            None
+        }
+        Err(L2Error::Oversize) => {
+            drops.count(DropReason::Oversize);
+            None
+        }
+        Err(L2Error::BadSrc) => {
+            drops.count(DropReason::BadSrcMac);
+            None
+        }
     }
 }
 

@@ -267,13 +267,19 @@ impl Fdb {
     /// Forgets every address learned on `port` (the port is going away); its limit goes back
     /// to the default and its counters to zero, for the next port with that id.
     pub fn remove_port(&self, port: PortId) -> usize {
-        let n = self.retain(|e| e.port.load(Ordering::Relaxed) != port.0);
+        let n = self.forget_port(port);
         if let Some(s) = self.slot(port) {
             s.limit.store(DEFAULT_PORT_LIMIT, Ordering::Relaxed);
             s.limit_refused.store(0, Ordering::Relaxed);
             s.flaps.store(0, Ordering::Relaxed);
         }
         n
+    }
+
+    /// Forgets every address learned on `port` (its policy changed); its limit and counters
+    /// stay.
+    pub fn forget_port(&self, port: PortId) -> usize {
+        self.retain(|e| e.port.load(Ordering::Relaxed) != port.0)
     }
 
     fn retain(&self, keep: impl Fn(&Entry) -> bool) -> usize {

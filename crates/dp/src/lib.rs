@@ -4,7 +4,8 @@
 //!  rx queue (port p, queue q) ── owned by exactly one worker (pinned thread, one CPU)
 //!     │ rx_burst: ≤ 32 frames into the worker's own buffers (no allocation)
 //!     ▼
-//!  classify L2 (qswitch-wire) ── runt / oversize / bad source / tagged → counted drop
+//!  classify L2 (qswitch-wire) ── runt / oversize / bad source / VLAN not carried → counted drop
+//!     │ policy (only ports that have one): port security, storm control
 //!     ▼
 //!  learn (MAC, VLAN) → port ; look up destination → port | flood (same VLAN, never back out)
 //!     ▼
@@ -19,6 +20,7 @@
 //! - [`worker`]: the worker thread: a loop around the engine, adaptive spin, sleep in epoll.
 //! - [`table`]: the port table and the state the switch shares with its workers.
 //! - [`port`]: the [`port::Port`] trait and the TAP, gen and (tests) inject ports.
+//! - [`policy`]: per-port VLAN trunks, port security and storm control.
 //! - [`fdb`]: the MAC learning table with aging.
 //! - [`packet`]: packet buffers with virtio-net header headroom; bursts.
 //! - [`rss`]: the Toeplitz hash (Microsoft's RSS) and the 128-entry indirection table.
@@ -32,9 +34,8 @@
 //! - [`report`]: per-second rates from two counter snapshots.
 //!
 //! # Limitations
-//! Ports are access ports: 802.1Q-tagged frames are dropped (counted as `vlan_tagged`), and a
-//! port's `vlan` decides its flooding and learning domain. Dynamic placement moves whole rx
-//! queues; one hot queue cannot be split over workers.
+//! One 802.1Q tag is understood (trunks, see [`engine`]); 802.1ad double tags are not.
+//! Dynamic placement moves whole rx queues; one hot queue cannot be split over workers.
 
 #![deny(unsafe_code)]
 
@@ -45,6 +46,7 @@ pub mod fdb;
 pub mod ids;
 pub mod packet;
 pub mod placement;
+pub mod policy;
 pub mod port;
 pub mod qos;
 pub mod report;

@@ -81,6 +81,52 @@ impl Pkt {
         self.hdr = VirtioNetHdr::default();
     }
 
+    /// Inserts an 802.1Q tag with `tci` after the MAC addresses, moving the rest of the
+    /// frame 4 bytes towards the tail (the headroom stays whole), and shifts the offload
+    /// offsets with it. False, and nothing changed, when the tagged frame would not fit.
+    pub fn push_vlan(&mut self, tci: u16) -> bool {
+        let end = HEADROOM + self.len;
+        if self.len < 12 || end + 4 > self.buf.len() {
+            return false;
+        }
+        self.buf.copy_within(HEADROOM + 12..end, HEADROOM + 16);
+        self.buf[HEADROOM + 12..HEADROOM + 14].copy_from_slice(&0x8100u16.to_be_bytes());
+        self.buf[HEADROOM + 14..HEADROOM + 16].copy_from_slice(&tci.to_be_bytes());
+        self.len += 4;
+        self.shift_offloads(true);
+        true
+    }
+
+    /// Removes the 802.1Q tag after the MAC addresses (the caller knows there is one),
+    /// moving the rest of the frame 4 bytes towards the head.
+    pub fn pop_vlan(&mut self) {
+        if self.len < 16 {
+            return;
+        }
+        let end = HEADROOM + self.len;
+        self.buf.copy_within(HEADROOM + 16..end, HEADROOM + 12);
+        self.len -= 4;
+        self.shift_offloads(false);
+    }
+
+    fn shift_offloads(&mut self, grow: bool) {
+        let shift = |v: u16| {
+            if grow {
+                v.saturating_add(4)
+            } else {
+                v.saturating_sub(4)
+            }
+        };
+        if self.hdr.flags & virtio_net_hdr::FLAG_NEEDS_CSUM != 0 {
+            self.hdr.csum_start = shift(self.hdr.csum_start);
+        }
+        if self.hdr.gso_type & !virtio_net_hdr::GSO_ECN != virtio_net_hdr::GSO_NONE
+            && self.hdr.hdr_len != 0
+        {
+            self.hdr.hdr_len = shift(self.hdr.hdr_len);
+        }
+    }
+
     /// Writes [`Pkt::hdr`] into the headroom and returns header + frame as one slice,
     /// ready for a TAP write.
     #[inline]
@@ -129,6 +175,29 @@ mod tests {
         assert_eq!(out.len(), HEADROOM + 60);
         assert_eq!(VirtioNetHdr::parse(&out).unwrap().gso_size, 1448);
         assert_eq!(&out[HEADROOM..], &[0xaa; 60]);
+    }
+
+    #[test]
+    fn vlan_push_and_pop_keep_the_headroom() {
+        let mut p = Pkt::new();
+        let f: Vec<u8> = (0..60u8).collect();
+        p.fill(&f);
+        p.hdr.flags = virtio_net_hdr::FLAG_NEEDS_CSUM;
+        p.hdr.csum_start = 34;
+        assert!(p.push_vlan(0x2064));
+        assert_eq!(p.len(), 64);
+        assert_eq!(&p.frame()[..12], &f[..12]);
+        assert_eq!(&p.frame()[12..16], &[0x81, 0x00, 0x20, 0x64]);
+        assert_eq!(&p.frame()[16..], &f[12..]);
+        assert_eq!(p.hdr.csum_start, 38);
+        assert_eq!(p.with_vnet_hdr().len(), HEADROOM + 64);
+        p.pop_vlan();
+        assert_eq!(p.frame(), &f[..]);
+        assert_eq!(p.hdr.csum_start, 34);
+        // A frame that would not fit tagged is left alone.
+        p.set_len(BUF_SIZE - HEADROOM - 3);
+        assert!(!p.push_vlan(1));
+        assert_eq!(p.len(), BUF_SIZE - HEADROOM - 3);
     }
 
     #[test]

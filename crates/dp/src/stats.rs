@@ -80,6 +80,24 @@ drop_reasons! {
     BadSrcMac => "bad_src_mac",
     /// An 802.1Q-tagged frame arrived on an access port.
     VlanTagged => "vlan_tagged",
+    /// A trunk port does not carry the frame's VLAN (a tagged VID not in its `vlans`, an
+    /// untagged frame with no native VLAN), or the destination does not.
+    VlanNotAllowed => "vlan_not_allowed",
+    /// Port security: the source MAC (or ARP sender / ND link-layer address) is not in the
+    /// port's `macs`.
+    SrcMacNotAllowed => "src_mac_not_allowed",
+    /// Port security: the source IP (or ARP sender / ND target) is not in the port's `ips`.
+    SrcIpNotAllowed => "src_ip_not_allowed",
+    /// Port security: a DHCP server message from a port with `dhcp_guard`.
+    DhcpGuard => "dhcp_guard",
+    /// Port security: an IPv6 router advertisement or redirect from a port with `ra_guard`.
+    RaGuard => "ra_guard",
+    /// Storm control: broadcast frames beyond the port's limit.
+    StormBroadcast => "storm_broadcast",
+    /// Storm control: multicast frames beyond the port's limit.
+    StormMulticast => "storm_multicast",
+    /// Storm control: unknown-unicast (flooded) frames beyond the port's limit.
+    StormUnknownUnicast => "storm_unknown_unicast",
     /// The destination MAC was learned on the ingress port.
     SamePort => "same_port",
     /// A flood found no other port in the ingress port's VLAN.

@@ -20,6 +20,7 @@ use qswitch_sys::eventfd::EventFd;
 
 use crate::fdb::Fdb;
 use crate::ids::{CpuId, PortId, WorkerId};
+use crate::policy::Policy;
 use crate::port::Device;
 use crate::qos;
 use crate::stats::{PortCounters, WorkerCounters};
@@ -29,12 +30,17 @@ use crate::stats::{PortCounters, WorkerCounters};
 pub struct PortEntry {
     pub id: PortId,
     pub config: PortConfig,
-    /// VLAN the port belongs to; 0 = untagged.
+    /// The port's access (native, untagged) VLAN; 0 = none configured. A trunk without one
+    /// has no native VLAN (see [`crate::policy::Policy`]).
     pub vlan: u16,
     pub dev: Device,
     pub counters: PortCounters,
     /// QoS: allocation, token bucket, live settings (see [`crate::qos`]).
     pub qos: qos::PortQos,
+    /// VLAN trunk, port security and storm control ([`crate::policy`]); changed live by
+    /// [`crate::Switch::set_port_policy`], which republishes the table so that workers
+    /// pick the new one up with their next view.
+    pub policy: ArcSwap<Policy>,
     /// Packet capture hook (see [`crate::capture`]): off unless a capture runs.
     pub capture: crate::capture::PortCapture,
 }

@@ -204,6 +204,8 @@ impl Daemon {
         let child = Command::new(exe)
             .args(["run", "--config"])
             .arg(&config)
+            // Live changes stay with the scenario, not in the host's /var/lib/qswitch.
+            .env("STATE_DIRECTORY", dir.join("state"))
             .env(
                 "QSWITCH_LOG",
                 std::env::var("QSWITCH_LOG").unwrap_or_else(|_| "warn".into()),

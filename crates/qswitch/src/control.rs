@@ -150,64 +150,36 @@ fn reply(stream: &UnixStream, response: &Response) -> std::io::Result<()> {
 /// Carries out one request.
 pub fn execute(req: Request, daemon: &Daemon) -> Response {
     let sw = &daemon.switch;
-    let result = match req {
-        Request::Ping => {
-            return Response::Pong {
-                version: env!("CARGO_PKG_VERSION").into(),
-                pid: std::process::id(),
-            }
-        }
-        Request::PortList => return Response::Ports { ports: sw.ports() },
-        Request::Fdb => return Response::Fdb { entries: sw.fdb() },
-        Request::Stats => return Response::Stats(Box::new(daemon.stats())),
-        Request::PortAdd { port } => sw.add_port(&port).map(|_| ()),
-        Request::PortDel { name } => sw.del_port(&name),
-        Request::Placement => return Response::Placement(Box::new(sw.placement())),
-        Request::PlacementPin { port, queue, cpu } => sw.pin(&port, queue, cpu),
-        Request::PlacementMode { mode } => {
-            sw.set_placement_mode(mode);
-            Ok(())
-        }
-        Request::QosShow => return Response::Qos(Box::new(sw.qos_show())),
-        Request::QosSet {
-            port,
-            min,
-            max,
-            weight,
-            clear,
-        } => sw
-            .qos_set(
-                &port,
-                &qswitch_dp::qos::QosUpdate {
-                    min,
-                    max,
-                    weight,
-                    clear,
-                },
-            )
-            .map(|_| ()),
-        Request::Trace { port, frame } => return crate::capture::trace(daemon, &port, &frame),
-        Request::Capture(_) => {
-            return Response::Error {
-                message: "capture is a streaming request (use the control socket)".into(),
-            }
-        }
-        Request::Rss { port } => {
-            return match sw.reta(&port) {
-                Ok(r) => Response::Rss {
-                    queues: r.queues().to_vec(),
-                    table: r.table().to_vec(),
-                },
-                Err(e) => Response::Error {
-                    message: error_chain(&e),
-                },
-            }
-        }
-    };
-    match result {
-        Ok(()) => Response::Ok,
-        Err(e) => Response::Error {
-            message: error_chain(&e),
+    match req {
+        Request::Ping => Response::Pong {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+        },
+        Request::PortList => Response::Ports { ports: sw.ports() },
+        Request::Fdb => Response::Fdb { entries: sw.fdb() },
+        Request::Stats => Response::Stats(Box::new(daemon.stats())),
+        Request::Placement => Response::Placement(Box::new(sw.placement())),
+        Request::QosShow => Response::Qos(Box::new(sw.qos_show())),
+        Request::ConfigDump => daemon.dump(),
+        Request::Trace { port, frame } => crate::capture::trace(daemon, &port, &frame),
+        Request::Capture(_) => Response::Error {
+            message: "capture is a streaming request (use the control socket)".into(),
+        },
+        // Changes are applied and recorded under the persistence mutex (see `state`).
+        change @ (Request::Reload
+        | Request::PortAdd { .. }
+        | Request::PortDel { .. }
+        | Request::PlacementPin { .. }
+        | Request::PlacementMode { .. }
+        | Request::QosSet { .. }) => daemon.change(change),
+        Request::Rss { port } => match sw.reta(&port) {
+            Ok(r) => Response::Rss {
+                queues: r.queues().to_vec(),
+                table: r.table().to_vec(),
+            },
+            Err(e) => Response::Error {
+                message: error_chain(&e),
+            },
         },
     }
 }

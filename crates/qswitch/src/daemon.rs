@@ -1,5 +1,7 @@
-//! `qswitch run`: load and validate the config, start the switch and its ports, serve the
-//! control socket, sample counters every second, and stop cleanly on SIGINT/SIGTERM.
+//! `qswitch run`: load and validate the config, merge the recorded live state
+//! ([`crate::state`]), start the switch and its ports, serve the control socket, tell systemd
+//! it is ready, sample counters every second, reload on SIGHUP, and stop cleanly on
+//! SIGINT/SIGTERM. A panicked switch thread makes it exit non-zero.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -25,6 +27,8 @@ pub struct Daemon {
     pub rates: Mutex<Option<Rates>>,
     /// The last 15 minutes, one point per second (for the HTTP API and the dashboard).
     pub history: Mutex<crate::series::History>,
+    /// What runs and its record; every change goes through it (see [`crate::state`]).
+    pub persist: Mutex<crate::state::Persist>,
 }
 
 impl Daemon {
@@ -34,11 +38,42 @@ impl Daemon {
         r.rates = self.rates.lock().clone();
         r
     }
+
+    /// Applies and records a change request (port add/del, qos set, pin, mode, reload) under
+    /// the persistence mutex, so changes are recorded in the order they are applied.
+    pub fn change(&self, req: qswitch_api::Request) -> qswitch_api::Response {
+        let mut persist = self.persist.lock();
+        match persist.change(&self.switch, req) {
+            Ok(r) => r,
+            Err(e) => qswitch_api::Response::Error {
+                message: crate::chain(&e),
+            },
+        }
+    }
+
+    /// `config dump`.
+    pub fn dump(&self) -> qswitch_api::Response {
+        match self.persist.lock().dump() {
+            Ok(toml) => qswitch_api::Response::Config { toml },
+            Err(e) => qswitch_api::Response::Error {
+                message: crate::chain(&e),
+            },
+        }
+    }
 }
 
 /// Runs the daemon until SIGINT/SIGTERM. Config errors exit with [`EXIT_CONFIG`].
 pub fn run(path: &Path) -> ExitCode {
-    let config = match Config::load(path) {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            return config_error(&qswitch_api::ConfigError::Read {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })
+        }
+    };
+    let file = match Config::from_toml(&text) {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
@@ -49,12 +84,36 @@ pub fn run(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(e) = file.validate(&online) {
+        return config_error(&e);
+    }
+    let start = match crate::state::Persist::open(path, &text, &file) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("qswitch: {}", crate::chain(&e));
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    for n in &start.notes {
+        tracing::info!("{n}");
+    }
+    let config = start.persist.live().config.clone();
     let workers = match config.validate(&online) {
         Ok(w) => w,
-        Err(e) => return config_error(&e),
+        Err(e) => {
+            let state = crate::state::state_dir(&file)
+                .0
+                .join(crate::state::STATE_FILE);
+            eprintln!(
+                "qswitch: the config file with the recorded live changes on top is invalid: \
+                 {e} (remove {} to start from the file alone)",
+                state.display()
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
     };
     keep_off_worker_cpus(&online, workers.cpus());
-    match serve(&config, workers.cpus()) {
+    match serve(start.persist, &text, &file, workers.cpus()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("qswitch: {}", crate::chain(&e));
@@ -120,12 +179,24 @@ fn config_error(e: &qswitch_api::ConfigError) -> ExitCode {
     ExitCode::from(EXIT_CONFIG)
 }
 
-fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
+fn serve(
+    mut persist: crate::state::Persist,
+    text: &str,
+    file: &Config,
+    cpus: &[usize],
+) -> anyhow::Result<()> {
+    let config = &persist.live().config.clone();
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, term.clone()).context("cannot install signal handler")?;
     }
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
+        .context("cannot install signal handler")?;
     let socket = control::Socket::bind(&config.switch.control)?;
+    if let Some(group) = &config.switch.control_group {
+        crate::sdnotify::share_with_group(&config.switch.control, group)?;
+    }
     let http = match config.switch.http.map(qswitch_api::HttpAddr::get) {
         Some(addr) => Some((addr, crate::http::bind(addr)?)),
         None => None,
@@ -141,10 +212,23 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.
     switch.add_ports(&config.ports)?;
+    let mut live = persist.live().clone();
+    live.pins.retain(
+        |(port, queue), cpu| match switch.pin(port, *queue, Some(*cpu)) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(port = %port, queue, cpu, error = %e, "recorded pin dropped");
+                false
+            }
+        },
+    );
+    // The state now reconciled with this file.
+    persist.commit(live, Some((file.clone(), text.to_string())))?;
     let daemon = Arc::new(Daemon {
         switch,
         rates: Mutex::new(None),
         history: Mutex::new(crate::series::History::new()),
+        persist: Mutex::new(persist),
     });
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());
@@ -173,11 +257,31 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
         control = %config.switch.control.display(),
         "qswitch running"
     );
+    crate::sdnotify::notify("READY=1");
     let mut prev = daemon.switch.stats();
     let mut qos_gauges: Vec<String> = Vec::new();
     let mut next = Instant::now() + Duration::from_secs(1);
+    let mut failure = None;
     while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
-        std::thread::sleep(Duration::from_millis(50));
+        if let Some(msg) = daemon.switch.wait_failed(Some(Duration::from_millis(50))) {
+            failure = Some(msg);
+            break;
+        }
+        if hup.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                "SIGHUP: reloading {}",
+                daemon.persist.lock().config_path().display()
+            );
+            match daemon.change(qswitch_api::Request::Reload) {
+                qswitch_api::Response::Reloaded { changes } if changes.is_empty() => {
+                    tracing::info!("reload: nothing changed")
+                }
+                qswitch_api::Response::Error { message } => {
+                    tracing::error!("reload failed: {message}")
+                }
+                _ => {}
+            }
+        }
         if Instant::now() >= next {
             next += Duration::from_secs(1);
             let cur = daemon.switch.stats();
@@ -190,8 +294,14 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
             prev = cur;
         }
     }
-    // A worker that failed stops the switch by itself; a signal stops it by request.
-    let worker_failed = !term.load(Ordering::Relaxed);
+    // A thread that failed stops the switch by itself; a signal stops it by request.
+    let failure = failure
+        .or_else(|| daemon.switch.failed())
+        .or_else(|| (!term.load(Ordering::Relaxed)).then(|| "a worker failed".to_string()));
+    if let Some(msg) = &failure {
+        tracing::error!("{msg}");
+    }
+    crate::sdnotify::notify("STOPPING=1");
     tracing::info!("stopping");
     term.store(true, Ordering::Relaxed);
     let _ = server.join();
@@ -199,8 +309,8 @@ fn serve(config: &Config, cpus: &[usize]) -> anyhow::Result<()> {
         let _ = t.join();
     }
     daemon.switch.shutdown();
-    if worker_failed {
-        anyhow::bail!("a worker failed; see the log above");
+    if let Some(msg) = failure {
+        anyhow::bail!("{msg}");
     }
     tracing::info!("stopped");
     Ok(())

@@ -14,6 +14,9 @@
 //! - [`cli`]: control subcommands (`port`, `fdb`, `stats`, `qos`) and how they print.
 //! - [`rss_cli`]: `qswitch rss` — Toeplitz hashes and indirection tables.
 //! - [`placement_cli`]: `qswitch placement` — where each rx queue runs, pins, mode.
+//! - [`state`]: live changes recorded (atomically) and reapplied at start; `config dump`.
+//! - [`reload`]: `qswitch reload` / SIGHUP — apply what changed in the config file.
+//! - [`sdnotify`]: systemd readiness notification and the control socket's group.
 //!
 //! The control client itself is `qswitch_api::client` (shared with the lab and the tests).
 
@@ -24,8 +27,11 @@ pub mod daemon;
 pub mod http;
 pub mod metrics;
 pub mod placement_cli;
+pub mod reload;
 pub mod rss_cli;
+pub mod sdnotify;
 pub mod series;
+pub mod state;
 
 /// An error and its causes on one line: "a: b: c".
 pub fn chain(e: &anyhow::Error) -> String {

@@ -71,6 +71,11 @@ enum Command {
     Rss(rss_cli::RssCmd),
     /// Where each rx queue runs, its load and why; `pin`, `unpin`, `mode`.
     Placement(placement_cli::PlacementArgs),
+    /// Re-read the daemon's config file and apply what changed (as SIGHUP does).
+    Reload,
+    /// The effective configuration.
+    #[command(subcommand)]
+    Config(qswitch::state::ConfigCmd),
     /// Capture a port's frames as pcapng (`-w FILE`, `-w -` for stdout) or one line each.
     Capture(capture::CaptureArgs),
     /// What the switch would do with a frame arriving on a port, and why (changes nothing).
@@ -106,6 +111,8 @@ fn main() -> ExitCode {
             watch,
             workers,
         } => cli::stats(&control, json, watch, workers),
+        Command::Reload => qswitch::reload::cli(&control),
+        Command::Config(cmd) => qswitch::state::cli(&control, cmd),
         Command::Capture(args) => capture::run(&control, args),
         Command::Trace(args) => capture::run_trace(&control, args),
         Command::Load(cmd) => load::run(cmd),

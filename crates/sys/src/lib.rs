@@ -28,6 +28,8 @@
 //! - [`netns`]: move the calling thread into a network namespace.
 //! - [`xdp`]: AF_XDP sockets (UMEM and rings) and the XDP redirect program, loaded and
 //!   attached through `bpf(2)` from hand-written instructions.
+//! - [`udp`]: UDP sockets for tunnel endpoints: `recvmmsg`/`sendmmsg` batches with source
+//!   addresses, never-fragment, transmit checksum on/off, route MTU.
 //! - [`packet`]: AF_PACKET sockets (a `TPACKET_V2` receive ring, `sendmmsg` with
 //!   `PACKET_QDISC_BYPASS`) and promiscuous mode held by a socket.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
@@ -58,6 +60,7 @@ pub mod netns;
 pub mod packet;
 pub mod tap;
 pub mod thread;
+pub mod udp;
 pub mod xdp;
 
 use std::io;

@@ -371,6 +371,9 @@ impl Daemon {
             .arg(config)
             .env("QSWITCH_LOG", filter)
             .env("RUST_BACKTRACE", "1")
+            // Live changes are recorded next to the config (`[switch] state_dir` wins), never
+            // in the host's /var/lib/qswitch.
+            .env("STATE_DIRECTORY", config.with_extension("state"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(err))

@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | TAP | [`tap`] | `read` per frame on the queue's fd (vnet header + frame) | `write` on the worker's queue fd |
 //! | gen | [`gen`] | synthesised frames at a rate | validated and counted (sink) |
+//! | VXLAN | [`vxlan`] | `recvmmsg` on (local, dstport): decapsulated in place, learned, checked | head-end replication; `sendmmsg` of header + frame from a source-port pool picked by flow hash |
 //! | AF_XDP uplink | [`afxdp`] | one AF_XDP socket per NIC queue (copy out of the UMEM); AF_PACKET ring as fallback | TSO segmented, checksums completed, into the socket of queue `worker % n` (or `sendmmsg`) |
 //! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
 
@@ -17,6 +18,7 @@ pub mod gen;
 pub mod inject;
 pub mod tap;
 pub mod vhost_user;
+pub mod vxlan;
 
 use std::os::fd::RawFd;
 
@@ -81,6 +83,8 @@ pub enum Device {
     Tap(tap::TapPort),
     Gen(gen::GenPort),
     VhostUser(vhost_user::VhostUserPort),
+    /// Shared: the control plane (EVPN, `qswitch fdb`) keeps a handle to its remote table.
+    Vxlan(std::sync::Arc<vxlan::VxlanPort>),
     AfXdp(afxdp::AfXdpPort),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
@@ -92,6 +96,7 @@ macro_rules! each_device {
             Device::Tap($d) => $e,
             Device::Gen($d) => $e,
             Device::VhostUser($d) => $e,
+            Device::Vxlan($d) => $e,
             Device::AfXdp($d) => $e,
             #[cfg(any(test, feature = "test-utils"))]
             Device::Inject($d) => $e,

@@ -2,14 +2,14 @@
 //!
 //! | module | job |
 //! |---|---|
-//! | [`ports`] | the port lifecycle: add (validate, open, admit), remove, QoS settings |
+//! | [`ports`] | the port lifecycle: add (validate, open, admit), remove, QoS settings, policy (VLAN trunk, security, storm control) |
 //! | [`runtime`] | the queue-placement runtime: plan, publish, hand-off, rebalance, pins |
 //! | [`reports`] | `port list`, `fdb`, `stats`, `placement`, `qos show` |
 //! | [`start`] | start-up and shutdown: worker, QoS and housekeeping threads, or none |
 //!
 //! # One place for every change
 //! Every control operation that changes the switch (add or remove a port, change a port's
-//! QoS settings, pin a queue, change the placement mode) and the housekeeping thread's
+//! QoS settings or policy, pin a queue, change the placement mode) and the housekeeping thread's
 //! rebalancing run on the caller's thread under one mutex, [`Core`]'s control lock, which
 //! workers never take. Admission control (the sum of QoS guarantees toward an uplink) is
 //! checked and the change applied under that lock, so concurrent requests cannot together
@@ -98,6 +98,8 @@ pub enum SwitchError {
     Tap(#[from] TapError),
     #[error(transparent)]
     VhostUser(#[from] VhostUserError),
+    #[error(transparent)]
+    Vxlan(#[from] crate::port::vxlan::VxlanError),
     #[error("cannot start worker {worker} on CPU {cpu}")]
     Worker {
         worker: usize,

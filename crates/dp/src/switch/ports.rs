@@ -1,16 +1,20 @@
 //! The port lifecycle: add (validate, open, admit, place, publish), remove, and live QoS
-//! settings. Every change here runs under the switch's one control lock.
+//! and policy settings. Every change here runs under the switch's one control lock.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use qswitch_api::{PortConfig, PortKind, VhostMode};
 
 use super::{Switch, SwitchError, MAX_PORTS};
+use crate::fdb::DEFAULT_PORT_LIMIT;
 use crate::ids::PortId;
+use crate::policy::{Policy, PortPolicy};
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
 use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
+use crate::port::vxlan::{VxlanConfig, VxlanPort};
 use crate::port::Device;
 use crate::qos;
 use crate::stats::PortCounters;
@@ -43,6 +47,11 @@ impl Switch {
             ids.push(id);
         }
         qos::ops::admit(&new_table, self.shared.qos.reservable, None).map_err(SwitchError::Qos)?;
+        for (&id, config) in ids.iter().zip(configs) {
+            if let Some(limit) = config.security.as_ref().and_then(|s| s.mac_limit) {
+                self.shared.fdb.set_port_limit(id, limit);
+            }
+        }
         self.replan(&mut ctl, &new_table);
         self.apply(&mut ctl, Some(new_table));
         for c in configs {
@@ -126,6 +135,14 @@ impl Switch {
                     &Reactor::shared().map_err(VhostUserError::Setup)?,
                 )?)
             }
+            PortKind::Vxlan(v) => {
+                let mut c = VxlanConfig::new(v.vni, v.local);
+                c.remotes = v.remotes.clone();
+                c.dstport = v.dstport;
+                c.learning = v.learning;
+                c.udp_csum = v.udp_csum;
+                Device::Vxlan(Arc::new(VxlanPort::open(&config.name, &c)?))
+            }
             PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,
                 &config.name,
@@ -145,8 +162,53 @@ impl Switch {
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
             qos: qos::PortQos::new(config, self.shared.now()),
+            policy: ArcSwap::from_pointee(Policy::new(
+                config.vlan.map(qswitch_api::VlanId::get),
+                PortPolicy::from_config(config),
+                self.shared.now(),
+            )),
             capture: Default::default(),
         })
+    }
+
+    /// Changes a port's VLAN trunk, port security and storm-control settings live: the
+    /// port's entry gets the new policy (storm buckets start full), its MAC limit is set,
+    /// its learned addresses are forgotten (they may belong to VLANs it no longer carries),
+    /// and the table is republished, so each worker switches with the new policy from its
+    /// next burst on.
+    pub fn set_port_policy(&self, name: &str, policy: PortPolicy) -> Result<(), SwitchError> {
+        let mut ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let entry = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        let limit = policy.security.mac_limit.unwrap_or(DEFAULT_PORT_LIMIT);
+        entry.policy.store(Arc::new(Policy::new(
+            entry.config.vlan.map(qswitch_api::VlanId::get),
+            policy,
+            self.shared.now(),
+        )));
+        let id = entry.id;
+        let new_table = (*table).clone();
+        drop(table);
+        self.apply(&mut ctl, Some(new_table));
+        self.shared.fdb.forget_port(id);
+        self.shared.fdb.set_port_limit(id, limit);
+        tracing::info!(port = %name, "port policy set");
+        Ok(())
+    }
+
+    /// A port's current policy settings.
+    pub fn port_policy(&self, name: &str) -> Result<PortPolicy, SwitchError> {
+        let table = self.shared.ports.load_full();
+        table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .map(|p| p.policy.load().settings.clone())
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))
     }
 
     /// Changes a port's QoS settings live (effective at the next allocator tick), unless

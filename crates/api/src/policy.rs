@@ -1,0 +1,299 @@
+//! Per-port policy keys: the VLANs a trunk carries (`vlans`), port security (`security`)
+//! and storm control (`storm`). Each value parses from its config form (`FromStr`, serde from
+//! a string) and prints back to a form that parses to the same value.
+//!
+//! ```toml
+//! vlans = "10,20,100-200"          # carried tagged (802.1Q); `vlan` stays the native VLAN
+//! security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "fe80::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
+//! storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 1000 }   # frames/s
+//! ```
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::value::UnicastMac;
+
+/// A policy value that does not parse; the message says what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyValueError(String);
+
+/// A set of VLAN IDs (1..=4094), written `"10,20,100-200"`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct VlanSet(Box<[u64; 64]>);
+
+impl Default for VlanSet {
+    fn default() -> Self {
+        VlanSet(Box::new([0; 64]))
+    }
+}
+
+impl VlanSet {
+    /// Whether `vid` is in the set.
+    #[inline]
+    pub fn contains(&self, vid: u16) -> bool {
+        let v = usize::from(vid & 0xfff);
+        self.0[v / 64] & (1 << (v % 64)) != 0
+    }
+
+    /// Adds `vid` (1..=4094; others are ignored).
+    pub fn insert(&mut self, vid: u16) {
+        if (1..=4094).contains(&vid) {
+            let v = usize::from(vid);
+            self.0[v / 64] |= 1 << (v % 64);
+        }
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+
+    /// The VIDs, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        (1..=4094u16).filter(|&v| self.contains(v))
+    }
+}
+
+impl FromIterator<u16> for VlanSet {
+    fn from_iter<I: IntoIterator<Item = u16>>(iter: I) -> Self {
+        let mut s = VlanSet::default();
+        for v in iter {
+            s.insert(v);
+        }
+        s
+    }
+}
+
+impl FromStr for VlanSet {
+    type Err = PolicyValueError;
+    /// `"10,20,100-200"`; the empty string is the empty set.
+    fn from_str(s: &str) -> Result<Self, PolicyValueError> {
+        let mut set = VlanSet::default();
+        let vid = |t: &str| -> Result<u16, PolicyValueError> {
+            let v: u16 = t
+                .trim()
+                .parse()
+                .map_err(|_| PolicyValueError(format!("'{}' is not a VLAN ID", t.trim())))?;
+            if (1..=4094).contains(&v) {
+                Ok(v)
+            } else {
+                Err(PolicyValueError(format!(
+                    "VLAN ID {v} is out of range 1..=4094"
+                )))
+            }
+        };
+        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (vid(a)?, vid(b)?);
+                    if a > b {
+                        return Err(PolicyValueError(format!("VLAN range {a}-{b} is empty")));
+                    }
+                    (a..=b).for_each(|v| set.insert(v));
+                }
+                None => set.insert(vid(part)?),
+            }
+        }
+        Ok(set)
+    }
+}
+
+impl fmt::Display for VlanSet {
+    /// Ranges folded: `10,20,100-200`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut it = self.iter().peekable();
+        while let Some(a) = it.next() {
+            let mut b = a;
+            while it.peek() == Some(&(b + 1)) {
+                b = it.next().unwrap_or(b);
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if a == b {
+                write!(f, "{a}")?;
+            } else {
+                write!(f, "{a}-{b}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for VlanSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VlanSet({self})")
+    }
+}
+
+/// An IPv4 or IPv6 prefix: `10.0.0.5` (a host) or `10.0.0.0/24`, `2001:db8::/64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct IpPrefix {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl IpPrefix {
+    /// Whether `ip` is in the prefix (never across address families).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(p), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.len)).unwrap_or(0);
+                u32::from(p) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(p), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.len))
+                    .unwrap_or(0);
+                u128::from(p) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for IpPrefix {
+    type Err = PolicyValueError;
+    fn from_str(s: &str) -> Result<Self, PolicyValueError> {
+        let (a, l) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .trim()
+            .parse()
+            .map_err(|_| PolicyValueError(format!("'{a}' is not an IP address or prefix")))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match l {
+            None => max,
+            Some(l) => l
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|&l| l <= max)
+                .ok_or_else(|| {
+                    PolicyValueError(format!("'{s}': /{l} is not a prefix length (0..={max})"))
+                })?,
+        };
+        Ok(IpPrefix { addr, len })
+    }
+}
+
+impl fmt::Display for IpPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl TryFrom<String> for VlanSet {
+    type Error = PolicyValueError;
+    fn try_from(s: String) -> Result<Self, PolicyValueError> {
+        s.parse()
+    }
+}
+
+impl From<VlanSet> for String {
+    fn from(v: VlanSet) -> String {
+        v.to_string()
+    }
+}
+
+impl TryFrom<String> for IpPrefix {
+    type Error = PolicyValueError;
+    fn try_from(s: String) -> Result<Self, PolicyValueError> {
+        s.parse()
+    }
+}
+
+impl From<IpPrefix> for String {
+    fn from(p: IpPrefix) -> String {
+        p.to_string()
+    }
+}
+
+/// `security = { macs = [...], ips = [...], mac_limit = N, dhcp_guard = bool, ra_guard = bool }`
+/// of a port. Every key is optional; an empty list checks nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Source MACs the port may send from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub macs: Vec<UnicastMac>,
+    /// Source addresses (IPv4/IPv6, hosts or prefixes) the port may send from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<IpPrefix>,
+    /// Most MAC addresses the port may have in the MAC table (default 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac_limit: Option<u32>,
+    /// Drop DHCP server messages from the port.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dhcp_guard: bool,
+    /// Drop IPv6 router advertisements and redirects from the port.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ra_guard: bool,
+}
+
+/// `storm = { broadcast = PPS, multicast = PPS, unknown_unicast = PPS }` of a port: most
+/// frames per second of each class the port may send; absent: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StormConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broadcast: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multicast: Option<u64>,
+    /// Unicast frames to an unknown destination (flooded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_unicast: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vlan_sets_parse_and_print() {
+        let s: VlanSet = "10, 20,100-200".parse().unwrap();
+        assert!(s.contains(10) && s.contains(150) && !s.contains(11) && !s.contains(201));
+        assert_eq!(s.to_string(), "10,20,100-200");
+        assert!("".parse::<VlanSet>().unwrap().is_empty());
+        assert!("0".parse::<VlanSet>().is_err());
+        assert!("4095".parse::<VlanSet>().is_err());
+        assert!("20-10".parse::<VlanSet>().is_err());
+        assert!("x".parse::<VlanSet>().is_err());
+    }
+
+    #[test]
+    fn prefixes() {
+        let p: IpPrefix = "10.0.0.0/24".parse().unwrap();
+        assert!(p.contains("10.0.0.7".parse().unwrap()));
+        assert!(!p.contains("10.0.1.7".parse().unwrap()));
+        assert!(!p.contains("::1".parse().unwrap()));
+        let h: IpPrefix = "2001:db8::5".parse().unwrap();
+        assert_eq!(h.len, 128);
+        assert!(h.contains("2001:db8::5".parse().unwrap()));
+        let all: IpPrefix = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("1.2.3.4".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<IpPrefix>().is_err());
+    }
+
+    #[test]
+    fn values_print_back_to_themselves() {
+        for s in ["10", "1-4094", "10,20,100-200", ""] {
+            let v: VlanSet = s.parse().unwrap();
+            assert_eq!(v.to_string().parse::<VlanSet>().unwrap(), v);
+        }
+        for s in ["10.0.0.0/24", "2001:db8::/64", "10.0.0.1"] {
+            let p: IpPrefix = s.parse().unwrap();
+            assert_eq!(p.to_string().parse::<IpPrefix>().unwrap(), p);
+        }
+    }
+}

@@ -1,0 +1,1329 @@
+//! VXLAN ports (RFC 7348): one VNI stretched over an IP underlay to remote tunnel endpoints
+//! (VTEPs), through the kernel's UDP stack.
+//!
+//! ```text
+//!   switch (fdb: MAC → this port)              VxlanPort (vni, local, dstport)
+//!   ──────────────────────────────             ─────────────────────────────────────────────
+//!   tx_burst(frames) ───────────────▶ dst MAC unicast and in the remote table?
+//!                                        yes → [its VTEP]       no → flood list (head-end
+//!                                        │                            replication, one copy
+//!                                        ▼                            per VTEP)
+//!                              TSO? segment · partial csum? complete · too big? drop (mtu)
+//!                                        ▼
+//!                   src port = pool[flow hash % N]  (N sockets bound to (local, 49152+…))
+//!                   sendmmsg: [VXLAN hdr I|VNI] + [inner frame] ─▶ kernel: IP/UDP, route,
+//!                                                                  neighbour, DF, checksum
+//!
+//!   rx_burst ◀── recvmmsg on (local, dstport) ◀── kernel: UDP checksum checked (0 ok on v4)
+//!      datagram = [VXLAN hdr][inner]  →  drop+count: short / I clear / other VNI /
+//!      VTEP unknown (learning off) / inner too short / truncated;
+//!      learn inner src MAC → outer src IP (learning on); frame into the buffer in place
+//!
+//!   remote table (MAC → VTEP)                          flood list (VTEP, origins)
+//!   ┌───────────────────┬────────────┬─────────┬─────┐ ┌────────────┬───────────────┐
+//!   │ 52:54:00:00:00:0b │ 192.0.2.2  │ learned │ 12s │ │ 192.0.2.2  │ static        │
+//!   │ 52:54:00:00:00:0c │ 192.0.2.3  │ evpn    │  -  │ │ 192.0.2.3  │ static, evpn  │
+//!   └───────────────────┴────────────┴─────────┴─────┘ └────────────┴───────────────┘
+//! ```
+//!
+//! The switch's own fdb maps a remote MAC to this port as for any port; which VTEP behind the
+//! port has the MAC is this port's business ([`VxlanPort::entries`] lists it with its origin,
+//! for `qswitch fdb`). Entries have an [`Origin`]: `learned` (from decapsulated frames, aged
+//! like the fdb's, never overriding the others), `static` (configuration) and `evpn` (the
+//! control plane: [`VxlanPort::add_mac`], [`VxlanPort::remove_mac`],
+//! [`VxlanPort::add_flood`], [`VxlanPort::remove_flood`], and the `*_by_origin` variants for a
+//! withdrawn session). With learning off, frames from a VTEP that is neither in the flood
+//! list nor behind a static or EVPN entry are dropped and counted (`unknown_vtep`).
+//!
+//! # The underlay: the kernel's UDP stack
+//! The host routes the underlay (routes, ECMP, neighbours, VRFs, firewall, IPv4 and IPv6) as it
+//! does for Linux's own vxlan device, so qswitch needs no netlink mirror of the routing table
+//! and interoperates with whatever the host's fabric uses. Frames are moved in batches
+//! (`recvmmsg`/`sendmmsg`, [`qswitch_sys::udp`]), and the inner frame is never copied on
+//! transmit: the 8-byte VXLAN header and the frame are two iovecs of one message; on receive
+//! the datagram lands 8 bytes before the frame's place in the packet buffer, so the header
+//! falls into the headroom and the inner frame is where the switch expects it.
+//!
+//! Per-flow UDP source ports (RFC 7348 section 5, which ECMP in the fabric relies on) come
+//! from a pool of [`SRC_PORTS`] sending sockets, each bound to (local, one port in
+//! 49152–65535); a frame's inner flow hash picks the socket, so one flow keeps one port and
+//! one path. A raw `IPPROTO_UDP` socket would allow any source port, but needs
+//! `CAP_NET_RAW`, gets a copy of every UDP datagram the host receives (to be filtered), loses
+//! the kernel's checksum offload over IPv6 and IPv4 (the checksum of a 64 KiB segment in
+//! software), and cannot use `UDP_SEGMENT`; 16 ports spread flows over any realistic ECMP
+//! width. The cost is 16 descriptors and 16 bound ports per VXLAN port.
+//!
+//! Checksums: the kernel checks non-zero UDP checksums on receive and drops wrong ones
+//! (`UdpInCsumErrors`), accepts zero over IPv4 and refuses it over IPv6. On transmit the
+//! checksum is zero over IPv4 and computed over IPv6 by default (as Linux's vxlan does),
+//! [`VxlanConfig::udp_csum`] overrides both.
+//!
+//! MTU: the sockets never fragment (`IP_PMTUDISC_DO`); an inner frame whose datagram does not
+//! fit the underlay MTU ([`VxlanPort::underlay_mtu`]: the smallest route MTU toward the
+//! remotes at open, unless configured) is dropped and counted (`mtu_exceeded`), as is one the kernel refuses
+//! with `EMSGSIZE`. [`VxlanPort::inner_mtu`] is the IP MTU guests must use: the underlay MTU
+//! less 50 bytes over IPv4, 70 over IPv6.
+//!
+//! Several VNIs on one host share the (local, dstport) their peers send to: each port's
+//! receive socket joins the address's `SO_REUSEPORT` group, and a classic BPF program on the
+//! group (rebuilt whenever a port comes or goes) hands each datagram to the socket of its VNI,
+//! so every port keeps its own socket, fd and rx queue and nothing is copied between ports.
+//!
+//! # Limitations
+//! - One rx queue (one socket); no `UDP_GRO`/`UDP_SEGMENT` yet: TSO frames are segmented in
+//!   software and all segments sent in one `sendmmsg` (the kernel refuses `UDP_SEGMENT` on a
+//!   socket with `SO_NO_CHECK`, i.e. the IPv4 default).
+//! - One VNI per port (a port is an access port of one VLAN).
+//! - The underlay MTU is read once; [`VxlanPort::set_underlay_mtu`] changes it.
+//! - Every drop is counted by reason in [`VxlanStats`]; of those, only short or truncated
+//!   datagrams (`runt`, `oversize`), `mtu_exceeded` (`oversize`), `offload`, `tx_full` and
+//!   `tx_error` also reach the switch's drop reasons: `i_flag_clear`, `unknown_vni` and
+//!   `unknown_vtep` have no switch-wide reason yet.
+//! - The VNI steering assumes every member of a `SO_REUSEPORT` group is a port of this
+//!   process (another process of the same user binding the same address would join it).
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
+use qswitch_sys::udp::{self, Datagram, RecvMeta, UdpOptions, UdpSocket, MAX_BATCH};
+use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, FLAG_NEEDS_CSUM, GSO_NONE};
+use qswitch_wire::vxlan::{self, Header, Vni};
+use qswitch_wire::{ethernet, flow, MacAddr};
+
+use super::{Port, TxDone};
+use crate::packet::{Pkt, BUF_SIZE, HEADROOM};
+use crate::stats::{DropReason, DropTally};
+
+/// Sending sockets (and so distinct UDP source ports) per port.
+pub const SRC_PORTS: usize = 16;
+/// Most learned remote addresses; further ones are not learned (their replies flood).
+pub const MAX_LEARNED: usize = 65_536;
+/// Most VTEPs with their own counters.
+pub const MAX_VTEPS: usize = 4096;
+/// The underlay MTU assumed when there is no remote to ask the kernel about.
+pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+/// Bytes of UDP and VXLAN header.
+const UDP_VXLAN: usize = 16;
+/// Where the received datagram starts in a packet buffer: the VXLAN header in the headroom.
+const RX_OFFSET: usize = HEADROOM - vxlan::HEADER_LEN;
+const SEC: u64 = 1_000_000_000;
+
+/// A VXLAN port's settings (the `type = "vxlan"` port keys). The switch VLAN the VNI
+/// carries is the port's ordinary `vlan` key: the engine floods and learns in it as for any
+/// port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanConfig {
+    /// The VNI (24 bits).
+    pub vni: u32,
+    /// The local underlay address: the outer source, and where the port listens.
+    pub local: IpAddr,
+    /// The static flood list: broadcast, multicast and unknown unicast go to each.
+    pub remotes: Vec<IpAddr>,
+    /// The UDP destination port (4789; Linux's default is 8472).
+    pub dstport: u16,
+    /// Learn remote MAC → VTEP from received frames; when off, frames from VTEPs not in the
+    /// flood list or the static/EVPN entries are dropped.
+    pub learning: bool,
+    /// UDP checksum on transmit; `None`: off over IPv4, on over IPv6.
+    pub udp_csum: Option<bool>,
+    /// Age of learned entries.
+    pub aging: Duration,
+    /// The underlay IP MTU; `None`: the kernel's route MTU toward the first remote.
+    pub underlay_mtu: Option<u32>,
+}
+
+impl VxlanConfig {
+    /// `vni` over `local`, no remotes, port 4789, learning on, default checksums and aging.
+    pub fn new(vni: u32, local: IpAddr) -> VxlanConfig {
+        VxlanConfig {
+            vni,
+            local,
+            remotes: Vec::new(),
+            dstport: vxlan::UDP_PORT,
+            learning: true,
+            udp_csum: None,
+            aging: Duration::from_secs(300),
+            underlay_mtu: None,
+        }
+    }
+}
+
+/// Errors opening a VXLAN port.
+#[derive(Debug, thiserror::Error)]
+pub enum VxlanError {
+    #[error("VNI {0} does not fit in 24 bits")]
+    BadVni(u32),
+    #[error("remote {remote} and local {local} are not the same address family")]
+    Family { local: IpAddr, remote: IpAddr },
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("VNI {vni} already has a port on {addr}")]
+    VniInUse { vni: u32, addr: SocketAddr },
+    #[error("cannot bind a sending socket on {local} (no free source port)")]
+    SrcPorts {
+        local: IpAddr,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where a remote MAC or flood-list VTEP came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Origin {
+    /// Learned from a decapsulated frame's outer source; ages out.
+    Learned,
+    /// EVPN (BGP type-2 / type-3 routes); stays until withdrawn.
+    Evpn,
+    /// Configuration; stays until removed.
+    Static,
+}
+
+impl Origin {
+    /// The name shown by `qswitch fdb`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Learned => "learned",
+            Origin::Evpn => "evpn",
+            Origin::Static => "static",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// One remote MAC address, as listed by [`VxlanPort::entries`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteMac {
+    pub mac: MacAddr,
+    pub vtep: IpAddr,
+    pub origin: Origin,
+    /// Nanoseconds since last seen (learned entries; 0 for the others).
+    pub age_ns: u64,
+}
+
+#[derive(Debug)]
+struct MacEntry {
+    vtep: IpAddr,
+    origin: Origin,
+    seen: AtomicU64,
+}
+
+macro_rules! vxlan_drops {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+        /// Why the port dropped a frame.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum VxlanDrop { $($(#[doc = $doc])* $variant,)* }
+
+        impl VxlanDrop {
+            /// Every reason, in declaration order.
+            pub const ALL: &'static [VxlanDrop] = &[$(VxlanDrop::$variant,)*];
+            const COUNT: usize = Self::ALL.len();
+
+            /// The reason's name in counters and metrics.
+            pub fn name(self) -> &'static str {
+                match self { $(VxlanDrop::$variant => $name,)* }
+            }
+        }
+    };
+}
+
+vxlan_drops! {
+    /// Received: the UDP payload is shorter than the VXLAN header.
+    Short => "truncated_vxlan",
+    /// Received: the I flag is clear (RFC 7348 section 5).
+    IFlagClear => "i_flag_clear",
+    /// Received: a VNI other than the port's.
+    UnknownVni => "unknown_vni",
+    /// Received: from a VTEP not in the flood list or table, with learning off.
+    UnknownVtep => "unknown_vtep",
+    /// Received: the inner frame is shorter than an Ethernet header.
+    InnerTooShort => "inner_too_short",
+    /// Received: the datagram was larger than a packet buffer.
+    RxTruncated => "rx_truncated",
+    /// Transmitted: the encapsulated frame does not fit the underlay MTU.
+    MtuExceeded => "mtu_exceeded",
+    /// Transmitted: a TSO frame could not be segmented, or a partial checksum completed.
+    Offload => "offload",
+    /// Transmitted: the socket's send buffer was full.
+    TxFull => "tx_full",
+    /// Transmitted: the kernel refused the datagram (no route, unreachable, ...).
+    TxError => "tx_error",
+}
+
+/// Counters of one VTEP (or, in [`VxlanStats`], of the VNI).
+#[derive(Debug, Default)]
+struct Traffic {
+    rx_frames: AtomicU64,
+    rx_bytes: AtomicU64,
+    tx_frames: AtomicU64,
+    tx_bytes: AtomicU64,
+}
+
+impl Traffic {
+    fn rx(&self, frames: u64, bytes: u64) {
+        self.rx_frames.fetch_add(frames, Ordering::Relaxed);
+        self.rx_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn tx(&self, frames: u64, bytes: u64) {
+        self.tx_frames.fetch_add(frames, Ordering::Relaxed);
+        self.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn snapshot(&self) -> TrafficStats {
+        TrafficStats {
+            rx_frames: self.rx_frames.load(Ordering::Relaxed),
+            rx_bytes: self.rx_bytes.load(Ordering::Relaxed),
+            tx_frames: self.tx_frames.load(Ordering::Relaxed),
+            tx_bytes: self.tx_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Frames and bytes of inner frames each way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrafficStats {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+}
+
+/// A VXLAN port's counters ([`VxlanPort::stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanStats {
+    pub vni: u32,
+    /// The VNI's traffic (every VTEP).
+    pub traffic: TrafficStats,
+    /// Per VTEP, sorted by address.
+    pub vteps: Vec<(IpAddr, TrafficStats)>,
+    /// Drops by reason, every reason listed.
+    pub drops: Vec<(&'static str, u64)>,
+    /// TSO frames segmented in software before encapsulation.
+    pub segmented: u64,
+}
+
+impl VxlanStats {
+    /// The drops counted under `reason`.
+    pub fn drop_count(&self, reason: VxlanDrop) -> u64 {
+        self.drops
+            .iter()
+            .find(|(n, _)| *n == reason.name())
+            .map_or(0, |(_, c)| *c)
+    }
+
+    /// The traffic of `vtep`, if it has counters.
+    pub fn vtep(&self, vtep: IpAddr) -> Option<TrafficStats> {
+        self.vteps.iter().find(|(v, _)| *v == vtep).map(|(_, t)| *t)
+    }
+}
+
+/// The control-plane state published to the data path as snapshots.
+#[derive(Debug, Default)]
+struct Control {
+    /// Flood-list VTEPs and the origins that put them there (bit per [`Origin`]).
+    flood: Vec<(IpAddr, u8)>,
+}
+
+#[derive(Debug)]
+struct TxSocket {
+    sock: UdpSocket,
+    port: u16,
+}
+
+/// A VXLAN tunnel endpoint as a switch port.
+#[derive(Debug)]
+pub struct VxlanPort {
+    name: String,
+    vni: Vni,
+    local: IpAddr,
+    dstport: u16,
+    learning: bool,
+    aging_ns: u64,
+    /// Bytes of outer IP header (20 or 40).
+    ip_header: usize,
+    underlay_mtu: AtomicU32,
+    /// The VXLAN header every frame carries (I flag, VNI).
+    header: [u8; vxlan::HEADER_LEN],
+    /// The receive socket, in the `SO_REUSEPORT` group of its address; `None` only while
+    /// the port is dropped.
+    rx: Option<Arc<UdpSocket>>,
+    rx_addr: SocketAddr,
+    /// The network namespace the sockets were opened in.
+    netns: String,
+    tx: Vec<TxSocket>,
+    macs: RwLock<HashMap<MacAddr, MacEntry>>,
+    control: Mutex<Control>,
+    /// Flood-list VTEPs (snapshot of `control.flood`).
+    flood: ArcSwap<Vec<IpAddr>>,
+    /// VTEPs frames are accepted from with learning off: the flood list and the VTEPs of
+    /// static and EVPN entries.
+    allowed: ArcSwap<HashSet<IpAddr>>,
+    traffic: Traffic,
+    vteps: RwLock<HashMap<IpAddr, Arc<Traffic>>>,
+    drops: [AtomicU64; VxlanDrop::COUNT],
+    segmented: AtomicU64,
+    /// The switch clock as last seen by rx (tx gets no clock).
+    now: AtomicU64,
+    last_expire: AtomicU64,
+    /// Segmentation scratch buffers, one per worker slot.
+    scratch: Vec<Mutex<Scratch>>,
+}
+
+impl VxlanPort {
+    /// Opens the port: listens on (`local`, `dstport`), binds [`SRC_PORTS`] sending sockets
+    /// and puts `remotes` in the flood list with origin `static`.
+    pub fn open(name: &str, config: &VxlanConfig) -> Result<VxlanPort, VxlanError> {
+        let vni = Vni::new(config.vni).ok_or(VxlanError::BadVni(config.vni))?;
+        for &remote in &config.remotes {
+            if remote.is_ipv4() != config.local.is_ipv4() {
+                return Err(VxlanError::Family {
+                    local: config.local,
+                    remote,
+                });
+            }
+        }
+        let v6 = config.local.is_ipv6();
+        let opts = UdpOptions {
+            tx_checksum: config.udp_csum.unwrap_or(v6),
+            rcvbuf: Some(4 << 20),
+            sndbuf: Some(4 << 20),
+            reuseport: false,
+        };
+        let addr = SocketAddr::new(config.local, config.dstport);
+        // Held until the port has joined its group, so the kernel's socket order and the
+        // group's stay the same.
+        let mut groups = lock_groups();
+        let netns = current_netns();
+        let group = groups.iter().find(|g| g.netns == netns && g.addr == addr);
+        if group.is_some_and(|g| g.members.iter().any(|m| m.vni == vni)) {
+            return Err(VxlanError::VniInUse {
+                vni: config.vni,
+                addr,
+            });
+        }
+        let rx_opts = UdpOptions {
+            reuseport: true,
+            ..opts
+        };
+        let rx = Arc::new(
+            UdpSocket::bind(addr, &rx_opts).map_err(|source| VxlanError::Bind { addr, source })?,
+        );
+        let tx = bind_src_ports(config.local, config.vni, &opts)?;
+        join_group(&mut groups, &netns, addr, vni, &rx)
+            .map_err(|source| VxlanError::Bind { addr, source })?;
+        drop(groups);
+        let underlay_mtu = config.underlay_mtu.unwrap_or_else(|| {
+            config
+                .remotes
+                .iter()
+                .filter_map(|&r| udp::route_mtu(config.local, r).ok())
+                .min()
+                .unwrap_or(DEFAULT_UNDERLAY_MTU)
+        });
+        let mut header = [0u8; vxlan::HEADER_LEN];
+        Header::new_unchecked(&mut header[..]).emit(vni);
+        let port = VxlanPort {
+            name: name.to_string(),
+            vni,
+            local: config.local,
+            dstport: config.dstport,
+            learning: config.learning,
+            aging_ns: config.aging.as_nanos() as u64,
+            ip_header: if v6 { 40 } else { 20 },
+            underlay_mtu: AtomicU32::new(underlay_mtu),
+            header,
+            rx: Some(rx),
+            rx_addr: addr,
+            netns,
+            tx,
+            macs: RwLock::new(HashMap::new()),
+            control: Mutex::new(Control::default()),
+            flood: ArcSwap::from_pointee(Vec::new()),
+            allowed: ArcSwap::from_pointee(HashSet::new()),
+            traffic: Traffic::default(),
+            vteps: RwLock::new(HashMap::new()),
+            drops: Default::default(),
+            segmented: AtomicU64::new(0),
+            now: AtomicU64::new(0),
+            last_expire: AtomicU64::new(0),
+            scratch: (0..8).map(|_| Mutex::new(Scratch::default())).collect(),
+        };
+        for &remote in &config.remotes {
+            port.add_flood(remote, Origin::Static);
+        }
+        Ok(port)
+    }
+
+    fn rx(&self) -> &UdpSocket {
+        self.rx
+            .as_ref()
+            .expect("the receive socket lives as long as the port")
+    }
+
+    /// The port name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The VNI.
+    pub fn vni(&self) -> u32 {
+        self.vni.get()
+    }
+
+    /// The local underlay address.
+    pub fn local(&self) -> IpAddr {
+        self.local
+    }
+
+    /// The UDP destination port.
+    pub fn dstport(&self) -> u16 {
+        self.dstport
+    }
+
+    /// Whether remote MACs are learned from received frames.
+    pub fn learning(&self) -> bool {
+        self.learning
+    }
+
+    /// The UDP source ports flows are spread over.
+    pub fn src_ports(&self) -> Vec<u16> {
+        self.tx.iter().map(|t| t.port).collect()
+    }
+
+    /// The underlay IP MTU frames are checked against.
+    pub fn underlay_mtu(&self) -> u32 {
+        self.underlay_mtu.load(Ordering::Relaxed)
+    }
+
+    /// Changes the underlay MTU (after a route or interface change).
+    pub fn set_underlay_mtu(&self, mtu: u32) {
+        self.underlay_mtu.store(mtu, Ordering::Relaxed);
+    }
+
+    /// The IP MTU guests behind the switch must use so that their frames fit the underlay:
+    /// the underlay MTU less 50 bytes (IPv4 underlay) or 70 (IPv6). For VIRTIO_NET_F_MTU and
+    /// TAP MTUs.
+    pub fn inner_mtu(&self) -> u32 {
+        self.underlay_mtu()
+            .saturating_sub((self.ip_header + UDP_VXLAN + ethernet::HEADER_LEN) as u32)
+    }
+
+    /// The longest inner frame (Ethernet header included, any tag included) that fits.
+    fn max_inner_frame(&self) -> usize {
+        (self.underlay_mtu() as usize).saturating_sub(self.ip_header + UDP_VXLAN)
+    }
+
+    // ---- the remote table and flood list (configuration, EVPN) ----
+
+    /// Adds or replaces the entry of `mac`: `vtep` with `origin`. A learned entry never
+    /// replaces a static or EVPN one; EVPN never replaces static. Returns whether the table
+    /// changed.
+    pub fn add_mac(&self, mac: MacAddr, vtep: IpAddr, origin: Origin) -> bool {
+        let changed = {
+            let mut macs = self.macs.write();
+            let now = self.now.load(Ordering::Relaxed);
+            match macs.get(&mac) {
+                Some(e) if e.origin > origin => false,
+                Some(e) if e.origin == origin && e.vtep == vtep => {
+                    e.seen.store(now, Ordering::Relaxed);
+                    false
+                }
+                _ => {
+                    macs.insert(
+                        mac,
+                        MacEntry {
+                            vtep,
+                            origin,
+                            seen: AtomicU64::new(now),
+                        },
+                    );
+                    true
+                }
+            }
+        };
+        if changed && origin != Origin::Learned {
+            self.publish();
+        }
+        changed
+    }
+
+    /// Removes the entry of `mac` if it has `origin` (a withdrawal removes only what it
+    /// added). Returns whether it was there.
+    pub fn remove_mac(&self, mac: MacAddr, origin: Origin) -> bool {
+        let removed = {
+            let mut macs = self.macs.write();
+            match macs.get(&mac) {
+                Some(e) if e.origin == origin => macs.remove(&mac).is_some(),
+                _ => false,
+            }
+        };
+        if removed && origin != Origin::Learned {
+            self.publish();
+        }
+        removed
+    }
+
+    /// Removes every entry with `origin` (a lost EVPN session, a reload); returns how many.
+    pub fn remove_macs_by_origin(&self, origin: Origin) -> usize {
+        let n = {
+            let mut macs = self.macs.write();
+            let before = macs.len();
+            macs.retain(|_, e| e.origin != origin);
+            before - macs.len()
+        };
+        if n > 0 {
+            self.publish();
+        }
+        n
+    }
+
+    /// The VTEP that has `mac` (a learned entry only while it has not aged out).
+    pub fn lookup(&self, mac: MacAddr) -> Option<IpAddr> {
+        let now = self.now.load(Ordering::Relaxed);
+        let macs = self.macs.read();
+        let e = macs.get(&mac)?;
+        self.live(e, now).then_some(e.vtep)
+    }
+
+    /// The remote table, sorted by MAC address (learned entries that aged out omitted).
+    pub fn entries(&self) -> Vec<RemoteMac> {
+        let now = self.now.load(Ordering::Relaxed);
+        let mut v: Vec<RemoteMac> = self
+            .macs
+            .read()
+            .iter()
+            .filter(|(_, e)| self.live(e, now))
+            .map(|(&mac, e)| RemoteMac {
+                mac,
+                vtep: e.vtep,
+                origin: e.origin,
+                age_ns: match e.origin {
+                    Origin::Learned => now.saturating_sub(e.seen.load(Ordering::Relaxed)),
+                    _ => 0,
+                },
+            })
+            .collect();
+        v.sort_by_key(|e| e.mac.0);
+        v
+    }
+
+    /// Puts `vtep` in the flood list for `origin` (a VTEP may be there for several origins).
+    pub fn add_flood(&self, vtep: IpAddr, origin: Origin) {
+        let mut c = self.control.lock();
+        match c.flood.iter_mut().find(|(v, _)| *v == vtep) {
+            Some((_, bits)) => *bits |= origin.bit(),
+            None => c.flood.push((vtep, origin.bit())),
+        }
+        drop(c);
+        self.publish();
+    }
+
+    /// Takes `origin` off `vtep` in the flood list; the VTEP leaves the list when no origin
+    /// is left. Returns whether `origin` had put it there.
+    pub fn remove_flood(&self, vtep: IpAddr, origin: Origin) -> bool {
+        let mut c = self.control.lock();
+        let mut had = false;
+        c.flood.retain_mut(|(v, bits)| {
+            if *v == vtep && *bits & origin.bit() != 0 {
+                had = true;
+                *bits &= !origin.bit();
+            }
+            *bits != 0
+        });
+        drop(c);
+        self.publish();
+        had
+    }
+
+    /// Takes `origin` off every flood-list VTEP; returns how many it was on.
+    pub fn remove_flood_by_origin(&self, origin: Origin) -> usize {
+        let vteps: Vec<IpAddr> = self.flood_list().into_iter().map(|(v, _)| v).collect();
+        vteps
+            .into_iter()
+            .filter(|&v| self.remove_flood(v, origin))
+            .count()
+    }
+
+    /// The flood list: each VTEP with the origins that put it there.
+    pub fn flood_list(&self) -> Vec<(IpAddr, Vec<Origin>)> {
+        self.control
+            .lock()
+            .flood
+            .iter()
+            .map(|&(v, bits)| {
+                let origins = [Origin::Learned, Origin::Evpn, Origin::Static]
+                    .into_iter()
+                    .filter(|o| bits & o.bit() != 0)
+                    .collect();
+                (v, origins)
+            })
+            .collect()
+    }
+
+    /// Publishes the flood list and the allowed VTEPs to the data path.
+    fn publish(&self) {
+        let c = self.control.lock();
+        let flood: Vec<IpAddr> = c.flood.iter().map(|&(v, _)| v).collect();
+        let mut allowed: HashSet<IpAddr> = flood.iter().copied().collect();
+        allowed.extend(
+            self.macs
+                .read()
+                .values()
+                .filter(|e| e.origin != Origin::Learned)
+                .map(|e| e.vtep),
+        );
+        self.flood.store(Arc::new(flood));
+        self.allowed.store(Arc::new(allowed));
+    }
+
+    fn live(&self, e: &MacEntry, now: u64) -> bool {
+        e.origin != Origin::Learned
+            || now.saturating_sub(e.seen.load(Ordering::Relaxed)) <= self.aging_ns
+    }
+
+    /// Learns `mac` behind `vtep` from a received frame.
+    fn learn(&self, mac: MacAddr, vtep: IpAddr, now: u64) {
+        {
+            let macs = self.macs.read();
+            if let Some(e) = macs.get(&mac) {
+                if e.origin != Origin::Learned {
+                    return;
+                }
+                if e.vtep == vtep {
+                    if now.saturating_sub(e.seen.load(Ordering::Relaxed)) > crate::fdb::REFRESH_NS {
+                        e.seen.store(now, Ordering::Relaxed);
+                    }
+                    return;
+                }
+            } else if macs.len() >= MAX_LEARNED {
+                return;
+            }
+        }
+        self.add_mac(mac, vtep, Origin::Learned);
+    }
+
+    /// Drops learned entries older than the aging time, at most once a second.
+    fn expire(&self, now: u64) {
+        let last = self.last_expire.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < SEC {
+            return;
+        }
+        self.last_expire.store(now, Ordering::Relaxed);
+        let stale = self.macs.read().values().any(|e| !self.live(e, now));
+        if stale {
+            self.macs.write().retain(|_, e| self.live(e, now));
+        }
+    }
+
+    // ---- counters ----
+
+    fn count(&self, reason: VxlanDrop, n: u64) {
+        self.drops[reason as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn vtep_traffic(&self, vtep: IpAddr) -> Option<Arc<Traffic>> {
+        if let Some(t) = self.vteps.read().get(&vtep) {
+            return Some(t.clone());
+        }
+        let mut vteps = self.vteps.write();
+        if vteps.len() >= MAX_VTEPS {
+            return vteps.get(&vtep).cloned();
+        }
+        Some(vteps.entry(vtep).or_default().clone())
+    }
+
+    /// The port's counters: the VNI's traffic, each VTEP's, drops by reason.
+    pub fn stats(&self) -> VxlanStats {
+        let mut vteps: Vec<(IpAddr, TrafficStats)> = self
+            .vteps
+            .read()
+            .iter()
+            .map(|(&v, t)| (v, t.snapshot()))
+            .collect();
+        vteps.sort_by_key(|(v, _)| *v);
+        VxlanStats {
+            vni: self.vni.get(),
+            traffic: self.traffic.snapshot(),
+            vteps,
+            drops: VxlanDrop::ALL
+                .iter()
+                .map(|&r| (r.name(), self.drops[r as usize].load(Ordering::Relaxed)))
+                .collect(),
+            segmented: self.segmented.load(Ordering::Relaxed),
+        }
+    }
+
+    // ---- transmit helpers ----
+
+    /// The VTEPs a frame to `dst` goes to: its entry's, else the flood list.
+    fn destinations(&self, dst: &[u8], flood: &Arc<Vec<IpAddr>>, now: u64) -> Destinations {
+        let mac = MacAddr(dst.try_into().unwrap_or([0xff; 6]));
+        if mac.is_unicast() {
+            let macs = self.macs.read();
+            if let Some(e) = macs.get(&mac) {
+                if self.live(e, now) {
+                    return Destinations::One(e.vtep);
+                }
+            }
+        }
+        Destinations::Flood(flood.clone())
+    }
+
+    fn tx_socket(&self, frame: &[u8]) -> &TxSocket {
+        &self.tx[(flow_hash(frame) as usize) % self.tx.len()]
+    }
+
+    /// Sends `batch` on `sock`, counting what the kernel refused; returns frames and bytes
+    /// sent and clears the batch.
+    fn flush(
+        &self,
+        sock: &UdpSocket,
+        batch: &mut Vec<Datagram<'_>>,
+        done: &mut TxDone,
+        drops: &mut DropTally,
+    ) {
+        let mut i = 0;
+        let mut tally = VtepTally::new(self, Direction::Tx);
+        while i < batch.len() {
+            match sock.send_batch(&batch[i..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for d in &batch[i..i + n] {
+                        let bytes = d.body.len() as u64;
+                        done.packets += 1;
+                        done.bytes += bytes;
+                        tally.add(d.dst.ip(), bytes);
+                    }
+                    i += n;
+                }
+                Err(e) if udp::is_too_big(&e) => {
+                    self.count(VxlanDrop::MtuExceeded, 1);
+                    drops.count(DropReason::Oversize);
+                    i += 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.count(VxlanDrop::TxFull, (batch.len() - i) as u64);
+                    for _ in i..batch.len() {
+                        drops.count(DropReason::TxFull);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(port = %self.name, dst = %batch[i].dst, error = %e,
+                        "VXLAN send failed");
+                    self.count(VxlanDrop::TxError, 1);
+                    drops.count(DropReason::TxError);
+                    i += 1;
+                }
+            }
+        }
+        batch.clear();
+    }
+
+    /// Segments the TSO frame `pkt` and sends each segment to `dsts`.
+    fn send_segmented(
+        &self,
+        worker: usize,
+        pkt: &Pkt,
+        dsts: &[IpAddr],
+        done: &mut TxDone,
+        drops: &mut DropTally,
+    ) {
+        let mut guard = self.scratch[worker % self.scratch.len()].lock();
+        let Scratch {
+            segment,
+            arena,
+            spans,
+        } = &mut *guard;
+        if segment.len() < BUF_SIZE {
+            segment.resize(BUF_SIZE, 0);
+        }
+        arena.clear();
+        spans.clear();
+        let max = self.max_inner_frame();
+        let mut too_big = false;
+        // All segments are built first, then sent in as few sendmmsg calls as possible.
+        let result = qswitch_wire::gso::segment_while(pkt.frame(), &pkt.hdr, segment, |seg| {
+            if seg.len() > max {
+                too_big = true;
+                return false;
+            }
+            spans.push(arena.len()..arena.len() + seg.len());
+            arena.extend_from_slice(seg);
+            true
+        });
+        if too_big {
+            self.count(VxlanDrop::MtuExceeded, 1);
+            drops.count(DropReason::Oversize);
+            return;
+        }
+        if result.is_err() {
+            self.count(VxlanDrop::Offload, 1);
+            drops.count(DropReason::Offload);
+            return;
+        }
+        self.segmented.fetch_add(1, Ordering::Relaxed);
+        let sock = self.tx_socket(pkt.frame());
+        let mut batch: Vec<Datagram<'_>> = Vec::with_capacity(spans.len() * dsts.len());
+        for span in spans.iter() {
+            for &vtep in dsts {
+                batch.push(Datagram {
+                    dst: SocketAddr::new(vtep, self.dstport),
+                    head: &self.header,
+                    body: &arena[span.clone()],
+                });
+            }
+        }
+        self.flush(&sock.sock, &mut batch, done, drops);
+    }
+}
+
+/// A worker slot's buffers for segmenting TSO frames.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Where `segment_while` builds one segment.
+    segment: Vec<u8>,
+    /// Every segment of the frame, back to back.
+    arena: Vec<u8>,
+    /// Where each segment is in `arena`.
+    spans: Vec<std::ops::Range<usize>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Rx,
+    Tx,
+}
+
+/// Adds traffic to the counters once per run of frames from or to one VTEP (and to the
+/// VNI's once), not once per frame.
+struct VtepTally<'a> {
+    port: &'a VxlanPort,
+    dir: Direction,
+    vtep: Option<IpAddr>,
+    frames: u64,
+    bytes: u64,
+    total_frames: u64,
+    total_bytes: u64,
+}
+
+impl<'a> VtepTally<'a> {
+    fn new(port: &'a VxlanPort, dir: Direction) -> VtepTally<'a> {
+        VtepTally {
+            port,
+            dir,
+            vtep: None,
+            frames: 0,
+            bytes: 0,
+            total_frames: 0,
+            total_bytes: 0,
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, vtep: IpAddr, bytes: u64) {
+        if self.vtep != Some(vtep) {
+            self.flush_vtep();
+            self.vtep = Some(vtep);
+        }
+        self.frames += 1;
+        self.bytes += bytes;
+        self.total_frames += 1;
+        self.total_bytes += bytes;
+    }
+
+    fn flush_vtep(&mut self) {
+        if let Some(vtep) = self.vtep {
+            if self.frames > 0 {
+                if let Some(t) = self.port.vtep_traffic(vtep) {
+                    match self.dir {
+                        Direction::Rx => t.rx(self.frames, self.bytes),
+                        Direction::Tx => t.tx(self.frames, self.bytes),
+                    }
+                }
+            }
+        }
+        self.frames = 0;
+        self.bytes = 0;
+    }
+}
+
+impl Drop for VtepTally<'_> {
+    fn drop(&mut self) {
+        self.flush_vtep();
+        if self.total_frames > 0 {
+            let t = &self.port.traffic;
+            match self.dir {
+                Direction::Rx => t.rx(self.total_frames, self.total_bytes),
+                Direction::Tx => t.tx(self.total_frames, self.total_bytes),
+            }
+        }
+    }
+}
+
+enum Destinations {
+    One(IpAddr),
+    Flood(Arc<Vec<IpAddr>>),
+}
+
+impl Destinations {
+    fn as_slice(&self) -> &[IpAddr] {
+        match self {
+            Destinations::One(v) => std::slice::from_ref(v),
+            Destinations::Flood(v) => v,
+        }
+    }
+}
+
+/// The VXLAN ports sharing one (local, dstport), in the order their receive sockets joined
+/// the kernel's `SO_REUSEPORT` group (the order the steering program's indexes refer to).
+struct Group {
+    /// The network namespace (`net:[inode]`): one address can exist in several.
+    netns: String,
+    addr: SocketAddr,
+    members: Vec<Member>,
+}
+
+struct Member {
+    vni: Vni,
+    sock: std::sync::Weak<UdpSocket>,
+}
+
+static GROUPS: std::sync::Mutex<Vec<Group>> = std::sync::Mutex::new(Vec::new());
+
+/// The calling thread's network namespace, as `net:[inode]` (sockets belong to the
+/// namespace of the thread that created them).
+fn current_netns() -> String {
+    std::fs::read_link("/proc/thread-self/ns/net")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn lock_groups() -> std::sync::MutexGuard<'static, Vec<Group>> {
+    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Adds the socket just bound (the kernel put it last in the group) and steers again.
+fn join_group(
+    groups: &mut Vec<Group>,
+    netns: &str,
+    addr: SocketAddr,
+    vni: Vni,
+    sock: &Arc<UdpSocket>,
+) -> io::Result<()> {
+    let at = match groups
+        .iter()
+        .position(|g| g.netns == netns && g.addr == addr)
+    {
+        Some(at) => at,
+        None => {
+            groups.push(Group {
+                netns: netns.to_string(),
+                addr,
+                members: Vec::new(),
+            });
+            groups.len() - 1
+        }
+    };
+    let g = &mut groups[at];
+    g.members.push(Member {
+        vni,
+        sock: Arc::downgrade(sock),
+    });
+    let result = sock.attach_reuseport_filter(&steering(&g.members));
+    if result.is_err() {
+        g.members.pop();
+        if g.members.is_empty() {
+            groups.remove(at);
+        }
+    }
+    result
+}
+
+/// The classic BPF program that sends a datagram to the group's socket of its VNI; other
+/// VNIs (and datagrams too short to have one) go where the kernel's hash puts them, and are
+/// counted there as `unknown_vni` (or `truncated_vxlan`).
+fn steering(members: &[Member]) -> Vec<udp::BpfInsn> {
+    use udp::{bpf, BpfInsn};
+    let insn = |code, k, jt, jf| BpfInsn { code, jt, jf, k };
+    let mut prog = vec![
+        // A = bytes 4..8 of the UDP payload: VNI (24 bits) and a reserved byte.
+        insn(bpf::LD_W_ABS, 4, 0, 0),
+        insn(bpf::RSH_K, 8, 0, 0),
+    ];
+    for (i, m) in members.iter().enumerate() {
+        prog.push(insn(bpf::JEQ_K, m.vni.get(), 0, 1));
+        prog.push(insn(bpf::RET_K, i as u32, 0, 0));
+    }
+    prog.push(insn(bpf::RET_K, u32::MAX, 0, 0));
+    prog
+}
+
+impl Drop for VxlanPort {
+    fn drop(&mut self) {
+        let mut groups = lock_groups();
+        let Some(at) = groups
+            .iter()
+            .position(|g| g.netns == self.netns && g.addr == self.rx_addr)
+        else {
+            return;
+        };
+        let g = &mut groups[at];
+        // The kernel moves the group's last socket into the place of a closed one: so does
+        // the list, then the socket is closed and the rest steered again.
+        if let Some(i) = g.members.iter().position(|m| m.vni == self.vni) {
+            g.members.swap_remove(i);
+        }
+        drop(self.rx.take());
+        if g.members.is_empty() {
+            groups.remove(at);
+            return;
+        }
+        if let Some(sock) = g.members[0].sock.upgrade() {
+            if let Err(e) = sock.attach_reuseport_filter(&steering(&g.members)) {
+                tracing::warn!(addr = %self.rx_addr, error = %e, "VXLAN steering not updated");
+            }
+        }
+    }
+}
+
+/// Binds [`SRC_PORTS`] sockets on `local` to ports in 49152–65535, spread from a seed so
+/// that two ports on one host start in different places; ports in use are skipped.
+fn bind_src_ports(local: IpAddr, vni: u32, opts: &UdpOptions) -> Result<Vec<TxSocket>, VxlanError> {
+    let range = 65_536 - u32::from(vxlan::SRC_PORT_MIN);
+    let seed = fnv1a(&vni.to_be_bytes()) ^ fnv1a(local.to_string().as_bytes());
+    let mut out = Vec::with_capacity(SRC_PORTS);
+    let mut last_err = None;
+    // A stride co-prime with the range (a power of two) visits every port.
+    for k in 0..range {
+        if out.len() == SRC_PORTS {
+            break;
+        }
+        let port = vxlan::SRC_PORT_MIN + ((seed.wrapping_add(k.wrapping_mul(1031))) % range) as u16;
+        match UdpSocket::bind(SocketAddr::new(local, port), opts) {
+            Ok(sock) => out.push(TxSocket { sock, port }),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => last_err = Some(e),
+            Err(source) => return Err(VxlanError::SrcPorts { local, source }),
+        }
+        if k > 4 * SRC_PORTS as u32 && out.is_empty() {
+            break;
+        }
+    }
+    if out.is_empty() {
+        return Err(VxlanError::SrcPorts {
+            local,
+            source: last_err.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)),
+        });
+    }
+    Ok(out)
+}
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    let mut h = Fnv(0x811c_9dc5);
+    h.write(bytes);
+    h.finish() as u32
+}
+
+/// FNV-1a, 32 bits: cheap and good enough to spread flows over a few source ports.
+struct Fnv(u32);
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+    }
+    fn finish(&self) -> u64 {
+        u64::from(self.0)
+    }
+}
+
+/// The inner flow's hash: the IP flow key when there is one, else the MAC pair and
+/// EtherType. Equal for every frame of one flow.
+pub fn flow_hash(frame: &[u8]) -> u32 {
+    let mut h = Fnv(0x811c_9dc5);
+    match flow::extract(frame) {
+        Some(key) => key.hash(&mut h),
+        None => h.write(&frame[..frame.len().min(ethernet::HEADER_LEN)]),
+    }
+    let x = h.finish() as u32;
+    // FNV's low bits are weak: mix before the caller takes a modulus.
+    x ^ (x >> 15) ^ (x >> 7)
+}
+
+impl Port for VxlanPort {
+    fn rx_burst(&self, _queue: u16, pkts: &mut [Pkt], now: u64, drops: &mut DropTally) -> usize {
+        self.now.store(now, Ordering::Relaxed);
+        self.expire(now);
+        let want = pkts.len().min(MAX_BATCH);
+        let mut meta = [RecvMeta::default(); MAX_BATCH];
+        let got = {
+            let mut it = pkts[..want].iter_mut();
+            let mut bufs: [&mut [u8]; MAX_BATCH] = std::array::from_fn(|_| match it.next() {
+                Some(p) => &mut p.raw_buf_mut()[RX_OFFSET..],
+                None => &mut [][..],
+            });
+            match self.rx().recv_batch(&mut bufs[..want], &mut meta[..want]) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::debug!(port = %self.name, error = %e, "VXLAN receive failed");
+                    drops.count(DropReason::RxError);
+                    return 0;
+                }
+            }
+        };
+        let allowed = (!self.learning).then(|| self.allowed.load());
+        let mut out = 0;
+        let mut tally = VtepTally::new(self, Direction::Rx);
+        for i in 0..got {
+            let m = &meta[i];
+            let vtep = m.src.ip();
+            let reject = if m.truncated {
+                Some(VxlanDrop::RxTruncated)
+            } else if m.len < vxlan::HEADER_LEN {
+                Some(VxlanDrop::Short)
+            } else {
+                let raw = pkts[i].raw_buf_mut();
+                let header = Header::new_unchecked(&raw[RX_OFFSET..HEADROOM]);
+                if !header.vni_valid() {
+                    Some(VxlanDrop::IFlagClear)
+                } else if header.vni() != self.vni {
+                    Some(VxlanDrop::UnknownVni)
+                } else if allowed.as_ref().is_some_and(|a| !a.contains(&vtep)) {
+                    Some(VxlanDrop::UnknownVtep)
+                } else if m.len - vxlan::HEADER_LEN < ethernet::HEADER_LEN {
+                    Some(VxlanDrop::InnerTooShort)
+                } else {
+                    None
+                }
+            };
+            if let Some(reason) = reject {
+                self.count(reason, 1);
+                match reason {
+                    VxlanDrop::RxTruncated => drops.count(DropReason::Oversize),
+                    VxlanDrop::Short | VxlanDrop::InnerTooShort => drops.count(DropReason::Runt),
+                    _ => {}
+                }
+                continue;
+            }
+            pkts.swap(out, i);
+            let pkt = &mut pkts[out];
+            let len = m.len - vxlan::HEADER_LEN;
+            pkt.set_len(len);
+            pkt.hdr = VirtioNetHdr::default();
+            let frame = pkt.frame();
+            let src = MacAddr(frame[6..12].try_into().unwrap_or_default());
+            if self.learning && src.is_unicast() {
+                self.learn(src, vtep, now);
+            }
+            tally.add(vtep, len as u64);
+            out += 1;
+        }
+        out
+    }
+
+    fn tx_burst(
+        &self,
+        worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        drops: &mut DropTally,
+    ) -> TxDone {
+        // Partial checksums are completed in place first (the rest of the burst is read-only).
+        // The completed frame stays valid for the other ports a flood hands it to.
+        let mut bad = [0u64; 4];
+        for &i in sel {
+            let pkt = &mut pkts[usize::from(i)];
+            if pkt.len() < ethernet::HEADER_LEN {
+                bad[usize::from(i) / 64] |= 1 << (i % 64);
+                continue;
+            }
+            if pkt.hdr.flags & FLAG_NEEDS_CSUM != 0 && pkt.hdr.gso_type == GSO_NONE {
+                let (start, off) = (
+                    usize::from(pkt.hdr.csum_start),
+                    usize::from(pkt.hdr.csum_offset),
+                );
+                let len = pkt.len();
+                if qswitch_wire::checksum::complete_partial(
+                    &mut pkt.frame_buf_mut()[..len],
+                    start,
+                    off,
+                )
+                .is_ok()
+                {
+                    pkt.hdr.flags &= !FLAG_NEEDS_CSUM;
+                } else {
+                    bad[usize::from(i) / 64] |= 1 << (i % 64);
+                }
+            }
+        }
+        let now = self.now.load(Ordering::Relaxed);
+        let flood = self.flood.load_full();
+        let max = self.max_inner_frame();
+        let mut done = TxDone::default();
+        let mut batch: Vec<Datagram<'_>> = Vec::with_capacity(MAX_BATCH);
+        let mut cur: Option<&TxSocket> = None;
+        let pkts = &*pkts;
+        for &i in sel {
+            let pkt = &pkts[usize::from(i)];
+            let frame = pkt.frame();
+            if bad[usize::from(i) / 64] & (1 << (i % 64)) != 0 {
+                self.count(VxlanDrop::Offload, 1);
+                drops.count(DropReason::Offload);
+                continue;
+            }
+            let dsts = self.destinations(&frame[..6], &flood, now);
+            if pkt.hdr.gso_type != GSO_NONE {
+                if let Some(s) = cur.take() {
+                    self.flush(&s.sock, &mut batch, &mut done, drops);
+                }
+                self.send_segmented(worker, pkt, dsts.as_slice(), &mut done, drops);
+                continue;
+            }
+            if frame.len() > max {
+                self.count(VxlanDrop::MtuExceeded, 1);
+                drops.count(DropReason::Oversize);
+                continue;
+            }
+            let sock = self.tx_socket(frame);
+            let switch = cur.is_some_and(|c| !std::ptr::eq(c, sock));
+            if switch || batch.len() + dsts.as_slice().len() > MAX_BATCH {
+                if let Some(s) = cur {
+                    self.flush(&s.sock, &mut batch, &mut done, drops);
+                }
+            }
+            cur = Some(sock);
+            for &vtep in dsts.as_slice() {
+                if batch.len() == MAX_BATCH {
+                    self.flush(&sock.sock, &mut batch, &mut done, drops);
+                }
+                batch.push(Datagram {
+                    dst: SocketAddr::new(vtep, self.dstport),
+                    head: &self.header,
+                    body: frame,
+                });
+            }
+        }
+        if let Some(s) = cur {
+            self.flush(&s.sock, &mut batch, &mut done, drops);
+        }
+        done
+    }
+
+    fn rx_fd(&self, _queue: u16) -> Option<RawFd> {
+        Some(self.rx().as_raw_fd())
+    }
+}

@@ -1,0 +1,474 @@
+//! Per-port policy on the manual engine: VLAN trunks (tag push/pop, native VLAN, VIDs not
+//! carried), storm control on the manual clock, port security. No test sleeps.
+
+mod common;
+
+use common::{frame, Sim, BCAST, MAC_A, MAC_B, MAC_C};
+use qswitch_dp::policy::{IpPrefix, PortPolicy, Security, Storm};
+use qswitch_dp::port::inject::InjectPort;
+use qswitch_wire::MacAddr;
+
+const MAC_D: [u8; 6] = [2, 0, 0, 0, 0, 0xd];
+
+/// `f` with an 802.1Q tag (PCP `pcp`, VID `vid`) after the MAC addresses.
+fn tag(f: &[u8], pcp: u8, vid: u16) -> Vec<u8> {
+    let tci = (u16::from(pcp) << 13) | vid;
+    let mut t = f[..12].to_vec();
+    t.extend_from_slice(&0x8100u16.to_be_bytes());
+    t.extend_from_slice(&tci.to_be_bytes());
+    t.extend_from_slice(&f[12..]);
+    t
+}
+
+fn trunk(vlans: &str) -> PortPolicy {
+    PortPolicy {
+        vlans: vlans.parse().unwrap(),
+        ..PortPolicy::default()
+    }
+}
+
+fn drops(sim: &Sim, port: &str, reason: &str) -> u64 {
+    let st = sim.sw.stats();
+    let p = st.ports.iter().find(|p| p.name == port).unwrap();
+    p.drops.get(reason).copied().unwrap_or(0)
+}
+
+/// Every port's captured frames, cleared.
+fn take(ports: &[&InjectPort]) -> Vec<Vec<Vec<u8>>> {
+    ports.iter().map(|p| p.take_captured()).collect()
+}
+
+#[test]
+fn access_to_trunk_pushes_and_trunk_to_access_pops() {
+    let mut sim = Sim::new(1);
+    let a10 = sim.sw.add_inject_port("a10", Some(10)).unwrap();
+    let a20 = sim.sw.add_inject_port("a20", Some(20)).unwrap();
+    let t = sim.sw.add_inject_port("t", None).unwrap();
+    sim.sw.set_port_policy("t", trunk("10,20")).unwrap();
+
+    let f = frame(BCAST, MAC_A, 60);
+    sim.send(&a10, std::slice::from_ref(&f));
+    let [to10, to20, to_t] = take(&[&a10, &a20, &t]).try_into().unwrap();
+    assert!(to10.is_empty() && to20.is_empty());
+    assert_eq!(to_t, vec![tag(&f, 0, 10)], "tagged 10 on the trunk");
+
+    // Back from the trunk, tagged 10 with a priority: only the VLAN 10 port, untagged.
+    let reply = frame(MAC_A, MAC_B, 60);
+    sim.send(&t, &[tag(&reply, 5, 10)]);
+    let [to10, to20, to_t] = take(&[&a10, &a20, &t]).try_into().unwrap();
+    assert_eq!(to10, vec![reply.clone()]);
+    assert!(to20.is_empty() && to_t.is_empty());
+
+    // And the learned station behind the trunk gets unicast, tagged.
+    let u = frame(MAC_B, MAC_A, 100);
+    sim.send(&a10, std::slice::from_ref(&u));
+    assert_eq!(t.take_captured(), vec![tag(&u, 0, 10)]);
+    // The same MAC in VLAN 20 is unknown there: flooded to the trunk tagged 20 only.
+    let u20 = frame(MAC_B, MAC_C, 100);
+    sim.send(&a20, std::slice::from_ref(&u20));
+    assert_eq!(t.take_captured(), vec![tag(&u20, 0, 20)]);
+    assert!(a10.take_captured().is_empty());
+}
+
+#[test]
+fn trunk_to_trunk_keeps_the_tag_and_its_priority() {
+    let mut sim = Sim::new(1);
+    let t1 = sim.sw.add_inject_port("t1", None).unwrap();
+    let t2 = sim.sw.add_inject_port("t2", None).unwrap();
+    let t3 = sim.sw.add_inject_port("t3", None).unwrap();
+    sim.sw.set_port_policy("t1", trunk("10,30")).unwrap();
+    sim.sw.set_port_policy("t2", trunk("10")).unwrap();
+    sim.sw.set_port_policy("t3", trunk("30")).unwrap();
+    let f = tag(&frame(BCAST, MAC_A, 60), 3, 10);
+    sim.send(&t1, std::slice::from_ref(&f));
+    let [o1, o2, o3] = take(&[&t1, &t2, &t3]).try_into().unwrap();
+    assert!(o1.is_empty() && o3.is_empty());
+    assert_eq!(o2, vec![f]);
+}
+
+#[test]
+fn native_vlan_is_untagged_and_a_pure_trunk_drops_untagged() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", Some(10)).unwrap();
+    let n = sim.sw.add_inject_port("n", Some(10)).unwrap();
+    let p = sim.sw.add_inject_port("p", None).unwrap();
+    // n: native 10, carries 20 tagged; p: carries 10 and 20 tagged, no native VLAN.
+    sim.sw.set_port_policy("n", trunk("20")).unwrap();
+    sim.sw.set_port_policy("p", trunk("10,20")).unwrap();
+    let f = frame(BCAST, MAC_A, 60);
+    sim.send(&a, std::slice::from_ref(&f));
+    let [_, on_n, on_p] = take(&[&a, &n, &p]).try_into().unwrap();
+    assert_eq!(on_n, vec![f.clone()], "native VLAN: untagged");
+    assert_eq!(on_p, vec![tag(&f, 0, 10)]);
+
+    // Untagged from n is VLAN 10; tagged 20 from n reaches only p.
+    let g = frame(BCAST, MAC_B, 60);
+    sim.send(&n, &[g.clone(), tag(&g, 0, 20)]);
+    let [on_a, _, on_p] = take(&[&a, &n, &p]).try_into().unwrap();
+    assert_eq!(on_a, vec![g.clone()]);
+    assert_eq!(on_p, vec![tag(&g, 0, 10), tag(&g, 0, 20)]);
+
+    // Untagged on the pure trunk: dropped and counted.
+    sim.send(&p, &[frame(BCAST, MAC_C, 60)]);
+    assert!(take(&[&a, &n, &p]).iter().all(Vec::is_empty));
+    assert_eq!(drops(&sim, "p", "vlan_not_allowed"), 1);
+}
+
+#[test]
+fn a_vid_not_carried_is_dropped_and_counted() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", Some(30)).unwrap();
+    let t = sim.sw.add_inject_port("t", None).unwrap();
+    let t2 = sim.sw.add_inject_port("t2", None).unwrap();
+    sim.sw.set_port_policy("t", trunk("10,20,100-200")).unwrap();
+    sim.sw.set_port_policy("t2", trunk("30")).unwrap();
+    let f = frame(BCAST, MAC_A, 60);
+    sim.send(&t, &[tag(&f, 0, 30), tag(&f, 0, 99), tag(&f, 0, 201)]);
+    assert!(take(&[&a, &t, &t2]).iter().all(Vec::is_empty));
+    assert_eq!(drops(&sim, "t", "vlan_not_allowed"), 3);
+    // Tagged frames on an access port keep their old reason.
+    sim.send(&a, &[tag(&f, 0, 30)]);
+    assert_eq!(drops(&sim, "a", "vlan_tagged"), 1);
+    // A tagged VID in the range is switched (to nobody else: no destination).
+    sim.send(&t, &[tag(&f, 0, 150)]);
+    assert_eq!(drops(&sim, "t", "no_destination"), 1);
+}
+
+#[test]
+fn a_flood_gives_each_port_its_encoding() {
+    let mut sim = Sim::new(1);
+    let src = sim.sw.add_inject_port("src", None).unwrap();
+    let acc = sim.sw.add_inject_port("acc", Some(10)).unwrap();
+    let other = sim.sw.add_inject_port("other", Some(20)).unwrap();
+    let t1 = sim.sw.add_inject_port("t1", None).unwrap();
+    let nat = sim.sw.add_inject_port("nat", Some(10)).unwrap();
+    let acc2 = sim.sw.add_inject_port("acc2", Some(10)).unwrap();
+    let t2 = sim.sw.add_inject_port("t2", Some(20)).unwrap();
+    sim.sw.set_port_policy("src", trunk("10,20")).unwrap();
+    sim.sw.set_port_policy("t1", trunk("10")).unwrap();
+    sim.sw.set_port_policy("nat", trunk("20")).unwrap();
+    sim.sw.set_port_policy("t2", trunk("10")).unwrap();
+    // A burst mixing VLANs and priorities, from the trunk.
+    let f1 = frame(BCAST, MAC_A, 60);
+    let f2 = frame([0x33, 0x33, 0, 0, 0, 1], MAC_B, 80);
+    let f3 = frame(MAC_D, MAC_C, 90);
+    sim.send(&src, &[tag(&f1, 1, 10), tag(&f2, 2, 20), tag(&f3, 7, 10)]);
+    let got = take(&[&src, &acc, &other, &t1, &nat, &acc2, &t2]);
+    assert!(got[0].is_empty(), "never back to the ingress");
+    assert_eq!(
+        got[1],
+        vec![f1.clone(), f3.clone()],
+        "acc: VLAN 10 untagged"
+    );
+    assert_eq!(got[2], vec![f2.clone()], "other: VLAN 20 untagged");
+    assert_eq!(
+        got[3],
+        vec![tag(&f1, 1, 10), tag(&f3, 7, 10)],
+        "t1: 10 tagged"
+    );
+    assert_eq!(
+        got[4],
+        vec![f1.clone(), tag(&f2, 2, 20), f3.clone()],
+        "nat: native 10 untagged, 20 tagged"
+    );
+    assert_eq!(got[5], vec![f1.clone(), f3.clone()]);
+    assert_eq!(
+        got[6],
+        vec![tag(&f1, 1, 10), f2.clone(), tag(&f3, 7, 10)],
+        "t2: native 20 untagged, 10 tagged"
+    );
+}
+
+#[test]
+fn a_policy_change_is_live_and_back_to_plain() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", Some(10)).unwrap();
+    let t = sim.sw.add_inject_port("t", None).unwrap();
+    let f = frame(BCAST, MAC_A, 60);
+    sim.send(&a, std::slice::from_ref(&f));
+    assert!(t.take_captured().is_empty(), "t is in the untagged domain");
+    sim.sw.set_port_policy("t", trunk("10")).unwrap();
+    assert_eq!(sim.sw.port_policy("t").unwrap().vlans.to_string(), "10");
+    sim.send(&a, std::slice::from_ref(&f));
+    assert_eq!(t.take_captured(), vec![tag(&f, 0, 10)]);
+    sim.sw.set_port_policy("t", PortPolicy::default()).unwrap();
+    sim.send(&a, std::slice::from_ref(&f));
+    assert!(t.take_captured().is_empty());
+    assert!(sim.sw.set_port_policy("nope", trunk("10")).is_err());
+}
+
+#[test]
+fn storm_control_limits_each_class_on_the_switch_clock() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    let storm = Storm {
+        broadcast: Some(320),
+        multicast: Some(640),
+        unknown_unicast: Some(320),
+    };
+    sim.sw
+        .set_port_policy(
+            "a",
+            PortPolicy {
+                storm,
+                ..PortPolicy::default()
+            },
+        )
+        .unwrap();
+    // b is known: unicast to it is never limited.
+    sim.send(&b, &[frame(BCAST, MAC_B, 60)]);
+    // Depth: max(pps / 10, 32) = 32 broadcast, 64 multicast, 32 unknown unicast.
+    let mut burst = Vec::new();
+    for _ in 0..50 {
+        burst.push(frame(BCAST, MAC_A, 60));
+        burst.push(frame([0x01, 0, 0x5e, 0, 0, 1], MAC_A, 60));
+        burst.push(frame(MAC_D, MAC_A, 60));
+        burst.push(frame(MAC_B, MAC_A, 60));
+    }
+    for f in &burst {
+        a.inject(f);
+    }
+    // All on one clock instant: no refill.
+    while a.pending() > 0 {
+        sim.sw.poll_once(sim.now);
+    }
+    assert_eq!(b.take_captured().len(), 32 + 50 + 32 + 50);
+    assert_eq!(drops(&sim, "a", "storm_broadcast"), 18);
+    assert_eq!(drops(&sim, "a", "storm_multicast"), 0);
+    assert_eq!(drops(&sim, "a", "storm_unknown_unicast"), 18);
+    // 100 ms later: 32 more broadcasts pass (320/s), the rest is dropped.
+    sim.now += 100_000_000;
+    for _ in 0..40 {
+        a.inject(&frame(BCAST, MAC_A, 60));
+    }
+    while a.pending() > 0 {
+        sim.sw.poll_once(sim.now);
+    }
+    assert_eq!(b.take_captured().len(), 32);
+    assert_eq!(drops(&sim, "a", "storm_broadcast"), 18 + 8);
+}
+
+fn secure(sec: Security) -> PortPolicy {
+    PortPolicy {
+        security: sec,
+        ..PortPolicy::default()
+    }
+}
+
+/// An Ethernet frame carrying `ethertype` and `payload`.
+fn eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = dst.to_vec();
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn arp(sender_mac: [u8; 6], sender_ip: [u8; 4], target_ip: [u8; 4]) -> Vec<u8> {
+    let mut p = vec![0, 1, 8, 0, 6, 4, 0, 1];
+    p.extend_from_slice(&sender_mac);
+    p.extend_from_slice(&sender_ip);
+    p.extend_from_slice(&[0; 6]);
+    p.extend_from_slice(&target_ip);
+    eth(BCAST, sender_mac, 0x0806, &p)
+}
+
+fn udp4(src_mac: [u8; 6], src: [u8; 4], sport: u16, dport: u16, first: u8) -> Vec<u8> {
+    // 20 + 8 + 1 bytes: an IPv4 header, a UDP header and one byte of payload.
+    let mut ip = vec![0x45, 0, 0, 29, 0, 0, 0, 0, 64, 17, 0, 0];
+    ip.extend_from_slice(&src);
+    ip.extend_from_slice(&[255, 255, 255, 255]);
+    ip.extend_from_slice(&sport.to_be_bytes());
+    ip.extend_from_slice(&dport.to_be_bytes());
+    ip.extend_from_slice(&[0, 9, 0, 0, first]);
+    eth(BCAST, src_mac, 0x0800, &ip)
+}
+
+fn icmp6(src_mac: [u8; 6], src: &str, msg: &[u8]) -> Vec<u8> {
+    let src: std::net::Ipv6Addr = src.parse().unwrap();
+    let mut ip = vec![0x60, 0, 0, 0];
+    ip.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    ip.extend_from_slice(&[58, 255]);
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&[0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    ip.extend_from_slice(msg);
+    eth([0x33, 0x33, 0, 0, 0, 1], src_mac, 0x86dd, &ip)
+}
+
+/// A neighbour advertisement for `target` with a target link-layer address option.
+fn na(target: &str, ll: [u8; 6]) -> Vec<u8> {
+    let t: std::net::Ipv6Addr = target.parse().unwrap();
+    let mut m = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
+    m.extend_from_slice(&t.octets());
+    m.extend_from_slice(&[2, 1]);
+    m.extend_from_slice(&ll);
+    m
+}
+
+#[test]
+fn f5_a_spoofed_source_mac_is_dropped_and_cannot_steal_the_address() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    let c = sim.sw.add_inject_port("c", None).unwrap();
+    sim.sw
+        .set_port_policy(
+            "a",
+            secure(Security {
+                macs: vec![MacAddr(MAC_A)],
+                ..Security::default()
+            }),
+        )
+        .unwrap();
+    sim.send(&b, &[frame(BCAST, MAC_B, 60)]);
+    take(&[&a, &b, &c]);
+    // a claims b's address.
+    sim.send(&a, &[frame(MAC_C, MAC_B, 60)]);
+    assert_eq!(drops(&sim, "a", "src_mac_not_allowed"), 1);
+    assert!(take(&[&a, &b, &c]).iter().all(Vec::is_empty));
+    // c → b still reaches b, and only b.
+    sim.send(&c, &[frame(MAC_B, MAC_C, 60)]);
+    let [on_a, on_b, _] = take(&[&a, &b, &c]).try_into().unwrap();
+    assert!(on_a.is_empty());
+    assert_eq!(on_b.len(), 1);
+    // Its own address passes; an ARP with someone else's sender MAC does not.
+    sim.send(
+        &a,
+        &[
+            frame(BCAST, MAC_A, 60),
+            arp(MAC_B, [10, 0, 0, 2], [10, 0, 0, 9]),
+        ],
+    );
+    assert_eq!(b.take_captured().len(), 1);
+    assert_eq!(drops(&sim, "a", "src_mac_not_allowed"), 2);
+}
+
+#[test]
+fn ip_anti_spoofing_checks_ip_arp_and_nd() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    let ips: Vec<IpPrefix> = ["10.0.0.5", "2001:db8::/64", "fe80::/64"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    sim.sw
+        .set_port_policy(
+            "a",
+            secure(Security {
+                ips,
+                ..Security::default()
+            }),
+        )
+        .unwrap();
+    let ok = vec![
+        udp4(MAC_A, [10, 0, 0, 5], 1000, 2000, 0),
+        udp4(MAC_A, [0, 0, 0, 0], 68, 67, 1),
+        arp(MAC_A, [10, 0, 0, 5], [10, 0, 0, 1]),
+        arp(MAC_A, [0, 0, 0, 0], [10, 0, 0, 5]),
+        icmp6(MAC_A, "2001:db8::7", &na("2001:db8::7", MAC_A)),
+        icmp6(MAC_A, "fe80::1", &[128, 0, 0, 0, 0, 0, 0, 0]),
+        frame(BCAST, MAC_A, 60),
+    ];
+    let bad = vec![
+        udp4(MAC_A, [10, 0, 0, 6], 1000, 2000, 0),
+        arp(MAC_A, [10, 0, 0, 1], [10, 0, 0, 9]),
+        icmp6(MAC_A, "2001:db9::7", &[128, 0, 0, 0, 0, 0, 0, 0]),
+        icmp6(MAC_A, "fe80::1", &na("2001:db9::1", MAC_A)),
+    ];
+    sim.send(&a, &ok);
+    assert_eq!(b.take_captured(), ok);
+    sim.send(&a, &bad);
+    assert!(b.take_captured().is_empty());
+    assert_eq!(drops(&sim, "a", "src_ip_not_allowed"), bad.len() as u64);
+}
+
+#[test]
+fn dhcp_and_ra_guards() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    let server = udp4(MAC_A, [10, 0, 0, 1], 67, 68, 2);
+    let client = udp4(MAC_A, [0, 0, 0, 0], 68, 67, 1);
+    let ra = icmp6(
+        MAC_A,
+        "fe80::1",
+        &[134, 0, 0, 0, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    );
+    let redirect = icmp6(MAC_A, "fe80::1", &[137, 0, 0, 0, 0, 0, 0, 0]);
+    let ping = icmp6(MAC_A, "fe80::1", &[128, 0, 0, 0, 0, 0, 0, 0]);
+    let all = vec![
+        server.clone(),
+        client.clone(),
+        ra.clone(),
+        redirect.clone(),
+        ping.clone(),
+    ];
+    // Without guards everything passes.
+    sim.send(&a, &all);
+    assert_eq!(b.take_captured().len(), all.len());
+    sim.sw
+        .set_port_policy(
+            "a",
+            secure(Security {
+                dhcp_guard: true,
+                ra_guard: true,
+                ..Security::default()
+            }),
+        )
+        .unwrap();
+    sim.send(&a, &all);
+    assert_eq!(b.take_captured(), vec![client, ping]);
+    assert_eq!(drops(&sim, "a", "dhcp_guard"), 1);
+    assert_eq!(drops(&sim, "a", "ra_guard"), 2);
+}
+
+#[test]
+fn mac_limit_is_the_fdb_limit() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let _b = sim.sw.add_inject_port("b", None).unwrap();
+    sim.sw
+        .set_port_policy(
+            "a",
+            secure(Security {
+                mac_limit: Some(2),
+                ..Security::default()
+            }),
+        )
+        .unwrap();
+    let frames: Vec<Vec<u8>> = (1..=5u8)
+        .map(|i| frame(BCAST, [2, 0, 0, 0, 1, i], 60))
+        .collect();
+    sim.send(&a, &frames);
+    let learned = sim.sw.fdb().iter().filter(|e| e.port == "a").count();
+    assert_eq!(learned, 2);
+}
+
+#[test]
+fn config_keys_reach_the_port() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", Some(10)).unwrap();
+    let text = r#"
+[[port]]
+name = "g"
+type = "gen"
+vlans = "10"
+security = { macs = ["02:00:00:00:00:0b"], mac_limit = 7, ra_guard = true }
+storm = { broadcast = 100 }
+"#;
+    let cfg = qswitch_api::Config::from_toml(text).unwrap();
+    sim.sw.add_port(&cfg.ports[0]).unwrap();
+    let pol = sim.sw.port_policy("g").unwrap();
+    assert_eq!(pol.vlans.to_string(), "10");
+    assert_eq!(pol.security.macs, vec![MacAddr(MAC_B)]);
+    assert_eq!(pol.security.mac_limit, Some(7));
+    assert!(pol.security.ra_guard && !pol.security.dhcp_guard);
+    assert_eq!(pol.storm.broadcast, Some(100));
+    // The gen sink is a trunk carrying 10: a's 60-byte broadcast reaches it tagged (64 bytes).
+    sim.send(&a, &[frame(BCAST, MAC_A, 60)]);
+    let st = sim.sw.stats();
+    let g = st.ports.iter().find(|p| p.name == "g").unwrap();
+    assert_eq!((g.tx_packets, g.tx_bytes), (1, 64));
+}

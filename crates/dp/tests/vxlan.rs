@@ -1,0 +1,1011 @@
+//! VXLAN ports against each other and against Linux's own vxlan device.
+//!
+//! Without privileges: two ports on loopback addresses (127.0.0.1 ↔ 127.0.0.2) exchange
+//! frames, learn, and keep the remote table's origins apart.
+//!
+//! With root (network namespaces as hosts; each host's underlay is a veth into a "fabric"
+//! namespace holding a bridge):
+//!
+//! ```text
+//!   vmA ──TAP── hostA: VxlanPort (pumped by the test) ─u0─┐
+//!                                                          ├── fabric: br0
+//!   vmB ──veth── hostB: br0 + vxlan100 (Linux) ─────u0─────┤
+//!   vmC ──veth── hostC: br0 + vxlan100 (Linux) ─────u0─────┘   (three-host test)
+//! ```
+//!
+//! The qswitch host runs the port and a TAP port in a thread that entered its namespace,
+//! with a two-port "switch" loop between them (TAP rx → VXLAN tx, VXLAN rx → TAP tx): the
+//! port's own remote table decides where unicast goes. Everything created is removed by
+//! [`Lab`]'s `Drop`, also when a test panics. Without root or `ip`, tests print "skipped: ..."
+//! and pass, unless QSWITCH_REQUIRE_PRIVILEGED=1.
+
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use qswitch_dp::packet::Pkt;
+use qswitch_dp::port::tap::TapPort;
+use qswitch_dp::port::vxlan::{Origin, VxlanConfig, VxlanDrop, VxlanPort};
+use qswitch_dp::port::Port;
+use qswitch_dp::stats::DropTally;
+use qswitch_test_support::skip;
+use qswitch_wire::vxlan as wire_vxlan;
+use qswitch_wire::MacAddr;
+
+const VNI: u32 = 100;
+
+// ---------------------------------------------------------------------------------------
+// Privileges, commands, namespaces
+// ---------------------------------------------------------------------------------------
+
+/// Whether the test can run: root and the tools it needs. Otherwise skips (prints
+/// "skipped: ...", or fails under QSWITCH_REQUIRE_PRIVILEGED=1).
+fn can_run(tools: &[&str]) -> bool {
+    if !skip::root_or_skip() {
+        return false;
+    }
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !tool(t)).collect();
+    skip::require(
+        missing.is_empty(),
+        &format!("needs the tools {}", missing.join(", ")),
+    )
+}
+
+fn tool(name: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs a command line (split on spaces); panics with its stderr if it fails.
+fn run(cmd: &str) -> String {
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn try_run(cmd: &str) -> bool {
+    let args: Vec<&str> = cmd.split_whitespace().collect();
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The namespaces of one test; deleted (with everything in them) on drop.
+struct Lab {
+    tag: String,
+    namespaces: Vec<String>,
+}
+
+impl Lab {
+    fn new(test: &str) -> Lab {
+        Lab {
+            tag: format!("qsvx{test}{}", std::process::id() % 100_000),
+            namespaces: Vec::new(),
+        }
+    }
+
+    fn ns(&mut self, name: &str) -> String {
+        let full = format!("{}-{name}", self.tag);
+        try_run(&format!("ip netns del {full}"));
+        run(&format!("ip netns add {full}"));
+        self.namespaces.push(full.clone());
+        run(&format!("ip -n {full} link set lo up"));
+        if name.starts_with("vm") {
+            // No IPv6 inside VMs: no router solicitations or MLD reports flooding while a
+            // test counts frames.
+            for k in ["all", "default"] {
+                try_run(&format!(
+                    "ip netns exec {full} sysctl -qw net.ipv6.conf.{k}.disable_ipv6=1"
+                ));
+            }
+        }
+        full
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for ns in self.namespaces.iter().rev() {
+            try_run(&format!("ip netns del {ns}"));
+        }
+    }
+}
+
+fn ns_path(ns: &str) -> PathBuf {
+    PathBuf::from(format!("/run/netns/{ns}"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+/// The underlay address of host `i`.
+fn host_ip(fam: Family, i: u8) -> IpAddr {
+    match fam {
+        Family::V4 => IpAddr::V4(Ipv4Addr::new(10, 99, 0, i + 1)),
+        Family::V6 => IpAddr::V6(Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, u16::from(i) + 1)),
+    }
+}
+
+/// The overlay address of VM `i`.
+fn vm_ip(i: u8) -> String {
+    format!("10.200.0.{}", i + 1)
+}
+
+/// Creates the fabric namespace with a bridge and `hosts` host namespaces, each with
+/// underlay veth `u0` (address [`host_ip`]) on the bridge. Transmit checksum offload is
+/// turned off on the underlay so that captured frames carry their final checksums.
+fn fabric(lab: &mut Lab, fam: Family, hosts: u8) -> Vec<String> {
+    let f = lab.ns("fab");
+    run(&format!("ip -n {f} link add br0 type bridge"));
+    run(&format!("ip -n {f} link set br0 up"));
+    let mut out = Vec::new();
+    for i in 0..hosts {
+        let h = lab.ns(&format!("h{i}"));
+        run(&format!(
+            "ip -n {h} link add u0 type veth peer name f{i} netns {f}"
+        ));
+        run(&format!("ip -n {f} link set f{i} master br0 up"));
+        let (ip, extra) = match fam {
+            Family::V4 => (format!("{}/24", host_ip(fam, i)), ""),
+            Family::V6 => (format!("{}/64", host_ip(fam, i)), " nodad"),
+        };
+        run(&format!("ip -n {h} addr add {ip} dev u0{extra}"));
+        run(&format!("ip -n {h} link set u0 up"));
+        if tool("ethtool") {
+            try_run(&format!("ip netns exec {h} ethtool -K u0 tx off"));
+        }
+        out.push(h);
+    }
+    out
+}
+
+/// Host `i` as Linux: vxlan100 (nolearning, dstport 4789) and a VM namespace on a bridge,
+/// flooding to `peers` through all-zero FDB entries.
+fn linux_host(lab: &mut Lab, host: &str, fam: Family, i: u8, peers: &[IpAddr]) -> String {
+    let vm = lab.ns(&format!("vm{i}"));
+    let local = host_ip(fam, i);
+    run(&format!(
+        "ip -n {host} link add vxlan100 type vxlan id {VNI} dstport 4789 local {local} nolearning"
+    ));
+    run(&format!("ip -n {host} link add br0 type bridge"));
+    run(&format!("ip -n {host} link set vxlan100 master br0"));
+    run(&format!(
+        "ip -n {host} link add vh type veth peer name eth0 netns {vm}"
+    ));
+    run(&format!("ip -n {host} link set vh master br0"));
+    for p in peers {
+        run(&format!(
+            "ip netns exec {host} bridge fdb append 00:00:00:00:00:00 dev vxlan100 dst {p}"
+        ));
+    }
+    let mtu = match fam {
+        Family::V4 => 1450,
+        Family::V6 => 1430,
+    };
+    for dev in ["vxlan100", "br0", "vh"] {
+        run(&format!("ip -n {host} link set {dev} up"));
+    }
+    run(&format!("ip -n {vm} addr add {}/24 dev eth0", vm_ip(i)));
+    run(&format!("ip -n {vm} link set eth0 mtu {mtu} up"));
+    vm
+}
+
+fn mac_of(ns: &str, dev: &str) -> MacAddr {
+    let out = run(&format!("ip -n {ns} -o link show {dev}"));
+    let at = out.find("link/ether ").expect("an Ethernet interface") + 11;
+    out[at..at + 17].parse().expect("a MAC address")
+}
+
+fn ping(vm: &str, dst: &str, count: u32) -> bool {
+    try_run(&format!(
+        "ip netns exec {vm} ping -n -q -c {count} -i 0.2 -w 10 {dst}"
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// The qswitch host: a VxlanPort and a TAP port with a loop between them
+// ---------------------------------------------------------------------------------------
+
+/// A thread in a host namespace moving frames TAP → VXLAN and VXLAN → TAP until dropped.
+struct QswitchHost {
+    port: Arc<VxlanPort>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl QswitchHost {
+    /// Opens the port (`cfg`) and a TAP `qsvm` in `host`, moves the TAP into a new VM
+    /// namespace with address [`vm_ip`]`(0)` and the port's inner MTU, and starts the loop.
+    fn start(lab: &mut Lab, host: &str, cfg: VxlanConfig) -> (QswitchHost, String) {
+        let vm = lab.ns("vm0");
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let path = ns_path(host);
+        let thread = std::thread::spawn(move || {
+            qswitch_sys::netns::enter(&path).expect("enter the host namespace");
+            let opened = VxlanPort::open("vx", &cfg)
+                .map_err(|e| format!("{e:#}"))
+                .and_then(|p| {
+                    TapPort::open("qsvm", 1)
+                        .map(|t| (Arc::new(p), t))
+                        .map_err(|e| format!("{e:#}"))
+                });
+            let (port, tap) = match opened {
+                Ok(x) => x,
+                Err(e) => {
+                    tx.send(Err(e)).ok();
+                    return;
+                }
+            };
+            tx.send(Ok(port.clone())).ok();
+            pump(&port, &tap, &stop2);
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the host thread answers")
+            .expect("open the VXLAN and TAP ports");
+        run(&format!("ip -n {host} link set qsvm netns {vm}"));
+        run(&format!("ip -n {vm} addr add {}/24 dev qsvm", vm_ip(0)));
+        run(&format!(
+            "ip -n {vm} link set qsvm mtu {} up",
+            port.inner_mtu()
+        ));
+        (
+            QswitchHost {
+                port,
+                stop,
+                thread: Some(thread),
+            },
+            vm,
+        )
+    }
+}
+
+impl Drop for QswitchHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().ok();
+        }
+    }
+}
+
+fn pump(vx: &VxlanPort, tap: &TapPort, stop: &AtomicBool) {
+    let start = Instant::now();
+    let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
+    let all: Vec<u8> = (0..32).collect();
+    let mut drops = DropTally::default();
+    while !stop.load(Ordering::Relaxed) {
+        let now = start.elapsed().as_nanos() as u64;
+        let n = tap.rx_burst(0, &mut pkts, now, &mut drops);
+        if n > 0 {
+            vx.tx_burst(0, &mut pkts, &all[..n], &mut drops);
+        }
+        let m = vx.rx_burst(0, &mut pkts, now, &mut drops);
+        if m > 0 {
+            tap.tx_burst(0, &mut pkts, &all[..m], &mut drops);
+        }
+        if n == 0 && m == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Capture (tcpdump in the fabric namespace)
+// ---------------------------------------------------------------------------------------
+
+struct Capture {
+    child: Child,
+    file: PathBuf,
+}
+
+impl Capture {
+    fn start(ns: &str, dev: &str) -> Capture {
+        let file = std::env::temp_dir().join(format!("{ns}-{dev}.pcap"));
+        let mut child = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "tcpdump", "-n", "-U", "-s", "0", "-i", dev,
+            ])
+            .args(["-w", file.to_str().unwrap(), "udp", "port", "4789"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump");
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .ok();
+        assert!(line.contains("listening"), "tcpdump: {line}");
+        Capture { child, file }
+    }
+
+    /// Stops the capture and returns the frames.
+    fn frames(mut self) -> Vec<Vec<u8>> {
+        std::thread::sleep(Duration::from_millis(200));
+        try_run(&format!("kill -INT {}", self.child.id()));
+        self.child.wait().ok();
+        let data = std::fs::read(&self.file).expect("the capture file");
+        parse_pcap(&data)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+        std::fs::remove_file(&self.file).ok();
+    }
+}
+
+fn parse_pcap(data: &[u8]) -> Vec<Vec<u8>> {
+    assert!(data.len() >= 24, "pcap header");
+    let le = data[..4] == [0xd4, 0xc3, 0xb2, 0xa1] || data[..4] == [0x4d, 0x3c, 0xb2, 0xa1];
+    let u32_at = |at: usize| {
+        let b: [u8; 4] = data[at..at + 4].try_into().unwrap();
+        if le {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        }
+    };
+    assert_eq!(u32_at(20), 1, "Ethernet link type");
+    let mut at = 24;
+    let mut out = Vec::new();
+    while at + 16 <= data.len() {
+        let len = u32_at(at + 8) as usize;
+        at += 16;
+        if at + len > data.len() {
+            break;
+        }
+        out.push(data[at..at + len].to_vec());
+        at += len;
+    }
+    out
+}
+
+/// An iperf3 server in a namespace, killed on drop.
+struct Server(Child);
+
+impl Server {
+    fn start(ns: &str) -> Server {
+        Server(
+            Command::new("ip")
+                .args(["netns", "exec", ns, "iperf3", "-s"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("iperf3 -s"),
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+fn cfg(fam: Family, i: u8, remotes: &[u8]) -> VxlanConfig {
+    let mut c = VxlanConfig::new(VNI, host_ip(fam, i));
+    c.remotes = remotes.iter().map(|&r| host_ip(fam, r)).collect();
+    c
+}
+
+/// qswitch on host 0 and Linux on host 1: ping both ways, learning, counters, and what the
+/// underlay carries.
+fn interop(fam: Family) {
+    if !can_run(&["ip", "bridge", "ping", "tcpdump", "iperf3"]) {
+        return;
+    }
+    let tag = match fam {
+        Family::V4 => "i4",
+        Family::V6 => "i6",
+    };
+    let mut lab = Lab::new(tag);
+    let hosts = fabric(&mut lab, fam, 2);
+    let vm_b = linux_host(&mut lab, &hosts[1], fam, 1, &[host_ip(fam, 0)]);
+    let (qs, vm_a) = QswitchHost::start(&mut lab, &hosts[0], cfg(fam, 0, &[1]));
+    let port = &qs.port;
+    assert_eq!(
+        port.inner_mtu(),
+        match fam {
+            Family::V4 => 1450,
+            Family::V6 => 1430,
+        }
+    );
+    let cap = Capture::start(&lab.namespaces[0], "br0");
+
+    assert!(ping(&vm_a, &vm_ip(1), 3), "vmA → vmB over qswitch ⇄ Linux");
+    assert!(ping(&vm_b, &vm_ip(0), 3), "vmB → vmA over Linux ⇄ qswitch");
+    // Full-size frames fit exactly (DF set inside: ping -M do).
+    let size = port.inner_mtu() - 28;
+    assert!(
+        try_run(&format!(
+            "ip netns exec {vm_a} ping -n -q -c 2 -i 0.2 -w 10 -M do -s {size} {}",
+            vm_ip(1)
+        )),
+        "a {size}-byte ICMP payload (inner MTU) crosses"
+    );
+
+    let b = host_ip(fam, 1);
+    let mac_b = mac_of(&vm_b, "eth0");
+    let learned = port.entries();
+    assert!(
+        learned
+            .iter()
+            .any(|e| e.mac == mac_b && e.vtep == b && e.origin == Origin::Learned),
+        "vmB's MAC learned behind host B: {learned:?}"
+    );
+    let st = port.stats();
+    let tb = st.vtep(b).expect("counters of VTEP B");
+    assert!(tb.rx_frames >= 6 && tb.tx_frames >= 6, "{st:?}");
+    assert!(st.traffic.rx_bytes >= tb.rx_bytes && st.traffic.tx_frames >= tb.tx_frames);
+    assert_eq!(st.vni, VNI);
+    assert!(st.drops.iter().all(|(_, n)| *n == 0), "{st:?}");
+
+    // The underlay, as seen on the fabric bridge.
+    let a = host_ip(fam, 0);
+    let frames = cap.frames();
+
+    // TCP both ways: the TAP hands over TSO super-frames, which the port segments to the
+    // inner MTU; nothing is dropped.
+    let _server = Server::start(&vm_b);
+    for reverse in ["", "-R"] {
+        let ok = (0..20).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            try_run(&format!(
+                "ip netns exec {vm_a} timeout 20 iperf3 -c {} -t 2 {reverse}",
+                vm_ip(1)
+            ))
+        });
+        assert!(ok, "iperf3 {reverse} between vmA and vmB");
+    }
+    let st = port.stats();
+    assert!(st.drops.iter().all(|(_, n)| *n == 0), "{st:?}");
+    assert!(
+        st.traffic.tx_bytes > 10_000_000 && st.traffic.rx_bytes > 10_000_000,
+        "{st:?}"
+    );
+    let src_ports = port.src_ports();
+    let mut from_a = 0;
+    let mut from_b = 0;
+    let mut icmp_ports = std::collections::HashSet::new();
+    for f in &frames {
+        let d =
+            wire_vxlan::decap(f).unwrap_or_else(|e| panic!("bad underlay frame ({e}): {f:02x?}"));
+        assert_eq!(d.vni.get(), VNI);
+        assert_eq!(d.dst_port, 4789);
+        assert!(f[d.inner_offset - 8] & wire_vxlan::FLAG_I != 0, "I flag");
+        if d.src == a {
+            from_a += 1;
+            assert_eq!(d.dst, b);
+            assert!(src_ports.contains(&d.src_port), "source port from the pool");
+            assert!(d.src_port >= wire_vxlan::SRC_PORT_MIN);
+            // Zero checksum over IPv4 (as Linux by default), computed over IPv6; a non-zero
+            // one was verified by decap.
+            assert_eq!(d.udp_checksum, fam == Family::V6);
+            // ICMP from vmA to vmB: one flow, one source port.
+            let inner = d.inner;
+            if inner.len() > 34
+                && inner[12..14] == [8, 0]
+                && inner[23] == 1
+                && inner[30..34] == [10, 200, 0, 2]
+            {
+                icmp_ports.insert(d.src_port);
+            }
+        } else {
+            from_b += 1;
+        }
+    }
+    assert!(
+        from_a >= 6 && from_b >= 6,
+        "{from_a} from A, {from_b} from B"
+    );
+    assert_eq!(
+        icmp_ports.len(),
+        1,
+        "one flow keeps one source port: {icmp_ports:?}"
+    );
+    drop(qs);
+}
+
+#[test]
+fn interop_with_linux_ipv4() {
+    interop(Family::V4);
+}
+
+#[test]
+fn interop_with_linux_ipv6() {
+    interop(Family::V6);
+}
+
+/// Three hosts: broadcast reaches both Linux hosts; once learned, unicast to B goes only to B.
+#[test]
+fn learned_unicast_goes_to_one_vtep() {
+    if !can_run(&["ip", "bridge", "ping"]) {
+        return;
+    }
+    let fam = Family::V4;
+    let mut lab = Lab::new("l3");
+    let hosts = fabric(&mut lab, fam, 3);
+    let (a, b, c) = (host_ip(fam, 0), host_ip(fam, 1), host_ip(fam, 2));
+    let vm_b = linux_host(&mut lab, &hosts[1], fam, 1, &[a, c]);
+    let vm_c = linux_host(&mut lab, &hosts[2], fam, 2, &[a, b]);
+    let (qs, vm_a) = QswitchHost::start(&mut lab, &hosts[0], cfg(fam, 0, &[1, 2]));
+    assert!(ping(&vm_a, &vm_ip(1), 2), "vmA → vmB");
+    assert!(ping(&vm_a, &vm_ip(2), 2), "vmA → vmC");
+    assert!(
+        ping(&vm_b, &vm_ip(2), 2),
+        "vmB → vmC (Linux ⇄ Linux, same fabric)"
+    );
+
+    let entries = qs.port.entries();
+    for (vm, vtep) in [(&vm_b, b), (&vm_c, c)] {
+        let mac = mac_of(vm, "eth0");
+        assert!(
+            entries.iter().any(|e| e.mac == mac && e.vtep == vtep),
+            "{mac} behind {vtep}: {entries:?}"
+        );
+    }
+    let before = qs.port.stats();
+    assert!(ping(&vm_a, &vm_ip(1), 5), "vmA → vmB again");
+    let after = qs.port.stats();
+    let tx = |s: &qswitch_dp::port::vxlan::VxlanStats, v| s.vtep(v).unwrap().tx_frames;
+    assert!(tx(&after, b) >= tx(&before, b) + 5, "{before:?} {after:?}");
+    assert_eq!(
+        tx(&after, c),
+        tx(&before, c),
+        "nothing for B went to C: {before:?} {after:?}"
+    );
+    drop(qs);
+}
+
+/// Receives on `port` until `want` frames came or 5 s passed.
+fn receive(port: &VxlanPort, want: usize) -> Vec<Vec<u8>> {
+    receive_for(port, want, Duration::from_secs(5))
+}
+
+/// Receives for 200 ms: what arrives when nothing should.
+fn receive_late(port: &VxlanPort) -> Vec<Vec<u8>> {
+    receive_for(port, usize::MAX, Duration::from_millis(200))
+}
+
+fn receive_for(port: &VxlanPort, want: usize, timeout: Duration) -> Vec<Vec<u8>> {
+    let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
+    let mut drops = DropTally::default();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + timeout;
+    let start = Instant::now();
+    while got.len() < want && Instant::now() < deadline {
+        let n = port.rx_burst(
+            0,
+            &mut pkts,
+            start.elapsed().as_nanos() as u64 + 1,
+            &mut drops,
+        );
+        got.extend(pkts[..n].iter().map(|p| p.frame().to_vec()));
+        if n == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    got
+}
+
+fn inner_frame(src: [u8; 6], len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; len];
+    f[..6].copy_from_slice(&[2, 0, 0, 0, 0, 0xaa]);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+    f
+}
+
+fn vxlan_payload(flags: u8, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let mut p = vec![flags, 0, 0, 0];
+    p.extend_from_slice(&(vni << 8).to_be_bytes());
+    p.extend_from_slice(inner);
+    p
+}
+
+/// Runs `f` in a thread inside namespace `ns`.
+fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = ns_path(ns);
+    std::thread::spawn(move || {
+        qswitch_sys::netns::enter(&path).expect("enter namespace");
+        f()
+    })
+    .join()
+    .expect("namespace thread")
+}
+
+/// Bad input is dropped and counted by reason, and forwarding goes on; too-big frames are
+/// dropped on transmit, frames that fit leave whole.
+#[test]
+fn bad_input_is_counted_and_forwarding_goes_on() {
+    if !can_run(&["ip"]) {
+        return;
+    }
+    let fam = Family::V4;
+    let mut lab = Lab::new("bad");
+    let hosts = fabric(&mut lab, fam, 3);
+    let (a, b) = (host_ip(fam, 0), host_ip(fam, 1));
+    let mut config = cfg(fam, 0, &[1]);
+    config.learning = false;
+    let port = in_ns(&hosts[0], move || {
+        VxlanPort::open("vx", &config).expect("open")
+    });
+    let to_a = SocketAddr::new(a, 4789);
+    let good = inner_frame([2, 0, 0, 0, 0, 0xb], 60);
+    // From B (in the list): short, I flag clear, unknown VNI, inner too short, then a good one.
+    let good2 = good.clone();
+    in_ns(&hosts[1], move || {
+        let s = UdpSocket::bind(SocketAddr::new(b, 0)).unwrap();
+        for p in [
+            vec![8, 0, 0, 0],
+            vxlan_payload(0, VNI, &good2),
+            vxlan_payload(0x08, 999, &good2),
+            vxlan_payload(0x08, VNI, &good2[..10]),
+            vxlan_payload(0x08, VNI, &good2),
+        ] {
+            s.send_to(&p, to_a).unwrap();
+        }
+    });
+    // From C (not in the list, learning off).
+    let good3 = good.clone();
+    let c = host_ip(fam, 2);
+    in_ns(&hosts[2], move || {
+        let s = UdpSocket::bind(SocketAddr::new(c, 0)).unwrap();
+        s.send_to(&vxlan_payload(0x08, VNI, &good3), to_a).unwrap();
+    });
+    let got = receive(&port, 1);
+    assert_eq!(got, vec![good.clone()], "only the good frame");
+    // Late arrivals would show up here.
+    assert!(receive_late(&port).is_empty());
+    let st = port.stats();
+    for (reason, n) in [
+        (VxlanDrop::Short, 1),
+        (VxlanDrop::IFlagClear, 1),
+        (VxlanDrop::UnknownVni, 1),
+        (VxlanDrop::InnerTooShort, 1),
+        (VxlanDrop::UnknownVtep, 1),
+    ] {
+        assert_eq!(st.drop_count(reason), n, "{}: {st:?}", reason.name());
+    }
+    assert_eq!(st.vtep(b).unwrap().rx_frames, 1);
+    assert!(st.vtep(c).is_none(), "no counters for a refused VTEP");
+    assert!(
+        port.entries().is_empty(),
+        "nothing learned with learning off"
+    );
+
+    // Once C is in the flood list (as EVPN would put it), its frames are accepted.
+    port.add_flood(c, Origin::Evpn);
+    let good4 = good.clone();
+    in_ns(&hosts[2], move || {
+        let s = UdpSocket::bind(SocketAddr::new(c, 0)).unwrap();
+        s.send_to(&vxlan_payload(0x08, VNI, &good4), to_a).unwrap();
+    });
+    assert_eq!(receive(&port, 1), vec![good.clone()]);
+    assert!(port.remove_flood(c, Origin::Evpn));
+
+    // Transmit: a frame that fits the 1500-byte underlay exactly goes out whole; one byte
+    // more is a counted drop.
+    let max = 1500 - 20 - 16;
+    assert_eq!(port.underlay_mtu(), 1500);
+    let listener = {
+        let h = hosts[1].clone();
+        let (tx, rx) = mpsc::channel();
+        let t = std::thread::spawn(move || {
+            qswitch_sys::netns::enter(&ns_path(&h)).unwrap();
+            let s = UdpSocket::bind(SocketAddr::new(b, 4789)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            tx.send(()).unwrap();
+            let mut buf = vec![0u8; 4000];
+            let mut lens = Vec::new();
+            while let Ok((n, _)) = s.recv_from(&mut buf) {
+                lens.push((n, buf[..8].to_vec()));
+                if lens.len() == 1 {
+                    s.set_read_timeout(Some(Duration::from_millis(300)))
+                        .unwrap();
+                }
+            }
+            lens
+        });
+        rx.recv().unwrap();
+        t
+    };
+    let mut pkts: Vec<Pkt> = (0..2).map(|_| Pkt::new()).collect();
+    pkts[0].fill(&inner_frame([2, 0, 0, 0, 0, 1], max + 1));
+    pkts[1].fill(&inner_frame([2, 0, 0, 0, 0, 1], max));
+    let mut drops = DropTally::default();
+    let done = port.tx_burst(0, &mut pkts, &[0, 1], &mut drops);
+    assert_eq!(done.packets, 1);
+    let lens = listener.join().unwrap();
+    assert_eq!(lens.len(), 1, "{lens:?}");
+    assert_eq!(lens[0].0, 8 + max);
+    assert_eq!(lens[0].1, vxlan_payload(0x08, VNI, &[]));
+    assert_eq!(port.stats().drop_count(VxlanDrop::MtuExceeded), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Without privileges: loopback
+// ---------------------------------------------------------------------------------------
+
+fn loopback_pair(learning: bool) -> Option<(VxlanPort, VxlanPort, u16)> {
+    // A port per test process so that concurrent runs do not collide.
+    for attempt in 0..20u16 {
+        let dstport = 40_000 + ((std::process::id() as u16).wrapping_add(attempt * 97) % 9_000);
+        let mk = |local: [u8; 4], remote: [u8; 4]| {
+            let mut c = VxlanConfig::new(VNI, IpAddr::V4(local.into()));
+            c.remotes = vec![IpAddr::V4(remote.into())];
+            c.dstport = dstport;
+            c.learning = learning;
+            VxlanPort::open("vx", &c)
+        };
+        if let (Ok(x), Ok(y)) = (
+            mk([127, 0, 0, 1], [127, 0, 0, 2]),
+            mk([127, 0, 0, 2], [127, 0, 0, 1]),
+        ) {
+            return Some((x, y, dstport));
+        }
+    }
+    None
+}
+
+#[test]
+fn loopback_ports_switch_learn_and_keep_origins() {
+    let (x, y, _) = loopback_pair(true).expect("two loopback ports");
+    let lo1 = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+    let lo2 = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let mac_x = [2, 0, 0, 0, 0, 0x11];
+    // X floods a frame to its one remote (Y); Y learns mac_x behind 127.0.0.1.
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    let mut f = inner_frame(mac_x, 100);
+    f[..6].fill(0xff);
+    pkts[0].fill(&f);
+    let mut drops = DropTally::default();
+    assert_eq!(x.tx_burst(0, &mut pkts, &[0], &mut drops).packets, 1);
+    assert_eq!(receive(&y, 1), vec![f]);
+    let e = y.entries();
+    assert_eq!(e.len(), 1);
+    assert_eq!(
+        (e[0].mac, e[0].vtep, e[0].origin),
+        (MacAddr(mac_x), lo1, Origin::Learned)
+    );
+    assert_eq!(y.lookup(MacAddr(mac_x)), Some(lo1));
+
+    // Origins: EVPN replaces learned, learned never replaces EVPN or static, static wins,
+    // and a withdrawal removes only its own origin.
+    let m = MacAddr([2, 0, 0, 0, 0, 0x22]);
+    let other = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9));
+    assert!(y.add_mac(m, lo1, Origin::Learned));
+    assert!(y.add_mac(m, other, Origin::Evpn));
+    assert!(!y.add_mac(m, lo1, Origin::Learned));
+    assert_eq!(y.lookup(m), Some(other));
+    assert!(!y.remove_mac(m, Origin::Learned));
+    assert!(y.add_mac(m, lo2, Origin::Static));
+    assert!(!y.add_mac(m, other, Origin::Evpn));
+    assert!(!y.remove_mac(m, Origin::Evpn));
+    assert!(y.remove_mac(m, Origin::Static));
+    assert_eq!(y.lookup(m), None);
+    assert!(y.add_mac(m, other, Origin::Evpn));
+    assert_eq!(y.remove_macs_by_origin(Origin::Evpn), 1);
+
+    // The flood list keeps one VTEP per address with its origins.
+    y.add_flood(other, Origin::Evpn);
+    y.add_flood(lo1, Origin::Evpn);
+    assert_eq!(
+        y.flood_list(),
+        vec![
+            (lo1, vec![Origin::Evpn, Origin::Static]),
+            (other, vec![Origin::Evpn])
+        ]
+    );
+    assert_eq!(y.remove_flood_by_origin(Origin::Evpn), 2);
+    assert_eq!(y.flood_list(), vec![(lo1, vec![Origin::Static])]);
+
+    // Learned unicast from Y to mac_x goes to 127.0.0.1 only (X receives it).
+    let g = inner_frame([2, 0, 0, 0, 0, 0x33], 80);
+    let mut to_x = g.clone();
+    to_x[..6].copy_from_slice(&mac_x);
+    pkts[0].fill(&to_x);
+    assert_eq!(y.tx_burst(0, &mut pkts, &[0], &mut drops).packets, 1);
+    assert_eq!(receive(&x, 1), vec![to_x]);
+    let st = y.stats();
+    assert_eq!(st.vtep(lo1).unwrap().tx_frames, 1);
+    assert_eq!(st.vtep(lo1).unwrap().rx_frames, 1);
+    assert_eq!(st.traffic.rx_bytes, 100);
+    assert_eq!(y.inner_mtu() + 50, y.underlay_mtu());
+    assert_eq!(y.src_ports().len(), qswitch_dp::port::vxlan::SRC_PORTS);
+
+    // Aging (default 300 s) on the switch clock: learned entries go, EVPN ones stay.
+    assert!(y.add_mac(m, other, Origin::Evpn));
+    let later = 301 * 1_000_000_000;
+    assert_eq!(y.rx_burst(0, &mut pkts, later, &mut drops), 0);
+    assert_eq!(y.lookup(MacAddr(mac_x)), None);
+    let e = y.entries();
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!((e[0].mac, e[0].origin, e[0].age_ns), (m, Origin::Evpn, 0));
+}
+
+/// Ports of several VNIs share one (local, dstport): each receives its own VNI only, also
+/// after another port of the group is closed.
+#[test]
+fn vnis_share_one_udp_port() {
+    let lo = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+    let mut opened = None;
+    for attempt in 0..20u16 {
+        let dstport = 30_000 + ((std::process::id() as u16).wrapping_add(attempt * 89) % 9_000);
+        let mk = |vni| {
+            let mut c = VxlanConfig::new(vni, lo);
+            c.dstport = dstport;
+            VxlanPort::open("vx", &c)
+        };
+        if let (Ok(a), Ok(b), Ok(c)) = (mk(100), mk(200), mk(300)) {
+            opened = Some((a, b, c, dstport, mk(200)));
+            break;
+        }
+    }
+    let (p100, p200, p300, dstport, again) = opened.expect("three ports on one address");
+    assert!(again.is_err(), "one port per VNI and address");
+    let to = SocketAddr::new(lo, dstport);
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let frame = |vni: u32| inner_frame([2, 0, 0, 0, 1, vni as u8], 60);
+    let send = |vni: u32, n: usize| {
+        for _ in 0..n {
+            s.send_to(&vxlan_payload(0x08, vni, &frame(vni)), to)
+                .unwrap();
+        }
+    };
+    send(100, 5);
+    send(200, 7);
+    send(300, 3);
+    assert_eq!(receive(&p100, 5), vec![frame(100); 5]);
+    assert_eq!(receive(&p200, 7), vec![frame(200); 7]);
+    assert_eq!(receive(&p300, 3), vec![frame(300); 3]);
+    // Closing the first port moves the last into its place; steering follows.
+    drop(p100);
+    send(200, 4);
+    send(300, 6);
+    assert_eq!(receive(&p200, 4), vec![frame(200); 4]);
+    assert_eq!(receive(&p300, 6), vec![frame(300); 6]);
+    for p in [&p200, &p300] {
+        assert!(receive_late(p).is_empty());
+        assert_eq!(p.stats().drop_count(VxlanDrop::UnknownVni), 0);
+    }
+    // An unknown VNI lands on one of them and is counted there.
+    send(999, 1);
+    let (a, b) = (receive_late(&p200), receive_late(&p300));
+    assert!(a.is_empty() && b.is_empty());
+    let unknown = p200.stats().drop_count(VxlanDrop::UnknownVni)
+        + p300.stats().drop_count(VxlanDrop::UnknownVni);
+    assert_eq!(unknown, 1);
+}
+
+/// A `type = "vxlan"` port from config in a (manual) switch: frames from a remote VTEP reach
+/// an inject port and are learned in the switch's fdb as behind the VXLAN port; unicast back
+/// goes out through the tunnel.
+#[test]
+fn config_port_in_a_switch() {
+    use qswitch_api::{PortConfig, PortKind};
+    let options = qswitch_dp::Options {
+        topology: Some(qswitch_dp::placement::Topology::synthetic(1, 4, 1)),
+        ..Default::default()
+    };
+    let sw = qswitch_dp::Switch::manual(&[0], &options).expect("manual switch");
+    let (l4, l5) = (
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4)),
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 5)),
+    );
+    let mut added = None;
+    for attempt in 0..20u16 {
+        let dstport = 20_000 + ((std::process::id() as u16).wrapping_add(attempt * 83) % 9_000);
+        let port = PortConfig::new(
+            "vx",
+            PortKind::Vxlan(qswitch_api::VxlanConfig {
+                vni: 42,
+                local: l4,
+                remotes: vec![l5],
+                dstport,
+                learning: true,
+                udp_csum: None,
+            }),
+        );
+        let mut c = VxlanConfig::new(42, l5);
+        c.remotes = vec![l4];
+        c.dstport = dstport;
+        if let (Ok(remote), Ok(_)) = (VxlanPort::open("remote", &c), sw.add_port(&port)) {
+            added = Some(remote);
+            break;
+        }
+    }
+    let remote = added.expect("a VXLAN port in the switch and its peer");
+    let a = sw.add_inject_port("a", None).unwrap();
+    let (mac_a, mac_r) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0x5]);
+
+    // Remote → switch: a broadcast reaches port a.
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    let mut bcast = inner_frame(mac_r, 60);
+    bcast[..6].fill(0xff);
+    pkts[0].fill(&bcast);
+    let mut drops = DropTally::default();
+    assert_eq!(remote.tx_burst(0, &mut pkts, &[0], &mut drops).packets, 1);
+    let mut got = Vec::new();
+    for i in 0..2000 {
+        sw.poll_once(1_000 * (i + 1));
+        got.extend(a.take_captured());
+        if !got.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(got, vec![bcast]);
+    let fdb = sw.fdb();
+    assert!(
+        fdb.iter()
+            .any(|e| e.port == "vx" && e.mac == MacAddr(mac_r).to_string()),
+        "{fdb:?}"
+    );
+
+    // Switch → remote: unicast to the learned MAC leaves through the tunnel.
+    let mut uni = inner_frame(mac_a, 60);
+    uni[..6].copy_from_slice(&mac_r);
+    a.inject(&uni);
+    sw.poll_once(10_000_000);
+    assert_eq!(receive(&remote, 1), vec![uni]);
+}
+
+#[test]
+fn one_flow_one_source_port() {
+    use qswitch_dp::port::vxlan::flow_hash;
+    // Two frames of one UDP flow (different payloads) hash alike; another flow differs.
+    let udp = |sport: u16, payload: u8| {
+        let mut f = vec![0u8; 14 + 20 + 8 + 4];
+        f[12..14].copy_from_slice(&[8, 0]);
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&32u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 17;
+        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&53u16.to_be_bytes());
+        f[42..].fill(payload);
+        f
+    };
+    assert_eq!(flow_hash(&udp(1000, 1)), flow_hash(&udp(1000, 2)));
+    let distinct: std::collections::HashSet<u32> =
+        (0..64).map(|p| flow_hash(&udp(1000 + p, 0)) % 16).collect();
+    assert!(
+        distinct.len() >= 8,
+        "flows spread over source ports: {distinct:?}"
+    );
+}

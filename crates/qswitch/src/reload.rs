@@ -1,0 +1,161 @@
+//! `qswitch reload` and SIGHUP: re-read the config file and apply only what changed in it.
+//!
+//! The file is parsed and validated first, then merged with what runs ([`crate::state::merge`]:
+//! ports whose `[[port]]` table changed in the file take the file's version, the others keep
+//! their live version) and the merge validated as a whole; any error there changes nothing.
+//! Then, in this order: removed ports go, changed ports are removed and added again (a port
+//! whose only change is its QoS gets a `qos set` instead and keeps running), new ports are
+//! added, and the placement mode is set. Untouched ports are not touched at all: a change
+//! publishes a new port table, and workers keep switching between the other ports across it.
+//! `[switch]` keys other than `placement` take effect at the next restart.
+
+use anyhow::{anyhow, Context};
+use qswitch_api::config::SwitchConfig;
+use qswitch_api::Config;
+use qswitch_dp::Switch;
+
+use crate::state::{merge, qos_update, same_but_qos, Live, Persist};
+
+/// Reloads; returns one line per change applied. Holds no lock of its own: the caller holds
+/// the persistence mutex.
+pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
+    let path = p.config_path().to_path_buf();
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}; nothing changed", path.display()))?;
+    let file = Config::from_toml(&text).map_err(|e| anyhow!("{e}; nothing changed"))?;
+    let online = qswitch_sys::thread::online_cpus().context("cannot read the online CPUs")?;
+    file.validate(&online)
+        .map_err(|e| anyhow!("{e}; nothing changed"))?;
+    let live = p.live().clone();
+    let mut target = merge(p.base(), &live, &file);
+    let mut changes = Vec::new();
+    let restart = restart_keys(&live.config.switch, &file.switch);
+    if !restart.is_empty() {
+        changes.push(format!(
+            "[switch] {} changed: takes effect at the next restart",
+            restart.join(", ")
+        ));
+    }
+    let mut keep = live.config.switch.clone();
+    keep.placement = target.config.switch.placement;
+    target.config.switch = keep;
+    target.config.validate(&online).map_err(|e| {
+        anyhow!("the file with the live changes on top is invalid: {e}; nothing changed")
+    })?;
+    let mut reached = live.clone();
+    match apply(sw, &live, &target, &mut reached, &mut changes) {
+        Ok(()) => {
+            p.commit(target, Some((file, text)))?;
+            for c in &changes {
+                tracing::info!("reload: {c}");
+            }
+            Ok(changes)
+        }
+        Err(e) => {
+            // Record what did happen; the next reload retries the rest.
+            let recorded = p.commit(reached, None);
+            let done = if changes.is_empty() {
+                "nothing".to_string()
+            } else {
+                changes.join("; ")
+            };
+            let mut msg = format!(
+                "reload stopped: {}; applied before: {done}",
+                crate::chain(&e)
+            );
+            if let Err(r) = recorded {
+                msg.push_str(&format!("; and {}", crate::chain(&r)));
+            }
+            Err(anyhow!(msg))
+        }
+    }
+}
+
+/// Applies the differences between `live` and `target`, keeping `cur` (which starts as
+/// `live`) what runs, also when a step fails.
+fn apply(
+    sw: &Switch,
+    live: &Live,
+    target: &Live,
+    cur: &mut Live,
+    changes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let find = |c: &Config, name: &str| c.ports.iter().position(|p| p.name == name);
+    // Removed and changed ports.
+    for old in &live.config.ports {
+        let name = old.name.as_str();
+        match find(&target.config, name).map(|i| &target.config.ports[i]) {
+            Some(new) if new == old => {}
+            Some(new) if same_but_qos(old, new) => {
+                sw.qos_set(name, &qos_update(new.qos_settings()))?;
+                if let Some(i) = find(&cur.config, name) {
+                    cur.config.ports[i].qos = new.qos.clone();
+                }
+                changes.push(format!("port {name}: qos set"));
+            }
+            Some(new) => {
+                sw.del_port(name)?;
+                cur.config.ports.retain(|p| p.name != name);
+                cur.pins.retain(|(p, _), _| p != name);
+                sw.add_port(new)?;
+                cur.config.ports.push(new.clone());
+                changes.push(format!("port {name}: changed, removed and added again"));
+            }
+            None => {
+                sw.del_port(name)?;
+                cur.config.ports.retain(|p| p.name != name);
+                cur.pins.retain(|(p, _), _| p != name);
+                changes.push(format!("port {name}: removed"));
+            }
+        }
+    }
+    for new in &target.config.ports {
+        if find(&live.config, &new.name).is_none() {
+            sw.add_port(new)?;
+            cur.config.ports.push(new.clone());
+            changes.push(format!("port {}: added", new.name));
+        }
+    }
+    let mode = target.config.switch.placement;
+    if mode != live.config.switch.placement {
+        sw.set_placement_mode(mode);
+        changes.push(format!("placement mode {mode}"));
+    }
+    Ok(())
+}
+
+/// The `[switch]` keys other than `placement` that differ.
+fn restart_keys(a: &SwitchConfig, b: &SwitchConfig) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    let mut check = |same: bool, key: &'static str| {
+        if !same {
+            keys.push(key);
+        }
+    };
+    check(a.workers == b.workers, "workers");
+    check(a.control == b.control, "control");
+    check(a.fdb_aging == b.fdb_aging, "fdb_aging");
+    check(a.poll_spin_us == b.poll_spin_us, "poll_spin_us");
+    check(a.reserved_cpus == b.reserved_cpus, "reserved_cpus");
+    check(a.reservable == b.reservable, "reservable");
+    check(a.http == b.http, "http");
+    check(a.state_dir == b.state_dir, "state_dir");
+    check(a.control_group == b.control_group, "control_group");
+    keys
+}
+
+/// `qswitch reload`: asks the daemon to reload and prints what changed.
+pub fn cli(control: &std::path::Path) -> anyhow::Result<()> {
+    match qswitch_api::client::call(control, &qswitch_api::Request::Reload)? {
+        qswitch_api::Response::Reloaded { changes } if changes.is_empty() => {
+            println!("nothing changed");
+        }
+        qswitch_api::Response::Reloaded { changes } => {
+            for c in changes {
+                println!("{c}");
+            }
+        }
+        _ => anyhow::bail!("unexpected reply"),
+    }
+    Ok(())
+}
