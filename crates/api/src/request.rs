@@ -55,6 +55,129 @@ pub enum Request {
     Reload,
     /// The effective configuration (the file plus live changes) as TOML.
     ConfigDump,
+    /// Capture frames on a port. A streaming request: the daemon answers
+    /// [`Response::CaptureStarted`], then [`Response::CapturePackets`] lines (at least one a
+    /// second), then [`Response::CaptureEnd`] once `count` frames were sent or the port went;
+    /// the capture also stops when the client closes the connection.
+    Capture(CaptureRequest),
+    /// What the switch would do with `frame` (hex) arriving on `port`; changes nothing.
+    Trace { port: String, frame: String },
+}
+
+/// `qswitch capture`: what to capture and how much.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureRequest {
+    pub port: String,
+    /// Only this rx queue (sent frames are captured whatever the queue).
+    #[serde(default)]
+    pub queue: Option<u16>,
+    #[serde(default)]
+    pub direction: CaptureDirection,
+    /// Stop after this many frames.
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// Bytes kept of each frame.
+    pub snaplen: u32,
+    /// Filter: EtherType (outer, or inner after one 802.1Q tag).
+    #[serde(default)]
+    pub ether_type: Option<u16>,
+    /// Filter: source or destination MAC ("02:00:00:00:00:01").
+    #[serde(default)]
+    pub mac: Option<String>,
+    /// Filter: 802.1Q VLAN id of tagged frames.
+    #[serde(default)]
+    pub vlan: Option<u16>,
+}
+
+/// Which frames of a port to capture.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CaptureDirection {
+    Rx,
+    Tx,
+    #[default]
+    Both,
+}
+
+/// One captured frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapturedPacket {
+    /// Unix time, nanoseconds.
+    pub ts_ns: u64,
+    /// "rx" (received from the port) or "tx" (sent to it).
+    pub dir: String,
+    /// Rx queue for received frames; the transmitting worker for sent ones.
+    pub queue: u16,
+    /// The frame's length on the port.
+    pub orig_len: u32,
+    /// Its first `snaplen` bytes, hex.
+    pub data: String,
+}
+
+/// `qswitch trace`: what the switch would do with one frame, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceReport {
+    /// Ingress port and its VLAN (0: untagged).
+    pub port: String,
+    pub vlan: u16,
+    pub frame_len: usize,
+    pub src: Option<String>,
+    pub dst: Option<String>,
+    pub ether_type: Option<String>,
+    /// "unicast", "flood" or "drop".
+    pub verdict: String,
+    /// Why it is dropped (a drop-counter name), when it is.
+    pub drop_reason: Option<String>,
+    /// Source learning: "new", "refresh", "known", "move", "refused: port limit",
+    /// "refused: table full" (absent when the frame is dropped before learning).
+    pub learn: Option<String>,
+    /// The destination's fdb entry, when there is one.
+    pub fdb: Option<TraceFdb>,
+    /// The ports the frame would be sent to, in order.
+    pub egress: Vec<TraceEgress>,
+    pub ingress_qos: TraceQos,
+    /// The decision, step by step, as text.
+    pub steps: Vec<String>,
+}
+
+/// An fdb entry as trace reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceFdb {
+    pub port: String,
+    pub age_ms: u64,
+}
+
+/// One egress port of a trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceEgress {
+    pub port: String,
+    pub qos: TraceQos,
+    /// For a vhost-user port: the receive queue (pair) vRSS would pick.
+    pub rss: Option<TraceRss>,
+}
+
+/// A port's QoS state at trace time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceQos {
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    pub weight: u32,
+    /// Current allocation, bits/s (`None`: not shaped).
+    pub alloc_bps: Option<u64>,
+    /// Bytes in the port's token bucket (`None`: not shaped).
+    pub tokens: Option<i64>,
+}
+
+/// The vRSS decision for a vhost-user destination.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceRss {
+    /// Queue pairs the guest enabled.
+    pub enabled: Vec<u16>,
+    /// Toeplitz hash of the flow (`None`: not IP, or fewer than two pairs).
+    pub hash: Option<u32>,
+    /// Indirection-table entry the hash selects (`hash & 127`).
+    pub index: Option<usize>,
+    pub queue: u16,
 }
 
 /// The daemon's answer.
@@ -92,6 +215,27 @@ pub enum Response {
     Config {
         toml: String,
     },
+    /// A capture started; packets follow.
+    CaptureStarted {
+        port: String,
+        snaplen: u32,
+        /// Ring slots (the capture's bound).
+        slots: usize,
+    },
+    /// Captured frames, and the capture's counters so far.
+    CapturePackets {
+        packets: Vec<CapturedPacket>,
+        captured: u64,
+        /// Frames lost in the capture's own ring (full or busy); the data path is unaffected.
+        dropped: u64,
+    },
+    /// The capture ended.
+    CaptureEnd {
+        captured: u64,
+        dropped: u64,
+        reason: String,
+    },
+    Trace(Box<TraceReport>),
 }
 
 /// `qos show`: per port, its settings, current allocation and measured rates.

@@ -220,6 +220,9 @@ impl Forwarder {
             .dev
             .rx_burst(queue, &mut self.burst.pkts[..budget], now, &mut drops);
         entry.qos.charge(queue, &self.burst.pkts[..n]);
+        if entry.capture.on() {
+            entry.capture.rx(queue, &self.burst.pkts[..n], now);
+        }
         self.switch_burst(view, fdb, entry, queue, n, now, drops);
         n
     }
@@ -256,9 +259,9 @@ impl Forwarder {
         qc.rx_bytes.add(rx_bytes);
         drops.flush(&qc.drops);
         if view.vlan_aware {
-            self.transmit_vlans(view);
+            self.transmit_vlans(view, now);
         } else {
-            self.transmit(view);
+            self.transmit(view, now);
         }
     }
 
@@ -405,12 +408,15 @@ impl Forwarder {
 
     /// One `tx_burst` per destination, frames as they are.
     #[inline]
-    fn transmit(&mut self, view: &View) {
+    fn transmit(&mut self, view: &View, now: u64) {
         let w = self.worker;
         for p in self.touched.drain(..) {
             let sel = &mut self.out[usize::from(p.0)];
             if let Some(Some(dst)) = view.table.get(usize::from(p.0)) {
                 let mut td = DropTally::default();
+                if dst.capture.on() {
+                    dst.capture.tx(w, &self.burst.pkts, sel, now);
+                }
                 let done = dst.dev.tx_burst(w, &mut self.burst.pkts, sel, &mut td);
                 let tc = &dst.counters.tx[w];
                 tc.tx_packets.add(u64::from(done.packets));
@@ -424,7 +430,7 @@ impl Forwarder {
     /// One `tx_burst` per destination, each frame first tagged or untagged in place as that
     /// destination carries its VLAN. Destinations that take frames untagged go first.
     #[inline(never)]
-    fn transmit_vlans(&mut self, view: &View) {
+    fn transmit_vlans(&mut self, view: &View, now: u64) {
         let w = self.worker;
         let touched = std::mem::take(&mut self.touched);
         // Two passes over the destinations (no sort: that could allocate): first the ports
@@ -467,6 +473,9 @@ impl Forwarder {
                             }
                         }
                     });
+                    if dst.capture.on() {
+                        dst.capture.tx(w, pkts, sel, now);
+                    }
                     let done = dst.dev.tx_burst(w, pkts, sel, &mut td);
                     let tc = &dst.counters.tx[w];
                     tc.tx_packets.add(u64::from(done.packets));

@@ -26,6 +26,8 @@
 //! - [`rss`]: the Toeplitz hash (Microsoft's RSS) and the 128-entry indirection table.
 //! - [`qos`]: port QoS — the rate allocator, token buckets, admission control.
 //! - [`placement`]: which CPU each rx queue runs on (disjoint, SMT- and NUMA-aware sets).
+//! - [`capture`]: packet capture taps (a bounded ring per capture, drained by the control
+//!   plane) and [`trace`]: what the switch would do with a frame, without doing it.
 //! - [`balance`]: dynamic placement: coalesce queues at low load, spread them at high load.
 //! - [`stats`]: single-writer counters and the drop reasons.
 //! - [`ids`]: `PortId`, `WorkerId`, `CpuId`.
@@ -38,6 +40,7 @@
 #![deny(unsafe_code)]
 
 pub mod balance;
+pub mod capture;
 pub mod engine;
 pub mod fdb;
 pub mod ids;
@@ -51,6 +54,7 @@ pub mod rss;
 pub mod stats;
 pub mod switch;
 pub mod table;
+pub mod trace;
 pub mod worker;
 
 pub use ids::{CpuId, PortId, WorkerId};

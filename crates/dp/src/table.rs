@@ -41,6 +41,8 @@ pub struct PortEntry {
     /// [`crate::Switch::set_port_policy`], which republishes the table so that workers
     /// pick the new one up with their next view.
     pub policy: ArcSwap<Policy>,
+    /// Packet capture hook (see [`crate::capture`]): off unless a capture runs.
+    pub capture: crate::capture::PortCapture,
 }
 
 impl PortEntry {

@@ -17,6 +17,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -82,7 +83,7 @@ impl Drop for Socket {
 
 /// Serves requests until `stop` is set: one thread, one epoll set, every connection
 /// non-blocking (see the module docs).
-pub fn serve(socket: Socket, daemon: &Daemon, stop: &AtomicBool) {
+pub fn serve(socket: Socket, daemon: &Arc<Daemon>, stop: &AtomicBool) {
     let epoll = match Epoll::new().and_then(|e| e.add(socket.listener.as_raw_fd(), 0).map(|()| e)) {
         Ok(e) => e,
         Err(e) => {
@@ -194,7 +195,7 @@ impl Conns {
     }
 
     /// Reads what slot `i`'s client sent; answers once the line (or EOF) is there.
-    fn readable(&mut self, i: usize, epoll: &Epoll, daemon: &Daemon) {
+    fn readable(&mut self, i: usize, epoll: &Epoll, daemon: &Arc<Daemon>) {
         let Some(Some(c)) = self.slots.get_mut(i) else {
             return;
         };
@@ -231,6 +232,26 @@ impl Conns {
                 message: format!("bad request: {message}"),
             },
             Ok(()) => match serde_json::from_slice::<Request>(c.buf.trim_ascii_end()) {
+                // Streaming: a capture owns its connection, on a thread of its own, until it
+                // ends (at most one capture per port runs at a time).
+                Ok(Request::Capture(req)) => {
+                    let _ = epoll.delete(c.stream.as_raw_fd());
+                    if let Some(c) = self.slots[i].take() {
+                        let daemon = daemon.clone();
+                        let _ = c.stream.set_nonblocking(false);
+                        let started = std::thread::Builder::new().name("qs-capture".into()).spawn(
+                            move || {
+                                if let Err(e) = crate::capture::serve(&c.stream, &daemon, req) {
+                                    tracing::debug!(error = %e, "capture client went away");
+                                }
+                            },
+                        );
+                        if let Err(e) = started {
+                            tracing::warn!(error = %e, "cannot start a capture thread");
+                        }
+                    }
+                    return;
+                }
                 Ok(req) => execute_guarded(req, daemon),
                 Err(e) => Response::Error {
                     message: format!("bad request: {e}"),
@@ -317,6 +338,10 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         Request::Placement => Response::Placement(Box::new(sw.placement())),
         Request::QosShow => Response::Qos(Box::new(sw.qos_show())),
         Request::ConfigDump => daemon.dump(),
+        Request::Trace { port, frame } => crate::capture::trace(daemon, &port, &frame),
+        Request::Capture(_) => Response::Error {
+            message: "capture is a streaming request (use the control socket)".into(),
+        },
         // Changes are applied and recorded under the persistence mutex (see `state`).
         change @ (Request::Reload
         | Request::PortAdd { .. }

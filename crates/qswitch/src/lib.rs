@@ -9,6 +9,8 @@
 //! - [`http`]: the HTTP server (`/metrics`, JSON API, dashboard) on `[switch] http`.
 //! - [`metrics`]: Prometheus text exposition of every counter.
 //! - [`series`]: the 15-minute, 1-second history behind the JSON API and the dashboard.
+//! - [`capture`]: `qswitch capture` (streamed over the control socket, written as pcapng)
+//!   and `qswitch trace` (a dry run of the switching decision).
 //! - [`cli`]: control subcommands (`port`, `fdb`, `stats`, `qos`) and how they print.
 //! - [`rss_cli`]: `qswitch rss` — Toeplitz hashes and indirection tables.
 //! - [`placement_cli`]: `qswitch placement` — where each rx queue runs, pins, mode.
@@ -18,6 +20,7 @@
 //!
 //! The control client itself is `qswitch_api::client` (shared with the lab and the tests).
 
+pub mod capture;
 pub mod cli;
 pub mod control;
 pub mod daemon;

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use qswitch::{chain, cli, daemon, placement_cli, rss_cli};
+use qswitch::{capture, chain, cli, daemon, placement_cli, rss_cli};
 use qswitch_lab::{bench, load};
 
 /// A userspace virtual switch for Linux/KVM hosts.
@@ -76,6 +76,10 @@ enum Command {
     /// The effective configuration.
     #[command(subcommand)]
     Config(qswitch::state::ConfigCmd),
+    /// Capture a port's frames as pcapng (`-w FILE`, `-w -` for stdout) or one line each.
+    Capture(capture::CaptureArgs),
+    /// What the switch would do with a frame arriving on a port, and why (changes nothing).
+    Trace(capture::TraceArgs),
     /// Run a benchmark scenario and write JSON + SVG results.
     Bench(bench::BenchArgs),
     /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
@@ -109,6 +113,8 @@ fn main() -> ExitCode {
         } => cli::stats(&control, json, watch, workers),
         Command::Reload => qswitch::reload::cli(&control),
         Command::Config(cmd) => qswitch::state::cli(&control, cmd),
+        Command::Capture(args) => capture::run(&control, args),
+        Command::Trace(args) => capture::run_trace(&control, args),
         Command::Load(cmd) => load::run(cmd),
         Command::Bench(args) => {
             init_logging();

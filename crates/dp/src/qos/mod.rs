@@ -175,6 +175,11 @@ impl PortQos {
         Some(self.rate.load(Ordering::Relaxed)).filter(|&r| r != UNLIMITED)
     }
 
+    /// Bytes in the token bucket (`None`: not shaped). Read-only (for `trace`).
+    pub fn tokens(&self) -> Option<i64> {
+        self.rate().map(|_| self.bucket.available())
+    }
+
     /// The live settings.
     pub fn settings(&self) -> QosSettings {
         *self.settings.lock()

@@ -38,6 +38,7 @@
 //! in both modes (a manual worker picks up a published change at once, as a worker thread
 //! would between bursts).
 
+mod inspect;
 mod ports;
 mod reports;
 mod runtime;
@@ -83,6 +84,8 @@ pub enum SwitchError {
     NoWorkerOnCpu { cpu: usize, workers: String },
     #[error("CPU {0} is reserved: no queue may run there")]
     ReservedCpu(usize),
+    #[error("a capture is already running on port '{0}'")]
+    CaptureBusy(String),
     #[error("the switch is full ({MAX_PORTS} ports)")]
     Full,
     #[error("{0}")]

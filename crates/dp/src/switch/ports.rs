@@ -193,6 +193,7 @@ impl Switch {
                 PortPolicy::from_config(config),
                 self.shared.now(),
             )),
+            capture: Default::default(),
         })
     }
 
