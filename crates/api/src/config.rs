@@ -137,6 +137,11 @@ pub struct SwitchConfig {
     /// "127.0.0.1:9470". Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpAddr>,
+    /// EVPN through FRR: mirror every VXLAN port into a kernel shadow bridge that zebra
+    /// watches (local MACs out as type-2 routes, remote MACs and flood lists in); see
+    /// docs/overlay.md.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub evpn: bool,
 }
 
 fn default_workers() -> CpuList {
@@ -163,6 +168,7 @@ impl Default for SwitchConfig {
             placement: PlacementMode::default(),
             reservable: Reservable::default(),
             http: None,
+            evpn: false,
         }
     }
 }
