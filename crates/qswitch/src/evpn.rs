@@ -10,7 +10,7 @@
 //!   VxlanPort flood list   (origin evpn) ◀──   MAC dst VTEP (extern_learn), 00:00:.. dst VTEP
 //!
 //!   shadow: bridge qsbrVNI ─┬─ vxlan qsvxVNI (id VNI, local LOCAL, dstport ≠ qswitch's, nolearning)
-//!                           └─ dummy qsdumVNI (carries qswitch's local MACs as static entries)
+//!                           └─ veth qsdumVNI (peer qsdpVNI; carries qswitch's local MACs as static entries)
 //! ```
 //!
 //! zebra discovers VNIs from vxlan devices enslaved to a bridge, advertises the MACs the
@@ -112,10 +112,21 @@ impl KernelShadow {
             &port,
             "nolearning",
         ])?;
-        run(&["ip", "link", "add", &dum, "type", "dummy"])?;
+        // A veth pair rather than a dummy: it needs no module beyond what containers have.
+        let peer = format!("qsdp{vni}");
+        run(&[
+            "ip", "link", "add", &dum, "type", "veth", "peer", "name", &peer,
+        ])?;
+        // Nothing but qswitch's static entries may appear on the shadow: no IPv6 chatter
+        // (router solicitations would be learned and advertised), no learning.
+        for d in [&br, &dum, &peer, &vx] {
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{d}/disable_ipv6"), "1");
+        }
+        run(&["ip", "link", "set", &peer, "up"])?;
         run(&["ip", "link", "set", &vx, "master", &br])?;
         run(&["ip", "link", "set", &dum, "master", &br])?;
         run(&["bridge", "link", "set", "dev", &vx, "learning", "off"])?;
+        run(&["bridge", "link", "set", "dev", &dum, "learning", "off"])?;
         for d in [&dum, &vx, &br] {
             run(&["ip", "link", "set", d, "up"])?;
         }

@@ -122,7 +122,11 @@ impl Host {
             host,
         };
         assert!(
-            wait_until(Duration::from_secs(10), || qs(&h.control, &["ping"]).ok()),
+            wait_until(Duration::from_secs(10), || qs(
+                &h.control,
+                &["port", "list"]
+            )
+            .ok()),
             "qswitch on h{i} did not start: {}",
             h.log("qswitch.log")
         );
@@ -143,6 +147,10 @@ impl Host {
 
     fn start_frr(&mut self, i: usize) {
         let d = self.dir.display().to_string();
+        // The daemons drop to the frr user: let it write its pid files and sockets here.
+        for p in [&self.dir, self.dir.parent().unwrap()] {
+            sh(&["chmod", "0777", p.to_str().unwrap()]);
+        }
         std::fs::write(self.dir.join("zebra.conf"), "hostname z\n").unwrap();
         std::fs::write(self.dir.join("bgpd.conf"), frr_config(i)).unwrap();
         let common = |name: &str| {
@@ -155,10 +163,6 @@ impl Host {
                 format!("{d}/zserv.api"),
                 "--vty_socket".to_string(),
                 d.clone(),
-                "-u".to_string(),
-                "root".to_string(),
-                "-g".to_string(),
-                "root".to_string(),
             ]
         };
         let mut zebra = vec![ZEBRA.to_string()];
@@ -236,6 +240,7 @@ fn three_hosts_exchange_macs_through_frr() {
         fabric.ok(&["ip", "link", "set", &up, "up"]);
         hosts.push(h);
     }
+    let frr_started = Instant::now();
     let macs: Vec<String> = hosts.iter().map(Host::vm_mac).collect();
     // Each VM says something, so its host's switch learns its MAC (and advertises it).
     for (i, h) in hosts.iter().enumerate() {
@@ -265,6 +270,7 @@ fn three_hosts_exchange_macs_through_frr() {
         })
     });
     let took = start.elapsed();
+    let since_frr = frr_started.elapsed();
     if !converged {
         for (i, h) in hosts.iter().enumerate() {
             eprintln!(
@@ -280,7 +286,10 @@ fn three_hosts_exchange_macs_through_frr() {
         }
         panic!("EVPN did not converge in 30 s");
     }
-    eprintln!("evpn: every host has the other VMs' MACs after {took:?} (FRR started before)");
+    eprintln!(
+        "evpn: every host has the other VMs' MACs {took:?} after the VMs spoke, \
+         {since_frr:?} after the last FRR started"
+    );
     // Ping from EVPN routes alone (learning = false on every VXLAN port).
     for i in 0..HOSTS {
         for j in 0..HOSTS {
@@ -303,6 +312,14 @@ fn three_hosts_exchange_macs_through_frr() {
             assert!(out.ok(), "vm{i} -> vm{j}: {}", out.stdout);
         }
     }
+    // Only the VMs' MACs are advertised (nothing of the shadow devices).
+    for (i, h) in hosts.iter().enumerate() {
+        for (m, _, o) in h.fdb() {
+            if o.as_deref() == Some("evpn") {
+                assert!(macs.contains(&m), "h{i}: unexpected EVPN MAC {m}");
+            }
+        }
+    }
     let text = qs(&hosts[0].control, &["fdb"]);
     eprintln!("{}", text.stdout);
     // Deleting host 2's VM port withdraws its MAC on the others.
@@ -310,12 +327,22 @@ fn three_hosts_exchange_macs_through_frr() {
     assert!(out.ok(), "port del: {}", out.stderr);
     let start = Instant::now();
     let withdrawn = wait_until(Duration::from_secs(10), || {
-        hosts[..2]
-            .iter()
-            .all(|h| !h.fdb().iter().any(|(m, _, _)| *m == macs[2]))
+        hosts[..2].iter().all(|h| {
+            !h.fdb()
+                .iter()
+                .any(|(m, _, o)| *m == macs[2] && o.as_deref() == Some("evpn"))
+        })
     });
     let took = start.elapsed();
-    assert!(withdrawn, "vm2's MAC not withdrawn in 10 s");
+    assert!(
+        withdrawn,
+        "vm2's MAC not withdrawn in 10 s: h0 {:?}, h2 shadow {}",
+        hosts[0].fdb(),
+        hosts[2]
+            .host
+            .run(&["bridge", "fdb", "show", "dev", "qsdum100"])
+            .stdout
+    );
     eprintln!("evpn: port delete withdrawn everywhere after {took:?}");
     drop(hosts);
     drop(fabric);
