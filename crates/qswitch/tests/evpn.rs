@@ -291,12 +291,12 @@ fn three_hosts_exchange_macs_through_frr() {
          {since_frr:?} after the last FRR started"
     );
     // Ping from EVPN routes alone (learning = false on every VXLAN port).
-    for i in 0..HOSTS {
+    for (i, h) in hosts.iter().enumerate() {
         for j in 0..HOSTS {
             if i == j {
                 continue;
             }
-            let out = hosts[i].vm.run_for(
+            let out = h.vm.run_for(
                 &[
                     "ping",
                     "-c",
