@@ -45,6 +45,7 @@ mod affinity;
 mod bypass;
 mod gen;
 mod multiqueue;
+mod overlay;
 mod pvp;
 mod qos;
 mod txn;
@@ -52,7 +53,8 @@ mod txn;
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue).
+    /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
+    /// overlay).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -114,6 +116,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "affinity",
         about: "TCP request/response with the worker on the endpoints' CPU vs another CPU; context switches",
         run: affinity::run,
+    },
+    Scenario {
+        name: "overlay",
+        about: "iperf3 TCP VM netns -> VM netns across two namespace-hosts: qswitch VXLAN vs Linux bridge + vxlan",
+        run: overlay::run,
     },
     Scenario {
         name: "multiqueue",
