@@ -176,6 +176,11 @@ pub struct SwitchConfig {
     /// are mode 0660; the daemon's own group when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost_group: Option<String>,
+    /// EVPN through FRR: mirror every VXLAN port into a kernel shadow bridge that zebra
+    /// watches (local MACs out as type-2 routes, remote MACs and flood lists in); see
+    /// docs/overlay.md.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub evpn: bool,
 }
 
 fn default_workers() -> CpuList {
@@ -206,6 +211,7 @@ impl Default for SwitchConfig {
             control_group: None,
             http_hosts: Vec::new(),
             vhost_group: None,
+            evpn: false,
         }
     }
 }

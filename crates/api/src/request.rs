@@ -413,6 +413,13 @@ pub struct FdbEntry {
     pub port: String,
     /// Milliseconds since the address was last seen.
     pub age_ms: u64,
+    /// For a remote MAC behind a VXLAN port: the VTEP (underlay address) that has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vtep: Option<String>,
+    /// For a remote MAC behind a VXLAN port: where the VTEP came from (`learned`, `static`,
+    /// `evpn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// Counters since start, plus per-second rates from the daemon's last two 1-second samples.
@@ -456,6 +463,40 @@ pub struct PortStats {
     /// For gen ports: frames generated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generated: Option<u64>,
+    /// For VXLAN ports: per-VNI and per-VTEP traffic, decapsulation drops by reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vxlan: Option<VxlanStats>,
+}
+
+/// A VXLAN port's own counters (inner frames).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VxlanStats {
+    pub vni: u32,
+    /// The VNI's traffic, every VTEP together.
+    pub traffic: VxlanTraffic,
+    /// Per remote VTEP.
+    pub vteps: Vec<VtepStats>,
+    /// Drops by reason (every reason the port counts, zero or not).
+    pub drops: BTreeMap<String, u64>,
+    /// TSO frames segmented in software before encapsulation.
+    pub segmented: u64,
+}
+
+/// Inner frames and bytes each way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VxlanTraffic {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+}
+
+/// The traffic to and from one VTEP.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VtepStats {
+    pub vtep: String,
+    #[serde(flatten)]
+    pub traffic: VxlanTraffic,
 }
 
 /// Counters of one rx queue.

@@ -45,6 +45,7 @@ mod affinity;
 mod bypass;
 mod gen;
 mod multiqueue;
+mod overlay;
 mod pvp;
 mod qos;
 mod soak;
@@ -55,7 +56,7 @@ mod uplink;
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
-    /// uplink, soak).
+    /// uplink, soak, overlay).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -122,6 +123,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "soak",
         about: "leak hunt: gen + vhost-user load with ports added/removed every 2 s; RSS, fds, counters (issue 15)",
         run: soak::run,
+    },
+    Scenario {
+        name: "overlay",
+        about: "iperf3 TCP VM netns -> VM netns across two namespace-hosts: qswitch VXLAN vs Linux bridge + vxlan",
+        run: overlay::run,
     },
     Scenario {
         name: "multiqueue",

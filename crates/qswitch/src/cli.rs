@@ -23,7 +23,7 @@ pub enum PortCmd {
     /// Add a port to the running switch.
     Add {
         name: PortName,
-        /// Port type (tap, gen, vhost-user or afxdp).
+        /// Port type (tap, gen, vhost-user, afxdp or vxlan).
         #[arg(long = "type", value_name = "TYPE")]
         kind: PortType,
         /// TAP interface name (created if absent); afxdp: the NIC (must exist).
@@ -45,6 +45,21 @@ pub enum PortCmd {
         /// CPUs the port's queues may run on ("2-5", "0-14:2").
         #[arg(long)]
         cpus: Option<CpuList>,
+        /// vxlan: the VNI.
+        #[arg(long)]
+        vni: Option<u32>,
+        /// vxlan: the local underlay address.
+        #[arg(long)]
+        local: Option<std::net::IpAddr>,
+        /// vxlan: a remote VTEP of the static flood list (repeatable).
+        #[arg(long = "remote", value_name = "IP")]
+        remotes: Vec<std::net::IpAddr>,
+        /// vxlan: the UDP destination port (default 4789).
+        #[arg(long)]
+        dstport: Option<u16>,
+        /// vxlan: do not learn remote MACs from received frames.
+        #[arg(long)]
+        no_learning: bool,
     },
     /// Remove a port from the running switch.
     Del { name: String },
@@ -119,6 +134,11 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
             socket,
             mode,
             cpus,
+            vni,
+            local,
+            remotes,
+            dstport,
+            no_learning,
         } => {
             // The same keys as a [[port]] table, so the same checks and errors.
             let port = PortConfig::try_from(PortKeys {
@@ -128,6 +148,11 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 socket,
                 mode,
                 cpus,
+                vni,
+                local,
+                remotes: (!remotes.is_empty()).then_some(remotes),
+                dstport,
+                learning: no_learning.then_some(false),
                 ..PortKeys::new(name, kind)
             })?;
             call(control, &Request::PortAdd { port })?;
@@ -147,14 +172,19 @@ pub fn fdb(control: &Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&entries)?);
         return Ok(());
     }
-    println!("{:<18} {:>5} {:<12} {:>8}", "MAC", "VLAN", "PORT", "AGE(s)");
+    println!(
+        "{:<18} {:>5} {:<12} {:>8} {:<16} ORIGIN",
+        "MAC", "VLAN", "PORT", "AGE(s)", "VTEP"
+    );
     for e in entries {
         println!(
-            "{:<18} {:>5} {:<12} {:>8.1}",
+            "{:<18} {:>5} {:<12} {:>8.1} {:<16} {}",
             e.mac,
             e.vlan,
             e.port,
-            e.age_ms as f64 / 1000.0
+            e.age_ms as f64 / 1000.0,
+            e.vtep.as_deref().unwrap_or("-"),
+            e.origin.as_deref().unwrap_or("-")
         );
     }
     Ok(())

@@ -260,6 +260,29 @@ fn serve(
         }
         None => None,
     };
+    // EVPN: a control-plane thread mirrors the VXLAN ports into FRR's kernel view.
+    let evpn = if config.switch.evpn {
+        let (daemon, term) = (daemon.clone(), term.clone());
+        let t = std::thread::Builder::new()
+            .name("qs-evpn".into())
+            .spawn(move || {
+                let mut evpn = crate::evpn::Evpn::default();
+                while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
+                    evpn.tick(&daemon.switch);
+                    for _ in 0..10 {
+                        if term.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                evpn.shutdown();
+            })
+            .context("cannot start the evpn thread")?;
+        Some(t)
+    } else {
+        None
+    };
     tracing::info!(
         workers = ?cpus,
         ports = config.ports.len(),
@@ -315,6 +338,9 @@ fn serve(
     term.store(true, Ordering::Relaxed);
     let _ = server.join();
     if let Some(t) = http_server {
+        let _ = t.join();
+    }
+    if let Some(t) = evpn {
         let _ = t.join();
     }
     daemon.switch.shutdown();

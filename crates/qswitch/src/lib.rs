@@ -24,6 +24,7 @@ pub mod capture;
 pub mod cli;
 pub mod control;
 pub mod daemon;
+pub mod evpn;
 pub mod http;
 pub mod metrics;
 pub mod placement_cli;

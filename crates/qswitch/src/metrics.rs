@@ -68,6 +68,31 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Frames a gen port generated.",
     ),
     (
+        "qswitch_vxlan_rx_packets_total",
+        "counter",
+        "Inner frames a VXLAN port decapsulated, per port, VNI and remote VTEP.",
+    ),
+    (
+        "qswitch_vxlan_tx_packets_total",
+        "counter",
+        "Inner frames a VXLAN port encapsulated, per port, VNI and remote VTEP.",
+    ),
+    (
+        "qswitch_vxlan_rx_bytes_total",
+        "counter",
+        "Inner bytes a VXLAN port decapsulated, per port, VNI and remote VTEP.",
+    ),
+    (
+        "qswitch_vxlan_tx_bytes_total",
+        "counter",
+        "Inner bytes a VXLAN port encapsulated, per port, VNI and remote VTEP.",
+    ),
+    (
+        "qswitch_vxlan_drops_total",
+        "counter",
+        "Frames a VXLAN port dropped, per port and reason (decapsulation and encapsulation).",
+    ),
+    (
         "qswitch_sink_frames_total",
         "counter",
         "Frames a gen port's sink saw, valid (with a qswitch trailer) or foreign.",
@@ -280,6 +305,41 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
                     v,
                 );
             }
+        }
+    }
+    let vx: Vec<_> = s
+        .ports
+        .iter()
+        .filter_map(|p| p.vxlan.as_ref().map(|v| (&p.name, v)))
+        .collect();
+    for (name, f) in [
+        ("qswitch_vxlan_rx_packets_total", 0),
+        ("qswitch_vxlan_tx_packets_total", 1),
+        ("qswitch_vxlan_rx_bytes_total", 2),
+        ("qswitch_vxlan_tx_bytes_total", 3),
+    ] {
+        o.family(name);
+        for (port, v) in &vx {
+            let vni = v.vni.to_string();
+            for t in &v.vteps {
+                let n = [
+                    t.traffic.rx_packets,
+                    t.traffic.tx_packets,
+                    t.traffic.rx_bytes,
+                    t.traffic.tx_bytes,
+                ][f];
+                o.sample(name, &[("port", port), ("vni", &vni), ("vtep", &t.vtep)], n);
+            }
+        }
+    }
+    o.family("qswitch_vxlan_drops_total");
+    for (port, v) in &vx {
+        for (reason, n) in &v.drops {
+            o.sample(
+                "qswitch_vxlan_drops_total",
+                &[("port", port), ("reason", reason)],
+                n,
+            );
         }
     }
     o.family("qswitch_gen_generated_frames_total");

@@ -3,15 +3,17 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use qswitch_api::request::{
     FdbEntry, KernelDrops, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo,
-    QueueStats, StatsReport, WorkerPlacementInfo, WorkerStats,
+    QueueStats, StatsReport, VtepStats, VxlanStats, VxlanTraffic, WorkerPlacementInfo, WorkerStats,
 };
 
 use super::runtime::Reason;
 use super::{Core, Switch};
 use crate::ids::{PortId, WorkerId};
+use crate::port::vxlan::{RemoteMac, TrafficStats, VxlanPort};
 use crate::port::{Device, Port};
 use crate::qos;
 use crate::stats::{DropCounters, DropReason};
@@ -85,21 +87,61 @@ impl Switch {
             .collect()
     }
 
-    /// The MAC learning table, with port names.
+    /// The MAC learning table, with port names; MACs behind a VXLAN port carry their VTEP
+    /// and origin, and the port's remote MACs the switch has not seen yet (static and EVPN
+    /// entries) are listed too.
     pub fn fdb(&self) -> Vec<FdbEntry> {
         let table = self.shared.ports.load_full();
-        self.shared
+        let mut remote: BTreeMap<(String, String), RemoteMac> = BTreeMap::new();
+        let mut vlans: BTreeMap<String, u16> = BTreeMap::new();
+        for p in table.iter().flatten() {
+            if let Device::Vxlan(v) = &p.dev {
+                vlans.insert(p.config.name.clone(), p.config.vlan_id());
+                for r in v.entries() {
+                    remote.insert((p.config.name.clone(), r.mac.to_string()), r);
+                }
+            }
+        }
+        let mut out: Vec<FdbEntry> = self
+            .shared
             .fdb
             .entries(self.shared.now())
             .into_iter()
             .filter_map(|l| {
                 let port = table.get(usize::from(l.port.0))?.as_ref()?;
+                let mac = l.mac.to_string();
+                let r = remote.remove(&(port.config.name.clone(), mac.clone()));
                 Some(FdbEntry {
-                    mac: l.mac.to_string(),
+                    mac,
                     vlan: l.vlan,
                     port: port.config.name.clone(),
                     age_ms: l.age_ns / 1_000_000,
+                    vtep: r.map(|r| r.vtep.to_string()),
+                    origin: r.map(|r| r.origin.name().to_string()),
                 })
+            })
+            .collect();
+        out.extend(remote.into_iter().map(|((port, mac), r)| FdbEntry {
+            mac,
+            vlan: vlans.get(&port).copied().unwrap_or(0),
+            port,
+            age_ms: r.age_ns / 1_000_000,
+            vtep: Some(r.vtep.to_string()),
+            origin: Some(r.origin.name().to_string()),
+        }));
+        out
+    }
+
+    /// The VXLAN ports: name, the VLAN they carry (0: untagged) and the device, for the
+    /// control plane that programs their remote tables (EVPN).
+    pub fn vxlan_ports(&self) -> Vec<(String, u16, Arc<VxlanPort>)> {
+        let table = self.shared.ports.load_full();
+        table
+            .iter()
+            .flatten()
+            .filter_map(|p| match &p.dev {
+                Device::Vxlan(v) => Some((p.config.name.clone(), p.config.vlan_id(), v.clone())),
+                _ => None,
             })
             .collect()
     }
@@ -272,6 +314,10 @@ fn port_stats(p: &PortEntry) -> PortStats {
         ),
         _ => (None, None, None),
     };
+    let vxlan = match &p.dev {
+        Device::Vxlan(v) => Some(vxlan_stats(&v.stats())),
+        _ => None,
+    };
     PortStats {
         name: p.config.name.clone(),
         rx_packets: queues.iter().map(|q| q.rx_packets).sum(),
@@ -289,5 +335,32 @@ fn port_stats(p: &PortEntry) -> PortStats {
         guest_errors,
         logged_pages,
         announces,
+        vxlan,
+    }
+}
+
+fn traffic(t: &TrafficStats) -> VxlanTraffic {
+    VxlanTraffic {
+        rx_packets: t.rx_frames,
+        rx_bytes: t.rx_bytes,
+        tx_packets: t.tx_frames,
+        tx_bytes: t.tx_bytes,
+    }
+}
+
+fn vxlan_stats(s: &crate::port::vxlan::VxlanStats) -> VxlanStats {
+    VxlanStats {
+        vni: s.vni,
+        traffic: traffic(&s.traffic),
+        vteps: s
+            .vteps
+            .iter()
+            .map(|(ip, t)| VtepStats {
+                vtep: ip.to_string(),
+                traffic: traffic(t),
+            })
+            .collect(),
+        drops: s.drops.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        segmented: s.segmented,
     }
 }
