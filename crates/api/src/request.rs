@@ -19,6 +19,13 @@ pub enum Request {
     PortAdd { port: PortConfig },
     /// Remove a port live.
     PortDel { name: String },
+    /// Change a port's VLAN trunk, port security and storm-control settings live; fields
+    /// the update leaves out keep their value.
+    PortSet {
+        name: String,
+        #[serde(default)]
+        update: crate::policy::PolicyUpdate,
+    },
     /// The MAC learning table.
     Fdb,
     /// Counters, and rates over the last second.
@@ -219,6 +226,15 @@ pub struct PortInfo {
     pub enabled_queues: Option<Vec<u16>>,
     /// One entry per queue: which worker polls it.
     pub queues: Vec<QueueInfo>,
+    /// VLANs carried tagged (a trunk); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlans: Option<crate::policy::VlanSet>,
+    /// Port security in effect; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<crate::policy::SecurityConfig>,
+    /// Storm-control limits in effect; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storm: Option<crate::policy::StormConfig>,
 }
 
 /// Which worker polls a queue.

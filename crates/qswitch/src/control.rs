@@ -160,6 +160,7 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         Request::Stats => return Response::Stats(Box::new(daemon.stats())),
         Request::PortAdd { port } => sw.add_port(&port).map(|_| ()),
         Request::PortDel { name } => sw.del_port(&name),
+        Request::PortSet { name, update } => sw.update_port_policy(&name, &update).map(drop),
         Request::Placement => return Response::Placement(Box::new(sw.placement())),
         Request::PlacementPin { port, queue, cpu } => sw.pin(&port, queue, cpu),
         Request::PlacementMode { mode } => {

@@ -411,6 +411,9 @@ mod tests {
             mode: None,
             connected: None,
             enabled_queues: None,
+            vlans: None,
+            security: None,
+            storm: None,
             queues: vec![QueueInfo {
                 queue: 1,
                 worker: 0,

@@ -51,7 +51,11 @@ impl Switch {
                     Device::VhostUser(v) => Some(v),
                     _ => None,
                 };
+                let (vlans, security, storm) = p.policy.load().settings.to_config();
                 PortInfo {
+                    vlans,
+                    security,
+                    storm,
                     name: p.config.name.clone(),
                     kind: p.config.kind.to_string(),
                     ifname: p.config.ifname().map(ToString::to_string),
@@ -65,6 +69,21 @@ impl Switch {
                     enabled_queues: vhost.map(|v| v.enabled_pairs()),
                     queues,
                 }
+            })
+            .collect()
+    }
+
+    /// Each port's config as it is now: what it was added with, with the policy keys
+    /// (`vlans`, `security`, `storm`) as last set live ([`Switch::set_port_policy`]).
+    pub fn port_configs(&self) -> Vec<qswitch_api::PortConfig> {
+        let table = self.shared.ports.load_full();
+        table
+            .iter()
+            .flatten()
+            .map(|p| {
+                let mut c = p.config.clone();
+                p.policy.load().settings.write_config(&mut c);
+                c
             })
             .collect()
     }
