@@ -63,8 +63,8 @@ pub enum PortCmd {
         #[arg(long, value_name = "PREFIX,...", value_parser = parse_ips)]
         ips: Option<Ips>,
         /// Most MACs the port may have in the MAC table, or none (the default, 4096).
-        #[arg(long, value_name = "N", value_parser = parse_or_none::<u32>)]
-        mac_limit: Option<Option<u32>>,
+        #[arg(long, value_name = "N", value_parser = or_none::<u32>)]
+        mac_limit: Option<OrNone<u32>>,
         /// Drop DHCP server messages from the port.
         #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
         dhcp_guard: Option<bool>,
@@ -72,14 +72,14 @@ pub enum PortCmd {
         #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
         ra_guard: Option<bool>,
         /// Most broadcast frames/s from the port, or none.
-        #[arg(long, value_name = "PPS", value_parser = parse_or_none::<u64>)]
-        storm_broadcast: Option<Option<u64>>,
+        #[arg(long, value_name = "PPS", value_parser = or_none::<u64>)]
+        storm_broadcast: Option<OrNone<u64>>,
         /// Most multicast frames/s from the port, or none.
-        #[arg(long, value_name = "PPS", value_parser = parse_or_none::<u64>)]
-        storm_multicast: Option<Option<u64>>,
+        #[arg(long, value_name = "PPS", value_parser = or_none::<u64>)]
+        storm_multicast: Option<OrNone<u64>>,
         /// Most flooded unknown-unicast frames/s from the port, or none.
-        #[arg(long, value_name = "PPS", value_parser = parse_or_none::<u64>)]
-        storm_unknown_unicast: Option<Option<u64>>,
+        #[arg(long, value_name = "PPS", value_parser = or_none::<u64>)]
+        storm_unknown_unicast: Option<OrNone<u64>>,
     },
 }
 
@@ -88,6 +88,17 @@ pub enum PortCmd {
 pub struct Macs(Vec<UnicastMac>);
 #[derive(Debug, Clone)]
 pub struct Ips(Vec<IpPrefix>);
+
+/// A value or `none` (clap reads `Option<Option<T>>` as a flag with an optional value).
+#[derive(Debug, Clone)]
+pub struct OrNone<T>(Option<T>);
+
+fn or_none<T: std::str::FromStr>(s: &str) -> Result<OrNone<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    parse_or_none::<T>(s).map(OrNone).map_err(|e: T::Err| e.to_string())
+}
 
 fn parse_vlans(s: &str) -> Result<VlanSet, String> {
     let s = if s.trim() == "none" { "" } else { s };
@@ -250,12 +261,12 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 vlans,
                 macs: macs.map(|m| m.0),
                 ips: ips.map(|i| i.0),
-                mac_limit,
+                mac_limit: mac_limit.map(|v| v.0),
                 dhcp_guard,
                 ra_guard,
-                storm_broadcast,
-                storm_multicast,
-                storm_unknown_unicast,
+                storm_broadcast: storm_broadcast.map(|v| v.0),
+                storm_multicast: storm_multicast.map(|v| v.0),
+                storm_unknown_unicast: storm_unknown_unicast.map(|v| v.0),
             };
             if update.is_empty() {
                 bail!("nothing to change: give at least one of --vlans, --macs, --ips, --mac-limit, --dhcp-guard, --ra-guard, --storm-*");
