@@ -389,6 +389,17 @@ mod tests {
             Request::Fdb,
             Request::Stats,
             Request::QosShow,
+            Request::PortSet {
+                name: "vm1".into(),
+                update: crate::policy::PolicyUpdate {
+                    vlans: Some("10,20".parse().unwrap()),
+                    macs: Some(vec!["52:54:00:12:34:56".parse().unwrap()]),
+                    mac_limit: Some(None),
+                    dhcp_guard: Some(true),
+                    storm_multicast: Some(Some(10)),
+                    ..Default::default()
+                },
+            },
             Request::QosSet {
                 port: "vm1".into(),
                 min: Some(200_000_000),

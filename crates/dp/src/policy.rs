@@ -354,6 +354,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn updates_apply_and_config_round_trips() {
+        let mut pol = PortPolicy::default();
+        assert_eq!(pol.to_config(), (None, None, None));
+        use qswitch_api::policy::PolicyUpdate;
+        let u = PolicyUpdate {
+            vlans: Some("5-7".parse().unwrap()),
+            macs: Some(vec!["02:00:00:00:00:01".parse().unwrap()]),
+            ips: Some(vec!["10.0.0.0/8".parse().unwrap()]),
+            mac_limit: Some(Some(3)),
+            ra_guard: Some(true),
+            storm_broadcast: Some(Some(9)),
+            ..PolicyUpdate::default()
+        };
+        pol.update(&u);
+        let mut c = qswitch_api::PortConfig::gen("g");
+        pol.write_config(&mut c);
+        assert_eq!(PortPolicy::from_config(&c), pol);
+        assert_eq!(
+            c.vlans.as_ref().map(ToString::to_string).as_deref(),
+            Some("5-7")
+        );
+        // Clearing: what the update names, nothing else.
+        let clear = PolicyUpdate {
+            vlans: Some(VlanSet::default()),
+            mac_limit: Some(None),
+            storm_broadcast: Some(None),
+            ..PolicyUpdate::default()
+        };
+        pol.update(&clear);
+        assert!(pol.vlans.is_empty() && pol.security.mac_limit.is_none() && !pol.storm.any());
+        assert!(pol.security.ra_guard && pol.security.macs.len() == 1);
+    }
+
+    #[test]
     fn storm_bucket_counts_frames() {
         let mut pol = PortPolicy::default();
         pol.storm.broadcast = Some(1000);

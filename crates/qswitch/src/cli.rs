@@ -97,7 +97,9 @@ fn or_none<T: std::str::FromStr>(s: &str) -> Result<OrNone<T>, String>
 where
     T::Err: std::fmt::Display,
 {
-    parse_or_none::<T>(s).map(OrNone).map_err(|e: T::Err| e.to_string())
+    parse_or_none::<T>(s)
+        .map(OrNone)
+        .map_err(|e: T::Err| e.to_string())
 }
 
 fn parse_vlans(s: &str) -> Result<VlanSet, String> {
