@@ -255,6 +255,82 @@ pub struct StormConfig {
     pub unknown_unicast: Option<u64>,
 }
 
+/// A live change to a port's policy (`qswitch port set`): fields left out keep their value.
+/// An empty `vlans`, `macs` or `ips` clears the setting; `Some(None)` clears a limit
+/// (serialized as `null`, distinct from leaving the field out).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlans: Option<VlanSet>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macs: Option<Vec<UnicastMac>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ips: Option<Vec<IpPrefix>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "clearable")]
+    pub mac_limit: Option<Option<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp_guard: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ra_guard: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "clearable")]
+    pub storm_broadcast: Option<Option<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "clearable")]
+    pub storm_multicast: Option<Option<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "clearable")]
+    pub storm_unknown_unicast: Option<Option<u64>>,
+}
+
+impl PolicyUpdate {
+    /// Whether the update changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == PolicyUpdate::default()
+    }
+}
+
+/// `Option<Option<T>>` fields: absent = keep, `null` = clear, a value = set.
+mod clearable {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer, T: Serialize>(
+        v: &Option<Option<T>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(inner) => inner.serialize(s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(d).map(Some)
+    }
+}
+
+/// A command-line value that may be `none` (clear the setting): `none` → `Ok(None)`.
+pub fn parse_or_none<T: FromStr>(s: &str) -> Result<Option<T>, T::Err> {
+    if s.trim() == "none" {
+        Ok(None)
+    } else {
+        s.parse().map(Some)
+    }
+}
+
+/// A comma-separated list (`a,b,c`; `none` or empty: the empty list), each item parsed
+/// as in the config file.
+pub fn parse_list<T: FromStr>(s: &str) -> Result<Vec<T>, T::Err> {
+    if s.trim() == "none" {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::parse)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,5 +371,27 @@ mod tests {
             let p: IpPrefix = s.parse().unwrap();
             assert_eq!(p.to_string().parse::<IpPrefix>().unwrap(), p);
         }
+    }
+
+    #[test]
+    fn updates_keep_clear_and_set() {
+        let u = PolicyUpdate {
+            mac_limit: Some(None),
+            storm_broadcast: Some(Some(0)),
+            vlans: Some("10-12".parse().unwrap()),
+            ..PolicyUpdate::default()
+        };
+        let j = serde_json::to_string(&u).unwrap();
+        assert_eq!(
+            j,
+            r#"{"vlans":"10-12","mac_limit":null,"storm_broadcast":0}"#
+        );
+        assert_eq!(serde_json::from_str::<PolicyUpdate>(&j).unwrap(), u);
+        assert!(serde_json::from_str::<PolicyUpdate>("{}")
+            .unwrap()
+            .is_empty());
+        assert_eq!(parse_or_none::<u64>("none"), Ok(None));
+        assert_eq!(parse_list::<IpPrefix>("none").unwrap(), vec![]);
+        assert!(parse_list::<IpPrefix>("10.0.0.1,x").is_err());
     }
 }

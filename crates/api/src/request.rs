@@ -19,6 +19,13 @@ pub enum Request {
     PortAdd { port: PortConfig },
     /// Remove a port live.
     PortDel { name: String },
+    /// Change a port's VLAN trunk, port security and storm-control settings live; fields
+    /// the update leaves out keep their value.
+    PortSet {
+        name: String,
+        #[serde(default)]
+        update: crate::policy::PolicyUpdate,
+    },
     /// The MAC learning table.
     Fdb,
     /// Counters, and rates over the last second.
@@ -385,6 +392,15 @@ pub struct PortInfo {
     /// afxdp: what the kernel's sockets dropped before qswitch saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelDrops>,
+    /// VLANs carried tagged (a trunk); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlans: Option<crate::policy::VlanSet>,
+    /// Port security in effect; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<crate::policy::SecurityConfig>,
+    /// Storm-control limits in effect; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storm: Option<crate::policy::StormConfig>,
 }
 
 /// An afxdp port's kernel-side drop counters, summed over its queues.
@@ -598,6 +614,17 @@ mod tests {
             Request::QosShow,
             Request::Reload,
             Request::ConfigDump,
+            Request::PortSet {
+                name: "vm1".into(),
+                update: crate::policy::PolicyUpdate {
+                    vlans: Some("10,20".parse().unwrap()),
+                    macs: Some(vec!["52:54:00:12:34:56".parse().unwrap()]),
+                    mac_limit: Some(None),
+                    dhcp_guard: Some(true),
+                    storm_multicast: Some(Some(10)),
+                    ..Default::default()
+                },
+            },
             Request::QosSet {
                 port: "vm1".into(),
                 min: Some(200_000_000),

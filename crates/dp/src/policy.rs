@@ -112,6 +112,83 @@ impl PortPolicy {
     }
 }
 
+impl PortPolicy {
+    /// Applies a live change ([`qswitch_api::policy::PolicyUpdate`]): what it leaves out
+    /// keeps its value.
+    pub fn update(&mut self, u: &qswitch_api::policy::PolicyUpdate) {
+        if let Some(v) = &u.vlans {
+            self.vlans = v.clone();
+        }
+        if let Some(m) = &u.macs {
+            self.security.macs = m.iter().map(|m| MacAddr(m.get().0)).collect();
+        }
+        if let Some(i) = &u.ips {
+            self.security.ips = i.clone();
+        }
+        if let Some(l) = u.mac_limit {
+            self.security.mac_limit = l;
+        }
+        if let Some(g) = u.dhcp_guard {
+            self.security.dhcp_guard = g;
+        }
+        if let Some(g) = u.ra_guard {
+            self.security.ra_guard = g;
+        }
+        if let Some(b) = u.storm_broadcast {
+            self.storm.broadcast = b;
+        }
+        if let Some(m) = u.storm_multicast {
+            self.storm.multicast = m;
+        }
+        if let Some(x) = u.storm_unknown_unicast {
+            self.storm.unknown_unicast = x;
+        }
+    }
+
+    /// The config keys for this policy (`vlans`, `security`, `storm`; `None` when unset),
+    /// the inverse of [`PortPolicy::from_config`].
+    pub fn to_config(
+        &self,
+    ) -> (
+        Option<VlanSet>,
+        Option<qswitch_api::policy::SecurityConfig>,
+        Option<qswitch_api::policy::StormConfig>,
+    ) {
+        let vlans = (!self.vlans.is_empty()).then(|| self.vlans.clone());
+        let s = &self.security;
+        let security = (*s != Security::default()).then(|| qswitch_api::policy::SecurityConfig {
+            macs: s
+                .macs
+                .iter()
+                .filter_map(|m| {
+                    qswitch_api::UnicastMac::try_from(qswitch_api::MacAddress(m.0)).ok()
+                })
+                .collect(),
+            ips: s.ips.clone(),
+            mac_limit: s.mac_limit,
+            dhcp_guard: s.dhcp_guard,
+            ra_guard: s.ra_guard,
+        });
+        let storm = self
+            .storm
+            .any()
+            .then_some(qswitch_api::policy::StormConfig {
+                broadcast: self.storm.broadcast,
+                multicast: self.storm.multicast,
+                unknown_unicast: self.storm.unknown_unicast,
+            });
+        (vlans, security, storm)
+    }
+
+    /// Writes this policy into a port's config keys.
+    pub fn write_config(&self, config: &mut qswitch_api::PortConfig) {
+        let (vlans, security, storm) = self.to_config();
+        config.vlans = vlans;
+        config.security = security.map(Box::new);
+        config.storm = storm.map(Box::new);
+    }
+}
+
 /// Storm-control frame classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StormClass {
@@ -275,6 +352,40 @@ pub(crate) fn security_verdict(sec: &Security, frame: &[u8]) -> Option<crate::st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn updates_apply_and_config_round_trips() {
+        let mut pol = PortPolicy::default();
+        assert_eq!(pol.to_config(), (None, None, None));
+        use qswitch_api::policy::PolicyUpdate;
+        let u = PolicyUpdate {
+            vlans: Some("5-7".parse().unwrap()),
+            macs: Some(vec!["02:00:00:00:00:01".parse().unwrap()]),
+            ips: Some(vec!["10.0.0.0/8".parse().unwrap()]),
+            mac_limit: Some(Some(3)),
+            ra_guard: Some(true),
+            storm_broadcast: Some(Some(9)),
+            ..PolicyUpdate::default()
+        };
+        pol.update(&u);
+        let mut c = qswitch_api::PortConfig::gen("g");
+        pol.write_config(&mut c);
+        assert_eq!(PortPolicy::from_config(&c), pol);
+        assert_eq!(
+            c.vlans.as_ref().map(ToString::to_string).as_deref(),
+            Some("5-7")
+        );
+        // Clearing: what the update names, nothing else.
+        let clear = PolicyUpdate {
+            vlans: Some(VlanSet::default()),
+            mac_limit: Some(None),
+            storm_broadcast: Some(None),
+            ..PolicyUpdate::default()
+        };
+        pol.update(&clear);
+        assert!(pol.vlans.is_empty() && pol.security.mac_limit.is_none() && !pol.storm.any());
+        assert!(pol.security.ra_guard && pol.security.macs.len() == 1);
+    }
 
     #[test]
     fn storm_bucket_counts_frames() {

@@ -8,10 +8,13 @@ use clap::Subcommand;
 use qswitch_api::request::{Rates, StatsReport};
 use qswitch_api::{
     CpuList, IfName, PortConfig, PortKeys, PortName, PortType, Rate, Request, Response, SocketPath,
-    VlanId,
+    UnicastMac, VlanId,
 };
 
 use qswitch_api::client::call;
+use qswitch_api::policy::{
+    parse_list, parse_or_none, IpPrefix, PolicyUpdate, PolicyValueError, VlanSet,
+};
 
 #[derive(Subcommand, Debug)]
 pub enum PortCmd {
@@ -63,6 +66,126 @@ pub enum PortCmd {
     },
     /// Remove a port from the running switch.
     Del { name: String },
+    /// Change a port's VLAN trunk, port security and storm control live (only what is
+    /// given changes; `none` clears). The access VLAN (`vlan`) is fixed when the port is added.
+    Set {
+        name: String,
+        /// VLANs carried tagged ("10,20,100-200"), or none.
+        #[arg(long, value_name = "SET", value_parser = parse_vlans)]
+        vlans: Option<VlanSet>,
+        /// Allowed source MACs ("52:54:00:12:34:56,..."), or none (any).
+        #[arg(long, value_name = "MAC,...", value_parser = parse_macs)]
+        macs: Option<Macs>,
+        /// Allowed source addresses ("10.0.0.5,fe80::/64"), or none (any).
+        #[arg(long, value_name = "PREFIX,...", value_parser = parse_ips)]
+        ips: Option<Ips>,
+        /// Most MACs the port may have in the MAC table, or none (the default, 4096).
+        #[arg(long, value_name = "N", value_parser = or_none::<u32>)]
+        mac_limit: Option<OrNone<u32>>,
+        /// Drop DHCP server messages from the port.
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        dhcp_guard: Option<bool>,
+        /// Drop IPv6 router advertisements and redirects from the port.
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        ra_guard: Option<bool>,
+        /// Most broadcast frames/s from the port, or none.
+        #[arg(long, value_name = "PPS", value_parser = or_none::<u64>)]
+        storm_broadcast: Option<OrNone<u64>>,
+        /// Most multicast frames/s from the port, or none.
+        #[arg(long, value_name = "PPS", value_parser = or_none::<u64>)]
+        storm_multicast: Option<OrNone<u64>>,
+        /// Most flooded unknown-unicast frames/s from the port, or none.
+        #[arg(long, value_name = "PPS", value_parser = or_none::<u64>)]
+        storm_unknown_unicast: Option<OrNone<u64>>,
+    },
+}
+
+// clap takes `Vec<T>` as a repeated argument; these newtypes carry one comma-separated list.
+#[derive(Debug, Clone)]
+pub struct Macs(Vec<UnicastMac>);
+#[derive(Debug, Clone)]
+pub struct Ips(Vec<IpPrefix>);
+
+/// A value or `none` (clap reads `Option<Option<T>>` as a flag with an optional value).
+#[derive(Debug, Clone)]
+pub struct OrNone<T>(Option<T>);
+
+fn or_none<T: std::str::FromStr>(s: &str) -> Result<OrNone<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    parse_or_none::<T>(s)
+        .map(OrNone)
+        .map_err(|e: T::Err| e.to_string())
+}
+
+fn parse_vlans(s: &str) -> Result<VlanSet, String> {
+    let s = if s.trim() == "none" { "" } else { s };
+    s.parse().map_err(|e: PolicyValueError| e.to_string())
+}
+
+fn parse_macs(s: &str) -> Result<Macs, String> {
+    parse_list(s)
+        .map(Macs)
+        .map_err(|e: qswitch_api::value::MacError| e.to_string())
+}
+
+fn parse_ips(s: &str) -> Result<Ips, String> {
+    parse_list(s)
+        .map(Ips)
+        .map_err(|e: PolicyValueError| e.to_string())
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
+    }
+}
+
+/// `port list`'s second line for a port with a trunk, port security or storm control:
+/// `trunk 10,20; security macs:1 ips:2 limit:4 dhcp-guard ra-guard; storm bcast:100/s`.
+fn policy_line(p: &qswitch_api::request::PortInfo) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(v) = &p.vlans {
+        parts.push(format!("trunk {v}"));
+    }
+    if let Some(s) = &p.security {
+        let mut w = vec!["security".to_string()];
+        if !s.macs.is_empty() {
+            let macs: Vec<String> = s.macs.iter().map(ToString::to_string).collect();
+            w.push(format!("macs:{}", macs.join(",")));
+        }
+        if !s.ips.is_empty() {
+            let ips: Vec<String> = s.ips.iter().map(ToString::to_string).collect();
+            w.push(format!("ips:{}", ips.join(",")));
+        }
+        if let Some(l) = s.mac_limit {
+            w.push(format!("mac-limit:{l}"));
+        }
+        if s.dhcp_guard {
+            w.push("dhcp-guard".into());
+        }
+        if s.ra_guard {
+            w.push("ra-guard".into());
+        }
+        parts.push(w.join(" "));
+    }
+    if let Some(st) = &p.storm {
+        let mut w = vec!["storm".to_string()];
+        for (k, v) in [
+            ("bcast", st.broadcast),
+            ("mcast", st.multicast),
+            ("unk-ucast", st.unknown_unicast),
+        ] {
+            if let Some(v) = v {
+                w.push(format!("{k}:{v}/s"));
+            }
+        }
+        parts.push(w.join(" "));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
@@ -85,6 +208,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                     .iter()
                     .map(|q| format!("{}:{}@{}", q.queue, q.worker, q.cpu))
                     .collect();
+                let policy = policy_line(&p);
                 let id = p.ifname.or(p.mac).or(p.socket).unwrap_or_default();
 
                 println!(
@@ -102,6 +226,9 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                         "{:<12} xdp mode in use: {m}, kernel drops: rx {} invalid {}",
                         "", k.rx_dropped, k.invalid_descs
                     );
+                }
+                if let Some(policy) = policy {
+                    println!("{:<12} {policy}", "");
                 }
                 if let Some(connected) = p.connected {
                     let enabled = p.enabled_queues.unwrap_or_default();
@@ -159,6 +286,34 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
         }
         PortCmd::Del { name } => {
             call(control, &Request::PortDel { name })?;
+        }
+        PortCmd::Set {
+            name,
+            vlans,
+            macs,
+            ips,
+            mac_limit,
+            dhcp_guard,
+            ra_guard,
+            storm_broadcast,
+            storm_multicast,
+            storm_unknown_unicast,
+        } => {
+            let update = PolicyUpdate {
+                vlans,
+                macs: macs.map(|m| m.0),
+                ips: ips.map(|i| i.0),
+                mac_limit: mac_limit.map(|v| v.0),
+                dhcp_guard,
+                ra_guard,
+                storm_broadcast: storm_broadcast.map(|v| v.0),
+                storm_multicast: storm_multicast.map(|v| v.0),
+                storm_unknown_unicast: storm_unknown_unicast.map(|v| v.0),
+            };
+            if update.is_empty() {
+                bail!("nothing to change: give at least one of --vlans, --macs, --ips, --mac-limit, --dhcp-guard, --ra-guard, --storm-*");
+            }
+            call(control, &Request::PortSet { name, update })?;
         }
     }
     Ok(())

@@ -348,7 +348,8 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         | Request::PortDel { .. }
         | Request::PlacementPin { .. }
         | Request::PlacementMode { .. }
-        | Request::QosSet { .. }) => daemon.change(change),
+        | Request::QosSet { .. }
+        | Request::PortSet { .. }) => daemon.change(change),
         Request::Rss { port } => match sw.reta(&port) {
             Ok(r) => Response::Rss {
                 queues: r.queues().to_vec(),

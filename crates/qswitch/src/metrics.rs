@@ -528,6 +528,9 @@ mod tests {
             connected: None,
             enabled_queues: None,
             dirty_log: None,
+            vlans: None,
+            security: None,
+            storm: None,
             queues: vec![QueueInfo {
                 queue: 1,
                 worker: 0,

@@ -358,6 +358,21 @@ impl Persist {
                     let _ = sw.pin(&port, queue, old);
                 })?;
             }
+            Request::PortSet { name, update } => {
+                let old = sw.port_policy(&name)?;
+                sw.update_port_policy(&name, &update)?;
+                let now = sw.port_configs().into_iter().find(|p| p.name == name);
+                if let (Some(now), Some(p)) =
+                    (now, next.config.ports.iter_mut().find(|p| p.name == name))
+                {
+                    p.vlans = now.vlans;
+                    p.security = now.security;
+                    p.storm = now.storm;
+                }
+                self.commit(next, None).inspect_err(|_| {
+                    let _ = sw.set_port_policy(&name, old.clone());
+                })?;
+            }
             Request::PlacementMode { mode } => {
                 let old = next.config.switch.placement;
                 sw.set_placement_mode(mode);

@@ -203,6 +203,25 @@ impl Switch {
     /// and the table is republished, so each worker switches with the new policy from its
     /// next burst on.
     pub fn set_port_policy(&self, name: &str, policy: PortPolicy) -> Result<(), SwitchError> {
+        self.change_port_policy(name, |p| *p = policy).map(drop)
+    }
+
+    /// Applies a live change to a port's policy ([`Switch::set_port_policy`]), read and
+    /// written under the control lock so that concurrent changes do not undo each other.
+    /// Returns the new policy.
+    pub fn update_port_policy(
+        &self,
+        name: &str,
+        update: &qswitch_api::policy::PolicyUpdate,
+    ) -> Result<PortPolicy, SwitchError> {
+        self.change_port_policy(name, |p| p.update(update))
+    }
+
+    fn change_port_policy(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut PortPolicy),
+    ) -> Result<PortPolicy, SwitchError> {
         let mut ctl = self.control.lock();
         let table = self.shared.ports.load_full();
         let entry = table
@@ -210,6 +229,9 @@ impl Switch {
             .flatten()
             .find(|p| p.config.name == name)
             .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        let mut policy = entry.policy.load().settings.clone();
+        change(&mut policy);
+        let result = policy.clone();
         let limit = policy.security.mac_limit.unwrap_or(DEFAULT_PORT_LIMIT);
         entry.policy.store(Arc::new(Policy::new(
             entry.config.vlan.map(qswitch_api::VlanId::get),
@@ -223,7 +245,7 @@ impl Switch {
         self.shared.fdb.forget_port(id);
         self.shared.fdb.set_port_limit(id, limit);
         tracing::info!(port = %name, "port policy set");
-        Ok(())
+        Ok(result)
     }
 
     /// A port's current policy settings.

@@ -66,7 +66,11 @@ impl Switch {
                     }
                     _ => (None, None),
                 };
+                let (vlans, security, storm) = p.policy.load().settings.to_config();
                 PortInfo {
+                    vlans,
+                    security,
+                    storm,
                     name: p.config.name.clone(),
                     kind: p.config.kind.to_string(),
                     ifname: p.config.ifname().map(ToString::to_string),
@@ -83,6 +87,21 @@ impl Switch {
                     xdp_mode,
                     kernel,
                 }
+            })
+            .collect()
+    }
+
+    /// Each port's config as it is now: what it was added with, with the policy keys
+    /// (`vlans`, `security`, `storm`) as last set live ([`Switch::set_port_policy`]).
+    pub fn port_configs(&self) -> Vec<qswitch_api::PortConfig> {
+        let table = self.shared.ports.load_full();
+        table
+            .iter()
+            .flatten()
+            .map(|p| {
+                let mut c = p.config.clone();
+                p.policy.load().settings.write_config(&mut c);
+                c
             })
             .collect()
     }
