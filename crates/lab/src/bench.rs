@@ -47,12 +47,13 @@ mod gen;
 mod multiqueue;
 mod pvp;
 mod qos;
+mod scale;
 mod txn;
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue).
+    /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue, scale).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -69,6 +70,14 @@ pub struct BenchArgs {
     /// Run only this contender (e.g. `qswitch`), for quick iterations; no ratios then.
     #[arg(long, value_name = "NAME")]
     pub only: Option<String>,
+    /// scale: the port counts to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10,100,1000",
+        value_name = "N,..."
+    )]
+    pub ports: Vec<usize>,
 }
 
 /// A named benchmark.
@@ -114,6 +123,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "affinity",
         about: "TCP request/response with the worker on the endpoints' CPU vs another CPU; context switches",
         run: affinity::run,
+    },
+    Scenario {
+        name: "scale",
+        about: "N idle vhost-user ports, no frontend: daemon CPU %, threads, port add time",
+        run: scale::run,
     },
     Scenario {
         name: "multiqueue",

@@ -14,15 +14,7 @@ use qswitch_api::QosSettings;
 use super::alloc::{allocate, Claim};
 use super::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
 use crate::stats::Counter;
-use crate::table::{PortEntry, PortTable, Shared};
-
-/// The uplink of `vlan` in `table`: (entry, capacity).
-fn uplink_of(table: &PortTable, vlan: u16) -> Option<(&Arc<PortEntry>, u64)> {
-    table
-        .iter()
-        .flatten()
-        .find_map(|p| Some((p, p.qos.capacity?)).filter(|(p, _)| p.vlan == vlan))
-}
+use crate::table::{PortTable, Shared};
 
 /// Checks the guarantees of `table` (with `name`'s settings replaced by `new`) against
 /// every uplink's reservable share. The message says what would be exceeded.
@@ -320,6 +312,13 @@ fn tick(
 /// `qos show`.
 pub(crate) fn report(shared: &Shared) -> QosReport {
     let table = shared.ports.load_full();
+    // The first uplink of each VLAN, found once (not once per port).
+    let mut uplinks: Vec<(u16, &str)> = Vec::new();
+    for p in table.iter().flatten() {
+        if p.qos.capacity.is_some() && !uplinks.iter().any(|(v, _)| *v == p.vlan) {
+            uplinks.push((p.vlan, &p.config.name));
+        }
+    }
     let ports = table
         .iter()
         .flatten()
@@ -329,7 +328,10 @@ pub(crate) fn report(shared: &Shared) -> QosReport {
             let uplink = if p.qos.capacity.is_some() {
                 None
             } else {
-                uplink_of(&table, p.vlan).map(|(u, _)| u.config.name.clone())
+                uplinks
+                    .iter()
+                    .find(|(v, _)| *v == p.vlan)
+                    .map(|(_, n)| (*n).to_string())
             };
             QosPort {
                 name: p.config.name.clone(),
