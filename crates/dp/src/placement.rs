@@ -299,9 +299,49 @@ pub struct Plan {
     /// For [`Plan::explain`]: each used CPU's NUMA node, each port's device node.
     cpu_nodes: BTreeMap<usize, usize>,
     port_nodes: BTreeMap<String, usize>,
+    /// The ports (indices into `port_sets`) that may have had to share: [`Plan::shared_warnings`].
+    shared_from: Vec<usize>,
 }
 
 impl Plan {
+    /// The [`Warning::Shared`] warnings, in port order: each port with a default set that
+    /// shares CPUs with other ports, and those ports. [`plan`] includes them in
+    /// [`Plan::warnings`]; [`place`] leaves them to this.
+    pub fn shared_warnings(&self) -> Vec<Warning> {
+        // Per CPU, the ports whose sets hold it.
+        let mut holders: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (j, (_, set)) in self.port_sets.iter().enumerate() {
+            for &c in set {
+                holders.entry(c).or_default().push(j);
+            }
+        }
+        let mut warnings = Vec::new();
+        for &i in &self.shared_from {
+            let Some((port, set)) = self.port_sets.get(i) else {
+                continue;
+            };
+            let mut cpus = BTreeSet::new();
+            let mut with = BTreeSet::new();
+            for c in set {
+                for &j in holders.get(c).into_iter().flatten().filter(|&&j| j != i) {
+                    cpus.insert(*c);
+                    with.insert(j);
+                }
+            }
+            if !with.is_empty() {
+                warnings.push(Warning::Shared {
+                    port: port.clone(),
+                    cpus: cpus.into_iter().collect(),
+                    with: with
+                        .into_iter()
+                        .map(|j| self.port_sets[j].0.clone())
+                        .collect(),
+                });
+            }
+        }
+        warnings
+    }
+
     /// One line per queue (`port/queue -> cpu N: default disjoint set, one thread per core,
     /// NUMA node 0`), then one per warning (`warning: ...`).
     pub fn explain(&self) -> String {
@@ -379,6 +419,16 @@ struct Cpu {
 
 /// Places every port's queues. See the module documentation for the rules.
 pub fn plan(topo: &Topology, workers: &[usize], reserved: &[usize], ports: &[PortReq]) -> Plan {
+    let mut plan = place(topo, workers, reserved, ports);
+    let shared = plan.shared_warnings();
+    plan.warnings.extend(shared);
+    plan
+}
+
+/// [`plan`] without its [`Warning::Shared`] warnings, which name, for every port that shares
+/// CPUs, every port it shares them with (O(ports²) when many ports share few CPUs): the
+/// switch asks for them with [`Plan::shared_warnings`] only when it reports them.
+pub fn place(topo: &Topology, workers: &[usize], reserved: &[usize], ports: &[PortReq]) -> Plan {
     let reserved: BTreeSet<usize> = reserved.iter().copied().collect();
     let workers: BTreeSet<usize> = workers.iter().copied().collect();
     let info: BTreeMap<usize, &CpuInfo> = topo.cpus.iter().map(|c| (c.cpu, c)).collect();
@@ -444,17 +494,16 @@ pub fn plan(topo: &Topology, workers: &[usize], reserved: &[usize], ports: &[Por
             operator[i] = true;
         }
     }
-    for a in 0..ports.len() {
-        for b in a + 1..ports.len() {
-            if operator[a] && operator[b] {
-                let both: Vec<usize> = sets[a].intersection(&sets[b]).copied().collect();
-                if !both.is_empty() {
-                    warnings.push(Warning::OverlappingSets {
-                        a: ports[a].name.clone(),
-                        b: ports[b].name.clone(),
-                        cpus: both,
-                    });
-                }
+    let operators: Vec<usize> = (0..ports.len()).filter(|&i| operator[i]).collect();
+    for (k, &a) in operators.iter().enumerate() {
+        for &b in &operators[k + 1..] {
+            let both: Vec<usize> = sets[a].intersection(&sets[b]).copied().collect();
+            if !both.is_empty() {
+                warnings.push(Warning::OverlappingSets {
+                    a: ports[a].name.clone(),
+                    b: ports[b].name.clone(),
+                    cpus: both,
+                });
             }
         }
     }
@@ -471,24 +520,13 @@ pub fn plan(topo: &Topology, workers: &[usize], reserved: &[usize], ports: &[Por
         }
     } else if !defaults.is_empty() {
         allocate_defaults(&cpus, ports, &defaults, &mut sets);
-        for &i in &defaults {
-            let mut shared = BTreeSet::new();
-            let mut with = Vec::new();
-            for (j, other) in sets.iter().enumerate() {
-                if j != i && !other.is_disjoint(&sets[i]) {
-                    shared.extend(other.intersection(&sets[i]).copied());
-                    with.push(ports[j].name.clone());
-                }
-            }
-            if !with.is_empty() {
-                warnings.push(Warning::Shared {
-                    port: ports[i].name.clone(),
-                    cpus: shared.into_iter().collect(),
-                    with,
-                });
-            }
-        }
     }
+    // The Shared warnings come last (Plan::shared_warnings), for these ports.
+    let shared_from = if cpus.is_empty() {
+        Vec::new()
+    } else {
+        defaults
+    };
 
     // Queues, round-robin over each port's set. The ports take turns (queue 0 of every port,
     // then queue 1, ...), so that no port's later queues take the free cores before another
@@ -591,6 +629,7 @@ pub fn plan(topo: &Topology, workers: &[usize], reserved: &[usize], ports: &[Por
             .collect(),
         cpu_nodes,
         port_nodes,
+        shared_from,
     }
 }
 
@@ -623,6 +662,8 @@ fn allocate_defaults(
     let mut holders: BTreeMap<usize, usize> = BTreeMap::new();
     // Per core, which ports hold how many of its threads.
     let mut core_holders: BTreeMap<(usize, usize), BTreeMap<usize, usize>> = BTreeMap::new();
+    // Per core, how many threads all ports hold together.
+    let mut core_total: BTreeMap<(usize, usize), usize> = BTreeMap::new();
     for (i, set) in sets.iter().enumerate() {
         for &c in set {
             *holders.entry(c).or_insert(0) += 1;
@@ -631,6 +672,7 @@ fn allocate_defaults(
                 .or_default()
                 .entry(i)
                 .or_insert(0) += 1;
+            *core_total.entry(cpus[&c].core).or_insert(0) += 1;
         }
     }
     // How many default ports want each node.
@@ -668,14 +710,12 @@ fn allocate_defaults(
                     Some(_) => 1 + claimed,
                     None => claimed,
                 };
-                let (mut mine, mut others) = (0, 0);
-                for (&j, &n) in core_holders.get(&c.core).into_iter().flatten() {
-                    if j == i {
-                        mine += n;
-                    } else {
-                        others += n;
-                    }
-                }
+                let mine = core_holders
+                    .get(&c.core)
+                    .and_then(|h| h.get(&i))
+                    .copied()
+                    .unwrap_or(0);
+                let others = core_total.get(&c.core).copied().unwrap_or(0) - mine;
                 let held = holders.get(&c.cpu).copied().unwrap_or(0);
                 (held, node_rank, others, mine, c.cpu)
             })
@@ -693,6 +733,7 @@ fn allocate_defaults(
             .or_default()
             .entry(i)
             .or_insert(0) += 1;
+        *core_total.entry(best.core).or_insert(0) += 1;
     }
 }
 

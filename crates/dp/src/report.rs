@@ -11,8 +11,14 @@ pub fn rates(prev: &StatsReport, cur: &StatsReport) -> Rates {
     let ports = cur
         .ports
         .iter()
-        .map(|p| {
-            let old = prev.ports.iter().find(|o| o.name == p.name);
+        .enumerate()
+        .map(|(i, p)| {
+            // Usually at the same position (ports keep their order); else searched.
+            let old = prev
+                .ports
+                .get(i)
+                .filter(|o| o.name == p.name)
+                .or_else(|| prev.ports.iter().find(|o| o.name == p.name));
             let d = |f: fn(&qswitch_api::request::PortStats) -> u64| {
                 f(p).saturating_sub(old.map(f).unwrap_or(0))
             };

@@ -48,6 +48,7 @@ mod multiqueue;
 mod overlay;
 mod pvp;
 mod qos;
+mod scale;
 mod soak;
 mod txn;
 mod uplink;
@@ -56,7 +57,7 @@ mod uplink;
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
-    /// uplink, soak, overlay).
+    /// uplink, soak, overlay, scale).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -73,6 +74,14 @@ pub struct BenchArgs {
     /// Run only this contender (e.g. `qswitch`), for quick iterations; no ratios then.
     #[arg(long, value_name = "NAME")]
     pub only: Option<String>,
+    /// scale: the port counts to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10,100,1000",
+        value_name = "N,..."
+    )]
+    pub ports: Vec<usize>,
 }
 
 /// A named benchmark.
@@ -128,6 +137,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "overlay",
         about: "iperf3 TCP VM netns -> VM netns across two namespace-hosts: qswitch VXLAN vs Linux bridge + vxlan",
         run: overlay::run,
+    },
+    Scenario {
+        name: "scale",
+        about: "N idle vhost-user ports, no frontend: daemon CPU %, threads, port add time",
+        run: scale::run,
     },
     Scenario {
         name: "multiqueue",

@@ -242,6 +242,11 @@ impl Daemon {
         }
     }
 
+    /// The daemon's process id (`None` once stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.0.as_ref().map(std::process::Child::id)
+    }
+
     /// Stops the daemon (SIGTERM) and waits for it.
     pub fn stop(&mut self) {
         self.child.stop();

@@ -220,8 +220,15 @@ fn point(prev: &StatsReport, cur: &StatsReport) -> Point {
     let ports = cur
         .ports
         .iter()
-        .map(|p| {
-            let old = prev.ports.iter().find(|o| o.name == p.name);
+        .enumerate()
+        .map(|(i, p)| {
+            // Usually at the same position (ports keep their order); else searched, so a
+            // second costs O(ports), not O(ports²).
+            let old = prev
+                .ports
+                .get(i)
+                .filter(|o| o.name == p.name)
+                .or_else(|| prev.ports.iter().find(|o| o.name == p.name));
             let d = |f: fn(&qswitch_api::request::PortStats) -> u64| {
                 per_s(f(p).saturating_sub(old.map(f).unwrap_or(0)))
             };

@@ -104,6 +104,8 @@ struct AllocState {
     rate_bps: f64,
     alloc_last_second: Option<u64>,
     history: VecDeque<f64>,
+    /// The allocator tick that last measured this port (0: never).
+    measured_tick: u64,
 }
 
 impl PortQos {
@@ -196,6 +198,9 @@ pub(crate) struct QosShared {
     pub(crate) reservable: f64,
     ticks: AtomicU64,
     seconds: AtomicU64,
+    /// Bumped by every settings change, so the allocator redoes the rates that only change
+    /// with the settings (ports with no uplink) only then.
+    settings_gen: AtomicU64,
 }
 
 impl QosShared {
@@ -204,6 +209,7 @@ impl QosShared {
             reservable,
             ticks: AtomicU64::new(0),
             seconds: AtomicU64::new(0),
+            settings_gen: AtomicU64::new(0),
         }
     }
 }

@@ -14,15 +14,7 @@ use qswitch_api::QosSettings;
 use super::alloc::{allocate, Claim};
 use super::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
 use crate::stats::Counter;
-use crate::table::{PortEntry, PortTable, Shared};
-
-/// The uplink of `vlan` in `table`: (entry, capacity).
-fn uplink_of(table: &PortTable, vlan: u16) -> Option<(&Arc<PortEntry>, u64)> {
-    table
-        .iter()
-        .flatten()
-        .find_map(|p| Some((p, p.qos.capacity?)).filter(|(p, _)| p.vlan == vlan))
-}
+use crate::table::{PortTable, Shared};
 
 /// Checks the guarantees of `table` (with `name`'s settings replaced by `new`) against
 /// every uplink's reservable share. The message says what would be exceeded.
@@ -84,6 +76,7 @@ pub(crate) fn set(
         .map_err(|m| crate::SwitchError::Qos(format!("port '{name}': {m}")))?;
     admit(&table, shared.qos.reservable, Some((name, new))).map_err(crate::SwitchError::Qos)?;
     *entry.qos.settings.lock() = new;
+    shared.qos.settings_gen.fetch_add(1, Ordering::Release);
     tracing::info!(port = %name, ?new, "qos settings changed");
     Ok(new)
 }
@@ -97,19 +90,70 @@ pub(crate) fn run(shared: &Shared) {
     }
 }
 
-/// The allocator's state between ticks: its buffers and when the next one-second sample
-/// closes. Driven by the allocator thread, or by hand under a manual clock.
+/// The allocator's state between ticks: its buffers, what it knows of the port table, and
+/// when the next one-second sample closes. Driven by the allocator thread, or by hand under
+/// a manual clock.
 #[derive(Default)]
 pub(crate) struct Allocator {
     scratch: Scratch,
     next_second: u64,
+    /// Ticks run so far.
+    tick: u64,
+    /// The table the groups below were worked out for (a weak reference: it keeps no port
+    /// open), and the settings generation the fixed rates were set for.
+    seen_table: std::sync::Weak<PortTable>,
+    seen_gen: u64,
+    groups: Groups,
+}
+
+/// The ports of a table by their part in the allocation (slot indices into the table).
+#[derive(Default)]
+struct Groups {
+    /// Per uplink: its slot, capacity and the slots of the ports in its VLAN.
+    uplinks: Vec<(usize, u64, Vec<usize>)>,
+    /// Ports in a VLAN with an uplink (each once): measured every tick.
+    measured: Vec<usize>,
+    /// Every other port (no uplink in its VLAN, or an uplink itself): its rate changes
+    /// only with its settings or the table.
+    fixed: Vec<usize>,
+}
+
+impl Groups {
+    fn of(table: &PortTable) -> Groups {
+        let mut g = Groups::default();
+        for up in table.iter().flatten() {
+            if let Some(cap) = up.qos.capacity {
+                g.uplinks.push((usize::from(up.id.0), cap, Vec::new()));
+            }
+        }
+        for (slot, p) in table.iter().enumerate() {
+            let Some(p) = p else { continue };
+            let mut member = false;
+            if p.qos.capacity.is_none() {
+                for (_, _, members) in g
+                    .uplinks
+                    .iter_mut()
+                    .filter(|(u, _, _)| table[*u].as_ref().is_some_and(|u| u.vlan == p.vlan))
+                {
+                    members.push(slot);
+                    member = true;
+                }
+            }
+            if member {
+                g.measured.push(slot);
+            } else {
+                g.fixed.push(slot);
+            }
+        }
+        g
+    }
 }
 
 impl Allocator {
     pub(crate) fn new(now: u64) -> Allocator {
         Allocator {
-            scratch: Scratch::default(),
             next_second: now + 1_000_000_000,
+            ..Allocator::default()
         }
     }
 
@@ -122,8 +166,25 @@ impl Allocator {
                 self.next_second = now + 1_000_000_000;
             }
         }
+        self.tick += 1;
         let table = shared.ports.load_full();
-        tick(&table, now, second, &mut self.scratch);
+        let gen = shared.qos.settings_gen.load(Ordering::Acquire);
+        let fresh = !std::ptr::eq(self.seen_table.as_ptr(), Arc::as_ptr(&table));
+        if fresh {
+            self.groups = Groups::of(&table);
+            self.seen_table = Arc::downgrade(&table);
+        }
+        let fixed = fresh || gen != self.seen_gen || self.tick == 1;
+        self.seen_gen = gen;
+        tick(
+            &table,
+            &self.groups,
+            now,
+            self.tick,
+            second,
+            fixed,
+            &mut self.scratch,
+        );
         shared.qos.ticks.fetch_add(1, Ordering::Relaxed);
         if second {
             shared.qos.seconds.fetch_add(1, Ordering::Relaxed);
@@ -137,31 +198,56 @@ pub(crate) struct Scratch {
     claims: Vec<Claim>,
     members: Vec<usize>,
     out: Vec<f64>,
+    /// Per slot: (measured rate EWMA, throttled this tick).
     bps: Vec<(f64, bool)>,
     breakpoints: Vec<(f64, f64)>,
 }
 
-/// One allocator round over `table` at time `now`; `second` closes a one-second sample.
-pub(crate) fn tick(table: &PortTable, now: u64, second: bool, s: &mut Scratch) {
-    let ports: Vec<&Arc<PortEntry>> = table.iter().flatten().collect();
-    // Measure.
-    s.bps.clear();
-    for p in &ports {
+/// One allocator round over `table` (grouped as `g`) at time `now`, tick number `tick`;
+/// `second` closes a one-second sample; `fixed` redoes the rates that depend only on the
+/// settings. A tick costs O(ports under an uplink), plus O(all ports) once a second and on
+/// a change.
+fn tick(
+    table: &PortTable,
+    g: &Groups,
+    now: u64,
+    tick: u64,
+    second: bool,
+    fixed: bool,
+    s: &mut Scratch,
+) {
+    let port = |slot: usize| table.get(slot).and_then(Option::as_ref);
+    // Measure the ports that compete for an uplink.
+    s.bps.resize(table.len(), (0.0, false));
+    for &slot in &g.measured {
+        let Some(p) = port(slot) else { continue };
         let mut st = p.qos.state.lock();
         let bytes = p.qos.wire_total();
         let thr: u64 = p.qos.throttled.iter().map(Counter::get).sum();
+        // A port not measured last tick (it just joined an uplink's VLAN) starts afresh.
+        let afresh = st.measured_tick != 0 && st.measured_tick + 1 != tick;
+        st.measured_tick = tick;
+        if afresh {
+            st.last_bytes = bytes;
+            st.last_throttled = thr;
+        }
         let tick_ns = TICK.as_nanos() as f64;
         let rate = bytes.wrapping_sub(st.last_bytes) as f64 * 8.0 * 1e9 / tick_ns;
         let throttled = thr != st.last_throttled;
         st.last_bytes = bytes;
         st.last_throttled = thr;
         st.ewma_bps = 0.7 * st.ewma_bps + 0.3 * rate;
-        if second {
+        s.bps[slot] = (st.ewma_bps, throttled);
+    }
+    // Once a second, every port's sample.
+    if second {
+        for p in table.iter().flatten() {
+            let mut st = p.qos.state.lock();
             let dt = now.saturating_sub(st.second_at).max(1) as f64;
             let b = if p.qos.capacity.is_some() {
                 p.counters.tx.iter().map(|t| t.tx_bytes.get()).sum()
             } else {
-                bytes
+                p.qos.wire_total()
             };
             st.rate_bps = b.wrapping_sub(st.second_bytes) as f64 * 8.0 * 1e9 / dt;
             st.second_bytes = b;
@@ -173,32 +259,29 @@ pub(crate) fn tick(table: &PortTable, now: u64, second: bool, s: &mut Scratch) {
             }
             st.history.push_back(r);
         }
-        s.bps.push((st.ewma_bps, throttled));
     }
-    // Allocate, per uplink.
-    for p in &ports {
-        if p.qos.capacity.is_some() {
-            p.qos.rate.store(UNLIMITED, Ordering::Relaxed);
-            continue;
-        }
-        if uplink_of(table, p.vlan).is_none() {
-            // No uplink: only the limit applies.
+    // Uplinks are not shaped; a port with no uplink has only its limit.
+    if fixed {
+        for p in g.fixed.iter().filter_map(|&slot| port(slot)) {
+            if p.qos.capacity.is_some() {
+                p.qos.rate.store(UNLIMITED, Ordering::Relaxed);
+                continue;
+            }
             let r = p.qos.settings().max.unwrap_or(UNLIMITED);
             p.qos.rate.store(r, Ordering::Relaxed);
             p.qos.state.lock().alloc = Some(r).filter(|&r| r != UNLIMITED);
         }
     }
-    for up in ports.iter().filter(|p| p.qos.capacity.is_some()) {
-        let cap = up.qos.capacity.unwrap_or(0) as f64;
+    // Allocate, per uplink.
+    for (_, cap, members) in &g.uplinks {
+        let cap = *cap as f64;
         s.claims.clear();
         s.members.clear();
-        for (i, p) in ports.iter().enumerate() {
-            if p.vlan != up.vlan || p.qos.capacity.is_some() {
-                continue;
-            }
+        for &slot in members {
+            let Some(p) = port(slot) else { continue };
             let set = p.qos.settings();
             let mut st = p.qos.state.lock();
-            let (ewma, throttled) = s.bps[i];
+            let (ewma, throttled) = s.bps[slot];
             let demand = match st.alloc {
                 Some(a) if throttled || ewma >= 0.9 * a as f64 => {
                     (a as f64 * 1.25).max(a as f64 + cap / 50.0)
@@ -212,15 +295,16 @@ pub(crate) fn tick(table: &PortTable, now: u64, second: bool, s: &mut Scratch) {
                 max: set.max.map_or(f64::INFINITY, |m| m as f64),
                 weight: f64::from(set.weight),
             });
-            s.members.push(i);
+            s.members.push(slot);
         }
         s.out.clear();
         s.out.resize(s.claims.len(), 0.0);
         allocate(cap, &s.claims, &mut s.out, &mut s.breakpoints);
-        for (k, &i) in s.members.iter().enumerate() {
+        for (k, &slot) in s.members.iter().enumerate() {
+            let Some(p) = port(slot) else { continue };
             let r = (s.out[k] as u64).max(MIN_RATE);
-            ports[i].qos.rate.store(r, Ordering::Relaxed);
-            ports[i].qos.state.lock().alloc = Some(r);
+            p.qos.rate.store(r, Ordering::Relaxed);
+            p.qos.state.lock().alloc = Some(r);
         }
     }
 }
@@ -228,6 +312,13 @@ pub(crate) fn tick(table: &PortTable, now: u64, second: bool, s: &mut Scratch) {
 /// `qos show`.
 pub(crate) fn report(shared: &Shared) -> QosReport {
     let table = shared.ports.load_full();
+    // The first uplink of each VLAN, found once (not once per port).
+    let mut uplinks: Vec<(u16, &str)> = Vec::new();
+    for p in table.iter().flatten() {
+        if p.qos.capacity.is_some() && !uplinks.iter().any(|(v, _)| *v == p.vlan) {
+            uplinks.push((p.vlan, &p.config.name));
+        }
+    }
     let ports = table
         .iter()
         .flatten()
@@ -237,7 +328,10 @@ pub(crate) fn report(shared: &Shared) -> QosReport {
             let uplink = if p.qos.capacity.is_some() {
                 None
             } else {
-                uplink_of(&table, p.vlan).map(|(u, _)| u.config.name.clone())
+                uplinks
+                    .iter()
+                    .find(|(v, _)| *v == p.vlan)
+                    .map(|(_, n)| (*n).to_string())
             };
             QosPort {
                 name: p.config.name.clone(),

@@ -240,14 +240,14 @@ impl Core {
                 let entry = table.get(usize::from(p.0))?.as_ref()?;
                 let (state, why) = match &st.reason {
                     Reason::Pinned => ("pinned", "pinned by the operator".to_string()),
-                    Reason::Home => ("home", st.why.clone()),
+                    Reason::Home => ("home", ctl.why(st)),
                     Reason::Coalesced { total } => (
                         "coalesced",
                         format!(
                             "coalesced at low load (all queues together {:.1}% of a core); \
                              home: {}",
                             total * 100.0,
-                            st.why
+                            ctl.why(st)
                         ),
                     ),
                     Reason::Spread { cpu, busy } => (
@@ -255,7 +255,7 @@ impl Core {
                         format!(
                             "spread off CPU {cpu} ({:.0}% busy); home: {}",
                             busy * 100.0,
-                            st.why
+                            ctl.why(st)
                         ),
                     ),
                 };
@@ -287,7 +287,7 @@ impl Core {
             queues,
             workers,
             port_sets: ctl.port_sets.clone(),
-            warnings: ctl.plan_warnings.clone(),
+            warnings: ctl.plan_warnings(),
             moves: ctl.moves.iter().cloned().collect(),
             moves_total: ctl.moves_total,
         }

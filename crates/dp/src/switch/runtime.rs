@@ -16,7 +16,7 @@ use qswitch_api::PlacementMode;
 use super::{Core, SwitchError, BALANCE_EVERY_NS};
 use crate::balance::{Balancer, Decision, QueueLoad};
 use crate::ids::{CpuId, PortId, WorkerId};
-use crate::placement::{self, PortReq, Rule};
+use crate::placement::{self, Plan, PortReq, Rule};
 use crate::table::{PortEntry, PortTable};
 
 /// How often learned addresses are aged out.
@@ -46,8 +46,8 @@ pub(super) struct QueueState {
     pub(super) home: Option<WorkerId>,
     /// Workers it may run on: its operator set, or any unreserved worker.
     allowed: Vec<WorkerId>,
-    /// The static rules behind the home CPU, in words.
-    pub(super) why: String,
+    /// Its entry in [`Control::plan`]'s queues: the static rules behind the home CPU.
+    plan_queue: Option<usize>,
     pin: Option<WorkerId>,
     pub(super) reason: Reason,
     /// Its busy-time counter at the last evaluation, and the load since.
@@ -64,7 +64,8 @@ pub(super) struct Control {
     /// Operator pins by port name and queue: the worker.
     pub(super) pins: BTreeMap<(String, u16), WorkerId>,
     pub(super) mode: PlacementMode,
-    pub(super) plan_warnings: Vec<String>,
+    /// The static plan of the last replan; its words are rendered only when reported.
+    pub(super) plan: Plan,
     pub(super) port_sets: Vec<PortSetInfo>,
     pub(super) balancer: Balancer,
     /// Time of the last evaluation and each worker's busy counter then.
@@ -74,6 +75,26 @@ pub(super) struct Control {
     pub(super) moves: VecDeque<MoveInfo>,
     pub(super) moves_total: u64,
     pub(super) next_sweep: u64,
+}
+
+impl Control {
+    /// The static rules behind `st`'s home CPU, in words.
+    pub(super) fn why(&self, st: &QueueState) -> String {
+        st.plan_queue
+            .and_then(|i| self.plan.queues.get(i))
+            .map(|q| self.plan.why(q))
+            .unwrap_or_default()
+    }
+
+    /// The plan's warnings, in words.
+    pub(super) fn plan_warnings(&self) -> Vec<String> {
+        self.plan
+            .warnings
+            .iter()
+            .chain(&self.plan.shared_warnings())
+            .map(ToString::to_string)
+            .collect()
+    }
 }
 
 impl Core {
@@ -109,7 +130,9 @@ impl Core {
             })
             .collect();
         let cpus: Vec<usize> = self.workers.iter().map(|w| w.cpu.0).collect();
-        let plan = placement::plan(&self.topology, &cpus, &self.reserved, &reqs);
+        // Without the words (O(ports²) when many ports share a CPU): they are rendered
+        // when reported.
+        let plan = placement::place(&self.topology, &cpus, &self.reserved, &reqs);
         let unreserved: Vec<WorkerId> = self
             .workers
             .iter()
@@ -119,18 +142,24 @@ impl Core {
         // Home workers: the plan's CPU; several workers on one CPU take turns.
         let mut per_cpu_turn: BTreeMap<CpuId, usize> = BTreeMap::new();
         let mut states = BTreeMap::new();
-        for (p, req) in ports.iter().zip(&reqs) {
+        // The plan lists the ports' sets in port order, and their queues by port, then queue.
+        let mut next = 0;
+        for (i, (p, req)) in ports.iter().zip(&reqs).enumerate() {
             let set = plan
                 .port_sets
-                .iter()
-                .find(|(n, _)| *n == req.name)
+                .get(i)
+                .filter(|(n, _)| *n == req.name)
                 .map(|(_, s)| s.clone())
                 .unwrap_or_default();
+            let first = next;
+            while plan.queues.get(next).is_some_and(|q| q.port == req.name) {
+                next += 1;
+            }
+            let mine = first..next;
             let operator = req.cpus.is_some()
-                && plan
-                    .queues
+                && plan.queues[mine.clone()]
                     .iter()
-                    .any(|q| q.port == req.name && q.rules.first() == Some(&Rule::OperatorSet));
+                    .any(|q| q.rules.first() == Some(&Rule::OperatorSet));
             let allowed: Vec<WorkerId> = if operator {
                 set.iter()
                     .flat_map(|&c| self.workers_on(CpuId(c)))
@@ -138,7 +167,7 @@ impl Core {
             } else {
                 unreserved.clone()
             };
-            for q in plan.queues.iter().filter(|q| q.port == req.name) {
+            for (qi, q) in mine.map(|k| (k, &plan.queues[k])) {
                 let on_cpu: Vec<WorkerId> = self.workers_on(CpuId(q.cpu)).collect();
                 let turn = per_cpu_turn.entry(CpuId(q.cpu)).or_insert(0);
                 let home = on_cpu.get(*turn % on_cpu.len().max(1)).copied();
@@ -169,7 +198,7 @@ impl Core {
                         worker,
                         home,
                         allowed: allowed.clone(),
-                        why: plan.why(q),
+                        plan_queue: Some(qi),
                         pin,
                         reason,
                         prev_busy_ns: old.map_or(0, |o| o.prev_busy_ns),
@@ -179,16 +208,17 @@ impl Core {
             }
         }
         ctl.queues = states;
-        ctl.plan_warnings = plan.warnings.iter().map(ToString::to_string).collect();
         ctl.port_sets = plan
             .port_sets
             .iter()
-            .map(|(port, cpus)| PortSetInfo {
+            .zip(&reqs)
+            .map(|((port, cpus), req)| PortSetInfo {
                 port: port.clone(),
                 cpus: cpus.clone(),
-                operator: reqs.iter().any(|r| r.name == *port && r.cpus.is_some()),
+                operator: req.cpus.is_some(),
             })
             .collect();
+        ctl.plan = plan;
     }
 
     /// Publishes the queue states (and `table`, if given) to the workers. A queue that changes
@@ -270,6 +300,9 @@ impl Core {
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut all = true;
+        // A woken worker acknowledges within microseconds: give up the CPU to it a few
+        // hundred times before falling back to short sleeps.
+        let mut yields = 0u32;
         for w in &self.workers {
             loop {
                 let seen = w.seen_epoch.load(Ordering::Acquire);
@@ -284,7 +317,12 @@ impl Core {
                     all = false;
                     break;
                 }
-                std::thread::sleep(Duration::from_micros(100));
+                if yields < 500 {
+                    yields += 1;
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
             }
         }
         all

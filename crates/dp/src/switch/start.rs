@@ -166,7 +166,7 @@ impl Switch {
                 queues: BTreeMap::new(),
                 pins: BTreeMap::new(),
                 mode: options.placement,
-                plan_warnings: Vec::new(),
+                plan: crate::placement::Plan::default(),
                 port_sets: Vec::new(),
                 balancer: Balancer::default(),
                 last_eval: None,

@@ -1,0 +1,370 @@
+//! `scale`: what many idle ports cost. For each N in `--ports` (10, 100, 1000), a daemon with
+//! one worker and N vhost-user server ports that no frontend ever connects to:
+//! - its own CPU % (utime + stime of the process, from /proc/PID/stat) over `--seconds` of
+//!   idleness, after 3 s to settle, with a sample per second and the share of each thread;
+//! - its thread count (it must not grow with N);
+//! - the time of `port add` at N: the control request's round trip, median of 5 (each adds
+//!   one more vhost-user port, so the last runs at N + 4).
+//!
+//! Acceptance (issue 10): < 1% of a CPU at 1000 ports, threads independent of N, port add at
+//! 1000 within 2× of its time at 10. The daemon's own CPU time is counted, not the machine's,
+//! so other load slows the measurement down without counting in it (it still perturbs the
+//! port add times).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use qswitch_api::{PortConfig, Request, Response, VhostMode};
+use serde::Serialize;
+
+use super::{median, Bench};
+use crate::netns::Daemon;
+use crate::plot::{self, Series};
+use crate::run::Run;
+use crate::topology::RemoveDir;
+
+/// Port adds timed per N.
+const ADDS: usize = 5;
+/// Seconds before measuring: start-up work (opening N sockets) is not idleness.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// What one N measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleMetrics {
+    pub ports: usize,
+    /// The daemon's CPU over the idle window, % of one CPU.
+    pub idle_cpu_pct: f64,
+    /// Per thread (by name) over the idle window, % of one CPU.
+    pub thread_cpu_pct: Vec<(String, f64)>,
+    pub threads: usize,
+    pub port_add_ms_median: f64,
+    pub port_add_ms: Vec<f64>,
+    pub rss_kib: u64,
+}
+
+/// One second of idleness: the daemon's CPU %.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub t_s: f64,
+    pub cpu_pct: f64,
+}
+
+pub type ScaleRun = Run<ScaleMetrics, Sample>;
+
+#[derive(Debug, Serialize)]
+struct Report {
+    scenario: String,
+    config: serde_json::Value,
+    runs: Vec<ScaleRun>,
+    /// Per N: medians over runs.
+    summary: Vec<Summary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Summary {
+    ports: usize,
+    idle_cpu_pct: f64,
+    threads: usize,
+    port_add_ms: f64,
+}
+
+pub fn run(b: &Bench) -> anyhow::Result<()> {
+    let counts = b.args.ports.clone();
+    anyhow::ensure!(!counts.is_empty(), "--ports needs at least one count");
+    let (runs, seconds) = (b.args.runs, b.args.seconds);
+    let worker = crate::topology::worker_cpus(1)?;
+    let hz = clock_ticks();
+    b.say(format_args!(
+        "{runs} round(s) of {counts:?} idle vhost-user ports, {seconds} s idle each, {ADDS} port adds; \
+         worker on CPU {worker}"
+    ));
+    let mut results = Vec::new();
+    for round in 0..runs {
+        for &n in &counts {
+            b.check()?;
+            b.say_start(format_args!("round {} {n:>5} ports ", round + 1));
+            let r = measure(b, n, &worker, hz, (round + 1, results.len() + 1))?;
+            println!(
+                "cpu {:.2}%  threads {}  port add {:.1} ms  rss {} MiB",
+                r.idle_cpu_pct,
+                r.threads,
+                r.port_add_ms_median,
+                r.rss_kib / 1024
+            );
+            results.push(r);
+        }
+    }
+    let summary: Vec<Summary> = counts
+        .iter()
+        .map(|&n| {
+            let mine: Vec<&ScaleRun> = results.iter().filter(|r| r.ports == n).collect();
+            let m =
+                |f: fn(&ScaleRun) -> f64| median(&mine.iter().map(|r| f(r)).collect::<Vec<_>>());
+            Summary {
+                ports: n,
+                idle_cpu_pct: m(|r| r.idle_cpu_pct),
+                threads: mine.iter().map(|r| r.threads).max().unwrap_or(0),
+                port_add_ms: m(|r| r.port_add_ms_median),
+            }
+        })
+        .collect();
+    println!();
+    println!(
+        "{:>7}  {:>12}  {:>8}  {:>13}",
+        "ports", "idle CPU %", "threads", "port add ms"
+    );
+    for s in &summary {
+        println!(
+            "{:>7}  {:>12.2}  {:>8}  {:>13.2}",
+            s.ports, s.idle_cpu_pct, s.threads, s.port_add_ms
+        );
+    }
+    println!();
+    for s in &summary {
+        println!(
+            "RESULT scale ports={} idle_cpu_pct={:.3} threads={} port_add_ms={:.3}",
+            s.ports, s.idle_cpu_pct, s.threads, s.port_add_ms
+        );
+    }
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "note: port add times are wall-clock and suffer from other load (loadavg {}); CPU % is \
+         the daemon's own",
+        loadavg
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let svg = svg(&summary, &results);
+    let report = Report {
+        scenario: "scale".into(),
+        config: serde_json::json!({
+            "runs": runs,
+            "seconds": seconds,
+            "ports": counts,
+            "port_adds": ADDS,
+            "worker_cpu": worker,
+            "qswitch_version": env!("CARGO_PKG_VERSION"),
+            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "loadavg_at_end": loadavg.trim(),
+        }),
+        runs: results,
+        summary,
+    };
+    super::write_results(&b.args.out, "scale", &report, &svg)
+}
+
+/// One daemon with `n` ports: idle CPU, threads, port adds.
+fn measure(
+    b: &Bench,
+    n: usize,
+    worker: &str,
+    hz: f64,
+    (round, seq): (u32, usize),
+) -> anyhow::Result<ScaleRun> {
+    let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-scale-{}", b.id)));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    let control = dir.0.join("control.sock");
+    let mut text = format!(
+        "[switch]\nworkers = \"{worker}\"\ncontrol = \"{}\"\n",
+        control.display()
+    );
+    for i in 0..n {
+        text += &format!(
+            "[[port]]\nname = \"p{i}\"\ntype = \"vhost-user\"\nsocket = \"{}\"\nmode = \"server\"\n",
+            dir.0.join(format!("p{i}.sock")).display()
+        );
+    }
+    let mut daemon = Daemon::start(&dir.0, &text)?;
+    let pid = daemon.pid().context("the daemon has no pid")?;
+    b.sleep(SETTLE)?;
+    let threads_before = thread_times(pid);
+    let t0 = Instant::now();
+    let mut last = (process_ticks(pid)?, t0);
+    let first = last.0;
+    let mut samples = Vec::new();
+    for _ in 0..b.args.seconds {
+        b.sleep(Duration::from_secs(1))?;
+        let now = (process_ticks(pid)?, Instant::now());
+        samples.push(Sample {
+            t_s: now.1.duration_since(t0).as_secs_f64(),
+            cpu_pct: pct(now.0 - last.0, hz, now.1.duration_since(last.1)),
+        });
+        last = now;
+    }
+    let wall = last.1.duration_since(t0);
+    let idle_cpu_pct = pct(last.0 - first, hz, wall);
+    let threads_after = thread_times(pid);
+    let thread_cpu_pct = threads_after
+        .iter()
+        .map(|(tid, name, t)| {
+            let before = threads_before
+                .iter()
+                .find(|(id, _, _)| id == tid)
+                .map_or(0, |x| x.2);
+            (name.clone(), pct(t.saturating_sub(before), hz, wall))
+        })
+        .collect();
+    let threads = threads_after.len();
+    let rss_kib = rss_kib(pid);
+    let mut port_add_ms = Vec::new();
+    for k in 0..ADDS {
+        b.check()?;
+        let socket = dir.0.join(format!("extra{k}.sock"));
+        let socket = socket
+            .display()
+            .to_string()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("socket path: {e}"))?;
+        let port = PortConfig::vhost_user(&format!("extra{k}"), socket, VhostMode::Server);
+        let start = Instant::now();
+        let reply = qswitch_api::client::call(&daemon.control, &Request::PortAdd { port })?;
+        port_add_ms.push(start.elapsed().as_secs_f64() * 1e3);
+        if let Response::Error { message, .. } = &reply {
+            anyhow::bail!("port add at {n} ports failed: {message}");
+        }
+    }
+    daemon.stop();
+    Ok(Run {
+        contender: format!("{n} ports"),
+        round,
+        seq,
+        metrics: ScaleMetrics {
+            ports: n,
+            idle_cpu_pct,
+            thread_cpu_pct,
+            threads,
+            port_add_ms_median: median(&port_add_ms),
+            port_add_ms,
+            rss_kib,
+        },
+        samples,
+    })
+}
+
+fn pct(ticks: u64, hz: f64, wall: Duration) -> f64 {
+    ticks as f64 / hz / wall.as_secs_f64().max(1e-9) * 100.0
+}
+
+/// utime + stime (clock ticks) from a `/proc/.../stat` line.
+fn stat_ticks(text: &str) -> Option<u64> {
+    // The command name may hold spaces: fields count from after its closing parenthesis.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `rest` starts at field 3.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn process_ticks(pid: u32) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("the daemon (pid {pid}) is gone"))?;
+    stat_ticks(&text).context("cannot parse /proc/PID/stat")
+}
+
+/// Per thread: (tid, name, utime + stime).
+fn thread_times(pid: u32) -> Vec<(String, String, u64)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, String, u64)> = dir
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let name = std::fs::read_to_string(p.join("comm")).ok()?;
+            let t = stat_ticks(&std::fs::read_to_string(p.join("stat")).ok()?)?;
+            Some((
+                e.file_name().to_string_lossy().into_owned(),
+                name.trim().to_string(),
+                t,
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100, Linux's value, if that fails).
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// Bars per N: idle CPU %, threads, port add ms; then CPU % per second of every run.
+fn svg(summary: &[Summary], runs: &[ScaleRun]) -> String {
+    let group = |title: &str, f: fn(&Summary) -> f64| {
+        vec![(
+            title.to_string(),
+            summary
+                .iter()
+                .map(|s| (format!("{} ports", s.ports), f(s)))
+                .collect::<Vec<_>>(),
+        )]
+    };
+    let cpu = plot::bar_chart(
+        "Idle daemon CPU, % of one CPU (median over runs; target < 1% at 1000 ports)",
+        "% of a CPU",
+        &group("idle CPU %", |s| s.idle_cpu_pct),
+    );
+    let threads = plot::bar_chart(
+        "Threads (must not grow with the port count)",
+        "threads",
+        &group("threads", |s| s.threads as f64),
+    );
+    let add = plot::bar_chart(
+        "port add: control request round trip, ms (median of 5; target at 1000 <= 2x at 10)",
+        "ms",
+        &group("port add ms", |s| s.port_add_ms),
+    );
+    let series: Vec<Series> = runs
+        .iter()
+        .map(|r| Series {
+            name: format!("{} run {}", r.contender, r.round),
+            points: r.samples.iter().map(|s| (s.t_s, s.cpu_pct)).collect(),
+        })
+        .collect();
+    let per_second = plot::line_chart(
+        "Idle daemon CPU % per second, every run",
+        "seconds",
+        "% of a CPU",
+        &series,
+        &[],
+    );
+    plot::stack(&[cpu, threads, add, per_second])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_after_the_name() {
+        let line = "42 (qs worker) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 6 0";
+        assert_eq!(stat_ticks(line), Some(22));
+    }
+
+    #[test]
+    fn svg_has_every_count() {
+        let s = |ports, cpu| Summary {
+            ports,
+            idle_cpu_pct: cpu,
+            threads: 6,
+            port_add_ms: 1.0,
+        };
+        let svg = svg(&[s(10, 0.1), s(1000, 0.5)], &[]);
+        assert!(svg.starts_with("<svg") && svg.contains("1000 ports") && !svg.contains("NaN"));
+    }
+}
