@@ -123,7 +123,12 @@ fn main() -> ExitCode {
             .render(&mut std::io::stdout())
             .map_err(Into::into),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "qswitch", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "qswitch",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
         Command::Bench(args) => {
