@@ -11,7 +11,7 @@ mod demo;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use qswitch::{capture, chain, cli, daemon, placement_cli, rss_cli};
 use qswitch_lab::{bench, load};
 
@@ -33,6 +33,9 @@ enum Command {
         /// TOML configuration file.
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+        /// Parse and validate the configuration, then exit: 0 when valid, 2 when not.
+        #[arg(long)]
+        check: bool,
     },
     /// Run the self-contained demo: two namespaces, ping and iperf3 through qswitch.
     Demo {
@@ -85,6 +88,15 @@ enum Command {
     /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
     #[command(subcommand, hide = true)]
     Load(load::LoadCmd),
+    /// Write the man page (roff) to stdout; packaging/build-deb.sh uses it.
+    #[command(hide = true)]
+    Man,
+    /// Write a shell completion script to stdout; packaging/build-deb.sh uses it.
+    #[command(hide = true)]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -93,7 +105,11 @@ fn main() -> ExitCode {
         .control
         .unwrap_or_else(|| PathBuf::from(qswitch_api::config::DEFAULT_CONTROL));
     let result = match cli.command {
-        Command::Run { config } => {
+        Command::Run {
+            config,
+            check: true,
+        } => return check_config(&config),
+        Command::Run { config, .. } => {
             init_logging();
             return daemon::run(&config);
         }
@@ -116,6 +132,18 @@ fn main() -> ExitCode {
         Command::Capture(args) => capture::run(&control, args),
         Command::Trace(args) => capture::run_trace(&control, args),
         Command::Load(cmd) => load::run(cmd),
+        Command::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map_err(Into::into),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "qswitch",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::Bench(args) => {
             init_logging();
             bench::run(args)
@@ -126,6 +154,25 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("qswitch: {}", chain(&e));
             ExitCode::from(1)
+        }
+    }
+}
+
+/// `qswitch run --config FILE --check`: what the daemon checks before it starts (parsing,
+/// then CPUs, paths, names, sockets and QoS admission), without starting anything.
+fn check_config(path: &std::path::Path) -> ExitCode {
+    let checked = qswitch_api::config::Config::load(path).and_then(|config| {
+        let online = qswitch_sys::thread::online_cpus().unwrap_or_default();
+        config.validate(&online).map(|_| ())
+    });
+    match checked {
+        Ok(()) => {
+            println!("{}: ok", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("qswitch: {e}");
+            ExitCode::from(2)
         }
     }
 }

@@ -1,0 +1,168 @@
+//! The Debian package: `packaging/build-deb.sh --no-build` (reusing the release binary this
+//! test run already built: a few seconds, no second build), then the .deb's control fields
+//! (`dpkg-deb -I`), its file list and modes (`dpkg-deb -c`), and its contents unpacked into a
+//! temporary root (`dpkg-deb -x`, the host is not touched): the binary runs, the default
+//! config passes `run --check`, the man page renders, the completions are there.
+//!
+//! Needs `cargo deb` (`cargo install cargo-deb`) and `dpkg-deb`; skips (fails under
+//! `QSWITCH_REQUIRE_PRIVILEGED=1`) without them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use qswitch_test_support::skip;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn have(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn deb_builds_installs_into_a_temp_root_and_runs() {
+    if !skip::require(have("cargo", &["deb", "--version"]), "needs cargo-deb")
+        || !skip::require(have("dpkg-deb", &["--version"]), "needs dpkg-deb")
+    {
+        return;
+    }
+    let root = root();
+    // The script packages target/release/qswitch: the binary this test run built.
+    let bin = Path::new(env!("CARGO_BIN_EXE_qswitch"));
+    assert_eq!(
+        bin.canonicalize().unwrap(),
+        root.join("target/release/qswitch").canonicalize().unwrap(),
+        "run this test with --release and the workspace's target dir"
+    );
+    let built = run(Command::new(root.join("packaging/build-deb.sh")).arg("--no-build"));
+    let deb = PathBuf::from(
+        built
+            .lines()
+            .last()
+            .expect("cargo deb prints the .deb path")
+            .trim(),
+    );
+    assert!(deb.is_file(), "{}", deb.display());
+
+    let info = run(Command::new("dpkg-deb").arg("-I").arg(&deb));
+    for field in [
+        "Package: qswitch",
+        "Section: net",
+        "Architecture: amd64",
+        "iproute2",
+        "libc6",
+    ] {
+        assert!(info.contains(field), "no {field:?} in\n{info}");
+    }
+    let ctl = run(Command::new("dpkg-deb").arg("-f").arg(&deb).arg("Depends"));
+    assert!(ctl.contains("iproute2") && ctl.contains("libc6"), "{ctl}");
+
+    let list = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    let mode_of = |path: &str| {
+        list.lines()
+            .find(|l| l.ends_with(&format!(".{path}")))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("{path} not in the package:\n{list}"))
+            .to_string()
+    };
+    assert_eq!(mode_of("/usr/bin/qswitch"), "-rwxr-xr-x");
+    for f in [
+        "/etc/qswitch/qswitch.toml",
+        "/usr/share/man/man1/qswitch.1.gz",
+        "/usr/share/bash-completion/completions/qswitch",
+        "/usr/share/zsh/vendor-completions/_qswitch",
+        "/usr/share/fish/vendor_completions.d/qswitch.fish",
+        "/usr/share/doc/qswitch/libvirt.md",
+    ] {
+        assert_eq!(mode_of(f), "-rw-r--r--", "{f}");
+    }
+    assert!(
+        list.lines()
+            .any(|l| l.ends_with("/systemd/system/qswitch.service")),
+        "no unit in\n{list}"
+    );
+    let conffiles = run(Command::new("dpkg-deb")
+        .arg("-I")
+        .arg(&deb)
+        .arg("conffiles"));
+    assert_eq!(conffiles.trim(), "/etc/qswitch/qswitch.toml");
+    let postinst = run(Command::new("dpkg-deb").arg("-I").arg(&deb).arg("postinst"));
+    assert!(postinst.contains("useradd --system"), "{postinst}");
+    assert!(
+        !postinst.contains("systemctl start") && !postinst.contains("deb-systemd-invoke start"),
+        "the package must not start the service:\n{postinst}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("qswitch-deb-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = std::panic::catch_unwind(|| check_unpacked(&deb, &dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+fn check_unpacked(deb: &Path, dir: &Path) {
+    run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(dir));
+    let qswitch = dir.join("usr/bin/qswitch");
+    let version = run(Command::new(&qswitch).arg("--version"));
+    assert!(version.starts_with("qswitch "), "{version}");
+    let checked = run(Command::new(&qswitch)
+        .args(["run", "--check", "--config"])
+        .arg(dir.join("etc/qswitch/qswitch.toml")));
+    assert!(checked.contains(": ok"), "{checked}");
+    // An invalid config exits 2.
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[switch]\nworkers = \"oops\"\n").unwrap();
+    let out = Command::new(&qswitch)
+        .args(["run", "--check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let man = dir.join("usr/share/man/man1/qswitch.1.gz");
+    let page = if have("man", &["--version"]) {
+        run(Command::new("man")
+            .arg("-l")
+            .arg(&man)
+            .env("MANPAGER", "cat")
+            .env("PAGER", "cat"))
+    } else {
+        run(Command::new("sh")
+            .arg("-c")
+            .arg(format!("zcat {}", man.display())))
+    };
+    assert!(page.contains("qswitch"), "{page}");
+    assert!(page.contains("run"), "subcommands in the man page:\n{page}");
+
+    let bash =
+        std::fs::read_to_string(dir.join("usr/share/bash-completion/completions/qswitch")).unwrap();
+    assert!(
+        bash.contains("complete -F") && bash.contains("qswitch"),
+        "{bash}"
+    );
+    let zsh =
+        std::fs::read_to_string(dir.join("usr/share/zsh/vendor-completions/_qswitch")).unwrap();
+    assert!(zsh.starts_with("#compdef qswitch"), "{zsh}");
+    let fish =
+        std::fs::read_to_string(dir.join("usr/share/fish/vendor_completions.d/qswitch.fish"))
+            .unwrap();
+    assert!(fish.contains("complete -c qswitch"), "{fish}");
+}
