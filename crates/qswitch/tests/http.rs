@@ -111,6 +111,26 @@ const NEVER_COUNTED: &[(&str, &str)] = &[
         "needs a migrated guest without GUEST_ANNOUNCE; counted by tests/migration.rs (QEMU)",
     ),
     (
+        "qswitch_vxlan_rx_packets",
+        "vxlan ports only; counted by crates/dp/tests/vxlan.rs and tests/evpn.rs (namespaces)",
+    ),
+    (
+        "qswitch_vxlan_tx_packets",
+        "vxlan ports only; counted by crates/dp/tests/vxlan.rs and tests/evpn.rs (namespaces)",
+    ),
+    (
+        "qswitch_vxlan_rx_bytes",
+        "vxlan ports only; counted by crates/dp/tests/vxlan.rs and tests/evpn.rs (namespaces)",
+    ),
+    (
+        "qswitch_vxlan_tx_bytes",
+        "vxlan ports only; counted by crates/dp/tests/vxlan.rs and tests/evpn.rs (namespaces)",
+    ),
+    (
+        "qswitch_vxlan_drops",
+        "vxlan ports only; counted by crates/dp/tests/vxlan.rs and tests/evpn.rs (namespaces)",
+    ),
+    (
         "qswitch_afxdp_kernel_drops",
         "afxdp ports only; tests/uplink.rs has them",
     ),
