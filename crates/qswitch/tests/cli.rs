@@ -22,6 +22,7 @@ fn run_config(path: &Path) -> Out {
         Command::new(QSWITCH)
             .args(["run", "--config"])
             .arg(path)
+            .env("STATE_DIRECTORY", path.with_extension("state"))
             .env("RUST_BACKTRACE", "1"),
         Duration::from_secs(10),
     )

@@ -95,11 +95,12 @@ impl Host {
         let tap = format!("qsevt{i}{pid}");
         let control = dir.join("control.sock");
         let config = format!(
-            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nevpn = true\n\
+            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nstate_dir = \"{}\"\nevpn = true\n\
              [[port]]\nname = \"vx\"\ntype = \"vxlan\"\nvni = {VNI}\nlocal = \"{}\"\nlearning = false\n\
              [[port]]\nname = \"vm\"\ntype = \"tap\"\nifname = \"{tap}\"\n",
             worker_cpus(1),
             control.display(),
+            dir.join("state").display(),
             underlay(i)
         );
         std::fs::write(dir.join("qswitch.toml"), config).unwrap();

@@ -376,7 +376,10 @@ fn http_address_in_use_is_a_clear_error() {
     let cfg = dir.join("c.toml");
     std::fs::write(&cfg, config(&control, addr, 10)).unwrap();
     let out = run_timeout(
-        Command::new(QSWITCH).args(["run", "--config"]).arg(&cfg),
+        Command::new(QSWITCH)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .env("STATE_DIRECTORY", cfg.with_extension("state")),
         CMD_TIMEOUT,
     );
     out.assert_no_panic();
@@ -395,7 +398,10 @@ fn http_address_in_use_is_a_clear_error() {
     )
     .unwrap();
     let out = run_timeout(
-        Command::new(QSWITCH).args(["run", "--config"]).arg(&cfg),
+        Command::new(QSWITCH)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .env("STATE_DIRECTORY", cfg.with_extension("state")),
         CMD_TIMEOUT,
     );
     assert_eq!(out.code, Some(2), "{out:?}");

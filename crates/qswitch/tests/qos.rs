@@ -237,7 +237,10 @@ fn qos_config_errors_are_one_line() {
         let path = dir.join(&format!("{case}.toml"));
         std::fs::write(&path, text).expect("write config");
         let out = run_timeout(
-            Command::new(QSWITCH).args(["run", "--config"]).arg(&path),
+            Command::new(QSWITCH)
+                .args(["run", "--config"])
+                .arg(&path)
+                .env("STATE_DIRECTORY", path.with_extension("state")),
             Duration::from_secs(10),
         );
         assert_eq!(out.code, Some(2), "{case}: {out:?}");

@@ -223,6 +223,7 @@ fn spawn_in(ns: &Netns, config: &Path, control: &Path, log: &Path) -> Daemon {
         .arg(qswitch_bin())
         .args(["run", "--config"])
         .arg(config)
+        .env("STATE_DIRECTORY", config.with_extension("state"))
         .env("QSWITCH_LOG", "info")
         .env("RUST_BACKTRACE", "1")
         .stdin(Stdio::null())
@@ -418,7 +419,8 @@ fn expect_exit_2(w: &World, case: &str, ports: &str, needle: &str) {
             .args(["netns", "exec", &w.sw.name])
             .arg(qswitch_bin())
             .args(["run", "--config"])
-            .arg(&config),
+            .arg(&config)
+            .env("STATE_DIRECTORY", config.with_extension("state")),
         Duration::from_secs(15),
     );
     out.assert_no_panic();

@@ -91,6 +91,7 @@ fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<OverlayTopo> {
             .arg(&exe)
             .args(["run", "--config"])
             .arg(&config)
+            .env("STATE_DIRECTORY", config.with_extension("state"))
             .env("QSWITCH_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
