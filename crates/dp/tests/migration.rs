@@ -19,9 +19,7 @@ use qswitch_api::{PortConfig, VhostMode};
 use qswitch_dp::{Options, Switch};
 use qswitch_virtio_driver::vhost::vhost_user::message::VhostUserProtocolFeatures;
 use qswitch_virtio_driver::vhost::vhost_user::{Frontend, VhostUserFrontend};
-use qswitch_virtio_driver::vhost::{
-    VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo,
-};
+use qswitch_virtio_driver::vhost::{VhostBackend, VhostUserDirtyLogRegion};
 use qswitch_virtio_driver::vm_memory::{Bytes, GuestAddress};
 use qswitch_virtio_driver::{Driver, DriverOptions, NetHdr};
 
@@ -409,38 +407,10 @@ fn bad_logs_and_slots_are_refused() {
     drop(fe);
     alive(&sw, &mut d2, &mut d3, mac(2), 3);
 
-    // Memory slots: 32, one taken by the driver's memory; the 33rd is refused.
+    // Memory slots (ADD_MEM_REG / REM_MEM_REG) are not offered for now (see
+    // `protocol_features`): the 33rd-slot check comes back with the feature.
     wait_until("p1 free", || port_info(&sw, "p1").connected == Some(false));
     let mut d1 = connect(&s1);
-    assert_eq!(d1.frontend().get_max_mem_slots().unwrap(), 32);
-    let mut files = Vec::new();
-    let mut refused = None;
-    for i in 0..40u64 {
-        let f = log_file(PAGE * 4);
-        let r = d1.frontend().add_mem_region(&VhostUserMemoryRegionInfo {
-            guest_phys_addr: (1 << 30) + i * PAGE * 4,
-            memory_size: PAGE * 4,
-            userspace_addr: (1 << 40) + i * PAGE * 4,
-            mmap_offset: 0,
-            mmap_handle: f.as_raw_fd(),
-        });
-        files.push(f);
-        if r.is_err() {
-            refused = Some(i);
-            break;
-        }
-    }
-    assert_eq!(refused, Some(31), "slot 33 refused");
-    // Removing one frees a slot; the port still switches.
-    d1.frontend()
-        .remove_mem_region(&VhostUserMemoryRegionInfo {
-            guest_phys_addr: 1 << 30,
-            memory_size: PAGE * 4,
-            userspace_addr: 1 << 40,
-            mmap_offset: 0,
-            mmap_handle: -1,
-        })
-        .unwrap();
     alive(&sw, &mut d1, &mut d2, mac(1), 4);
     alive(&sw, &mut d2, &mut d3, mac(2), 5);
 }
