@@ -477,7 +477,6 @@ impl Device {
 
     /// The frontend went away: stop every ring and unmap the guest memory.
     pub(crate) fn disconnect(&self) {
-        self.connected.store(false, Ordering::Relaxed);
         self.features.store(0, Ordering::Relaxed);
         for (i, v) in self.vrings.iter().enumerate() {
             let mut v = v.lock();
@@ -493,6 +492,8 @@ impl Device {
         self.log.store(None);
         let old = self.rx_enabled.swap(0, Ordering::AcqRel);
         self.update_reta(old);
+        // Last: whoever sees the port disconnected sees its rings disabled too.
+        self.connected.store(false, Ordering::Release);
         // Workers in the middle of a burst keep the old table alive until they finish.
         if let Ok(m) = self.mem.lock() {
             m.replace(GuestMem::new());
