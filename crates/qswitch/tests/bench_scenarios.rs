@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
@@ -13,9 +12,7 @@ use serde_json::Value;
 
 #[test]
 fn load_generator_on_loopback() {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap();
+    let addr = qswitch_test_support::free_tcp_addr();
     let server = Command::new(QSWITCH)
         .args(["load", "server", "--listen", &addr.to_string()])
         .spawn()

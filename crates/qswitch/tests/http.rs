@@ -21,9 +21,7 @@ use serde_json::Value;
 
 /// A free port on loopback (bound, then released for the daemon).
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
+    qswitch_test_support::free_tcp_addr()
 }
 
 /// A sink, a generator sending to it, and a lonely generator in VLAN 7 whose floods have

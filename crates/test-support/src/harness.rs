@@ -583,3 +583,31 @@ impl Drop for LinkGuard {
             .status();
     }
 }
+
+/// A loopback TCP address nobody listens on, for a daemon the test starts.
+///
+/// `bind("127.0.0.1:0")` hands out a port from the ephemeral range, which the client side of
+/// every connection made by tests running beside this one also draws from: between the
+/// probe and the daemon's bind, an outgoing connection can take the port (CI saw
+/// "Address already in use" that way). These ports come from below the ephemeral range
+/// (20000–32767), start at a place that depends on the process id, never repeat within a
+/// process, and are checked free before they are handed out.
+pub fn free_tcp_addr() -> std::net::SocketAddr {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_768;
+    let start = (std::process::id().wrapping_mul(2_654_435_761)) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = LOW + (start + n * 7) % SPAN;
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port as u16).into();
+        if std::net::TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!(
+        "no free loopback TCP port between {LOW} and {}",
+        LOW + SPAN - 1
+    )
+}
