@@ -1195,7 +1195,23 @@ impl Config {
 
     /// The configuration as TOML text that [`Config::from_toml`] reads back equal.
     pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
-        toml::to_string(self)
+        let mut s = self.switch_toml()?;
+        for p in &self.ports {
+            s.push('\n');
+            s.push_str(&port_toml(p)?);
+        }
+        Ok(s)
+    }
+
+    /// The `[switch]` table as TOML: the first part of [`Config::to_toml`].
+    pub fn switch_toml(&self) -> Result<String, toml::ser::Error> {
+        #[derive(Serialize)]
+        struct Switch<'a> {
+            switch: &'a SwitchConfig,
+        }
+        toml::to_string(&Switch {
+            switch: &self.switch,
+        })
     }
 
     /// Reads and parses a file.
@@ -1354,6 +1370,17 @@ pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigErro
         }
     }
     Ok(())
+}
+
+/// One port as a `[[port]]` table (with its sub-tables), as [`Config::to_toml`] writes it:
+/// the whole file is the `[switch]` table followed by these, so a caller that keeps them can
+/// render a thousand-port configuration without serializing the ports that did not change.
+pub fn port_toml(port: &PortConfig) -> Result<String, toml::ser::Error> {
+    #[derive(Serialize)]
+    struct One<'a> {
+        port: [&'a PortConfig; 1],
+    }
+    toml::to_string(&One { port: [port] })
 }
 
 #[cfg(test)]

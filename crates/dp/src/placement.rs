@@ -32,7 +32,8 @@
 //! [`crate::balance`]'s, and the switch carries both out (`switch/runtime.rs`). A port with no queues
 //! gets an empty set.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt::{self, Write as _};
 use std::io;
 use std::path::Path;
@@ -685,19 +686,19 @@ fn allocate_defaults(
 
     let mut shares = shares;
     let mut got = vec![0usize; defaults.len()];
-    loop {
-        // The port furthest below its share (taken / share smallest), earlier on ties.
-        let mut turn: Option<usize> = None;
-        for k in 0..defaults.len() {
-            if got[k] >= shares[k] {
-                continue;
-            }
-            turn = match turn {
-                Some(t) if got[t] * shares[k] <= got[k] * shares[t] => Some(t),
-                _ => Some(k),
-            };
-        }
-        let Some(k) = turn else { break };
+    // The port furthest below its share (taken / share smallest), earlier on ties: a heap,
+    // so that a thousand ports sharing one CPU do not cost a million comparisons.
+    let mut turns: BinaryHeap<Reverse<Turn>> = (0..defaults.len())
+        .filter(|&k| shares[k] > 0)
+        .map(|k| {
+            Reverse(Turn {
+                got: 0,
+                share: shares[k],
+                k,
+            })
+        })
+        .collect();
+    while let Some(Reverse(Turn { k, .. })) = turns.pop() {
         let i = defaults[k];
         let node = ports[i].numa_node;
         let best = candidates
@@ -721,12 +722,19 @@ fn allocate_defaults(
             })
             .copied();
         let Some(best) = best else {
-            // Nothing left that this port does not hold already.
+            // Nothing left that this port does not hold already: its turns end here.
             shares[k] = got[k];
             continue;
         };
         sets[i].insert(best.cpu);
         got[k] += 1;
+        if got[k] < shares[k] {
+            turns.push(Reverse(Turn {
+                got: got[k],
+                share: shares[k],
+                k,
+            }));
+        }
         *holders.entry(best.cpu).or_insert(0) += 1;
         *core_holders
             .entry(best.core)
@@ -734,6 +742,29 @@ fn allocate_defaults(
             .entry(i)
             .or_insert(0) += 1;
         *core_total.entry(best.core).or_insert(0) += 1;
+    }
+}
+
+/// A default port's place in the queue for its next CPU: ordered by how much of its share it
+/// has (`got / share`, compared without division), then by its position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Turn {
+    got: usize,
+    share: usize,
+    k: usize,
+}
+
+impl Ord for Turn {
+    fn cmp(&self, other: &Turn) -> std::cmp::Ordering {
+        (self.got * other.share)
+            .cmp(&(other.got * self.share))
+            .then(self.k.cmp(&other.k))
+    }
+}
+
+impl PartialOrd for Turn {
+    fn partial_cmp(&self, other: &Turn) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
