@@ -5,8 +5,8 @@
 #
 # A test that cannot run here (not root, one CPU, no QEMU, testpmd or chromium) prints
 # "skipped: REASON" and passes, or fails when QSWITCH_REQUIRE_PRIVILEGED=1 (.ci/run sets
-# it). The last line counts those skips with the ignored tests:
-#     tests: N passed, N failed, N skipped
+# it). The last line counts those skips, and apart from them the `#[ignore]`d measurements:
+#     tests: N passed, N failed, N skipped (N measurements not run: #[ignore])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,8 +51,10 @@ if [ -s "$skips" ]; then
     echo "== skipped (cannot run here)"
     sed 's/^/   /' "$skips"
 fi
-# A skipped test passed as far as libtest knows: count it as skipped, not passed.
+# A skipped test passed as far as libtest knows: count it as skipped, not passed. The
+# `#[ignore]`d functions are measurements run by hand (each says how in its comment), not
+# checks: they are counted apart.
 awk -v real="$(grep -c '' "$skips")" -v fuzz="$(grep -c '^fuzz:' "$skips")" \
     '/^test result:/ { p += $4; f += $6; i += $8 }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p - (real - fuzz), f, i + real }' "$log"
+     END { printf "tests: %d passed, %d failed, %d skipped (%d measurements not run: #[ignore])\n", p - (real - fuzz), f, real, i }' "$log"
 exit "$status"
