@@ -19,7 +19,9 @@ use qswitch_api::{PortConfig, VhostMode};
 use qswitch_dp::{Options, Switch};
 use qswitch_virtio_driver::vhost::vhost_user::message::VhostUserProtocolFeatures;
 use qswitch_virtio_driver::vhost::vhost_user::{Frontend, VhostUserFrontend};
-use qswitch_virtio_driver::vhost::{VhostBackend, VhostUserDirtyLogRegion};
+use qswitch_virtio_driver::vhost::{
+    VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo,
+};
 use qswitch_virtio_driver::vm_memory::{Bytes, GuestAddress};
 use qswitch_virtio_driver::{Driver, DriverOptions, NetHdr};
 
@@ -407,10 +409,48 @@ fn bad_logs_and_slots_are_refused() {
     drop(fe);
     alive(&sw, &mut d2, &mut d3, mac(2), 3);
 
-    // Memory slots (ADD_MEM_REG / REM_MEM_REG) are not offered for now (see
-    // `protocol_features`): the 33rd-slot check comes back with the feature.
+    // Memory slots: 32, one taken by the driver's memory; the 33rd is refused.
     wait_until("p1 free", || port_info(&sw, "p1").connected == Some(false));
     let mut d1 = connect(&s1);
+    assert_eq!(d1.frontend().get_max_mem_slots().unwrap(), 32);
+    let region = |i: u64, fd: i32| VhostUserMemoryRegionInfo {
+        guest_phys_addr: (1 << 30) + i * PAGE * 4,
+        memory_size: PAGE * 4,
+        userspace_addr: (1 << 40) + i * PAGE * 4,
+        mmap_offset: 0,
+        mmap_handle: fd,
+    };
+    let mut files = Vec::new();
+    let mut refused = None;
+    for i in 0..40u64 {
+        let f = log_file(PAGE * 4);
+        let r = d1.frontend().add_mem_region(&region(i, f.as_raw_fd()));
+        files.push(f);
+        if r.is_err() {
+            refused = Some(i);
+            break;
+        }
+    }
+    assert_eq!(refused, Some(31), "slot 33 refused");
+    // An exact repeat of a region (QEMU's second queue pair adds the RAM again) is accepted
+    // and takes no slot; one that overlaps differently is refused.
+    let again = log_file(PAGE * 4);
+    d1.frontend()
+        .add_mem_region(&region(5, again.as_raw_fd()))
+        .expect("the same region again is accepted");
+    let overlapping = VhostUserMemoryRegionInfo {
+        guest_phys_addr: (1 << 30) + 5 * PAGE * 4 + PAGE,
+        ..region(40, again.as_raw_fd())
+    };
+    assert!(d1.frontend().add_mem_region(&overlapping).is_err());
+    // Removing one frees a slot (removing it again, as the other queue pairs do, is fine);
+    // the port still switches.
+    d1.frontend().remove_mem_region(&region(0, -1)).unwrap();
+    d1.frontend().remove_mem_region(&region(0, -1)).unwrap();
+    let f = log_file(PAGE * 4);
+    d1.frontend()
+        .add_mem_region(&region(45, f.as_raw_fd()))
+        .expect("the freed slot is usable");
     alive(&sw, &mut d1, &mut d2, mac(1), 4);
     alive(&sw, &mut d2, &mut d3, mac(2), 5);
 }

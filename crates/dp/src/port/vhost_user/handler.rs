@@ -459,6 +459,20 @@ impl VhostUserBackendReqHandlerMut for Handler {
         fd: File,
         _postcopy_listening: Option<bool>,
     ) -> Result<Option<VhostUserMemoryRegionBase>> {
+        // QEMU gives each queue pair of a multi-queue NIC its own vhost device, all on this
+        // one connection, and each adds the guest's RAM: the second and later pairs repeat
+        // regions we have. An exact repeat (same guest address, size and frontend address)
+        // is the same memory; accept it as a no-op (refusing it as an overlap left those
+        // pairs' rings never enabled).
+        let (gpa, size, ua) = (region.guest_phys_addr, region.memory_size, region.user_addr);
+        if self
+            .regions
+            .iter()
+            .any(|(m, _)| m.gpa == gpa && m.size == size && m.vmm_addr == ua)
+        {
+            tracing::debug!(port = %self.dev.name, gpa, size, "memory region added again; already mapped");
+            return Ok(None);
+        }
         if self.regions.len() >= MAX_MEM_SLOTS {
             tracing::warn!(port = %self.dev.name, max = MAX_MEM_SLOTS,
                 "memory region beyond the slot limit; refused");
@@ -489,8 +503,10 @@ impl VhostUserBackendReqHandlerMut for Handler {
             .iter()
             .position(|(m, _)| m.gpa == gpa && m.size == size && m.vmm_addr == ua)
         else {
-            tracing::warn!(port = %self.dev.name, gpa, size, "no such memory region to remove");
-            return Err(Error::InvalidParam);
+            // The other queue pairs' devices remove it too (see `add_mem_region`): the first
+            // removal unmapped it. Nothing is mapped there, which is what was asked.
+            tracing::debug!(port = %self.dev.name, gpa, size, "memory region to remove is not mapped");
+            return Ok(());
         };
         let mut regions = self.regions.clone();
         regions.remove(i);

@@ -160,10 +160,7 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::LOG_SHMFD
         | VhostUserProtocolFeatures::RARP
-    // CONFIGURE_MEM_SLOTS (ADD_MEM_REG / REM_MEM_REG, handled in `handler`) is not offered:
-    // with it QEMU 7.2's multi-queue guests never enabled their rings here
-    // (tests/vhost_guest.rs two_guests_multiqueue_ping_iperf3); offered again once that is
-    // understood.
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
 }
 
 /// Names of negotiated feature bits, for `port list`.
