@@ -83,10 +83,11 @@ pub struct Persist {
     base_text: String,
     live: Live,
     generation: u64,
-    /// Each port's `[[port]]` TOML by name, with the config it was rendered from: a change
-    /// re-renders only the ports it touched (serializing a thousand unchanged ports made
-    /// every `port add` at that scale several times slower than at ten).
-    rendered: HashMap<String, (PortConfig, String)>,
+    /// `live.config.ports[i]` as `"\n" + [[port]] TOML`, escaped for a JSON string; empty
+    /// until the first commit (see [`Persist::state_bytes`]).
+    rendered: Vec<String>,
+    /// `base_text` escaped for a JSON string.
+    base_escaped: String,
 }
 
 /// What start-up found: the configuration to start with, its pins, and the record.
@@ -167,7 +168,11 @@ impl Persist {
             base_text: text.to_string(),
             live: fresh.clone(),
             generation: 0,
-            rendered: HashMap::new(),
+            rendered: Vec::new(),
+            base_escaped: {
+                let quoted = serde_json::to_string(text)?;
+                quoted[1..quoted.len() - 1].to_string()
+            },
         };
         let Some(dir) = persist.dir.clone() else {
             return Ok(Start { persist, notes });
@@ -264,51 +269,88 @@ impl Persist {
         Ok(s)
     }
 
-    /// `config.to_toml()`, with the ports that did not change since the last call taken from
-    /// [`Persist::rendered`].
-    fn effective_toml(&mut self, config: &Config) -> anyhow::Result<String> {
-        let mut s = config.switch_toml().context("cannot write TOML")?;
-        let mut rendered = HashMap::with_capacity(config.ports.len());
-        for p in &config.ports {
-            let text = match self.rendered.remove(&p.name) {
-                Some((old, text)) if old == *p => text,
-                _ => qswitch_api::config::port_toml(p).context("cannot write TOML")?,
-            };
-            s.push('\n');
-            s.push_str(&text);
-            rendered.insert(p.name.clone(), (p.clone(), text));
+    /// The state file's bytes for `live` (generation `generation`, file text `base_text`) and
+    /// the port fragments to keep for the next call.
+    ///
+    /// The file is JSON whose `effective` string is the TOML of [`Config::to_toml`]. It is
+    /// assembled from pieces kept between changes: each port's `[[port]]` TOML, already
+    /// escaped as JSON, in [`Persist::rendered`] (aligned with `self.live`'s ports), and the
+    /// escaped file text. A change re-renders only the ports it touched: rendering and
+    /// escaping a thousand unchanged ports made every `port add` at that scale several times
+    /// slower than at ten. JSON escaping works per character, so the escaped pieces
+    /// concatenated are the escaped whole; the file reads back with [`StateFile`].
+    fn state_bytes(
+        &self,
+        live: &Live,
+        generation: u64,
+        base_escaped: &str,
+    ) -> anyhow::Result<(Vec<u8>, Vec<String>)> {
+        let escape = |text: &str| -> anyhow::Result<String> {
+            let quoted = serde_json::to_string(text)?;
+            Ok(quoted[1..quoted.len() - 1].to_string())
+        };
+        let aligned = self.rendered.len() == self.live.config.ports.len();
+        let old: HashMap<&str, usize> = if aligned {
+            (self.live.config.ports.iter().enumerate())
+                .map(|(i, p)| (p.name.as_str(), i))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let mut rendered = Vec::with_capacity(live.config.ports.len());
+        for p in &live.config.ports {
+            let kept = old
+                .get(p.name.as_str())
+                .filter(|&&i| self.live.config.ports[i] == *p)
+                .map(|&i| self.rendered[i].clone());
+            rendered.push(match kept {
+                Some(text) => text,
+                None => {
+                    let toml = qswitch_api::config::port_toml(p).context("cannot write TOML")?;
+                    escape(&format!("\n{toml}"))?
+                }
+            });
         }
-        self.rendered = rendered;
-        Ok(s)
+        let switch = escape(&live.config.switch_toml().context("cannot write TOML")?)?;
+        let pins: Vec<Pin> = (live.pins.iter())
+            .map(|((port, queue), cpu)| Pin {
+                port: port.clone(),
+                queue: *queue,
+                cpu: *cpu,
+            })
+            .collect();
+        let size =
+            base_escaped.len() + switch.len() + rendered.iter().map(String::len).sum::<usize>();
+        let mut out = Vec::with_capacity(size + 512);
+        write!(
+            out,
+            "{{\n  \"version\": {VERSION},\n  \"generation\": {generation},\n  \"config_path\": {},\n  \"base\": \"{base_escaped}\",\n  \"effective\": \"{switch}",
+            serde_json::to_string(&self.config_path.display().to_string())?,
+        )?;
+        for text in &rendered {
+            out.extend_from_slice(text.as_bytes());
+        }
+        write!(
+            out,
+            "\",\n  \"pins\": {}\n}}\n",
+            serde_json::to_string(&pins)?
+        )?;
+        Ok((out, rendered))
     }
 
     /// Makes `live` the recorded state (and the in-memory one), with `base` as the file's
     /// text when given. Durable before it returns.
     pub fn commit(&mut self, live: Live, base: Option<(Config, String)>) -> anyhow::Result<()> {
-        let effective = match self.dir {
-            Some(_) => self.effective_toml(&live.config)?,
-            None => String::new(),
-        };
-        let base_text = base.as_ref().map_or(self.base_text.as_str(), |(_, t)| t);
+        let mut rendered = Vec::new();
+        let mut base_escaped = None;
         if let Some(dir) = &self.dir {
-            let state = StateFile {
-                version: VERSION,
-                generation: self.generation + 1,
-                config_path: self.config_path.display().to_string(),
-                base: base_text.to_string(),
-                effective,
-                pins: live
-                    .pins
-                    .iter()
-                    .map(|((port, queue), cpu)| Pin {
-                        port: port.clone(),
-                        queue: *queue,
-                        cpu: *cpu,
-                    })
-                    .collect(),
-            };
-            let mut bytes = serde_json::to_vec_pretty(&state)?;
-            bytes.push(b'\n');
+            if let Some((_, text)) = &base {
+                let quoted = serde_json::to_string(text)?;
+                base_escaped = Some(quoted[1..quoted.len() - 1].to_string());
+            }
+            let escaped = base_escaped.as_deref().unwrap_or(&self.base_escaped);
+            let (bytes, r) = self.state_bytes(&live, self.generation + 1, escaped)?;
+            rendered = r;
             write_atomic(dir, STATE_FILE, &bytes)
                 .with_context(|| format!("cannot record the state in {}", dir.display()))?;
         }
@@ -316,7 +358,11 @@ impl Persist {
             self.base = c;
             self.base_text = t;
         }
+        if let Some(e) = base_escaped {
+            self.base_escaped = e;
+        }
         self.live = live;
+        self.rendered = rendered;
         self.generation += 1;
         Ok(())
     }
@@ -571,6 +617,57 @@ mod tests {
         // The file adds c too: c was added live the same; nothing moves.
         let m = merge(&base, &live, &cfg(&format!("{A}{B}{C}")));
         assert_eq!(names(&m), ["a", "b", "c"]);
+    }
+
+    /// The state file assembled from kept pieces reads back as the state, through a series
+    /// of changes (ports added, changed, removed, pinned, a new file text with quotes and
+    /// non-ASCII in it).
+    #[test]
+    fn state_file_from_kept_pieces_reads_back() {
+        let dir = std::env::temp_dir().join(format!("qs-state-kept-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("c.toml");
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = format!(
+            "[switch]\nstate_dir = \"{}\"\n{A}{B}",
+            dir.join("state").display()
+        );
+        std::fs::write(&path, &text).unwrap();
+        let file = cfg(&text);
+        let mut persist = Persist::open(&path, &text, &file).unwrap().persist;
+        let read_back = |p: &Persist| -> (StateFile, Config) {
+            let raw = std::fs::read(p.dir.as_ref().unwrap().join(STATE_FILE)).unwrap();
+            let state: StateFile = serde_json::from_slice(&raw).unwrap();
+            let effective = Config::from_toml(&state.effective).unwrap();
+            (state, effective)
+        };
+        let steps: Vec<Box<dyn Fn(&mut Live)>> = vec![
+            Box::new(|_| {}),
+            Box::new(|l| l.config.ports.push(cfg(C).ports.remove(0))),
+            Box::new(|l| l.config.ports[1] = cfg(B2).ports.remove(0)),
+            Box::new(|l| {
+                l.config.ports.remove(0);
+            }),
+            Box::new(|l| {
+                l.pins.insert(("c".into(), 0), 1);
+            }),
+        ];
+        for (i, step) in steps.iter().enumerate() {
+            let mut live = persist.live().clone();
+            step(&mut live);
+            let base = (i == 3).then(|| {
+                let t = format!("# \"Größe\"\\ {i}\n{text}");
+                (cfg(&t), t)
+            });
+            persist.commit(live.clone(), base.clone()).unwrap();
+            let (state, effective) = read_back(&persist);
+            assert_eq!(effective, live.config, "step {i}");
+            assert_eq!(state.effective, live.config.to_toml().unwrap(), "step {i}");
+            assert_eq!(state.base, persist.base_text, "step {i}");
+            assert_eq!(state.generation, persist.generation, "step {i}");
+            assert_eq!(state.pins.len(), live.pins.len(), "step {i}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -174,7 +174,11 @@ impl Core {
                 *turn += 1;
                 let key = (p.id, q.queue);
                 let old = ctl.queues.get(&key);
-                let pin = ctl.pins.get(&(req.name.clone(), q.queue)).copied();
+                let pin = if ctl.pins.is_empty() {
+                    None
+                } else {
+                    ctl.pins.get(&(req.name.clone(), q.queue)).copied()
+                };
                 let stay = old
                     .and_then(|o| o.worker)
                     .filter(|w| ctl.mode == PlacementMode::Dynamic && allowed.contains(w));
