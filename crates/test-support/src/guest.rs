@@ -24,6 +24,9 @@
 //! (vmx/svm) and `/dev/kvm` opens, else under TCG (about 5-10 s to boot, 0.2-0.6 Gbit/s):
 //! `QS_GUEST_ACCEL=kvm|tcg` overrides the choice. Assets live in `$QS_GUEST_DIR` or
 //! `/var/cache/qswitch-guest`.
+//!
+//! [`Guest::external`] drives a guest whose QEMU another program (libvirt) starts with the
+//! same kernel, command line and serial ports.
 
 use std::fmt::Write as _;
 use std::fs::OpenOptions;
@@ -201,6 +204,22 @@ impl GuestConfig {
             h as u8
         )
     }
+
+    /// The guest kernel's command line: the console on ttyS0, the `qs.*` parameters the
+    /// guest's /init reads (name, address, queue pairs), then [`GuestConfig::cmdline`].
+    pub fn kernel_cmdline(&self) -> String {
+        let mut append = format!("console=ttyS0 quiet panic=-1 qs.name={}", self.name);
+        if !self.ip_cidr.is_empty() {
+            let _ = write!(append, " qs.ip={}", self.ip_cidr);
+        }
+        if self.queues > 1 {
+            let _ = write!(append, " qs.queues={}", self.queues);
+        }
+        for p in &self.cmdline {
+            let _ = write!(append, " {p}");
+        }
+        append
+    }
 }
 
 /// A running guest. QEMU is killed and reaped, and its temp dir removed, on drop.
@@ -208,11 +227,15 @@ pub struct Guest {
     name: String,
     accel: Accel,
     child: Option<Child>,
+    /// The control socket's listener until QEMU connected.
+    listener: Option<UnixListener>,
     ctl: Option<UnixStream>,
     /// Bytes read from the control channel and not consumed yet.
     buf: Vec<u8>,
     seq: u64,
     dir: PathBuf,
+    /// QEMU's own output: `dir/qemu.log`, or what [`Guest::set_qemu_log`] named.
+    qemu_log: PathBuf,
     /// Removed on drop (QEMU's own vhost-user server socket).
     remove_on_drop: Option<PathBuf>,
     started: Instant,
@@ -240,7 +263,41 @@ impl Guest {
         if cfg.netdev == Netdev::VhostUser && cfg.vhost_socket.as_os_str().is_empty() {
             bail!("{}: Netdev::VhostUser needs vhost_socket", cfg.name);
         }
-        let accel = cfg.accel.resolve();
+        let mut g = Guest::listening(&cfg)?;
+        let args = qemu_args(&cfg, g.accel, &kernel, &initrd, &g.dir, &g.control_socket());
+        if cfg.netdev == Netdev::VhostUser && cfg.socket_mode == SocketMode::Server {
+            g.remove_on_drop = Some(cfg.vhost_socket.clone());
+        }
+        let log = std::fs::File::create(&g.qemu_log)?;
+        g.started = Instant::now();
+        let child = Command::new(QEMU)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawn {QEMU}"))?;
+        g.child = Some(child);
+        // QEMU creates its chardevs (and so dials us) before its netdevs and the guest.
+        g.accept(CONNECT_TIMEOUT)?;
+        Ok(g)
+    }
+
+    /// A guest whose QEMU another program starts, e.g. libvirt (`tests/libvirt.rs`): makes the
+    /// guest's temp dir and listens on [`Guest::control_socket`]. That program then starts
+    /// QEMU on the [`assets`] with [`GuestConfig::kernel_cmdline`], the first serial port
+    /// (ttyS0) written to [`Guest::console_path`] and the second (ttyS1) connected to the
+    /// control socket; then [`Guest::accept`] and [`Guest::wait_ready`] (timed from this
+    /// call). Of `cfg` only the name and the accelerator are used here; the caller builds
+    /// QEMU's configuration from it ([`GuestConfig::kernel_cmdline`], [`GuestConfig::mac`]).
+    /// The other program owns QEMU: dropping the guest closes the control connection and
+    /// removes the temp dir but kills nothing, and [`Guest::pid`] is None.
+    pub fn external(cfg: &GuestConfig) -> Result<Guest> {
+        Guest::listening(cfg)
+    }
+
+    /// A guest with its temp dir made and its control socket listening, QEMU not started.
+    fn listening(cfg: &GuestConfig) -> Result<Guest> {
         static REAPED: Once = Once::new();
         REAPED.call_once(reap_orphans);
         static N: AtomicU32 = AtomicU32::new(0);
@@ -254,65 +311,82 @@ impl Guest {
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let mut g = Guest {
             name: cfg.name.clone(),
-            accel,
+            accel: cfg.accel.resolve(),
             child: None,
+            listener: None,
             ctl: None,
             buf: Vec::new(),
             seq: 0,
+            qemu_log: dir.join("qemu.log"),
             dir,
             remove_on_drop: None,
             started: Instant::now(),
             boot_time: None,
         };
-        let ctl_path = g.dir.join("ctl.sock");
+        let ctl_path = g.control_socket();
         let listener = UnixListener::bind(&ctl_path)
             .with_context(|| format!("bind {}", ctl_path.display()))?;
         listener.set_nonblocking(true)?;
+        g.listener = Some(listener);
+        Ok(g)
+    }
 
-        let args = qemu_args(&cfg, accel, &kernel, &initrd, &g.dir, &ctl_path);
-        if cfg.netdev == Netdev::VhostUser && cfg.socket_mode == SocketMode::Server {
-            g.remove_on_drop = Some(cfg.vhost_socket.clone());
-        }
-        let log = std::fs::File::create(g.dir.join("qemu.log"))?;
-        g.started = Instant::now();
-        let child = Command::new(QEMU)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("spawn {QEMU}"))?;
-        g.child = Some(child);
-
-        // QEMU creates its chardevs (and so dials us) before its netdevs and the guest.
-        let deadline = Instant::now() + CONNECT_TIMEOUT;
+    /// Waits (at most `timeout`) for QEMU to connect to the control socket, then stops
+    /// listening. Fails early when a QEMU this module started exits. Done by
+    /// [`Guest::start`]; for [`Guest::external`] guests, call it once QEMU was started.
+    pub fn accept(&mut self, timeout: Duration) -> Result<()> {
+        let Some(listener) = self.listener.take() else {
+            bail!("{}: the control channel was accepted already", self.name);
+        };
+        let deadline = Instant::now() + timeout;
         let stream = loop {
             match listener.accept() {
                 Ok((s, _)) => break s,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e).context("accept the control connection"),
             }
-            if let Some(st) = g.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 bail!(
                     "{}: QEMU exited ({st}) before connecting its control channel\n{}",
-                    g.name,
-                    g.logs()
+                    self.name,
+                    self.logs()
                 );
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "{}: QEMU did not connect its control channel in {CONNECT_TIMEOUT:?}\n{}",
-                    g.name,
-                    g.logs()
+                    "{}: QEMU did not connect its control channel in {timeout:?}\n{}",
+                    self.name,
+                    self.logs()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         };
         drop(listener);
-        let _ = std::fs::remove_file(&ctl_path);
+        let _ = std::fs::remove_file(self.control_socket());
         stream.set_nonblocking(false)?;
-        g.ctl = Some(stream);
-        Ok(g)
+        self.ctl = Some(stream);
+        Ok(())
+    }
+
+    /// The Unix socket QEMU's second serial port (ttyS1, the control channel) connects to;
+    /// it exists until [`Guest::accept`] took the connection.
+    pub fn control_socket(&self) -> PathBuf {
+        self.dir.join("ctl.sock")
+    }
+
+    /// The file the kernel console (ttyS0) goes to.
+    pub fn console_path(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+
+    /// Where [`Guest::qemu_log`] reads QEMU's output (an [`Guest::external`] guest's QEMU
+    /// logs where its starter says, e.g. libvirt's per-domain log).
+    pub fn set_qemu_log(&mut self, path: &Path) {
+        self.qemu_log = path.to_path_buf();
     }
 
     /// Waits (at most `timeout` since QEMU started) for `__QS_READY__`; returns the boot time.
@@ -434,7 +508,8 @@ impl Guest {
         Ok(out)
     }
 
-    /// Kills QEMU now and reaps it (idempotent). Later [`Guest::run`] calls fail.
+    /// Kills QEMU now and reaps it (idempotent); only closes the control channel of an
+    /// [`Guest::external`] guest. Later [`Guest::run`] calls fail.
     pub fn kill(&mut self) {
         self.ctl = None;
         if let Some(mut c) = self.child.take() {
@@ -450,7 +525,7 @@ impl Guest {
         }
     }
 
-    /// True while QEMU runs.
+    /// True while QEMU runs (always false for an [`Guest::external`] guest).
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()
@@ -478,12 +553,12 @@ impl Guest {
 
     /// The kernel console (ttyS0) so far.
     pub fn console(&self) -> String {
-        read_lossy(&self.dir.join("console.log"))
+        read_lossy(&self.console_path())
     }
 
     /// QEMU's own stdout/stderr so far.
     pub fn qemu_log(&self) -> String {
-        read_lossy(&self.dir.join("qemu.log"))
+        read_lossy(&self.qemu_log)
     }
 
     /// The tails of the console and of QEMU's log, for error messages.
@@ -555,16 +630,7 @@ fn qemu_args(
     ctl: &Path,
 ) -> Vec<String> {
     let kvm = accel == Accel::Kvm;
-    let mut append = format!("console=ttyS0 quiet panic=-1 qs.name={}", cfg.name);
-    if !cfg.ip_cidr.is_empty() {
-        let _ = write!(append, " qs.ip={}", cfg.ip_cidr);
-    }
-    if cfg.queues > 1 {
-        let _ = write!(append, " qs.queues={}", cfg.queues);
-    }
-    for p in &cfg.cmdline {
-        let _ = write!(append, " {p}");
-    }
+    let append = cfg.kernel_cmdline();
     let mut a: Vec<String> = vec![
         "-name".into(),
         cfg.name.clone(),
