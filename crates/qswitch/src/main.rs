@@ -104,6 +104,13 @@ fn main() -> ExitCode {
     let control = cli
         .control
         .unwrap_or_else(|| PathBuf::from(qswitch_api::config::DEFAULT_CONTROL));
+    // Not for the daemon (nor bench and demo, which run one): a panic there must be loud.
+    if !matches!(
+        cli.command,
+        Command::Run { .. } | Command::Demo { .. } | Command::Bench(_)
+    ) {
+        quiet_on_closed_stdout();
+    }
     let result = match cli.command {
         Command::Run {
             config,
@@ -151,11 +158,50 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if closed_stdout(&e) => ExitCode::from(CLOSED_STDOUT),
         Err(e) => {
             eprintln!("qswitch: {}", chain(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// The exit status of a command whose reader went away (128 + SIGPIPE, as a shell reports a
+/// C tool killed by SIGPIPE).
+const CLOSED_STDOUT: u8 = 141;
+
+/// `qswitch port list | head`: when the reader of stdout goes away, end quietly with
+/// [`CLOSED_STDOUT`] like C tools do, instead of a panic from `println!`.
+///
+/// Rust ignores SIGPIPE, so the write fails with `EPIPE` and `println!` panics. Restoring
+/// SIGPIPE's default would also kill the CLI without a word when the daemon closes the
+/// control socket under it; so SIGPIPE stays ignored and only this one panic is quiet.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        // `println!` says "failed printing to stdout: Broken pipe"; clap_complete's writer
+        // panics with the io::Error's Debug form (`kind: BrokenPipe`).
+        if msg.contains("Broken pipe") || msg.contains("BrokenPipe") {
+            std::process::exit(i32::from(CLOSED_STDOUT));
+        }
+        default(info);
+    }));
+}
+
+/// Whether `e` is a broken pipe that is not the control socket's: a write to a stdout nobody
+/// reads any more (see [`quiet_on_closed_stdout`]).
+fn closed_stdout(e: &anyhow::Error) -> bool {
+    let daemon = e.chain().any(|c| c.is::<qswitch_api::client::CallError>());
+    !daemon
+        && e.chain()
+            .filter_map(|c| c.downcast_ref::<std::io::Error>())
+            .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// `qswitch run --config FILE --check`: what the daemon checks before it starts (parsing,

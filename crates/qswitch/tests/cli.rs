@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     counter, first_cpu, link_exists, port_names, qs, qs_json, request, run_timeout, Daemon, Out,
-    TempDir, QSWITCH,
+    TempDir, CMD_TIMEOUT, QSWITCH,
 };
 use serde_json::Value;
 
@@ -200,6 +200,52 @@ fn cli_without_daemon_says_so() {
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("no qswitch daemon"), "{out:?}");
     assert_eq!(out.stderr_lines().len(), 1, "{out:?}");
+}
+
+/// `qswitch … | head`: a reader that goes away ends the CLI quietly with 141 (as a C tool
+/// killed by SIGPIPE), without a panic, for `println!` output (port list) and for writers
+/// that panic on their own (clap_complete).
+#[test]
+fn closed_stdout_ends_quietly() {
+    let dir = TempDir::new("closed-stdout");
+    let control = dir.join("control.sock");
+    let ports: String = (0..20)
+        .map(|i| format!("[[port]]\nname = \"g{i}\"\ntype = \"gen\"\n"))
+        .collect();
+    let _daemon = Daemon::start(
+        dir.path(),
+        "d",
+        &config(&control, "0", "", &ports),
+        &control,
+    );
+    for args in [&["port", "list"][..], &["completions", "bash"], &["man"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut child = Command::new(QSWITCH)
+            .arg("--control")
+            .arg(&control)
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + CMD_TIMEOUT;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{args:?}: still running after {CMD_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        let out = (status.code(), stderr);
+        assert_eq!(out.0, Some(141), "{args:?}: {out:?}");
+        assert_eq!(out.1, "", "{args:?}: {out:?}");
+    }
 }
 
 #[test]
