@@ -641,7 +641,8 @@ mod tests {
             let effective = Config::from_toml(&state.effective).unwrap();
             (state, effective)
         };
-        let steps: Vec<Box<dyn Fn(&mut Live)>> = vec![
+        type Step = Box<dyn Fn(&mut Live)>;
+        let steps: Vec<Step> = vec![
             Box::new(|_| {}),
             Box::new(|l| l.config.ports.push(cfg(C).ports.remove(0))),
             Box::new(|l| l.config.ports[1] = cfg(B2).ports.remove(0)),
