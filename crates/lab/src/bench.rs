@@ -48,6 +48,7 @@ mod multiqueue;
 mod overlay;
 mod pvp;
 mod qos;
+mod qsload;
 mod scale;
 mod soak;
 mod txn;
@@ -74,6 +75,11 @@ pub struct BenchArgs {
     /// Run only this contender (e.g. `qswitch`), for quick iterations; no ratios then.
     #[arg(long, value_name = "NAME")]
     pub only: Option<String>,
+    /// pvp: the load. `dpdk`: a DPDK virtio-user program (bench/dpdk-load/qsload.c, built
+    /// with the machine's dpdk-dev), a third party to both switches; `own`: qswitch's own
+    /// virtio frontend.
+    #[arg(long, value_enum, default_value_t = Load::Dpdk)]
+    pub load: Load,
     /// scale: the port counts to measure.
     #[arg(
         long,
@@ -82,6 +88,16 @@ pub struct BenchArgs {
         value_name = "N,..."
     )]
     pub ports: Vec<usize>,
+}
+
+/// The load of `bench pvp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Load {
+    /// A DPDK virtio-user program generating and sinking in one loop (qsload).
+    Dpdk,
+    /// qswitch's own virtio frontend (`qswitch-virtio-driver`).
+    Own,
 }
 
 /// A named benchmark.

@@ -7,8 +7,16 @@
 //!   send_burst on A  ◀────────────── one poll loop ──────────────▶  recv on B
 //! ```
 //!
-//! The generator is `qswitch_virtio_driver` (what QEMU and a guest's virtio-net driver do, in
-//! one process, no VM). It transmits on A and receives on B in one loop on one core
+//! The load is, by default (`--load dpdk`), [`qsload`](super::qsload): a DPDK program with
+//! two virtio-user ports, generating on A and sinking B in one loop on CPU 0 — a third party
+//! to both switches, as the guests users run (DPDK applications, or any virtio driver) are.
+//! One qsload process per (switch, frame size): it attaches, lets the switch learn both
+//! stations, warms up 2 s and measures `--seconds`; the switch's CPU is read every 250 ms
+//! and taken over the measured window. The idle measurement then has no frontend attached.
+//!
+//! With `--load own` the generator is `qswitch_virtio_driver` (what QEMU and a guest's
+//! virtio-net driver do, in one process, no VM). It transmits on A and receives on B in one
+//! loop on one core
 //! ([`poll_loop_between`]), RFC 2544 frame sizes 64 and 1518 bytes (60 and 1514 without the
 //! FCS), IPv4/UDP, unicast to B's MAC once the switch has learnt both MACs (one frame B→A and
 //! one A→B first), so both switches do a MAC lookup rather than flood.
@@ -39,7 +47,7 @@ use anyhow::{anyhow, bail, Context};
 use qswitch_virtio_driver::{poll_loop_between, Driver, DriverOptions, LoadSpec, LoadStats};
 use serde::Serialize;
 
-use super::{first_line, interleave, median, Bench, RemoveDir};
+use super::{first_line, interleave, median, qsload, Bench, Load, RemoveDir};
 use crate::netns::{self, ChildGuard, Daemon};
 use crate::plot::{self, Series};
 use crate::procstat;
@@ -198,6 +206,24 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         "{runs} round(s), {seconds} s per frame size, idle {IDLE_S} s per setup; generator on CPU \
          {GEN_CPU}, switch worker/PMD on CPU {SWITCH_CPU}; load average {loadavg_at_start}"
     ));
+    // The DPDK load is built once; its directory goes at the end.
+    let qsload_dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-qsload-{}", b.id)));
+    let qsload_bin = match b.args.load {
+        Load::Dpdk => {
+            let bin = qsload::build(&qsload_dir.0)?;
+            b.say(format_args!(
+                "load: qsload (DPDK {} virtio-user, gen + sink in one loop on CPU {GEN_CPU}, \
+                 {}s warm-up before each measured window)",
+                dpdk_version(),
+                qsload::WARMUP_S
+            ));
+            Some(bin)
+        }
+        Load::Own => {
+            b.say(format_args!("load: qswitch's own virtio frontend"));
+            None
+        }
+    };
 
     let mut results: Vec<PvpRun> = Vec::new();
     let mut drivers = serde_json::Map::new();
@@ -221,9 +247,13 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         };
         // The generator attaches (OVS connects to it) and the switch learns both MACs.
         // Bindings drop in reverse order: the generator disconnects before the switch stops.
-        let attached = setup.and_then(|sw| {
-            let (gen, info) = Gen::start(b, sw.attach(), sw.sockets())?;
-            Ok((sw, gen, info))
+        // The DPDK load attaches per frame size instead (one qsload process each).
+        let attached = setup.and_then(|sw| match qsload_bin {
+            Some(_) => Ok((sw, None, serde_json::json!("qsload"))),
+            None => {
+                let (gen, info) = Gen::start(b, sw.attach(), sw.sockets())?;
+                Ok((sw, Some(gen), info))
+            }
         });
         let (sw, gen, info) = match attached {
             Ok(x) => x,
@@ -242,7 +272,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         drivers.entry(name).or_insert(info);
         let up_s = t0.elapsed().as_secs_f64();
 
-        // Idle: both ports connected, no traffic.
+        // Idle: both ports connected (with the DPDK load: not connected), no traffic.
         let (cpu0, mach0, w0) = (sw.cpu()?, procstat::cpu_jiffies(), Instant::now());
         b.sleep(Duration::from_secs(IDLE_S))?;
         let (cpu1, mach1, dt) = (
@@ -265,7 +295,21 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         };
         for (size, len) in sizes {
             b.say_start(format_args!("{prefix} {size:>4} B "));
-            let mut r = traffic(b, sw.as_ref(), &gen, (size, len), seconds)?;
+            let mut r = match (&gen, &qsload_bin) {
+                (Some(gen), _) => traffic(b, sw.as_ref(), gen, (size, len), seconds)?,
+                (None, Some(bin)) => {
+                    match traffic_dpdk(b, sw.as_ref(), bin, (size, len), seconds) {
+                        Ok(r) => r,
+                        Err(e) if c == 1 => {
+                            println!();
+                            b.say(format_args!("OVS-DPDK under the DPDK load failed: {e:#}"));
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                (None, None) => unreachable!("a load is chosen"),
+            };
             r.contender = name.to_string();
             r.round = round + 1;
             r.seq = seq + 1;
@@ -301,7 +345,11 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         "frame": "IPv4/UDP 198.18.0.1:1024 -> 198.18.0.2:9, unicast A -> B after learning",
         "generator_cpu": GEN_CPU,
         "switch_cpu": SWITCH_CPU,
-        "generator": "qswitch-virtio-driver poll_loop_between, 1 queue pair, 256 entries, bursts of 32, no calls",
+        "load": b.args.load,
+        "generator": match b.args.load {
+            Load::Own => "qswitch-virtio-driver poll_loop_between, 1 queue pair, 256 entries, bursts of 32, no calls".to_string(),
+            Load::Dpdk => format!("qsload (bench/dpdk-load/qsload.c): DPDK {} net_virtio_user, 1 queue pair each, 1024 entries, bursts of 32, tx and rx in one loop on one lcore, {} s warm-up; its CPU counted as 100% of CPU {GEN_CPU} (it polls)", dpdk_version(), qsload::WARMUP_S),
+        },
         "generator_drivers": drivers,
         "generator_ceiling": "not measured (needs a trivial vhost-user loopback back-end); see tx_ring_full per run",
         "qswitch_config": qswitch_config(Path::new("/tmp/qswitch-bench-pvp-ID")),
@@ -426,6 +474,104 @@ fn traffic(
         },
         samples,
     })
+}
+
+/// One run of the DPDK load (a qsload process) at one frame size. The switch's CPU is read
+/// every 250 ms while qsload runs; the measured window is its last `seconds` seconds (qsload
+/// measures after attaching and a warm-up, and exits right after the window), so the CPU
+/// figures are those of the readings nearest to that window.
+fn traffic_dpdk(
+    b: &Bench,
+    sw: &dyn Switch,
+    bin: &Path,
+    (size, len): (u32, usize),
+    seconds: u32,
+) -> anyhow::Result<PvpRun> {
+    let (a, s) = sw.sockets();
+    let sockets = qsload::Sockets {
+        gen: &a,
+        sink: &s,
+        server: matches!(sw.attach(), Attach::Accept),
+    };
+    let mut snaps: Vec<Snap> = vec![Snap::take(sw)?];
+    let out = qsload::run(b, bin, &sockets, GEN_CPU, len, seconds, || {
+        snaps.push(Snap::take(sw)?);
+        Ok(())
+    })?;
+    let end = Snap::take(sw)?;
+    let window = Duration::from_secs_f64(out.seconds.max(0.001));
+    let nearest = |t: Instant| {
+        snaps
+            .iter()
+            .min_by_key(|sn| if sn.t > t { sn.t - t } else { t - sn.t })
+            .expect("one reading at least")
+    };
+    let first = nearest(end.t.checked_sub(window).unwrap_or(end.t));
+    let wall = (end.t - first.t).as_secs_f64().max(1e-9);
+    let (cpu_pct, worker_pct) = end.sw.since(&first.sw, wall);
+    let busy_cpus = procstat::busy_cpus(first.machine, end.machine);
+    let generator_cpu_pct = 100.0;
+    let samples = (out.per_second.iter().enumerate())
+        .map(|(i, &n)| {
+            let t_end = first.t + Duration::from_secs(i as u64 + 1);
+            let (s0, s1) = (nearest(t_end - Duration::from_secs(1)), nearest(t_end));
+            let dt = (s1.t - s0.t).as_secs_f64();
+            PvpSample {
+                t_s: (i + 1) as f64,
+                mpps_tx: out.tx_mpps,
+                mpps_rx: n as f64 / 1e6,
+                switch_cpu_pct: if dt > 0.0 {
+                    s1.sw.since(&s0.sw, dt).0
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect::<Vec<_>>();
+    print!("{}", ".".repeat(samples.len()));
+    let cpu_s = cpu_pct / 100.0 * wall;
+    Ok(Run {
+        contender: String::new(),
+        round: 0,
+        seq: 0,
+        metrics: PvpMetrics {
+            frame_size: size,
+            frame_len: len,
+            tx_pkts: out.sent,
+            rx_pkts: out.received,
+            mpps_tx: out.tx_mpps,
+            mpps_rx: out.rx_mpps,
+            gbps_rx: out.rx_mpps * f64::from(size) * 8.0 / 1e3,
+            loss_pct: loss_pct(out.sent, out.received),
+            tx_ring_full: out.tx_ring_full_bursts,
+            flooded_to_sender: 0,
+            switch_cpu_pct: cpu_pct,
+            worker_cpu_pct: worker_pct,
+            mpps_per_cpu_s: if cpu_s > 0.0 {
+                out.rx_mpps * out.seconds / cpu_s
+            } else {
+                0.0
+            },
+            busy_cpus,
+            generator_cpu_pct,
+            other_busy_cpus: (busy_cpus - (cpu_pct + generator_cpu_pct) / 100.0).max(0.0),
+            idle_cpu_pct: 0.0,
+            idle_worker_cpu_pct: 0.0,
+            idle_other_busy_cpus: 0.0,
+        },
+        samples,
+    })
+}
+
+/// The DPDK version pkg-config reports ("?" if none).
+fn dpdk_version() -> String {
+    Command::new("pkg-config")
+        .args(["--modversion", "libdpdk"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "?".into())
 }
 
 fn loss_pct(tx: u64, rx: u64) -> f64 {
