@@ -124,9 +124,17 @@ pub struct CapturedPacket {
 /// `qswitch trace`: what the switch would do with one frame, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceReport {
-    /// Ingress port and its VLAN (0: untagged).
+    /// Ingress port.
     pub port: String,
+    /// The VLAN the frame is switched in (0: the untagged domain); when it is dropped before
+    /// it has one (a VID the port does not carry, untagged on a trunk without a native
+    /// VLAN), the port's access VLAN.
     pub vlan: u16,
+    /// How the frame got its VLAN: "access" (untagged on an access port), "native"
+    /// (untagged on a trunk: its native VLAN), "tagged" (802.1Q tag of a VLAN the trunk
+    /// carries); absent when it is dropped before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan_source: Option<String>,
     pub frame_len: usize,
     pub src: Option<String>,
     pub dst: Option<String>,
@@ -138,8 +146,16 @@ pub struct TraceReport {
     /// Source learning: "new", "refresh", "known", "move", "refused: port limit",
     /// "refused: table full" (absent when the frame is dropped before learning).
     pub learn: Option<String>,
+    /// Port security on the ingress: "pass", or the check that refuses the frame (e.g.
+    /// "source MAC not in macs"); absent when the port checks nothing per frame or the
+    /// frame is dropped before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<String>,
     /// The destination's fdb entry, when there is one.
     pub fdb: Option<TraceFdb>,
+    /// Storm control, when the ingress port has limits and the frame would be flooded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storm: Option<TraceStorm>,
     /// The ports the frame would be sent to, in order.
     pub egress: Vec<TraceEgress>,
     pub ingress_qos: TraceQos,
@@ -154,10 +170,26 @@ pub struct TraceFdb {
     pub age_ms: u64,
 }
 
+/// Storm control of the ingress port for a frame that would be flooded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceStorm {
+    /// "broadcast", "multicast" or "unknown_unicast".
+    pub class: String,
+    /// The class's limit, frames per second (`None`: no limit for this class).
+    pub limit_pps: Option<u64>,
+    /// Frames its bucket holds now (`None`: no limit); one more is admitted when ≥ 1.
+    pub tokens: Option<i64>,
+    /// Whether the frame would pass.
+    pub admit: bool,
+}
+
 /// One egress port of a trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceEgress {
     pub port: String,
+    /// The VID the frame leaves tagged with (`None`: untagged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tagged: Option<u16>,
     pub qos: TraceQos,
     /// For a vhost-user port: the receive queue (pair) vRSS would pick.
     pub rss: Option<TraceRss>,

@@ -332,23 +332,11 @@ impl Forwarder {
             let Some(l2) = classify(frame, drops) else {
                 continue;
             };
-            let (vlan, tci, tagged) = match l2.vlan {
-                None => match pol.native {
-                    Some(v) => (v, v, false),
-                    None => {
-                        drops.count(DropReason::VlanNotAllowed);
-                        continue;
-                    }
-                },
-                Some(vid) if pol.trunk && pol.settings.vlans.contains(vid) => {
-                    (vid, u16::from_be_bytes([frame[14], frame[15]]), true)
-                }
-                Some(_) if pol.trunk => {
-                    drops.count(DropReason::VlanNotAllowed);
-                    continue;
-                }
-                Some(_) => {
-                    drops.count(DropReason::VlanTagged);
+            let (vlan, tci, tagged) = match pol.ingress_vlan(l2.vlan) {
+                Ok((v, false)) => (v, v, false),
+                Ok((v, true)) => (v, u16::from_be_bytes([frame[14], frame[15]]), true),
+                Err(r) => {
+                    drops.count(r);
                     continue;
                 }
             };
@@ -372,15 +360,9 @@ impl Forwarder {
                 }
                 _ => {
                     if pol.storm {
-                        let (class, reason) = if l2.dst.is_broadcast() {
-                            (StormClass::Broadcast, DropReason::StormBroadcast)
-                        } else if l2.dst.is_multicast() {
-                            (StormClass::Multicast, DropReason::StormMulticast)
-                        } else {
-                            (StormClass::UnknownUnicast, DropReason::StormUnknownUnicast)
-                        };
+                        let class = StormClass::of(l2.dst);
                         if !pol.storm_admit(class, now) {
-                            drops.count(reason);
+                            drops.count(class.drop_reason());
                             continue;
                         }
                     }

@@ -31,6 +31,7 @@ use qswitch_wire::guard;
 
 use crate::packet::BURST;
 use crate::qos::token_bucket::TokenBucket;
+use crate::stats::DropReason;
 
 /// Port security settings (Hyper-V's MAC spoofing, DHCP and router guards; OVN's
 /// `port_security`). The default checks nothing.
@@ -197,6 +198,40 @@ pub(crate) enum StormClass {
     UnknownUnicast = 2,
 }
 
+impl StormClass {
+    /// The class of a frame to `dst` that would be flooded.
+    #[inline]
+    pub(crate) fn of(dst: MacAddr) -> StormClass {
+        if dst.is_broadcast() {
+            StormClass::Broadcast
+        } else if dst.is_multicast() {
+            StormClass::Multicast
+        } else {
+            StormClass::UnknownUnicast
+        }
+    }
+
+    /// The drop counter of frames of this class beyond the limit.
+    #[inline]
+    pub(crate) fn drop_reason(self) -> crate::stats::DropReason {
+        use crate::stats::DropReason;
+        match self {
+            StormClass::Broadcast => DropReason::StormBroadcast,
+            StormClass::Multicast => DropReason::StormMulticast,
+            StormClass::UnknownUnicast => DropReason::StormUnknownUnicast,
+        }
+    }
+
+    /// Its name, as the `storm` config key spells it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            StormClass::Broadcast => "broadcast",
+            StormClass::Multicast => "multicast",
+            StormClass::UnknownUnicast => "unknown_unicast",
+        }
+    }
+}
+
 /// How a frame of some VLAN leaves a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Egress {
@@ -251,6 +286,22 @@ impl Policy {
         self.trunk || self.secure || self.storm || self.native.is_none()
     }
 
+    /// The VLAN of a frame received on this port whose 802.1Q tag carries VID `tag`
+    /// (`None`: untagged), and whether it arrived tagged; or why it is dropped (the VLAN
+    /// table in [`crate::engine`]).
+    #[inline]
+    pub(crate) fn ingress_vlan(&self, tag: Option<u16>) -> Result<(u16, bool), DropReason> {
+        match tag {
+            None => self
+                .native
+                .map(|v| (v, false))
+                .ok_or(DropReason::VlanNotAllowed),
+            Some(vid) if self.trunk && self.settings.vlans.contains(vid) => Ok((vid, true)),
+            Some(_) if self.trunk => Err(DropReason::VlanNotAllowed),
+            Some(_) => Err(DropReason::VlanTagged),
+        }
+    }
+
     /// How a frame of `vlan` leaves this port.
     #[inline]
     pub(crate) fn egress(&self, vlan: u16) -> Egress {
@@ -283,6 +334,21 @@ impl Policy {
             ),
         }
     }
+
+    /// The limit of `class` (frames per second) and the frames its bucket would hold at
+    /// `now`, without refilling it or taking a token (`None`: no limit). One more frame is
+    /// admitted when it holds at least one.
+    pub(crate) fn storm_peek(&self, class: StormClass, now: u64) -> Option<(u64, i64)> {
+        let s = &self.settings.storm;
+        let pps = match class {
+            StormClass::Broadcast => s.broadcast,
+            StormClass::Multicast => s.multicast,
+            StormClass::UnknownUnicast => s.unknown_unicast,
+        }?;
+        let tokens =
+            self.buckets[class as usize].peek(now, pps.saturating_mul(8), storm_depth(pps));
+        Some((pps, tokens))
+    }
 }
 
 /// Burst allowance of a storm limit: a tenth of a second's worth, at least one rx burst.
@@ -291,8 +357,15 @@ fn storm_depth(pps: u64) -> u64 {
 }
 
 /// Why port security refuses a frame, if it does.
-pub(crate) fn security_verdict(sec: &Security, frame: &[u8]) -> Option<crate::stats::DropReason> {
-    use crate::stats::DropReason;
+#[inline]
+pub(crate) fn security_verdict(sec: &Security, frame: &[u8]) -> Option<DropReason> {
+    security_check(sec, frame).map(|(reason, _)| reason)
+}
+
+/// Why port security refuses a frame, if it does: the drop counter and the check that
+/// failed, in words (what `trace` shows).
+#[inline]
+pub(crate) fn security_check(sec: &Security, frame: &[u8]) -> Option<(DropReason, &'static str)> {
     use guard::Kind;
     let facts = guard::inspect(frame);
     let mac_ok = |m: MacAddr| sec.macs.is_empty() || sec.macs.contains(&m);
@@ -300,51 +373,75 @@ pub(crate) fn security_verdict(sec: &Security, frame: &[u8]) -> Option<crate::st
         sec.ips.is_empty() || ip.is_unspecified() || sec.ips.iter().any(|p| p.contains(ip))
     };
     if !facts.src_mac.is_some_and(mac_ok) {
-        return Some(DropReason::SrcMacNotAllowed);
+        return Some((DropReason::SrcMacNotAllowed, "source MAC not in macs"));
     }
     if sec.dhcp_guard && facts.is_dhcp_server() {
-        return Some(DropReason::DhcpGuard);
+        return Some((DropReason::DhcpGuard, "DHCP server message (dhcp_guard)"));
     }
     let ipv6 = matches!(facts.ip_src, Some(IpAddr::V6(_)));
-    if sec.ra_guard && (facts.is_router_message() || (ipv6 && facts.incomplete)) {
-        return Some(DropReason::RaGuard);
+    if sec.ra_guard && facts.is_router_message() {
+        return Some((
+            DropReason::RaGuard,
+            "IPv6 router advertisement or redirect (ra_guard)",
+        ));
+    }
+    if sec.ra_guard && ipv6 && facts.incomplete {
+        return Some((
+            DropReason::RaGuard,
+            "IPv6 header chain not readable (ra_guard)",
+        ));
     }
     if let Some(arp) = facts.arp {
         if !mac_ok(arp.sender_mac) {
-            return Some(DropReason::SrcMacNotAllowed);
+            return Some((DropReason::SrcMacNotAllowed, "ARP sender MAC not in macs"));
         }
         if !ip_ok(IpAddr::V4(arp.sender_ip)) {
-            return Some(DropReason::SrcIpNotAllowed);
+            return Some((DropReason::SrcIpNotAllowed, "ARP sender IP not in ips"));
         }
     }
     if let Some(ip) = facts.ip_src {
         if !ip_ok(ip) {
-            return Some(DropReason::SrcIpNotAllowed);
+            return Some((DropReason::SrcIpNotAllowed, "source IP not in ips"));
         }
     }
     match facts.kind {
         Kind::NeighborAdvertisement(nd) => {
             if nd.link_layer.is_some_and(|m| !mac_ok(m)) {
-                return Some(DropReason::SrcMacNotAllowed);
+                return Some((
+                    DropReason::SrcMacNotAllowed,
+                    "ND advertisement link-layer address not in macs",
+                ));
             }
             if !ip_ok(IpAddr::V6(nd.target)) {
-                return Some(DropReason::SrcIpNotAllowed);
+                return Some((
+                    DropReason::SrcIpNotAllowed,
+                    "ND advertisement target not in ips",
+                ));
             }
         }
         Kind::NeighborSolicitation(nd) => {
             if nd.link_layer.is_some_and(|m| !mac_ok(m)) {
-                return Some(DropReason::SrcMacNotAllowed);
+                return Some((
+                    DropReason::SrcMacNotAllowed,
+                    "ND solicitation link-layer address not in macs",
+                ));
             }
             // Duplicate address detection claims the target.
             if facts.ip_src.is_some_and(|s| s.is_unspecified()) && !ip_ok(IpAddr::V6(nd.target)) {
-                return Some(DropReason::SrcIpNotAllowed);
+                return Some((
+                    DropReason::SrcIpNotAllowed,
+                    "duplicate address detection target not in ips",
+                ));
             }
         }
         _ => {}
     }
     if !sec.ips.is_empty() && facts.incomplete && facts.ip_src.is_none() {
         // ARP or IP whose addresses could not be read: fail closed.
-        return Some(DropReason::SrcIpNotAllowed);
+        return Some((
+            DropReason::SrcIpNotAllowed,
+            "addresses not readable with ips set (fail closed)",
+        ));
     }
     None
 }

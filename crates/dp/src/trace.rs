@@ -1,16 +1,33 @@
 //! `trace`: what the switch would do with one frame arriving on a port, and why — a dry run
-//! of the engine's decision (classify, learn, look up, flood), like OVS's `ofproto/trace`.
+//! of the engine's decision, like OVS's `ofproto/trace`.
 //!
-//! It changes nothing: no learning, no counters, no tokens. The engine's decision code is
-//! not shared (its hot loop keeps per-burst caches and batch state that a pure function
-//! would have to thread through); the few decision steps are repeated here instead, and the
-//! tests (`crates/dp/tests/trace.rs`) check that the two agree on the manual engine.
+//! It follows the engine's order ([`crate::engine`], [`crate::policy`]): classify; VLAN
+//! admission (access port, trunk with or without a native VLAN: the VLAN the frame is
+//! switched in, or `vlan_tagged` / `vlan_not_allowed`); port security (the check that
+//! refuses the frame, if one does); learning and lookup in that VLAN; storm control for a
+//! frame that would be flooded (its class, and whether the class's bucket holds a frame
+//! now); the destinations (a known one that carries the VLAN, else the VLAN's flood domain
+//! minus the ingress, in the order the engine transmits); and per destination whether the
+//! frame leaves untagged or tagged with its VID, with the destination's QoS and vRSS.
+//!
+//! It changes nothing: no learning, no counters, no tokens (storm buckets are read with
+//! [`crate::policy::Policy::storm_peek`]). The engine's per-frame loop is not shared (it
+//! keeps per-burst caches and batch state that a pure function would have to thread
+//! through); the decisions that have rules of their own are: VLAN admission
+//! ([`crate::policy::Policy::ingress_vlan`]), port security
+//! ([`crate::policy::security_check`]), the storm class ([`crate::policy::StormClass::of`])
+//! and egress encoding ([`crate::policy::Policy::egress`]) are the engine's own functions;
+//! the rest is repeated here, and `crates/dp/tests/capture.rs` and
+//! `crates/dp/tests/policy.rs` check on the manual engine that the two agree.
 
-use qswitch_api::request::{TraceEgress, TraceFdb, TraceQos, TraceReport, TraceRss};
-use qswitch_wire::l2::{self, L2Error};
+use std::sync::Arc;
+
+use qswitch_api::request::{TraceEgress, TraceFdb, TraceQos, TraceReport, TraceRss, TraceStorm};
+use qswitch_wire::l2::{self, L2Error, MAX_FRAME_LEN};
 
 use crate::fdb::{Fdb, MAX_ENTRIES, MOVES_PER_SEC};
 use crate::ids::PortId;
+use crate::policy::{self, Egress, Policy, StormClass};
 use crate::port::Device;
 use crate::rss::Toeplitz;
 use crate::stats::DropReason;
@@ -30,10 +47,24 @@ pub fn trace(
             .and_then(Option::as_ref)
             .map_or_else(|| format!("#{}", p.0), |e| e.config.name.clone())
     };
-    let vlan = ingress.vlan;
+    // The policies as a worker's view holds them (engine::View::new).
+    let policies: Vec<Option<Arc<Policy>>> = table
+        .iter()
+        .map(|slot| slot.as_ref().map(|e| e.policy.load_full()))
+        .collect();
+    let policy_of = |p: PortId| policies.get(usize::from(p.0)).and_then(|x| x.as_deref());
+    let vlan_aware = policies
+        .iter()
+        .flatten()
+        .any(|p| p.trunk || p.native.is_none());
+    let pol = ingress.policy.load_full();
+    // The engine decides once per burst: the plain path unless VLANs or the port's policy
+    // need more.
+    let policy_path = vlan_aware || pol.active();
     let mut r = TraceReport {
         port: ingress.config.name.clone(),
-        vlan,
+        vlan: ingress.vlan,
+        vlan_source: None,
         frame_len: frame.len(),
         src: None,
         dst: None,
@@ -41,19 +72,30 @@ pub fn trace(
         verdict: "drop".into(),
         drop_reason: None,
         learn: None,
+        security: None,
         fdb: None,
+        storm: None,
         egress: Vec::new(),
         ingress_qos: qos(ingress),
         steps: Vec::new(),
     };
+    let vlans = pol.settings.vlans.to_string();
+    let port_kind = match (pol.trunk, pol.native) {
+        (true, Some(n)) => format!("trunk carrying {vlans} tagged, native VLAN {n}"),
+        (true, None) => format!("trunk carrying {vlans} tagged, no native VLAN"),
+        (false, Some(0)) | (false, None) => "VLAN 0 (untagged)".to_string(),
+        (false, Some(n)) => format!("VLAN {n} (access)"),
+    };
     r.steps.push(format!(
-        "ingress: port {} (id {}), VLAN {} ({}), {} bytes",
+        "ingress: port {} (id {}), {port_kind}, {} bytes",
         r.port,
         ingress.id.0,
-        vlan,
-        if vlan == 0 { "untagged" } else { "access" },
         frame.len()
     ));
+    if pol.secure || pol.storm {
+        r.steps
+            .push(format!("ingress policy: {}", policy_text(&pol)));
+    }
     r.steps
         .push(format!("ingress QoS: {}", qos_text(&r.ingress_qos)));
     let drop = |r: &mut TraceReport, why: DropReason| {
@@ -88,9 +130,59 @@ pub fn trace(
             .map(|v| format!(", 802.1Q tag {v}"))
             .unwrap_or_default()
     ));
-    if l2.vlan.is_some() {
-        drop(&mut r, DropReason::VlanTagged);
-        return r;
+
+    // VLAN admission (the same rule on the plain path: there every port is an access port).
+    let (vlan, tagged_in) = match pol.ingress_vlan(l2.vlan) {
+        Ok(v) => v,
+        Err(why) => {
+            r.steps.push(match l2.vlan {
+                Some(vid) if pol.trunk => {
+                    format!("VLAN: tag {vid} is not one the trunk carries ({vlans})")
+                }
+                Some(vid) => format!("VLAN: tag {vid} on an access port"),
+                None => "VLAN: untagged on a trunk without a native VLAN".to_string(),
+            });
+            drop(&mut r, why);
+            return r;
+        }
+    };
+    // The TCI a tag pushed on the way out carries: the received one (its priority bits
+    // kept), or the VLAN alone.
+    let tci = if tagged_in {
+        u16::from_be_bytes([frame[14], frame[15]])
+    } else {
+        vlan
+    };
+    r.vlan = vlan;
+    let source = match (tagged_in, pol.trunk) {
+        (true, _) => "tagged",
+        (false, true) => "native",
+        (false, false) => "access",
+    };
+    r.vlan_source = Some(source.into());
+    r.steps.push(match source {
+        "tagged" => format!(
+            "VLAN {vlan}: tagged (priority {}), carried by the trunk",
+            tci >> 13
+        ),
+        "native" => format!("VLAN {vlan}: untagged, the trunk's native VLAN"),
+        _ => format!("VLAN {vlan}: untagged on an access port"),
+    });
+
+    // Port security, before learning.
+    if policy_path && pol.secure {
+        match policy::security_check(&pol.settings.security, frame) {
+            Some((why, check)) => {
+                r.security = Some(check.into());
+                r.steps.push(format!("port security: {check}"));
+                drop(&mut r, why);
+                return r;
+            }
+            None => {
+                r.security = Some("pass".into());
+                r.steps.push("port security: pass".into());
+            }
+        }
     }
 
     // Learning (as Fdb::learn would decide, without doing it).
@@ -156,22 +248,68 @@ pub fn trace(
             }
         }
     };
+    // A known destination is used if it is in the table (plain path) / carries the VLAN.
+    let usable = |p: PortId| {
+        if policy_path {
+            policy_of(p).is_some_and(|d| d.egress(vlan) != Egress::No)
+        } else {
+            table.get(usize::from(p.0)).is_some_and(|e| e.is_some())
+        }
+    };
     let mut out: Vec<&PortEntry> = Vec::new();
     match dst {
         Some(p) if p == ingress.id => {
             drop(&mut r, DropReason::SamePort);
             return r;
         }
-        Some(p) if table.get(usize::from(p.0)).is_some_and(|e| e.is_some()) => {
+        Some(p) if usable(p) => {
             r.verdict = "unicast".into();
             out.extend(table[usize::from(p.0)].as_deref());
+            if policy_path && pol.storm {
+                r.steps
+                    .push("storm control: not applied (known destination)".into());
+            }
         }
         _ => {
+            if let Some(p) = dst {
+                r.steps.push(format!(
+                    "lookup: port {} is gone or does not carry VLAN {vlan}: flood instead",
+                    name(p)
+                ));
+            }
+            if policy_path && pol.storm {
+                let class = StormClass::of(l2.dst);
+                let peek = pol.storm_peek(class, now);
+                let admit = peek.is_none_or(|(_, tokens)| tokens >= 1);
+                r.steps.push(match peek {
+                    Some((pps, tokens)) => format!(
+                        "storm control: {} limit {pps}/s, bucket holds {tokens} frames -> {}",
+                        class.name(),
+                        if admit { "pass" } else { "over the limit" }
+                    ),
+                    None => format!("storm control: {}, no limit -> pass", class.name()),
+                });
+                r.storm = Some(TraceStorm {
+                    class: class.name().into(),
+                    limit_pps: peek.map(|(pps, _)| pps),
+                    tokens: peek.map(|(_, t)| t),
+                    admit,
+                });
+                if !admit {
+                    drop(&mut r, class.drop_reason());
+                    return r;
+                }
+            }
+            // The flood domain (engine::View::flood): the ports that carry the VLAN, in
+            // table order.
             out.extend(
                 table
                     .iter()
                     .flatten()
-                    .filter(|e| e.vlan == vlan && e.id != ingress.id)
+                    .filter(|e| {
+                        e.id != ingress.id
+                            && policy_of(e.id).is_some_and(|d| d.egress(vlan) != Egress::No)
+                    })
                     .map(|e| &**e),
             );
             let names: Vec<&str> = out.iter().map(|e| e.config.name.as_str()).collect();
@@ -187,13 +325,36 @@ pub fn trace(
             r.verdict = "flood".into();
         }
     }
+    // With trunks in the switch the engine serves the ports that carry no tagged VLAN first,
+    // then the trunks (engine::Forwarder::transmit_vlans).
+    if vlan_aware {
+        out.sort_by_key(|e| policy_of(e.id).is_some_and(|d| d.trunk));
+    }
     for e in out {
+        let enc = match policy_of(e.id) {
+            Some(d) if vlan_aware => d.egress(vlan),
+            _ => Egress::Untagged,
+        };
+        let tagged = (enc == Egress::Tagged).then_some(vlan);
+        let encoding = match tagged {
+            Some(v) if tci >> 13 != 0 => format!("tagged {v} (priority {})", tci >> 13),
+            Some(v) => format!("tagged {v}"),
+            None => "untagged".to_string(),
+        };
+        if tagged.is_some() && !tagged_in && frame.len() + 4 > MAX_FRAME_LEN + 1 {
+            r.steps.push(format!(
+                "output: {} {encoding}: does not fit tagged, dropped there (oversize, counted on its tx)",
+                e.config.name
+            ));
+            continue;
+        }
         let eg = TraceEgress {
             port: e.config.name.clone(),
+            tagged,
             qos: qos(e),
             rss: rss(e, frame),
         };
-        let mut line = format!("output: {} (QoS {})", eg.port, qos_text(&eg.qos));
+        let mut line = format!("output: {} {encoding} (QoS {})", eg.port, qos_text(&eg.qos));
         if let Some(s) = &eg.rss {
             line.push_str(&match (s.hash, s.index) {
                 (Some(h), Some(i)) => format!(
@@ -207,6 +368,43 @@ pub fn trace(
         r.egress.push(eg);
     }
     r
+}
+
+/// The per-frame policy of an ingress port, in words.
+fn policy_text(pol: &Policy) -> String {
+    let mut parts = Vec::new();
+    if pol.secure {
+        let s = &pol.settings.security;
+        let mut checks = Vec::new();
+        if !s.macs.is_empty() {
+            let macs: Vec<String> = s.macs.iter().map(ToString::to_string).collect();
+            checks.push(format!("macs [{}]", macs.join(", ")));
+        }
+        if !s.ips.is_empty() {
+            let ips: Vec<String> = s.ips.iter().map(ToString::to_string).collect();
+            checks.push(format!("ips [{}]", ips.join(", ")));
+        }
+        if s.dhcp_guard {
+            checks.push("dhcp_guard".into());
+        }
+        if s.ra_guard {
+            checks.push("ra_guard".into());
+        }
+        parts.push(format!("security {}", checks.join(", ")));
+    }
+    if pol.storm {
+        let s = &pol.settings.storm;
+        let limits: Vec<String> = [
+            ("broadcast", s.broadcast),
+            ("multicast", s.multicast),
+            ("unknown_unicast", s.unknown_unicast),
+        ]
+        .iter()
+        .filter_map(|(n, l)| l.map(|l| format!("{n} {l}/s")))
+        .collect();
+        parts.push(format!("storm {}", limits.join(", ")));
+    }
+    parts.join("; ")
 }
 
 fn qos(e: &PortEntry) -> TraceQos {

@@ -1,5 +1,6 @@
 //! Per-port policy on the manual engine: VLAN trunks (tag push/pop, native VLAN, VIDs not
-//! carried), storm control on the manual clock, port security. No test sleeps.
+//! carried), storm control on the manual clock, port security; and `trace` against the
+//! engine for each of them (`trace_then_switch`). No test sleeps.
 
 mod common;
 
@@ -471,4 +472,273 @@ storm = { broadcast = 100 }
     let st = sim.sw.stats();
     let g = st.ports.iter().find(|p| p.name == "g").unwrap();
     assert_eq!((g.tx_packets, g.tx_bytes), (1, 64));
+}
+
+// ---- trace against the engine ----------------------------------------------------------
+
+/// Every port's drop counters, by port and reason.
+fn all_drops(sim: &Sim) -> std::collections::BTreeMap<(String, String), u64> {
+    let mut m = std::collections::BTreeMap::new();
+    for p in sim.sw.stats().ports {
+        for (r, n) in p.drops {
+            m.insert((p.name.clone(), r), n);
+        }
+    }
+    m
+}
+
+/// Traces `f` arriving on port `ingress`, then has the engine switch it at the same clock
+/// instant, and checks that they agree: the same outputs with the same encoding (untagged,
+/// or tagged with the traced VID), or no output and the traced drop counter (and only it)
+/// moved by one. Returns the trace.
+fn trace_then_switch(
+    sim: &mut Sim,
+    ports: &[(&str, &InjectPort)],
+    ingress: &str,
+    f: &[u8],
+) -> qswitch_api::request::TraceReport {
+    // The trace reads the switch clock as the last poll set it.
+    sim.sw.poll_once(sim.now);
+    let t = sim.sw.trace(ingress, f).unwrap();
+    assert_eq!(
+        sim.sw.trace(ingress, f).unwrap(),
+        t,
+        "tracing changes nothing"
+    );
+    let before = all_drops(sim);
+    let (_, port) = ports.iter().find(|(n, _)| *n == ingress).unwrap();
+    port.inject(f);
+    while port.pending() > 0 {
+        sim.sw.poll_once(sim.now);
+    }
+    let mut got: Vec<(String, Option<u16>)> = Vec::new();
+    for (name, p) in ports {
+        for out in p.take_captured() {
+            let vid = (out[12..14] == [0x81, 0x00])
+                .then(|| u16::from_be_bytes([out[14], out[15]]) & 0xfff);
+            got.push((name.to_string(), vid));
+        }
+    }
+    got.sort();
+    let mut traced: Vec<(String, Option<u16>)> = t
+        .egress
+        .iter()
+        .map(|e| (e.port.clone(), e.tagged))
+        .collect();
+    traced.sort();
+    assert_eq!(got, traced, "engine vs trace: {:#?}", t.steps);
+    let after = all_drops(sim);
+    let moved: Vec<(String, String, u64)> = after
+        .iter()
+        .filter_map(|(k, &n)| {
+            let d = n - before.get(k).copied().unwrap_or(0);
+            (d > 0).then(|| (k.0.clone(), k.1.clone(), d))
+        })
+        .collect();
+    let want: Vec<(String, String, u64)> = t
+        .drop_reason
+        .iter()
+        .map(|r| (ingress.to_string(), r.clone(), 1))
+        .collect();
+    assert_eq!(moved, want, "drops vs trace: {:#?}", t.steps);
+    assert_eq!(t.verdict == "drop", t.drop_reason.is_some());
+    t
+}
+
+#[test]
+fn trace_follows_trunks_native_vlans_and_tags() {
+    let mut sim = Sim::new(1);
+    let a10 = sim.sw.add_inject_port("a10", Some(10)).unwrap();
+    let a20 = sim.sw.add_inject_port("a20", Some(20)).unwrap();
+    // t: carries 10 and 20 tagged, no native VLAN; n: native 10, carries 20 tagged.
+    let t = sim.sw.add_inject_port("t", None).unwrap();
+    let n = sim.sw.add_inject_port("n", Some(10)).unwrap();
+    sim.sw.set_port_policy("t", trunk("10,20")).unwrap();
+    sim.sw.set_port_policy("n", trunk("20")).unwrap();
+    let ports: [(&str, &InjectPort); 4] = [("a10", &a10), ("a20", &a20), ("t", &t), ("n", &n)];
+    let egress = |r: &qswitch_api::request::TraceReport| -> Vec<(String, Option<u16>)> {
+        r.egress
+            .iter()
+            .map(|e| (e.port.clone(), e.tagged))
+            .collect()
+    };
+    let eg = |v: &[(&str, Option<u16>)]| -> Vec<(String, Option<u16>)> {
+        v.iter().map(|(p, t)| (p.to_string(), *t)).collect()
+    };
+
+    // Tagged 10 on the trunk, flooded: VLAN 10 members, the access port and the native
+    // port untagged (the engine's order: ports without tagged VLANs first).
+    let r = trace_then_switch(&mut sim, &ports, "t", &tag(&frame(BCAST, MAC_B, 60), 3, 10));
+    assert_eq!((r.vlan, r.vlan_source.as_deref()), (10, Some("tagged")));
+    assert_eq!(r.verdict, "flood");
+    assert_eq!(egress(&r), eg(&[("a10", None), ("n", None)]));
+    // Tagged 20 on the trunk, flooded: untagged to the access port, tagged 20 on n.
+    let r = trace_then_switch(&mut sim, &ports, "t", &tag(&frame(BCAST, MAC_C, 60), 0, 20));
+    assert_eq!(egress(&r), eg(&[("a20", None), ("n", Some(20))]));
+
+    // Unicast both ways across the trunk: untagged from the access port to the station
+    // learned behind t in VLAN 10 (leaves tagged 10), and tagged back to the access port.
+    let r = trace_then_switch(&mut sim, &ports, "a10", &frame(MAC_B, MAC_A, 60));
+    assert_eq!(
+        (r.verdict.as_str(), r.vlan_source.as_deref()),
+        ("unicast", Some("access"))
+    );
+    assert_eq!(egress(&r), eg(&[("t", Some(10))]));
+    let r = trace_then_switch(&mut sim, &ports, "t", &tag(&frame(MAC_A, MAC_B, 60), 5, 10));
+    assert_eq!(r.verdict, "unicast");
+    assert_eq!(egress(&r), eg(&[("a10", None)]));
+    // MAC_B is known in VLAN 10 only: in VLAN 20 it is unknown, flooded.
+    let r = trace_then_switch(&mut sim, &ports, "a20", &frame(MAC_B, MAC_D, 60));
+    assert_eq!(r.verdict, "flood");
+    assert_eq!(egress(&r), eg(&[("t", Some(20)), ("n", Some(20))]));
+
+    // A VID the trunk does not carry, untagged on the trunk without a native VLAN, a tag
+    // on an access port: dropped with the engine's reasons, before any VLAN is assigned.
+    for (port, f, why) in [
+        (
+            "t",
+            tag(&frame(BCAST, MAC_B, 60), 0, 30),
+            "vlan_not_allowed",
+        ),
+        ("t", frame(BCAST, MAC_B, 60), "vlan_not_allowed"),
+        (
+            "n",
+            tag(&frame(BCAST, MAC_C, 60), 0, 10),
+            "vlan_not_allowed",
+        ),
+        ("a10", tag(&frame(BCAST, MAC_A, 60), 0, 10), "vlan_tagged"),
+    ] {
+        let r = trace_then_switch(&mut sim, &ports, port, &f);
+        assert_eq!(r.drop_reason.as_deref(), Some(why), "{:#?}", r.steps);
+        assert!(r.vlan_source.is_none() && r.learn.is_none());
+    }
+
+    // Untagged on the trunk with a native VLAN: VLAN 10, tagged 10 on the pure trunk.
+    let r = trace_then_switch(&mut sim, &ports, "n", &frame(BCAST, MAC_C, 60));
+    assert_eq!((r.vlan, r.vlan_source.as_deref()), (10, Some("native")));
+    assert_eq!(egress(&r), eg(&[("a10", None), ("t", Some(10))]));
+    // A tagged 20 from n (carried): to the access port of 20 and tagged on t.
+    let r = trace_then_switch(&mut sim, &ports, "n", &tag(&frame(BCAST, MAC_C, 60), 0, 20));
+    assert_eq!(egress(&r), eg(&[("a20", None), ("t", Some(20))]));
+}
+
+#[test]
+fn trace_follows_port_security() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    sim.sw
+        .set_port_policy(
+            "a",
+            secure(Security {
+                macs: vec![MacAddr(MAC_A)],
+                dhcp_guard: true,
+                ..Security::default()
+            }),
+        )
+        .unwrap();
+    let ports: [(&str, &InjectPort); 2] = [("a", &a), ("b", &b)];
+    let cases = [
+        // (frame, security verdict, drop reason)
+        (frame(BCAST, MAC_A, 60), "pass", None),
+        (
+            frame(MAC_C, MAC_B, 60),
+            "source MAC not in macs",
+            Some("src_mac_not_allowed"),
+        ),
+        (
+            arp(MAC_B, [10, 0, 0, 2], [10, 0, 0, 9]),
+            "source MAC not in macs",
+            Some("src_mac_not_allowed"),
+        ),
+        (
+            {
+                // Its own Ethernet source, someone else's ARP sender.
+                let mut f = arp(MAC_B, [10, 0, 0, 2], [10, 0, 0, 9]);
+                f[6..12].copy_from_slice(&MAC_A);
+                f
+            },
+            "ARP sender MAC not in macs",
+            Some("src_mac_not_allowed"),
+        ),
+        (
+            udp4(MAC_A, [10, 0, 0, 1], 67, 68, 2),
+            "DHCP server message (dhcp_guard)",
+            Some("dhcp_guard"),
+        ),
+        (udp4(MAC_A, [0, 0, 0, 0], 68, 67, 1), "pass", None),
+    ];
+    for (f, check, why) in cases {
+        let r = trace_then_switch(&mut sim, &ports, "a", &f);
+        assert_eq!(r.security.as_deref(), Some(check), "{:#?}", r.steps);
+        assert_eq!(r.drop_reason.as_deref(), why);
+        // A refused frame teaches the fdb nothing: trace stops before learning.
+        assert_eq!(r.learn.is_some(), why.is_none());
+    }
+    // A port without per-frame checks reports none.
+    let r = trace_then_switch(&mut sim, &ports, "b", &frame(BCAST, MAC_B, 60));
+    assert!(r.security.is_none());
+}
+
+#[test]
+fn trace_follows_storm_control_without_taking_tokens() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    sim.sw
+        .set_port_policy(
+            "a",
+            PortPolicy {
+                storm: Storm {
+                    broadcast: Some(320),
+                    ..Storm::default()
+                },
+                ..PortPolicy::default()
+            },
+        )
+        .unwrap();
+    let ports: [(&str, &InjectPort); 2] = [("a", &a), ("b", &b)];
+    let bc = frame(BCAST, MAC_A, 60);
+    // Within the limit (the bucket is full: 32 frames): flooded.
+    let r = trace_then_switch(&mut sim, &ports, "a", &bc);
+    let s = r.storm.clone().expect("storm info");
+    assert_eq!(
+        (s.class.as_str(), s.limit_pps, s.tokens, s.admit),
+        ("broadcast", Some(320), Some(32), true)
+    );
+    assert_eq!(r.verdict, "flood");
+    // Use up the rest of the bucket on this clock instant; traces take nothing from it.
+    for _ in 0..31 {
+        let r = sim.sw.trace("a", &bc).unwrap();
+        assert!(r.storm.unwrap().admit);
+    }
+    for _ in 0..31 {
+        a.inject(&bc);
+    }
+    while a.pending() > 0 {
+        sim.sw.poll_once(sim.now);
+    }
+    assert_eq!(b.take_captured().len(), 31);
+    // Beyond it: dropped as storm_broadcast, by trace and engine alike.
+    let r = trace_then_switch(&mut sim, &ports, "a", &bc);
+    let s = r.storm.clone().unwrap();
+    assert_eq!((s.tokens, s.admit), (Some(0), false));
+    assert_eq!(r.drop_reason.as_deref(), Some("storm_broadcast"));
+    // Other classes have no limit here: pass, reported as such.
+    let r = trace_then_switch(&mut sim, &ports, "a", &frame(MAC_D, MAC_A, 60));
+    let s = r.storm.clone().unwrap();
+    assert_eq!(
+        (s.class.as_str(), s.limit_pps, s.admit),
+        ("unknown_unicast", None, true)
+    );
+    // A known destination is never storm-limited.
+    sim.send(&b, &[frame(MAC_D, MAC_B, 60)]);
+    let _ = a.take_captured();
+    let r = trace_then_switch(&mut sim, &ports, "a", &frame(MAC_B, MAC_A, 60));
+    assert!(r.storm.is_none() && r.verdict == "unicast");
+    // 100 ms later the bucket holds 32 again.
+    sim.now += 100_000_000;
+    let r = trace_then_switch(&mut sim, &ports, "a", &bc);
+    assert_eq!(r.storm.unwrap().tokens, Some(32));
+    assert_eq!(r.verdict, "flood");
 }

@@ -527,7 +527,14 @@ pub fn render(t: &TraceReport) -> String {
     for (i, step) in t.steps.iter().enumerate() {
         s.push_str(&format!("{:>2}. {step}\n", i + 1));
     }
-    let outs: Vec<&str> = t.egress.iter().map(|e| e.port.as_str()).collect();
+    let outs: Vec<String> = t
+        .egress
+        .iter()
+        .map(|e| match e.tagged {
+            Some(v) => format!("{} (tagged {v})", e.port),
+            None => e.port.clone(),
+        })
+        .collect();
     s.push_str(&match t.verdict.as_str() {
         "drop" => format!(
             "verdict: drop ({})\n",

@@ -199,6 +199,107 @@ fn capture_to_file_matches_the_port_counters_and_trace_explains() {
     d.terminate(Duration::from_secs(10));
 }
 
+/// Trace on trunks, port security and storm control, through the CLI (text and JSON).
+#[test]
+fn trace_shows_vlans_security_and_storm() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("trace-policy");
+    let ports =
+        "[[port]]\nname = \"t\"\ntype = \"gen\"\nmac = \"02:00:00:00:00:02\"\nvlans = \"10,20\"\n\
+                 [[port]]\nname = \"a10\"\ntype = \"gen\"\nmac = \"02:00:00:00:00:03\"\nvlan = 10\n\
+                 [[port]]\nname = \"s\"\ntype = \"gen\"\nmac = \"02:00:00:00:00:04\"\nvlan = 10\n\
+                 security = { macs = [\"02:00:00:00:00:04\"] }\nstorm = { broadcast = 100 }\n";
+    let mut d = start(&dir, ports);
+    let trace = |args: &[&str]| {
+        let mut a = vec!["trace"];
+        a.extend_from_slice(args);
+        let out = qs(&d.control, &a);
+        out.assert_ok("trace");
+        out.stdout
+    };
+    // Tagged 10 on the trunk: VLAN 10, flooded untagged to the access ports.
+    let out = trace(&[
+        "--port",
+        "t",
+        "--src",
+        "02:00:00:00:00:09",
+        "--dst",
+        "02:00:00:00:00:77",
+        "--vlan",
+        "10",
+    ]);
+    assert!(out.contains("VLAN 10: tagged"), "{out}");
+    assert!(out.contains("verdict: flood -> a10, s"), "{out}");
+    // From the access port: tagged 10 on the trunk.
+    let out = trace(&[
+        "--port",
+        "a10",
+        "--src",
+        "02:00:00:00:00:09",
+        "--dst",
+        "02:00:00:00:00:77",
+    ]);
+    assert!(out.contains("verdict: flood -> s, t (tagged 10)"), "{out}");
+    // A VID the trunk does not carry; untagged on a trunk without a native VLAN.
+    for vlan in [Some("30"), None] {
+        let mut a = vec![
+            "--port",
+            "t",
+            "--src",
+            "02:00:00:00:00:09",
+            "--dst",
+            "02:00:00:00:00:77",
+            "--json",
+        ];
+        a.extend(vlan.iter().flat_map(|v| ["--vlan", v]));
+        let t: serde_json::Value = serde_json::from_str(&trace(&a)).expect("trace --json");
+        assert_eq!(t["drop_reason"], "vlan_not_allowed", "{t}");
+        assert!(t.get("vlan_source").is_none(), "{t}");
+    }
+    // Port security: a foreign source MAC is refused, the port's own passes, and the
+    // broadcast it sends meets the storm limit (bucket full: 32 frames).
+    let t: serde_json::Value = serde_json::from_str(&trace(&[
+        "--port",
+        "s",
+        "--src",
+        "02:00:00:00:00:05",
+        "--dst",
+        "ff:ff:ff:ff:ff:ff",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(t["drop_reason"], "src_mac_not_allowed", "{t}");
+    assert_eq!(t["security"], "source MAC not in macs", "{t}");
+    let t: serde_json::Value = serde_json::from_str(&trace(&[
+        "--port",
+        "s",
+        "--src",
+        "02:00:00:00:00:04",
+        "--dst",
+        "ff:ff:ff:ff:ff:ff",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (&t["verdict"], &t["security"]),
+        (&"flood".into(), &"pass".into()),
+        "{t}"
+    );
+    assert_eq!(t["vlan_source"], "access", "{t}");
+    assert_eq!(t["storm"]["class"], "broadcast", "{t}");
+    assert_eq!(t["storm"]["limit_pps"], 100, "{t}");
+    assert_eq!(t["storm"]["tokens"], 32, "{t}");
+    assert_eq!(t["storm"]["admit"], true, "{t}");
+    let egress: Vec<(&str, Option<u64>)> = t["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["port"].as_str().unwrap(), e["tagged"].as_u64()))
+        .collect();
+    assert_eq!(egress, [("a10", None), ("t", Some(10))], "{t}");
+    d.terminate(Duration::from_secs(10));
+}
+
 #[test]
 fn at_full_rate_the_capture_drops_in_its_own_ring() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

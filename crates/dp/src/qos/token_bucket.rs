@@ -66,6 +66,19 @@ impl TokenBucket {
         self.tokens.load(Ordering::Relaxed) / NANO
     }
 
+    /// Whole bytes a [`TokenBucket::refill`] at `now` would leave (negative: debt), without
+    /// refilling or taking anything: a read-only look for `trace`.
+    pub fn peek(&self, now: u64, rate_bps: u64, depth: u64) -> i64 {
+        let last = self.last.load(Ordering::Relaxed);
+        let tokens = self.tokens.load(Ordering::Relaxed);
+        if now <= last {
+            return tokens / NANO;
+        }
+        let dt = u128::from((now - last).min(MAX_DT_NS));
+        let add = (dt * u128::from(rate_bps / 8)).min(i64::MAX as u128 / 4) as i64;
+        tokens.saturating_add(add).min(to_nano(depth)) / NANO
+    }
+
     /// Takes `bytes`, going into debt if there are not enough.
     #[inline]
     pub fn take(&self, bytes: u64) {
@@ -176,6 +189,25 @@ mod tests {
         assert_eq!(b.ns_until_positive(0), 0);
         b.take(2000);
         assert_eq!(b.ns_until_positive(0), u64::MAX);
+    }
+
+    /// `peek` sees what a refill at that time would leave, and changes nothing.
+    #[test]
+    fn peek_takes_nothing() {
+        let (rate, depth) = (8_000, 10); // 1 byte per ms
+        let b = TokenBucket::new(depth, 0);
+        assert!(b.conform(9, 0, rate, depth));
+        assert_eq!(b.peek(0, rate, depth), 1);
+        assert_eq!(b.peek(3 * MS, rate, depth), 4);
+        assert_eq!(b.peek(100 * MS, rate, depth), 10, "capped at depth");
+        assert_eq!(b.peek(3 * MS, rate, depth), 4, "nothing was credited");
+        assert!(b.conform(4, 3 * MS, rate, depth));
+        assert!(!b.conform(1, 3 * MS, rate, depth));
+        assert_eq!(
+            b.peek(MS, rate, depth),
+            0,
+            "time going backwards credits nothing"
+        );
     }
 
     /// Over many irregular polls the admitted bytes match rate × time (no rounding loss).
