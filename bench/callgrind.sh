@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per frame of the vhost-user port code (the deterministic complement of
 # `qswitch bench pvp`): runs the `vhost_path` criterion bench under callgrind for a few seconds
-# per frame size and divides the inclusive instructions of rings::rx_burst + rings::tx_burst by
+# per frame size and divides the inclusive instructions of the port's rx_burst + tx_burst by
 # the frames they moved. Usage: bench/callgrind.sh [BENCH_BINARY]  (default: builds it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
