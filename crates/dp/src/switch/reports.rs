@@ -230,7 +230,8 @@ impl Switch {
 impl Core {
     /// Where every queue runs, its load and why; per-worker load; warnings; recent moves.
     pub fn placement(&self) -> PlacementReport {
-        let ctl = self.control.lock();
+        let mut ctl = self.control.lock();
+        self.refresh_plan(&mut ctl);
         let table = self.shared.ports.load_full();
         let cpu = |w: Option<WorkerId>| w.map(|w| self.cpu_of(w).0);
         let queues = ctl

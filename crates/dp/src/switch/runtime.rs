@@ -64,8 +64,12 @@ pub(super) struct Control {
     /// Operator pins by port name and queue: the worker.
     pub(super) pins: BTreeMap<(String, u16), WorkerId>,
     pub(super) mode: PlacementMode,
-    /// The static plan of the last replan; its words are rendered only when reported.
+    /// The static plan of the last full replan; its words are rendered only when reported.
     pub(super) plan: Plan,
+    /// Ports were appended by [`Core::replan`]'s fast path since: `plan` (the rules in
+    /// words, the warnings) and the queues' `plan_queue` are behind; a report replans fully
+    /// first (same homes, see `replan_appended`).
+    pub(super) plan_stale: bool,
     pub(super) port_sets: Vec<PortSetInfo>,
     pub(super) balancer: Balancer,
     /// Time of the last evaluation and each worker's busy counter then.
@@ -116,6 +120,143 @@ impl Core {
     /// In static mode every queue goes home; in dynamic mode a queue stays where it is while
     /// that is allowed.
     pub(super) fn replan(&self, ctl: &mut Control, table: &PortTable) {
+        if self.replan_appended(ctl, table) {
+            ctl.plan_stale = true;
+            return;
+        }
+        self.replan_full(ctl, table);
+    }
+
+    /// The placement report's view: a full replan if the fast path left the plan behind.
+    pub(super) fn refresh_plan(&self, ctl: &mut Control) {
+        if ctl.plan_stale {
+            let table = self.shared.ports.load_full();
+            self.replan_full(ctl, &table);
+            // The same homes as the fast path gave (its tests check that): nothing moves,
+            // but publish whatever differs all the same.
+            self.apply(ctl, None);
+        }
+    }
+
+    /// The fast path of [`Core::replan`] for the common way a switch grows: ports appended
+    /// after every planned port, every port on the default rules (no CPU set, no NUMA node,
+    /// no pins), and no more unreserved worker CPUs than planned ports with queues, so that
+    /// every port's default set is one CPU before and after. Then [`placement::place`]
+    /// gives the planned ports the same CPUs as before (a port's choice depends on the
+    /// ports before it only), and each new port the least-held CPU, by the same keys:
+    /// computing that for the new ports alone keeps `port add` at a thousand ports about
+    /// as cheap as at ten. Returns false, changing nothing, when it does not apply.
+    fn replan_appended(&self, ctl: &mut Control, table: &PortTable) -> bool {
+        if !ctl.pins.is_empty() || !self.reserved.is_empty() {
+            return false;
+        }
+        let ports: Vec<&Arc<PortEntry>> = table.iter().flatten().collect();
+        let default = |p: &PortEntry| {
+            p.config.cpu_set().is_none()
+                && !matches!(&p.dev, crate::port::Device::AfXdp(a) if a.numa_node().is_some())
+        };
+        // The planned ports come first, in the same order, then the new ones.
+        let planned = ctl.port_sets.len();
+        if planned == 0
+            || ports.len() <= planned
+            || ports
+                .iter()
+                .zip(&ctl.port_sets)
+                .any(|(p, s)| p.config.name != s.port || s.operator || s.cpus.len() != 1)
+            || !ports.iter().all(|p| default(p))
+        {
+            return false;
+        }
+        let cpus: Vec<CpuId> = {
+            let mut c: Vec<CpuId> = self.workers.iter().map(|w| w.cpu).collect();
+            c.sort();
+            c.dedup();
+            c
+        };
+        let with_queues = |ps: &[&Arc<PortEntry>]| ps.iter().filter(|p| p.rx_queues() > 0).count();
+        if cpus.len() > with_queues(&ports[..planned]) {
+            return false;
+        }
+        // Every planned queue must still be there (a port changed in place replans fully).
+        let planned_queues: usize = ports[..planned]
+            .iter()
+            .map(|p| usize::from(p.rx_queues()))
+            .sum();
+        if ctl.queues.len() != planned_queues {
+            return false;
+        }
+        // The core (package, core) of each CPU, as place() sees it.
+        let core_of = |c: CpuId| {
+            self.topology
+                .cpus
+                .iter()
+                .find(|i| i.cpu == c.0)
+                .map_or((usize::MAX, c.0), |i| (i.package, i.core))
+        };
+        // Holders per CPU and per core (every set is one CPU), and queues per CPU in plan
+        // order (for the turn of workers sharing a CPU).
+        let mut holders: BTreeMap<CpuId, usize> = BTreeMap::new();
+        let mut core_total: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+        for s in &ctl.port_sets {
+            let c = CpuId(s.cpus[0]);
+            *holders.entry(c).or_insert(0) += 1;
+            *core_total.entry(core_of(c)).or_insert(0) += 1;
+        }
+        let mut turns: BTreeMap<CpuId, usize> = BTreeMap::new();
+        for st in ctl.queues.values() {
+            if let Some(h) = st.home {
+                *turns.entry(self.cpu_of(h)).or_insert(0) += 1;
+            }
+        }
+        let unreserved: Vec<WorkerId> = self.workers.iter().map(|w| w.id).collect();
+        for p in &ports[planned..] {
+            let queues = p.rx_queues();
+            let cpu = if queues == 0 {
+                None
+            } else {
+                // allocate_defaults' keys with one CPU per set and no NUMA node:
+                // (held, node rank 0, others on the core, mine 0, cpu).
+                cpus.iter().copied().min_by_key(|&c| {
+                    let held = holders.get(&c).copied().unwrap_or(0);
+                    let others = core_total.get(&core_of(c)).copied().unwrap_or(0);
+                    (held, others, c.0)
+                })
+            };
+            let set: Vec<usize> = cpu.map(|c| vec![c.0]).unwrap_or_default();
+            if let Some(c) = cpu {
+                *holders.entry(c).or_insert(0) += 1;
+                *core_total.entry(core_of(c)).or_insert(0) += 1;
+                let on_cpu: Vec<WorkerId> = self.workers_on(c).collect();
+                for q in 0..queues {
+                    let turn = turns.entry(c).or_insert(0);
+                    let home = on_cpu.get(*turn % on_cpu.len().max(1)).copied();
+                    *turn += 1;
+                    ctl.queues.insert(
+                        (p.id, q),
+                        QueueState {
+                            worker: home,
+                            home,
+                            allowed: unreserved.clone(),
+                            plan_queue: None,
+                            pin: None,
+                            reason: Reason::Home,
+                            prev_busy_ns: 0,
+                            load: 0.0,
+                        },
+                    );
+                }
+            }
+            ctl.port_sets.push(PortSetInfo {
+                port: p.config.name.clone(),
+                cpus: set,
+                operator: false,
+            });
+        }
+        true
+    }
+
+    /// Recomputes the whole static plan (see [`Core::replan`]).
+    fn replan_full(&self, ctl: &mut Control, table: &PortTable) {
         let ports: Vec<&Arc<PortEntry>> = table.iter().flatten().collect();
         let reqs: Vec<PortReq> = ports
             .iter()
@@ -223,6 +364,7 @@ impl Core {
             })
             .collect();
         ctl.plan = plan;
+        ctl.plan_stale = false;
     }
 
     /// Publishes the queue states (and `table`, if given) to the workers. A queue that changes

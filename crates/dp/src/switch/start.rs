@@ -168,6 +168,7 @@ impl Switch {
                 mode: options.placement,
                 plan: crate::placement::Plan::default(),
                 port_sets: Vec::new(),
+                plan_stale: false,
                 balancer: Balancer::default(),
                 last_eval: None,
                 worker_busy: vec![0.0; workers.len()],
