@@ -11,12 +11,13 @@
 //! On: per burst one `arc-swap` load and one `try_lock` of the tap's ring; per frame a filter
 //! check and a copy of at most `snaplen` bytes into a preallocated slot. Nothing allocates
 //! and nothing blocks on the data path: when the ring is full, or the lock is held (by the
-//! control plane draining, or by another worker), the frames are counted as dropped by the
-//! capture and switched as usual.
+//! control plane swapping the ring's slots out, or by another worker), the frames are
+//! counted as dropped by the capture and switched as usual.
 //!
 //! # Bound
 //! The ring holds `slots` records of `snaplen` bytes each, allocated when the capture starts
-//! ([`ring_slots`]: about 8 MiB whatever the snaplen, 64 to 4096 slots).
+//! ([`ring_slots`]: about 8 MiB whatever the snaplen, 64 to 4096 slots), twice: the control
+//! plane swaps a full set for an empty one and copies records out of it without the lock.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -149,9 +150,17 @@ struct Ring {
 }
 
 /// A capture's ring and counters, shared by the workers (producers) and the control plane.
+///
+/// The consumer never holds the ring's lock for longer than a swap: [`Tap::drain`] exchanges
+/// the ring's slots for an empty set of the same size (`taken`, the consumer's own) and
+/// copies records out of those afterwards. A worker that finds the lock held drops its
+/// frames (it never waits), so a consumer preempted while copying under the lock made a
+/// low-rate capture lose frames on a busy machine.
 pub struct Tap {
     spec: Spec,
     ring: Mutex<Ring>,
+    /// Slots taken from the ring by the last swap, with the records not yet drained.
+    taken: Mutex<Ring>,
     captured: AtomicU64,
     dropped: AtomicU64,
 }
@@ -164,23 +173,30 @@ impl Tap {
             .slots
             .unwrap_or_else(|| ring_slots(spec.snaplen))
             .max(1);
-        let slots = (0..n)
-            .map(|_| Slot {
-                ts: 0,
-                dir: Direction::Rx,
-                queue: 0,
-                orig_len: 0,
-                len: 0,
-                data: vec![0u8; spec.snaplen].into_boxed_slice(),
-            })
-            .collect();
+        let slots = || {
+            (0..n)
+                .map(|_| Slot {
+                    ts: 0,
+                    dir: Direction::Rx,
+                    queue: 0,
+                    orig_len: 0,
+                    len: 0,
+                    data: vec![0u8; spec.snaplen].into_boxed_slice(),
+                })
+                .collect()
+        };
         Tap {
-            spec,
             ring: Mutex::new(Ring {
-                slots,
+                slots: slots(),
                 head: 0,
                 len: 0,
             }),
+            taken: Mutex::new(Ring {
+                slots: slots(),
+                head: 0,
+                len: 0,
+            }),
+            spec,
             captured: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
@@ -247,22 +263,38 @@ impl Tap {
 
     /// Moves up to `max` records out of the ring into `out`, oldest first (control plane).
     pub fn drain(&self, out: &mut Vec<Record>, max: usize) -> usize {
-        let mut ring = self.ring.lock();
-        let n = ring.len.min(max);
-        let cap = ring.slots.len();
-        for k in 0..n {
-            let s = &ring.slots[(ring.head + k) % cap];
-            out.push(Record {
-                ts: s.ts,
-                dir: s.dir,
-                queue: s.queue,
-                orig_len: s.orig_len,
-                data: s.data[..s.len as usize].to_vec(),
-            });
+        let mut ring = self.taken.lock();
+        let mut moved = 0;
+        // What the last swap took first (older), then one more swap if there is room.
+        for swap in [false, true] {
+            if swap {
+                if ring.len > 0 || moved == max {
+                    break;
+                }
+                // Swap the ring's slots for our empty ones: the workers' lock is held for
+                // this only, never while records are copied out.
+                let mut live = self.ring.lock();
+                std::mem::swap(&mut live.slots, &mut ring.slots);
+                (ring.head, ring.len) = (live.head, live.len);
+                (live.head, live.len) = (0, 0);
+            }
+            let n = ring.len.min(max - moved);
+            let cap = ring.slots.len();
+            for k in 0..n {
+                let s = &ring.slots[(ring.head + k) % cap];
+                out.push(Record {
+                    ts: s.ts,
+                    dir: s.dir,
+                    queue: s.queue,
+                    orig_len: s.orig_len,
+                    data: s.data[..s.len as usize].to_vec(),
+                });
+            }
+            ring.head = (ring.head + n) % cap.max(1);
+            ring.len -= n;
+            moved += n;
         }
-        ring.head = (ring.head + n) % cap;
-        ring.len -= n;
-        n
+        moved
     }
 }
 
@@ -409,11 +441,12 @@ mod tests {
         assert_eq!(out[0].orig_len, 60);
         assert_eq!(out[2].orig_len, 62);
         assert_eq!(out[0].ts, 7);
-        // One record left, three slots free.
+        // One record left in the half the drain took; the ring's four slots are free.
         tap.push(Direction::Tx, 1, frames.iter().map(Vec::as_slice), 8);
-        assert_eq!((tap.captured(), tap.dropped()), (7, 5));
+        assert_eq!((tap.captured(), tap.dropped()), (8, 4));
         out.clear();
-        assert_eq!(tap.drain(&mut out, 100), 4);
+        // The older record first, then the ring's four.
+        assert_eq!(tap.drain(&mut out, 100), 5);
         assert_eq!(out[0].orig_len, 63);
         assert_eq!(out[1].dir, Direction::Tx);
     }

@@ -99,9 +99,13 @@ fn capture_to_file_matches_the_port_counters_and_trace_explains() {
     // The capture is attached before any traffic: it must see every frame the port sends.
     let mut cap = spawn_capture(&d, &["g2", "--direction", "tx", "-c", "200", "-w", &file_s]);
     add_generator(&d, "g1", 1, "02:00:00:00:00:02", 1000, 200);
-    let st = cap
-        .wait_timeout(Duration::from_secs(20))
-        .expect("capture -c 200 ends by itself");
+    let Some(st) = cap.wait_timeout(Duration::from_secs(20)) else {
+        let stats = qs(&d.control, &["stats", "--json"]).stdout;
+        panic!(
+            "capture -c 200 did not end by itself; stats: {stats}\ndaemon log:\n{}",
+            d.log_text()
+        );
+    };
     assert!(st.success(), "capture failed: {st}");
     let lines = tcpdump_lines(&file);
     assert_eq!(lines.len(), 200, "{lines:?}");

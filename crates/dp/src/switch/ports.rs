@@ -83,7 +83,15 @@ impl Switch {
                     port: p.config.name.clone(),
                 });
             }
-            if let Some(socket) = config.socket().filter(|&s| p.config.socket() == Some(s)) {
+            // The file names first: comparing whole paths component by component for each
+            // of a thousand ports was a visible part of `port add` at that scale.
+            let same_socket = |s: &&qswitch_api::SocketPath| {
+                p.config.socket().is_some_and(|o| {
+                    let (a, b): (&std::path::Path, &std::path::Path) = (o.as_ref(), s.as_ref());
+                    a.file_name() == b.file_name() && a == b
+                })
+            };
+            if let Some(socket) = config.socket().filter(same_socket) {
                 return Err(SwitchError::SocketInUse {
                     socket: socket.to_string(),
                     port: p.config.name.clone(),
