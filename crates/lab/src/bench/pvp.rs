@@ -440,38 +440,25 @@ fn traffic(
     let generator_cpu_pct =
         last.own_ns.saturating_sub(first.own_ns) as f64 / 1e9 / wall.max(1e-9) * 100.0;
     let st = done.total;
-    let secs = st.elapsed.as_secs_f64().max(1e-9);
-    let mpps_rx = st.rx_pkts as f64 / secs / 1e6;
-    let cpu_s = cpu_pct / 100.0 * wall;
+    let moved = Moved {
+        tx_pkts: st.tx_pkts,
+        rx_pkts: st.rx_pkts,
+        secs: st.elapsed.as_secs_f64(),
+        tx_ring_full: st.tx_ring_full,
+        flooded: done.flooded,
+    };
+    let cpu = CpuOver {
+        cpu_pct,
+        worker_pct,
+        wall,
+        busy_cpus,
+        generator_cpu_pct,
+    };
     Ok(Run {
         contender: String::new(),
         round: 0,
         seq: 0,
-        metrics: PvpMetrics {
-            frame_size: size,
-            frame_len: len,
-            tx_pkts: st.tx_pkts,
-            rx_pkts: st.rx_pkts,
-            mpps_tx: st.tx_pkts as f64 / secs / 1e6,
-            mpps_rx,
-            gbps_rx: mpps_rx * f64::from(size) * 8.0 / 1e3,
-            loss_pct: loss_pct(st.tx_pkts, st.rx_pkts),
-            tx_ring_full: st.tx_ring_full,
-            flooded_to_sender: done.flooded,
-            switch_cpu_pct: cpu_pct,
-            worker_cpu_pct: worker_pct,
-            mpps_per_cpu_s: if cpu_s > 0.0 {
-                st.rx_pkts as f64 / 1e6 / cpu_s
-            } else {
-                0.0
-            },
-            busy_cpus,
-            generator_cpu_pct,
-            other_busy_cpus: (busy_cpus - (cpu_pct + generator_cpu_pct) / 100.0).max(0.0),
-            idle_cpu_pct: 0.0,
-            idle_worker_cpu_pct: 0.0,
-            idle_other_busy_cpus: 0.0,
-        },
+        metrics: metrics((size, len), &moved, &cpu),
         samples,
     })
 }
@@ -529,38 +516,78 @@ fn traffic_dpdk(
         })
         .collect::<Vec<_>>();
     print!("{}", ".".repeat(samples.len()));
-    let cpu_s = cpu_pct / 100.0 * wall;
+    let moved = Moved {
+        tx_pkts: out.sent,
+        rx_pkts: out.received,
+        secs: out.seconds,
+        tx_ring_full: out.tx_ring_full_bursts,
+        flooded: 0,
+    };
+    let cpu = CpuOver {
+        cpu_pct,
+        worker_pct,
+        wall,
+        busy_cpus,
+        generator_cpu_pct,
+    };
     Ok(Run {
         contender: String::new(),
         round: 0,
         seq: 0,
-        metrics: PvpMetrics {
-            frame_size: size,
-            frame_len: len,
-            tx_pkts: out.sent,
-            rx_pkts: out.received,
-            mpps_tx: out.tx_mpps,
-            mpps_rx: out.rx_mpps,
-            gbps_rx: out.rx_mpps * f64::from(size) * 8.0 / 1e3,
-            loss_pct: loss_pct(out.sent, out.received),
-            tx_ring_full: out.tx_ring_full_bursts,
-            flooded_to_sender: 0,
-            switch_cpu_pct: cpu_pct,
-            worker_cpu_pct: worker_pct,
-            mpps_per_cpu_s: if cpu_s > 0.0 {
-                out.rx_mpps * out.seconds / cpu_s
-            } else {
-                0.0
-            },
-            busy_cpus,
-            generator_cpu_pct,
-            other_busy_cpus: (busy_cpus - (cpu_pct + generator_cpu_pct) / 100.0).max(0.0),
-            idle_cpu_pct: 0.0,
-            idle_worker_cpu_pct: 0.0,
-            idle_other_busy_cpus: 0.0,
-        },
+        metrics: metrics((size, len), &moved, &cpu),
         samples,
     })
+}
+
+/// What a run moved: frames each way over the measured `secs`.
+struct Moved {
+    tx_pkts: u64,
+    rx_pkts: u64,
+    secs: f64,
+    tx_ring_full: u64,
+    flooded: u64,
+}
+
+/// CPU over a run's `wall` seconds: the switch (% of a core), its worker, the machine's busy
+/// CPUs, the load generator (% of a core).
+struct CpuOver {
+    cpu_pct: f64,
+    worker_pct: f64,
+    wall: f64,
+    busy_cpus: f64,
+    generator_cpu_pct: f64,
+}
+
+/// A run's metrics from what it moved and the CPU it took (idle fields filled by the caller).
+fn metrics((size, len): (u32, usize), m: &Moved, c: &CpuOver) -> PvpMetrics {
+    let secs = m.secs.max(1e-9);
+    let mpps_rx = m.rx_pkts as f64 / secs / 1e6;
+    let cpu_s = c.cpu_pct / 100.0 * c.wall;
+    PvpMetrics {
+        frame_size: size,
+        frame_len: len,
+        tx_pkts: m.tx_pkts,
+        rx_pkts: m.rx_pkts,
+        mpps_tx: m.tx_pkts as f64 / secs / 1e6,
+        mpps_rx,
+        gbps_rx: mpps_rx * f64::from(size) * 8.0 / 1e3,
+        loss_pct: loss_pct(m.tx_pkts, m.rx_pkts),
+        tx_ring_full: m.tx_ring_full,
+        flooded_to_sender: m.flooded,
+        switch_cpu_pct: c.cpu_pct,
+        worker_cpu_pct: c.worker_pct,
+        mpps_per_cpu_s: if cpu_s > 0.0 {
+            m.rx_pkts as f64 / 1e6 / cpu_s
+        } else {
+            0.0
+        },
+        busy_cpus: c.busy_cpus,
+        generator_cpu_pct: c.generator_cpu_pct,
+        other_busy_cpus: (c.busy_cpus - (c.cpu_pct + c.generator_cpu_pct) / 100.0).max(0.0),
+        idle_cpu_pct: 0.0,
+        idle_worker_cpu_pct: 0.0,
+        idle_other_busy_cpus: 0.0,
+    }
 }
 
 /// The DPDK version pkg-config reports ("?" if none).

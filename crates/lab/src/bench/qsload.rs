@@ -33,7 +33,6 @@ pub struct Output {
     pub sent: u64,
     pub received: u64,
     pub tx_mpps: f64,
-    pub rx_mpps: f64,
     /// Bursts cut short because the switch's ring was full.
     pub tx_ring_full_bursts: u64,
     /// Frames received in each second of the window.
