@@ -210,6 +210,30 @@ impl<'a> GuestView<'a> {
         }
     }
 
+    /// [`GuestView::prefetch`] for each cache line of `[addr + from, addr + len)`.
+    #[inline(always)]
+    pub fn prefetch_range(&self, addr: u64, from: usize, len: usize) {
+        if let Some((m, off)) = self.find(addr) {
+            let mut o = from;
+            while o < len {
+                m.prefetch(off + o as u64);
+                o += 64;
+            }
+        }
+    }
+
+    /// [`GuestView::prefetch_write`] for each cache line of `[addr + from, addr + len)`.
+    #[inline(always)]
+    pub fn prefetch_write_range(&self, addr: u64, from: usize, len: usize) {
+        if let Some((m, off)) = self.find(addr) {
+            let mut o = from;
+            while o < len {
+                m.prefetch_write(off + o as u64);
+                o += 64;
+            }
+        }
+    }
+
     /// Reads a little-endian u16 (ring indices and flags).
     #[inline(always)]
     pub fn load_u16(&self, addr: u64, order: Ordering) -> Option<u16> {

@@ -267,6 +267,13 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
     for (k, &end) in ends[..nh].iter().enumerate() {
         let chain = &segs[start..end as usize];
         start = end as usize;
+        // The rest of the next frame (beyond the two lines above) on its way while this one
+        // is copied: a big frame's lines, owned by the guest's core, arrive together.
+        if k + 1 < nh && totals[k + 1] > 128 && bad & (2 << k) == 0 {
+            if let Some(s) = segs.get(start) {
+                mem.prefetch_range(s.addr, 128, (s.len as usize).min(BUF_SIZE));
+            }
+        }
         let r = if bad & (1 << k) != 0 {
             Err(DropReason::BadDescriptor)
         } else {
@@ -410,6 +417,7 @@ pub(crate) fn tx_burst(
         let log = dev.dirty_log();
         let mem = GuestView::new(&guard).with_log(log.as_deref(), dev);
         let frames = pair_of[..sel.len()].iter().filter(|&&q| q == p).count();
+        let hdr_len = dev.hdr_len();
         prefetch_rx_chains(v, &mem, frames);
         // Moving the scratch vectors out for the burst and back costs no allocation.
         let mut sc = std::mem::take(&mut v.scratch);
@@ -417,6 +425,14 @@ pub(crate) fn tx_burst(
         for (k, &i) in sel.iter().enumerate() {
             if pair_of[k] != p {
                 continue;
+            }
+            // The whole buffer of the next frame on its way while this one is written, when
+            // it is bigger than the two lines prefetched above (and goes to this pair too).
+            if let Some(&n) = sel.get(k + 1).filter(|_| pair_of[k + 1] == p) {
+                let len = pkts[usize::from(n)].len() + hdr_len;
+                if len > 128 {
+                    prefetch_rx_buffer(v, &mem, 1, len.min(BUF_SIZE));
+                }
             }
             let pkt = &mut pkts[usize::from(i)];
             match deliver(dev, vi, v, &mem, &mut sc, pkt) {
@@ -466,6 +482,27 @@ fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
         mem.prefetch_write(addr.wrapping_add(64));
     }
     prefetch_used(v, mem, want);
+}
+
+/// Gets the lines `[128, len)` of the first buffer of the receive chain `ahead` chains after
+/// the next one on their way for writing (the first two lines are
+/// [`prefetch_rx_chains`]'s). A frame's lines are written back to back, and the guest's core
+/// may own them: asking for them one frame early lets their transfers overlap the copy of
+/// the frame before. Only a hint, like [`prefetch_rx_chains`].
+fn prefetch_rx_buffer(v: &Vring, mem: &GuestView<'_>, ahead: u16, len: usize) {
+    let size = v.queue.size();
+    if size == 0 {
+        return;
+    }
+    let slot =
+        v.queue.avail_ring() + 4 + 2 * u64::from(v.queue.next_avail().wrapping_add(ahead) % size);
+    let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
+        return;
+    };
+    if let Some([addr, _]) = mem.read_desc(v.queue.desc_table().wrapping_add(u64::from(head) * 16))
+    {
+        mem.prefetch_write_range(addr, 128, len);
+    }
 }
 
 /// Gets the used-ring slots of the next `n` used elements ready for writing.
