@@ -27,12 +27,16 @@
 //!   directory (`OVS_RUNDIR`/`OVS_DBDIR`/`OVS_LOGDIR`), `pmd-cpu-mask` = CPU 1, DPDK without
 //!   hugepages; a netdev bridge with two `dpdkvhostuserclient` ports whose server sockets
 //!   the generator listens on. OVS connects (and retries every second).
+//! - testpmd-io: DPDK's `dpdk-testpmd` with two `net_vhost` ports (server sockets the load
+//!   connects to) in `io` forwarding on CPU 1: no lookup, no learning, the same DPDK vhost
+//!   library as OVS. The floor of "a switch that does nothing", and the steadiness reference:
+//!   a switch's run-to-run spread is compared with testpmd's in the same run.
 //!
 //! Each (round, contender) gets a fresh switch, connects the generator, measures the
 //! switch's CPU while idle (both ports connected, no traffic, [`IDLE_S`] s), then runs both
 //! frame sizes for `--seconds` each. Contenders are interleaved per round. If OVS-DPDK
 //! cannot run (package missing, EAL failure) only qswitch runs and the reason is printed and
-//! recorded.
+//! recorded; likewise testpmd.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -61,7 +65,8 @@ const SWITCH_CPU: usize = 1;
 const IDLE_S: u64 = 3;
 /// (RFC 2544 frame size with FCS, bytes we send without it).
 const SIZES: [(u32, usize); 2] = [(64, 60), (1518, 1514)];
-const CONTENDERS: [&str; 2] = ["qswitch", "ovs-dpdk"];
+const CONTENDERS: [&str; 3] = ["qswitch", "ovs-dpdk", "testpmd-io"];
+const TESTPMD: &str = "dpdk-testpmd";
 const MAC_A: [u8; 6] = [0x02, 0x51, 0x50, 0x56, 0x50, 0x0a];
 const MAC_B: [u8; 6] = [0x02, 0x51, 0x50, 0x56, 0x50, 0x0b];
 
@@ -150,9 +155,11 @@ pub struct PvpSummary {
     pub idle_cpu_pct_median: f64,
     pub idle_cpu_pct_min: f64,
     pub idle_cpu_pct_max: f64,
+    /// Run-to-run spread: (max - min) / median of the Mpps, %.
+    pub spread_pct: f64,
 }
 
-/// qswitch's medians over OVS-DPDK's at one frame size.
+/// qswitch's medians over a peer's (OVS-DPDK, testpmd-io) at one frame size.
 #[derive(Debug, Clone, Serialize)]
 pub struct PvpRatio {
     pub frame_size: u32,
@@ -168,6 +175,8 @@ pub struct PvpReport {
     pub config: serde_json::Value,
     /// Why OVS-DPDK did not run (or stopped running), if it did not.
     pub ovs_skipped: Option<String>,
+    /// Why testpmd-io did not run (or stopped running), if it did not.
+    pub testpmd_skipped: Option<String>,
     pub runs: Vec<PvpRun>,
     pub summary: Vec<PvpSummary>,
     pub ratio: Vec<PvpRatio>,
@@ -187,15 +196,23 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let mut ovs_skipped = match b.args.only.as_deref() {
+    // Why a peer (index 1: OVS-DPDK, 2: testpmd-io) does not run.
+    let mut skipped: [Option<String>; 3] = [None, None, None];
+    skipped[1] = match b.args.only.as_deref() {
         Some(o) if o != CONTENDERS[1] => Some(format!("--only {o}")),
         _ => ovs_check(b).err().map(|e| format!("{e:#}")),
     };
-    let ovs_version = ovs_skipped.is_none().then(ovs_version);
-    match &ovs_skipped {
-        Some(why) => b.say(format_args!(
-            "OVS-DPDK skipped: {why}; running qswitch alone"
-        )),
+    skipped[2] = match b.args.only.as_deref() {
+        Some(o) if o != CONTENDERS[2] => Some(format!("--only {o}")),
+        _ => testpmd_check().err().map(|e| format!("{e:#}")),
+    };
+    let ovs_version = skipped[1].is_none().then(ovs_version);
+    let ovs_skipped = &skipped[1];
+    if let Some(why) = &skipped[2] {
+        b.say(format_args!("testpmd-io skipped: {why}"));
+    }
+    match ovs_skipped {
+        Some(why) => b.say(format_args!("OVS-DPDK skipped: {why}")),
         None => b.say(format_args!(
             "OVS-DPDK: {}",
             ovs_version.as_deref().unwrap_or_default()
@@ -236,14 +253,15 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             order.len(),
             round + 1
         );
-        if (c == 1 && ovs_skipped.is_some()) || b.args.only.as_deref().is_some_and(|o| o != name) {
+        if skipped[c].is_some() || b.args.only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
         b.say_start(format_args!("{prefix} "));
         let t0 = Instant::now();
         let setup = match c {
             0 => QswitchSwitch::start(b.id, seq).map(|s| Box::new(s) as Box<dyn Switch>),
-            _ => OvsSwitch::start(b, seq).map(|s| Box::new(s) as Box<dyn Switch>),
+            1 => OvsSwitch::start(b, seq).map(|s| Box::new(s) as Box<dyn Switch>),
+            _ => TestpmdSwitch::start(b, seq).map(|s| Box::new(s) as Box<dyn Switch>),
         };
         // The generator attaches (OVS connects to it) and the switch learns both MACs.
         // Bindings drop in reverse order: the generator disconnects before the switch stops.
@@ -257,14 +275,14 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         });
         let (sw, gen, info) = match attached {
             Ok(x) => x,
-            Err(e) if c == 1 => {
+            Err(e) if c > 0 => {
                 b.check()?;
                 println!();
                 let why = format!("{e:#}");
                 b.say(format_args!(
-                    "OVS-DPDK failed: {why}; skipping it from here on"
+                    "{name} failed: {why}; skipping it from here on"
                 ));
-                ovs_skipped = Some(format!("failed in round {}: {why}", round + 1));
+                skipped[c] = Some(format!("failed in round {}: {why}", round + 1));
                 continue;
             }
             Err(e) => return Err(e),
@@ -300,9 +318,9 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 (None, Some(bin)) => {
                     match traffic_dpdk(b, sw.as_ref(), bin, (size, len), seconds) {
                         Ok(r) => r,
-                        Err(e) if c == 1 => {
+                        Err(e) if c > 0 => {
                             println!();
-                            b.say(format_args!("OVS-DPDK under the DPDK load failed: {e:#}"));
+                            b.say(format_args!("{name} under the DPDK load failed: {e:#}"));
                             continue;
                         }
                         Err(e) => return Err(e),
@@ -330,8 +348,10 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     let (summary, ratio) = summarise(&active, &results);
     let title = format!("pvp ({seconds} s per run, {runs} runs each, one switch core)");
     print_table(&title, &summary, &ratio);
-    if let Some(why) = &ovs_skipped {
-        println!("note: OVS-DPDK skipped: {why}");
+    for (c, why) in skipped.iter().enumerate().skip(1) {
+        if let Some(why) = why {
+            println!("note: {} skipped: {why}", CONTENDERS[c]);
+        }
     }
     warn_if_busy(&results, &loadavg_at_start);
     let svg = pvp_svg(&summary, &results);
@@ -357,16 +377,19 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         "ovs_version": ovs_version,
         "ovs_dpdk_extra": dpdk_extra("PREFIX"),
         "ovs_pmd_cpu_mask": pmd_mask(),
+        "testpmd": testpmd_args(Path::new("/tmp/qswitch-bench-pvp-ID"), "PREFIX").join(" "),
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "kernel": first_line("/proc/sys/kernel/osrelease"),
         "loadavg_at_start": loadavg_at_start,
         "loadavg_at_end": first_line("/proc/loadavg"),
         "started_unix_s": started_unix_s,
     });
+    let [_, ovs_skipped, testpmd_skipped] = skipped;
     let report = PvpReport {
         scenario: "pvp".into(),
         config,
         ovs_skipped,
+        testpmd_skipped,
         runs: results,
         summary,
         ratio,
@@ -672,19 +695,22 @@ fn summarise(names: &[&str], runs: &[PvpRun]) -> (Vec<PvpSummary>, Vec<PvpRatio>
                     idle_cpu_pct_median: median(&idle),
                     idle_cpu_pct_min: min(&idle),
                     idle_cpu_pct_max: max(&idle),
+                    spread_pct: spread_pct(&mpps),
                 })
             })
             .collect();
         let q = mine.iter().find(|s| s.contender == CONTENDERS[0]);
-        let o = mine.iter().find(|s| s.contender == CONTENDERS[1]);
-        if let (Some(q), Some(o)) = (q, o) {
-            if o.mpps_median > 0.0 && o.mpps_per_cpu_s_median > 0.0 {
-                ratio.push(PvpRatio {
-                    frame_size: size,
-                    of: format!("{} / {}", q.contender, o.contender),
-                    mpps: q.mpps_median / o.mpps_median,
-                    mpps_per_cpu_s: q.mpps_per_cpu_s_median / o.mpps_per_cpu_s_median,
-                });
+        for peer in &CONTENDERS[1..] {
+            let o = mine.iter().find(|s| s.contender == *peer);
+            if let (Some(q), Some(o)) = (q, o) {
+                if o.mpps_median > 0.0 && o.mpps_per_cpu_s_median > 0.0 {
+                    ratio.push(PvpRatio {
+                        frame_size: size,
+                        of: format!("{} / {}", q.contender, o.contender),
+                        mpps: q.mpps_median / o.mpps_median,
+                        mpps_per_cpu_s: q.mpps_per_cpu_s_median / o.mpps_per_cpu_s_median,
+                    });
+                }
             }
         }
         summary.extend(mine);
@@ -719,6 +745,15 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
                 s.idle_cpu_pct_median
             );
         }
+        let spreads: Vec<String> = (summary.iter().filter(|s| s.frame_size == size))
+            .map(|s| format!("{} {:.1}%", s.contender, s.spread_pct))
+            .collect();
+        println!(
+            "  {:<7}{:<27}{}",
+            format!("{size} B"),
+            "spread (max-min)/median",
+            spreads.join(", ")
+        );
         for r in ratio.iter().filter(|r| r.frame_size == size) {
             println!(
                 "  {:<7}{:<27}{:<28.2}{:>7}{:>12}{:>16.2}",
@@ -735,7 +770,7 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
     for s in summary {
         println!(
             "RESULT pvp {} size={} mpps={:.3} mpps_tx={:.3} loss_pct={:.3} cpu_pct={:.1} \
-             mpps_per_cpu_s={:.3} idle_cpu_pct={:.1} runs={}",
+             mpps_per_cpu_s={:.3} idle_cpu_pct={:.1} spread_pct={:.1} runs={}",
             s.contender,
             s.frame_size,
             s.mpps_median,
@@ -744,6 +779,7 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
             s.switch_cpu_pct_median,
             s.mpps_per_cpu_s_median,
             s.idle_cpu_pct_median,
+            s.spread_pct,
             s.runs
         );
     }
@@ -756,6 +792,20 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
             r.mpps_per_cpu_s
         );
     }
+}
+
+/// Run-to-run spread of `v`: (max - min) / median, % (0 for fewer than two values).
+fn spread_pct(v: &[f64]) -> f64 {
+    let m = median(v);
+    if v.len() < 2 || m <= 0.0 {
+        return 0.0;
+    }
+    let (lo, hi) = v
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        });
+    (hi - lo) / m * 100.0
 }
 
 /// Warns about runs during which other work kept the machine busy.
@@ -1641,6 +1691,152 @@ impl Drop for OvsSwitch {
     }
 }
 
+/// Whether testpmd can run: `dpdk-testpmd` (Debian's `dpdk-dev`) on the PATH.
+fn testpmd_check() -> anyhow::Result<()> {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(TESTPMD).is_file()));
+    if !found {
+        bail!("{TESTPMD} is not installed (Debian package dpdk-dev)");
+    }
+    Ok(())
+}
+
+/// testpmd's command line: main lcore on the load's CPU (it sleeps there, waking once a
+/// second), the one forwarding lcore on [`SWITCH_CPU`], two `net_vhost` server ports, `io`
+/// forwarding with the same rings and bursts as the load.
+fn testpmd_args(dir: &Path, prefix: &str) -> Vec<String> {
+    let d = dir.display();
+    [
+        TESTPMD.to_string(),
+        format!("-l{GEN_CPU},{SWITCH_CPU}"),
+        format!("--main-lcore={GEN_CPU}"),
+        "--no-huge".into(),
+        "-m1024".into(),
+        "--no-pci".into(),
+        "--iova-mode=va".into(),
+        format!("--file-prefix={prefix}"),
+        format!("--vdev=net_vhost0,iface={d}/a.sock,queues=1"),
+        format!("--vdev=net_vhost1,iface={d}/b.sock,queues=1"),
+        "--".into(),
+        "--forward-mode=io".into(),
+        "--nb-cores=1".into(),
+        "--rxd=1024".into(),
+        "--txd=1024".into(),
+        "--burst=32".into(),
+        "--total-num-mbufs=16384".into(),
+        "--auto-start".into(),
+        // Non-interactive testpmd waits on stdin unless it prints statistics periodically.
+        "--stats-period=3600".into(),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// DPDK testpmd forwarding between two vhost-user server ports (`io`: no lookup). Dropping
+/// it stops testpmd and removes its DPDK runtime directory and the run directory.
+struct TestpmdSwitch {
+    child: ChildGuard,
+    pid: u32,
+    dir: PathBuf,
+    prefix: String,
+    clk_tck: f64,
+}
+
+impl TestpmdSwitch {
+    fn start(b: &Bench, seq: usize) -> anyhow::Result<TestpmdSwitch> {
+        let dir = std::env::temp_dir().join(format!("qswitch-bench-pvp-{}-{seq}", b.id));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let prefix = format!("qstpm{}-{seq}", b.id);
+        let args = testpmd_args(&dir, &prefix);
+        let out = std::fs::File::create(dir.join("testpmd.out"))?;
+        let child = Command::new(&args[0])
+            .args(&args[1..])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("cannot start {TESTPMD}"))?;
+        let mut t = TestpmdSwitch {
+            pid: child.id(),
+            child: ChildGuard(Some(child)),
+            dir,
+            prefix,
+            clk_tck: netns::run(&["getconf", "CLK_TCK"])
+                .ok()
+                .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+                .unwrap_or(100.0),
+        };
+        // Up when both server sockets exist (or testpmd died); the load may connect from
+        // then on. Its output is block-buffered: nothing to wait for there.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            b.check()?;
+            if let Some(st) = t.child.wait_timeout(Duration::from_millis(100))? {
+                bail!("{TESTPMD} exited during start-up ({st}): {}", t.log_tail());
+            }
+            let (a, s) = t.sockets();
+            if a.exists() && s.exists() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{TESTPMD} made no sockets within 30 s: {}", t.log_tail());
+            }
+        }
+        Ok(t)
+    }
+
+    /// The last lines of testpmd's output, on one line.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("testpmd.out")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(4)..].join(" / ")
+    }
+
+    /// The forwarding lcore's thread (DPDK names it `lcore-worker-N`).
+    fn worker_tid(&self) -> Option<u32> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid)).ok()?;
+        tasks.flatten().find_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            if comm.starts_with("lcore-worker") {
+                t.file_name().to_str()?.parse().ok()
+            } else {
+                None
+            }
+        })
+    }
+}
+
+impl Switch for TestpmdSwitch {
+    fn attach(&self) -> Attach {
+        Attach::Connect
+    }
+    fn sockets(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join("a.sock"), self.dir.join("b.sock"))
+    }
+    fn cpu(&self) -> anyhow::Result<CpuSnap> {
+        let process = stat_ticks(&format!("/proc/{}/stat", self.pid))?;
+        let worker = match self.worker_tid() {
+            Some(tid) => stat_ticks(&format!("/proc/{}/task/{tid}/stat", self.pid))?,
+            None => 0,
+        };
+        Ok(CpuSnap {
+            process_s: process as f64 / self.clk_tck,
+            worker_s: worker as f64 / self.clk_tck,
+        })
+    }
+}
+
+impl Drop for TestpmdSwitch {
+    fn drop(&mut self) {
+        self.child.stop();
+        for runtime in ["/var/run/dpdk", "/run/dpdk"] {
+            let _ = std::fs::remove_dir_all(Path::new(runtime).join(&self.prefix));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1716,9 +1912,13 @@ mod tests {
             run("qswitch", 64, 5.0, 100.0, 0.5),
             run("ovs-dpdk", 64, 10.0, 100.0, 100.0),
             run("qswitch", 1518, 2.0, 50.0, 0.0),
+            run("testpmd-io", 1518, 4.0, 100.0, 100.0),
         ];
         let (s, r) = summarise(&CONTENDERS, &runs);
-        assert_eq!(s.len(), 3);
+        assert_eq!(s.len(), 4);
+        // (6 - 4) / 5: the spread the table compares with testpmd's.
+        assert!((s[0].spread_pct - 40.0).abs() < 1e-9);
+        assert_eq!(s[1].spread_pct, 0.0);
         assert_eq!(
             (s[0].mpps_median, s[0].mpps_min, s[0].mpps_max),
             (5.0, 4.0, 6.0)
@@ -1726,11 +1926,15 @@ mod tests {
         assert_eq!(s[0].idle_cpu_pct_median, 0.5);
         assert!((s[0].loss_pct_median - 10.0).abs() < 1e-9);
         assert_eq!(s[2].mpps_per_cpu_s_median, 4.0);
-        // A ratio only where both ran.
-        assert_eq!(r.len(), 1);
+        // A ratio only where both ran, one per peer.
+        assert_eq!(r.len(), 2);
         assert_eq!(
             (r[0].frame_size, r[0].mpps, r[0].of.as_str()),
             (64, 0.5, "qswitch / ovs-dpdk")
+        );
+        assert_eq!(
+            (r[1].frame_size, r[1].mpps, r[1].of.as_str()),
+            (1518, 0.5, "qswitch / testpmd-io")
         );
         let svg = pvp_svg(&s, &runs);
         assert!(svg.starts_with("<svg") && svg.contains("ovs-dpdk run 1") && !svg.contains("NaN"));
