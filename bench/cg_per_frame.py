@@ -34,7 +34,8 @@ with open(sys.argv[1]) as f:
             parts = line.split()
             if len(parts) >= 2:
                 calls[callee] = calls.get(callee, 0) + pending
-                inclusive[callee] = inclusive.get(callee, 0) + int(parts[-1])
+                # The first event (Ir) after the position; more follow with --cache-sim.
+                inclusive[callee] = inclusive.get(callee, 0) + int(parts[1])
             pending = None
 
 # The port's Port::rx_burst/tx_burst (never inlined); profiles of older builds name the

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Instructions per frame on qswitch's worker under the DPDK load (qsload, the default load of
+# `qswitch bench pvp`): runs `qswitch run` (one worker, two vhost-user server ports) under
+# callgrind, drives it with qsload for a few seconds per frame size, and divides
+#  - the inclusive instructions of the vhost-user port's rx_burst + tx_burst, and
+#  - everything the worker thread executed (poll loop, lookup, sleeps included)
+# by the frames the switch moved (port b's tx counter). The simulated caches (--cache-sim)
+# give D1 and last-level misses per frame; the worker's sleeps and wake-ups per frame come
+# from its counters. Deterministic where `bench pvp`'s Mpps are noisy; valgrind makes the
+# worker ~50x slower, so the rings stay full and bursts are whole.
+# Usage: bench/callgrind-dpdk.sh [QSWITCH_BINARY]   (default: target/release/qswitch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
+bin=$(realpath "${1:-target/release/qswitch}")
+dir=$(mktemp -d /tmp/qswitch-cg-dpdk-XXXXXX)
+pid=
+cleanup() {
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    [ -n "${KEEP:-}" ] && echo "kept $dir" && return; rm -rf "$dir" "/var/run/dpdk/qscg$$"
+}
+trap cleanup EXIT
+cc -O2 bench/dpdk-load/qsload.c $(pkg-config --cflags --libs libdpdk) -o "$dir/qsload"
+for size in 64 1518; do
+    len=$((size - 4))
+    cat >"$dir/q.toml" <<EOF
+[switch]
+workers = "1"
+control = "$dir/control.sock"
+
+[[port]]
+name = "a"
+type = "vhost-user"
+socket = "$dir/a.sock"
+mode = "server"
+
+[[port]]
+name = "b"
+type = "vhost-user"
+socket = "$dir/b.sock"
+mode = "server"
+EOF
+    rm -f "$dir"/cg.* "$dir"/*.sock
+    valgrind --tool=callgrind --separate-threads=yes --cache-sim=yes \
+        --callgrind-out-file="$dir/cg.%p" "$bin" run --config "$dir/q.toml" >"$dir/qswitch.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do [ -S "$dir/b.sock" ] && break; sleep 0.1; done
+    "$dir/qsload" --no-huge -m 1024 --no-pci --iova-mode=va --file-prefix "qscg$$" -l 0 \
+        --vdev "net_virtio_user0,path=$dir/a.sock,queues=1" \
+        --vdev "net_virtio_user1,path=$dir/b.sock,queues=1" \
+        -- --size "$len" --seconds 4 --warmup 1 --link-timeout 60 >"$dir/qsload.json" 2>"$dir/qsload.log" || true
+    stats=$("$bin" stats --json --control "$dir/control.sock")
+    kill -TERM "$pid"
+    wait "$pid" || true
+    pid=
+    echo "== $size B"
+    python3 - "$dir" "$stats" <<'EOF'
+import glob, json, re, subprocess, sys
+d, stats = sys.argv[1], json.loads(sys.argv[2])
+frames = next(p for p in stats["ports"] if p["name"] == "b")["tx_packets"]
+w = stats["workers"][0]
+worker = None
+for f in sorted(glob.glob(d + "/cg.*")):
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", f],
+                         capture_output=True, text=True).stdout
+    if "worker::Worker::run" in out:
+        worker = (f, out)
+if not worker:
+    sys.exit("no worker thread in the profiles")
+f, out = worker
+events = re.search(r"^Events shown:\s+(.*)$", out, re.M).group(1).split()
+line = next(l for l in out.splitlines() if l.endswith("PROGRAM TOTALS"))
+totals = re.findall(r"([\d,]+) \(", line)
+tot = {e: int(v.replace(",", "")) for e, v in zip(events, totals)}
+ports = subprocess.run(["python3", "bench/cg_per_frame.py", f], capture_output=True, text=True).stdout
+burst = 0
+for m in re.finditer(r"::(rx|tx)_burst: \d+ calls, (\d+) instructions inclusive", ports):
+    burst += int(m.group(2))
+per = lambda k: tot.get(k, 0) / frames
+print(f"frames moved: {frames}")
+print(f"instructions per frame, vhost-user rx_burst + tx_burst: {burst / frames:.1f}")
+print(f"instructions per frame, whole worker thread: {per('Ir'):.1f}")
+print(f"D1 misses per frame (reads + writes, simulated): {per('D1mr') + per('D1mw'):.2f}")
+print(f"last-level misses per frame (simulated): {per('DLmr') + per('DLmw'):.2f}")
+print(f"worker sleeps per 1000 frames: {1000 * w.get('sleeps', 0) / frames:.3f}")
+EOF
+done
