@@ -21,7 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT
 cc -O2 bench/dpdk-load/qsload.c $(pkg-config --cflags --libs libdpdk) -o "$dir/qsload"
-for size in 64 1518; do
+for size in ${SIZES:-64 1518}; do
     len=$((size - 4))
     cat >"$dir/q.toml" <<EOF
 [switch]

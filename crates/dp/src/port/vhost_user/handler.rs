@@ -183,6 +183,9 @@ impl Handler {
         if v.kick.is_some() && v.addr_set && !v.started {
             v.started = true;
             v.broken = false;
+            // The guest set the ring up with notifications on; the first burst on it turns
+            // them off (see `rings::rx_burst` and `rings::tx_burst`).
+            v.notify = true;
             v.queue.set_ready(true);
             tracing::debug!(port = %self.dev.name, vring = index, size = v.queue.size(), "vring started");
         }

@@ -213,7 +213,8 @@ pub(crate) struct Vring {
     pub(crate) started: bool,
     /// Stopped because the guest broke the ring; logged once.
     pub(crate) broken: bool,
-    /// Guest notifications are enabled (the worker is about to sleep).
+    /// Guest notifications may be enabled: since the ring started (the guest's setting) or
+    /// since `arm` before the worker slept. The next burst on the ring disables them.
     pub(crate) notify: bool,
     /// SET_VRING_ADDR was received (a ring may legally sit at guest address 0).
     pub(crate) addr_set: bool,

@@ -416,6 +416,17 @@ pub(crate) fn tx_burst(
         let guard = dev.mem.memory();
         let log = dev.dirty_log();
         let mem = GuestView::new(&guard).with_log(log.as_deref(), dev);
+        if v.notify {
+            // The switch never waits for a kick on a receive ring (a frame with no buffer is
+            // a counted drop; the kick fd is not even polled), so the guest need not make
+            // them: without VRING_USED_F_NO_NOTIFY, DPDK's virtio driver made one eventfd
+            // write per receive burst (a VM exit in a KVM guest) for nothing. With
+            // EVENT_IDX this is a no-op and `avail_event` stays where it was: the guest
+            // kicks once per wrap of its index at most.
+            let _ = v.queue.disable_notification(&*guard);
+            v.notify = false;
+            dev.log_used_meta(v);
+        }
         let frames = pair_of[..sel.len()].iter().filter(|&&q| q == p).count();
         let hdr_len = dev.hdr_len();
         prefetch_rx_chains(v, &mem, frames);
