@@ -6,17 +6,22 @@
 //!
 //! * only plain TCP segments: Ethernet (untagged or one 802.1Q tag) + IPv4 without options or
 //!   fragmentation, or IPv6 with TCP as the first next header; the IP length must match the
-//!   frame exactly (no Ethernet padding); the TCP checksum must be correct (a segment that
-//!   fails it passes through alone, for the destination to drop); a non-empty payload;
+//!   frame exactly (no Ethernet padding); the IPv4 header checksum and the TCP checksum must
+//!   be correct (a segment that fails one passes through alone, for the destination to
+//!   drop; the TCP checksum is checked by [`Gro::start`] and [`Gro::append`] while they
+//!   copy the segment, block by block in cache, which costs little more than the copy); a
+//!   non-empty payload;
 //!   flags ACK, possibly with PSH or FIN, nothing else (no SYN, RST, URG, CWR, ECE);
 //! * a segment joins the held super-frame only if it continues it: the same Ethernet header,
 //!   the same IP addresses, TOS/traffic class, TTL/hop limit, DF bit and (IPv6) flow label;
-//!   the same ports, acknowledgement number, window and TCP options, byte for byte (so the
-//!   same header length); the sequence number right after the held payload; a payload no
+//!   the same ports, acknowledgement number, window, urgent pointer and TCP options, byte
+//!   for byte (so the same header length); the sequence number right after the held payload; a payload no
 //!   longer than the first segment's (the `gso_size`); and the held super-frame is still
 //!   open: its last segment was full-size and had neither PSH nor FIN (a segment with PSH or
 //!   FIN, or a short one, is merged and closes it). IPv4 identification numbers without DF
-//!   must follow each other (+1 per segment), as [`gso`](crate::gso) makes them;
+//!   must follow each other (+1 per segment), as [`gso`](crate::gso) makes them; with DF
+//!   they are not compared (RFC 6864: meaningless on atomic datagrams), and segmenting the
+//!   super-frame again numbers them from the first one's;
 //! * the super-frame stays within 64 KiB of IP packet and the caller's buffer.
 //!
 //! The caller owns the buffer the super-frame is built in (a packet buffer): [`Gro::start`]
@@ -34,8 +39,6 @@ use crate::virtio_net_hdr::{
 use crate::IpProtocol;
 
 const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
 const PSH: u8 = 0x08;
 const ACK: u8 = 0x10;
 /// The largest IPv4 total length / IPv6 payload length.
@@ -61,8 +64,9 @@ pub struct TcpSegment {
 }
 
 /// Reads `frame` as a TCP segment GRO may merge; `None` for anything else (not TCP, IP
-/// options or fragments, flags other than ACK/PSH/FIN, no payload, a length mismatch, a bad
-/// TCP checksum). Never panics.
+/// options or fragments, a bad IPv4 header checksum, flags other than ACK/PSH/FIN, no
+/// payload, a length mismatch). The TCP checksum is not checked here but by [`Gro::start`]
+/// and [`Gro::append`]. Never panics.
 pub fn parse(frame: &[u8]) -> Option<TcpSegment> {
     let mut l3 = 14;
     if frame.get(12..14)? == [0x81, 0x00] {
@@ -72,18 +76,30 @@ pub fn parse(frame: &[u8]) -> Option<TcpSegment> {
     let (v6, l4, ip_len) = match ethertype {
         [0x08, 0x00] => {
             let ip = frame.get(l3..l3 + 20)?;
-            // Version 4, no options; not a fragment (MF clear, offset 0); TCP.
+            // Version 4, no options; not a fragment (MF clear, offset 0); TCP; a correct
+            // header checksum (the super-frame gets a new one).
             if ip[0] != 0x45 || ip[6] & 0x3f != 0 || ip[7] != 0 || ip[9] != 6 {
                 return None;
             }
-            (false, l3 + 20, usize::from(u16::from_be_bytes([ip[2], ip[3]])))
+            if checksum::fold(checksum::sum16(ip, 0)) != 0 {
+                return None;
+            }
+            (
+                false,
+                l3 + 20,
+                usize::from(u16::from_be_bytes([ip[2], ip[3]])),
+            )
         }
         [0x86, 0xdd] => {
             let ip = frame.get(l3..l3 + 40)?;
             if ip[0] >> 4 != 6 || ip[6] != 6 {
                 return None;
             }
-            (true, l3 + 40, 40 + usize::from(u16::from_be_bytes([ip[4], ip[5]])))
+            (
+                true,
+                l3 + 40,
+                40 + usize::from(u16::from_be_bytes([ip[4], ip[5]])),
+            )
         }
         _ => return None,
     };
@@ -98,9 +114,6 @@ pub fn parse(frame: &[u8]) -> Option<TcpSegment> {
     }
     let hlen = l4 + doff;
     if hlen >= frame.len() {
-        return None;
-    }
-    if !tcp_checksum_ok(frame, v6, l3, l4) {
         return None;
     }
     Some(TcpSegment {
@@ -140,9 +153,9 @@ fn pseudo(frame: &[u8], v6: bool, l3: usize, l4_len: usize) -> u32 {
     }
 }
 
-fn tcp_checksum_ok(frame: &[u8], v6: bool, l3: usize, l4: usize) -> bool {
-    let ph = pseudo(frame, v6, l3, frame.len() - l4);
-    checksum::fold(checksum::sum16(&frame[l4..], ph)) == 0
+/// Whether `seg` describes `frame` (as [`parse`] made it), so that its offsets can be used.
+fn fits(frame: &[u8], seg: &TcpSegment) -> bool {
+    seg.l3 + 20 <= seg.l4 && seg.l4 + 20 <= seg.hlen && seg.hlen + seg.payload == frame.len()
 }
 
 /// The super-frame being built.
@@ -178,14 +191,23 @@ impl Gro {
         self.held.is_some()
     }
 
-    /// Starts a super-frame in `out` with `frame` (parsed as `seg`). Returns false (and
-    /// holds nothing) if `out` is too small.
+    /// Starts a super-frame in `out` with `frame` (parsed as `seg`), checking its TCP
+    /// checksum as it copies. Returns false (and holds nothing) if `out` is too small or the
+    /// checksum is wrong.
     pub fn start(&mut self, out: &mut [u8], frame: &[u8], seg: TcpSegment) -> bool {
         self.held = None;
+        if !fits(frame, &seg) {
+            return false;
+        }
         let Some(dst) = out.get_mut(..frame.len()) else {
             return false;
         };
-        dst.copy_from_slice(frame);
+        let l4 = seg.l4;
+        dst[..l4].copy_from_slice(&frame[..l4]);
+        let ph = pseudo(frame, seg.v6, seg.l3, frame.len() - l4);
+        if checksum::fold(checksum::copy_sum16(&mut dst[l4..], &frame[l4..], ph)) != 0 {
+            return false;
+        }
         self.held = Some(Held {
             first: seg,
             len: frame.len(),
@@ -204,6 +226,7 @@ impl Gro {
         };
         let f = &h.first;
         if h.closed
+            || !fits(frame, seg)
             || seg.v6 != f.v6
             || seg.l3 != f.l3
             || seg.hlen != f.hlen
@@ -243,16 +266,19 @@ impl Gro {
             }
         }
         let l4 = f.l4;
-        // Ports; acknowledgement number; data offset; window; options. (Sequence number,
-        // flags, checksum and urgent pointer differ or were checked above.)
+        // Ports; acknowledgement number; data offset; window; urgent pointer (URG is
+        // refused, but the field must not change either); options. (Sequence number, flags
+        // and checksum differ or were checked above.)
         a[l4..l4 + 4] == b[l4..l4 + 4]
             && a[l4 + 8..l4 + 13] == b[l4 + 8..l4 + 13]
             && a[l4 + 14..l4 + 16] == b[l4 + 14..l4 + 16]
-            && a[l4 + 20..f.hlen] == b[l4 + 20..seg.hlen]
+            && a[l4 + 18..f.hlen] == b[l4 + 18..seg.hlen]
     }
 
     /// Appends `frame`'s payload to the super-frame in `out` if it [continues](Gro::continues)
-    /// it; returns whether it did.
+    /// it and its TCP checksum (checked as the payload is copied) is right; returns whether
+    /// it did. A segment refused for its checksum leaves the super-frame as it was (the
+    /// bytes copied past its end are not part of it).
     pub fn append(&mut self, out: &mut [u8], frame: &[u8], seg: &TcpSegment) -> bool {
         if !self.continues(out, frame, seg) {
             return false;
@@ -260,7 +286,12 @@ impl Gro {
         let Some(h) = &mut self.held else {
             return false;
         };
-        out[h.len..h.len + seg.payload].copy_from_slice(&frame[seg.hlen..]);
+        let ph = pseudo(frame, seg.v6, seg.l3, frame.len() - seg.l4);
+        let sum = checksum::sum16(&frame[seg.l4..seg.hlen], ph);
+        let dst = &mut out[h.len..h.len + seg.payload];
+        if checksum::fold(checksum::copy_sum16(dst, &frame[seg.hlen..], sum)) != 0 {
+            return false;
+        }
         h.len += seg.payload;
         h.next_seq = h.next_seq.wrapping_add(seg.payload as u32);
         h.count += 1;
@@ -329,6 +360,9 @@ pub fn is_super(hdr: &VirtioNetHdr) -> bool {
 mod tests {
     use super::*;
     use crate::gso;
+
+    const SYN: u8 = 0x02;
+    const RST: u8 = 0x04;
     use crate::virtio_net_hdr::FLAG_NEEDS_CSUM;
 
     /// A TSO frame: Ethernet + IPv4 (DF, id 0x1234) + TCP (seq 1000, ACK|`flags`, 12 bytes of
@@ -416,8 +450,7 @@ mod tests {
     fn resegments_to(frame: &[u8], hdr: &VirtioNetHdr, segs: &[Vec<u8>]) {
         let mut f = frame.to_vec();
         assert_eq!(hdr.flags, FLAG_NEEDS_CSUM);
-        checksum::complete_partial(&mut f, hdr.csum_start.into(), hdr.csum_offset.into())
-            .unwrap();
+        checksum::complete_partial(&mut f, hdr.csum_start.into(), hdr.csum_offset.into()).unwrap();
         let again = segments(&f, hdr.gso_type == GSO_TCPV6, hdr.gso_size);
         assert_eq!(again, segs);
     }
@@ -536,7 +569,23 @@ mod tests {
         assert!(parse(&seg).is_some());
         let mut bad_csum = seg.clone();
         bad_csum[100] ^= 1;
-        assert!(parse(&bad_csum).is_none(), "checksum");
+        let parsed = parse(&bad_csum).expect("the checksum is checked while copying");
+        let mut gro = Gro::new();
+        let mut buf = vec![0u8; 4000];
+        assert!(!gro.start(&mut buf, &bad_csum, parsed), "checksum");
+        assert!(!gro.holding());
+        // A bad segment does not join a held super-frame either, which stays as it was.
+        let segs = segments(&tso_v4(3000, 0), false, 1000);
+        let mut bad = segs[1].clone();
+        bad[200] ^= 0x10;
+        assert!(gro.start(&mut buf, &segs[0], parse(&segs[0]).unwrap()));
+        assert!(!gro.append(&mut buf, &bad, &parse(&bad).unwrap()));
+        assert!(gro.append(&mut buf, &segs[1], &parse(&segs[1]).unwrap()));
+        let (len, _) = gro.finish(&mut buf).unwrap();
+        assert_eq!(len, 66 + 2000);
+        let mut bad_ip = seg.clone();
+        bad_ip[24] ^= 1;
+        assert!(parse(&bad_ip).is_none(), "IPv4 header checksum");
         let mut syn = seg.clone();
         syn[47] |= SYN;
         assert!(parse(&syn).is_none(), "SYN");
