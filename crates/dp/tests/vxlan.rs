@@ -760,6 +760,13 @@ fn bad_input_is_counted_and_forwarding_goes_on() {
 // ---------------------------------------------------------------------------------------
 
 fn loopback_pair(learning: bool) -> Option<(VxlanPort, VxlanPort, u16)> {
+    loopback_pair_with(learning, None)
+}
+
+fn loopback_pair_with(
+    learning: bool,
+    udp_csum: Option<bool>,
+) -> Option<(VxlanPort, VxlanPort, u16)> {
     // A port per test process so that concurrent runs do not collide.
     for attempt in 0..20u16 {
         let dstport = 40_000 + ((std::process::id() as u16).wrapping_add(attempt * 97) % 9_000);
@@ -768,6 +775,7 @@ fn loopback_pair(learning: bool) -> Option<(VxlanPort, VxlanPort, u16)> {
             c.remotes = vec![IpAddr::V4(remote.into())];
             c.dstport = dstport;
             c.learning = learning;
+            c.udp_csum = udp_csum;
             VxlanPort::open("vx", &c)
         };
         if let (Ok(x), Ok(y)) = (
@@ -1119,6 +1127,38 @@ fn tso_frames_cross_as_one_gso_send_and_come_out_whole() {
     );
     assert_eq!(st.traffic.rx_frames as usize, segs, "counted per datagram");
     assert!(st.drops.iter().all(|(_, n)| *n == 0), "{st:?}");
+}
+
+/// With checksums off (`udp_csum = false`: zero over IPv4) the kernel refuses `UDP_SEGMENT`:
+/// a TSO frame leaves as one `sendmmsg` of datagrams, which the receiver still coalesces.
+#[test]
+fn without_checksums_tso_frames_leave_as_datagrams() {
+    let (x, y, _) = loopback_pair_with(true, Some(false)).expect("two loopback ports");
+    let (f, hdr) = tso_frame(20_000, 1398);
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    pkts[0].fill(&f);
+    pkts[0].hdr = hdr;
+    let mut drops = DropTally::default();
+    let segs = 20_000usize.div_ceil(1398);
+    assert_eq!(
+        x.tx_burst(0, &mut pkts, &[0], &mut drops).packets as usize,
+        segs
+    );
+    let st = x.stats();
+    assert_eq!((st.segmented, st.gso_sent), (1, 0), "{st:?}");
+    let mut payload = Vec::new();
+    let mut frames = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while payload.len() < 20_000 && Instant::now() < deadline {
+        for (frame, _) in receive_with_hdr(&y, 1) {
+            payload.extend_from_slice(&frame[66..]);
+            frames += 1;
+        }
+    }
+    assert_eq!(payload, f[66..], "the payload, in order");
+    let st = y.stats();
+    assert_eq!(st.traffic.rx_frames as usize, segs);
+    assert_eq!(st.gro_segments as usize, segs - frames, "{st:?}");
 }
 
 /// Bad datagrams inside one `UDP_GRO` message are dropped and counted one by one; the good

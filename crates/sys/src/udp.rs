@@ -45,6 +45,9 @@ pub const MAX_SEGMENTS: usize = 64;
 /// Most bytes one [`UdpSocket::send_segments`] sends: the largest UDP payload over IPv4
 /// (65535 less 20 bytes of IP and 8 of UDP header).
 pub const MAX_SEGMENTS_LEN: usize = 65_507;
+/// Most buffers one [`UdpSocket::send_segments_vectored`] gathers (the kernel's
+/// `UIO_MAXIOV`).
+pub const MAX_IOVECS: usize = 1024;
 
 /// How a socket is set up by [`UdpSocket::bind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -366,20 +369,33 @@ impl UdpSocket {
     /// when the kernel refuses segmentation on this socket (checksums off) or route,
     /// `WouldBlock` when the send buffer is full.
     pub fn send_segments(&self, dst: SocketAddr, data: &[u8], segment: u16) -> io::Result<usize> {
+        self.send_segments_vectored(dst, &[io::IoSlice::new(data)], segment)
+    }
+
+    /// [`UdpSocket::send_segments`] with the data gathered from `bufs` (at most
+    /// [`MAX_IOVECS`]) by the kernel: the datagrams are cut from their concatenation, so a
+    /// datagram may span buffers (a header here, its payload elsewhere) without a copy.
+    pub fn send_segments_vectored(
+        &self,
+        dst: SocketAddr,
+        bufs: &[io::IoSlice<'_>],
+        segment: u16,
+    ) -> io::Result<usize> {
+        if bufs.len() > MAX_IOVECS {
+            return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+        }
         // SAFETY: all-zero bytes are a valid sockaddr_storage.
         let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let namelen = to_storage(dst, &mut name);
-        let mut iov = libc::iovec {
-            iov_base: data.as_ptr() as *mut libc::c_void,
-            iov_len: data.len(),
-        };
         let mut control = [0u64; CMSG_WORDS];
         // SAFETY: all-zero bytes are a valid msghdr.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
         msg.msg_namelen = namelen;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
+        // IoSlice is guaranteed ABI-compatible with struct iovec on Unix; sendmsg only reads
+        // through the pointer (the *mut is the C declaration's).
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len() as _;
         msg.msg_control = control.as_mut_ptr().cast();
         // SAFETY: CMSG_SPACE only computes a size.
         let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
@@ -395,8 +411,9 @@ impl UdpSocket {
             (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
             std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), segment);
         }
-        // SAFETY: `msg` points at `name`, `iov` and `control` on this stack frame and at
-        // `data` (borrowed for the call) with their true lengths; sendmsg only reads them.
+        // SAFETY: `msg` points at `name` and `control` on this stack frame and at `bufs` and
+        // the buffers they describe (borrowed for the call; IoSlice has iovec's layout), with
+        // their true lengths and at most UIO_MAXIOV of them; sendmsg only reads them.
         let sent = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, libc::MSG_DONTWAIT) };
         if sent < 0 {
             return Err(io::Error::last_os_error());
@@ -761,9 +778,21 @@ mod tests {
             UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
         gro.set_gro(true).unwrap();
         let data: Vec<u8> = (0..550u32).map(|i| (i / 100) as u8).collect();
-        for dst in [gro.local_addr().unwrap(), plain.local_addr().unwrap()] {
-            assert_eq!(a.send_segments(dst, &data, 100).unwrap(), 550);
-        }
+        assert_eq!(
+            a.send_segments(gro.local_addr().unwrap(), &data, 100)
+                .unwrap(),
+            550
+        );
+        // Gathered from buffers that do not line up with the datagrams.
+        let (x, rest) = data.split_at(30);
+        let (y, z) = rest.split_at(170);
+        let bufs = [
+            io::IoSlice::new(x),
+            io::IoSlice::new(y),
+            io::IoSlice::new(z),
+        ];
+        let to = plain.local_addr().unwrap();
+        assert_eq!(a.send_segments_vectored(to, &bufs, 100).unwrap(), 550);
         let mut meta = [RecvMeta::default(); MAX_BATCH];
         let mut store = vec![vec![0u8; 2000]; 8];
         let mut wait = |sock: &UdpSocket, want: usize| {

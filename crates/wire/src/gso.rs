@@ -96,6 +96,60 @@ pub fn packed_len(frame: &[u8], hdr: &VirtioNetHdr, prefix_len: usize) -> Result
     Ok(Plan::new(frame, hdr)?.packed_len(prefix_len))
 }
 
+/// How [`segment_headers`] cut a frame: segment `i`'s payload is
+/// `frame[hlen + i * mss ..][..mss]` (the last one shorter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Segments.
+    pub segments: usize,
+    /// Bytes of headers (Ethernet to TCP options) of every segment.
+    pub hlen: usize,
+    /// Payload bytes per segment.
+    pub mss: usize,
+}
+
+impl Layout {
+    /// Where segment `i`'s payload is in the frame.
+    pub fn payload(&self, i: usize, frame_len: usize) -> core::ops::Range<usize> {
+        let start = self.hlen + i * self.mss;
+        start.min(frame_len)..(start + self.mss).min(frame_len)
+    }
+}
+
+/// Segments `frame` as [`segment`] does without copying its payload: writes only each
+/// segment's headers, behind a copy of `prefix`, back to back into `out` (`prefix.len() +
+/// hlen` bytes each, complete with lengths, sequence numbers and the TCP checksum over the
+/// headers and the payload, which stays in `frame`), for a gathering send: `[prefix +
+/// headers 0][payload 0][prefix + headers 1][payload 1]…`. [`Error::Truncated`] (nothing
+/// written) when `out` is shorter than `segments * (prefix.len() + hlen)`.
+pub fn segment_headers(
+    frame: &[u8],
+    hdr: &VirtioNetHdr,
+    prefix: &[u8],
+    out: &mut [u8],
+) -> Result<Layout> {
+    let plan = Plan::new(frame, hdr)?;
+    let each = prefix.len() + plan.hlen;
+    if out.len() < plan.chunks * each {
+        return Err(Error::Truncated);
+    }
+    for (i, rec) in out.chunks_exact_mut(each).take(plan.chunks).enumerate() {
+        rec[..prefix.len()].copy_from_slice(prefix);
+        plan.write_headers(i, &mut rec[prefix.len()..]);
+    }
+    Ok(Layout {
+        segments: plan.chunks,
+        hlen: plan.hlen,
+        mss: plan.mss,
+    })
+}
+
+/// The bytes [`segment_headers`] writes for `frame` behind a prefix of `prefix_len` bytes.
+pub fn headers_len(frame: &[u8], hdr: &VirtioNetHdr, prefix_len: usize) -> Result<usize> {
+    let plan = Plan::new(frame, hdr)?;
+    Ok(plan.chunks * (prefix_len + plan.hlen))
+}
+
 /// Where a TSO frame's headers are and how its payload is cut.
 struct Plan<'a> {
     frame: &'a [u8],
@@ -197,13 +251,27 @@ impl<'a> Plan<'a> {
     /// Writes segment `i` (< `chunks`) at the start of `out` (at least [`Plan::len`] long)
     /// and returns it.
     fn write<'o>(&self, i: usize, out: &'o mut [u8]) -> &'o [u8] {
-        let (l3, l4, hlen) = (self.l3, self.l4, self.hlen);
-        let from = hlen + i * self.mss;
-        let chunk = &self.frame[from..(from + self.mss).min(self.frame.len())];
+        let hlen = self.hlen;
+        let chunk = self.chunk(i);
         let len = hlen + chunk.len();
-        let out = &mut out[..len];
-        out[..hlen].copy_from_slice(&self.frame[..hlen]);
-        out[hlen..].copy_from_slice(chunk);
+        out[hlen..len].copy_from_slice(chunk);
+        self.write_headers(i, &mut out[..hlen]);
+        &out[..len]
+    }
+
+    /// Segment `i`'s payload, in the frame.
+    fn chunk(&self, i: usize) -> &'a [u8] {
+        let from = self.hlen + i * self.mss;
+        &self.frame[from..(from + self.mss).min(self.frame.len())]
+    }
+
+    /// Writes segment `i`'s headers (`hlen` bytes) at the start of `out`, with the TCP
+    /// checksum over them and the payload (read from the frame).
+    fn write_headers(&self, i: usize, out: &mut [u8]) {
+        let (l3, l4, hlen) = (self.l3, self.l4, self.hlen);
+        let chunk = self.chunk(i);
+        let out = &mut out[..hlen];
+        out.copy_from_slice(&self.frame[..hlen]);
         let l4_len = self.doff + chunk.len();
         if self.v6 {
             out[l3 + 4..l3 + 6].copy_from_slice(&(l4_len as u16).to_be_bytes());
@@ -249,9 +317,10 @@ impl<'a> Plan<'a> {
                 l4_len as u16,
             )
         };
-        let c = checksum::fold(checksum::sum16(&out[l4..], pseudo));
+        // The TCP header is a whole number of 32-bit words: the payload's sum chains on.
+        let sum = checksum::sum16(&out[l4..], pseudo);
+        let c = checksum::fold(checksum::sum16(chunk, sum));
         out[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
-        out
     }
 }
 
@@ -428,6 +497,39 @@ mod tests {
     }
 
     #[test]
+    fn headers_and_payload_in_place_are_the_same_segments() {
+        let f = tso_v4(3000);
+        let hdr = VirtioNetHdr {
+            gso_type: GSO_TCPV4,
+            gso_size: 1448,
+            ..Default::default()
+        };
+        let mut scratch = vec![0u8; 2000];
+        let mut segs = Vec::new();
+        segment(&f, &hdr, &mut scratch, |s| segs.push(s.to_vec())).unwrap();
+        let len = headers_len(&f, &hdr, 2).unwrap();
+        assert_eq!(len, 3 * (2 + 54));
+        let mut out = vec![0u8; len];
+        let layout = segment_headers(&f, &hdr, b"PF", &mut out).unwrap();
+        assert_eq!(
+            layout,
+            Layout {
+                segments: 3,
+                hlen: 54,
+                mss: 1448
+            }
+        );
+        for (i, s) in segs.iter().enumerate() {
+            let rec = &out[i * 56..(i + 1) * 56];
+            assert_eq!(&rec[..2], b"PF");
+            let mut joined = rec[2..].to_vec();
+            joined.extend_from_slice(&f[layout.payload(i, f.len())]);
+            assert_eq!(&joined, s, "segment {i}");
+        }
+        assert!(segment_headers(&f, &hdr, b"PF", &mut out[..len - 1]).is_err());
+    }
+
+    #[test]
     fn never_panics() {
         use proptest::prelude::*;
         proptest!(|(bytes in proptest::collection::vec(any::<u8>(), 0..400), mss in 0u16..300, v6 in any::<bool>())| {
@@ -435,6 +537,7 @@ mod tests {
             let mut scratch = vec![0u8; 1000];
             let _ = segment(&bytes, &hdr, &mut scratch, |_| {});
             let mut out = vec![0u8; 2000];
+            let _ = segment_headers(&bytes, &hdr, &[1, 2], &mut out);
             if let Ok((n, len)) = segment_packed(&bytes, &hdr, &[1, 2], &mut out) {
                 let first = first_segment_len(&bytes, &hdr).unwrap();
                 prop_assert!(n >= 1 && len <= n as usize * (first + 2));

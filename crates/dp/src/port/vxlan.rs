@@ -901,10 +901,11 @@ impl VxlanPort {
         batch.clear();
     }
 
-    /// Segments the TSO frame `pkt` and sends each segment to `dsts`: with `UDP_SEGMENT`,
-    /// every encapsulated segment back to back in one buffer and one `sendmsg` per
-    /// destination and 64 KiB; otherwise (checksums off, or the kernel refused) one
-    /// `sendmmsg` of datagrams.
+    /// Segments the TSO frame `pkt` and sends each segment to `dsts`. With `UDP_SEGMENT`:
+    /// only the segments' headers are built (each behind its VXLAN header), and one
+    /// `sendmsg` per destination and 64 KiB gathers them with the payloads, which stay in
+    /// the packet buffer. Otherwise (checksums off, or the kernel refused): whole segments
+    /// built back to back and sent in one `sendmmsg` of datagrams.
     fn send_segmented(
         &self,
         worker: usize,
@@ -913,50 +914,61 @@ impl VxlanPort {
         done: &mut TxDone,
         drops: &mut DropTally,
     ) {
-        let mut guard = self.scratch[worker % self.scratch.len()].lock();
-        let Scratch { arena, spans } = &mut *guard;
-        spans.clear();
-        // All segments are built first, each behind its VXLAN header: the arena is the
-        // datagrams back to back, as UDP_SEGMENT wants them. It only grows (no clearing).
         let (frame, hdr) = (pkt.frame(), &pkt.hdr);
-        let built = gso::first_segment_len(frame, hdr).and_then(|first| {
-            if first > self.max_inner_frame() {
-                return Ok(None);
-            }
-            let need = gso::packed_len(frame, hdr, vxlan::HEADER_LEN)?;
-            if arena.len() < need {
-                arena.resize(need, 0);
-            }
-            let (_, len) = gso::segment_packed(frame, hdr, &self.header, arena)?;
-            Ok(Some((first + vxlan::HEADER_LEN, len)))
-        });
-        let (size, len) = match built {
-            Ok(Some(built)) => built,
-            Ok(None) => {
+        let first = match gso::first_segment_len(frame, hdr) {
+            Ok(first) if first > self.max_inner_frame() => {
                 self.count(VxlanDrop::MtuExceeded, 1);
                 drops.count(DropReason::Oversize);
                 return;
             }
+            Ok(first) => first,
             Err(_) => {
                 self.count(VxlanDrop::Offload, 1);
                 drops.count(DropReason::Offload);
                 return;
             }
         };
-        let arena = &arena[..len];
+        // Each datagram but the last: VXLAN header and a full segment.
+        let size = vxlan::HEADER_LEN + first;
+        let mut guard = self.scratch[worker % self.scratch.len()].lock();
+        let Scratch { arena, spans } = &mut *guard;
+        self.segmented.fetch_add(1, Ordering::Relaxed);
+        let sock = &self.tx_socket(frame).sock;
+        // The arena only grows (no clearing, no zeroing per frame).
+        if self.gso.load(Ordering::Relaxed) {
+            let layout = gso::headers_len(frame, hdr, vxlan::HEADER_LEN).and_then(|need| {
+                if arena.len() < need {
+                    arena.resize(need, 0);
+                }
+                gso::segment_headers(frame, hdr, &self.header, arena)
+            });
+            let Ok(layout) = layout else {
+                self.count(VxlanDrop::Offload, 1);
+                drops.count(DropReason::Offload);
+                return;
+            };
+            if self.send_gso(sock, frame, arena, layout, size, dsts, done, drops) {
+                self.gso_sent.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        let built = gso::packed_len(frame, hdr, vxlan::HEADER_LEN).and_then(|need| {
+            if arena.len() < need {
+                arena.resize(need, 0);
+            }
+            gso::segment_packed(frame, hdr, &self.header, arena)
+        });
+        let Ok((_, len)) = built else {
+            self.count(VxlanDrop::Offload, 1);
+            drops.count(DropReason::Offload);
+            return;
+        };
+        spans.clear();
         let mut at = 0;
         while at < len {
             let end = (at + size).min(len);
             spans.push(at..end);
             at = end;
-        }
-        self.segmented.fetch_add(1, Ordering::Relaxed);
-        let sock = self.tx_socket(pkt.frame());
-        if self.gso.load(Ordering::Relaxed)
-            && self.send_gso(&sock.sock, arena, spans, dsts, done, drops)
-        {
-            self.gso_sent.fetch_add(1, Ordering::Relaxed);
-            return;
         }
         let mut batch: Vec<Datagram<'_>> = Vec::with_capacity(spans.len() * dsts.len());
         for span in spans.iter() {
@@ -968,40 +980,51 @@ impl VxlanPort {
                 });
             }
         }
-        self.flush(&sock.sock, &mut batch, done, drops);
+        self.flush(sock, &mut batch, done, drops);
     }
 
-    /// Sends the datagrams of `arena` (at `spans`, all of the first one's size but the
-    /// last) to each of `dsts` with `UDP_SEGMENT`. Returns false, having sent nothing, when
-    /// the kernel refuses segmentation for the first chunk (`EINVAL`, `EIO`: a route
-    /// through IPsec, say), for the caller to send them one by one; `EIO` also turns
+    /// Sends the segments of `frame` (their headers in `headers`, `layout` says where the
+    /// payloads are; datagrams of `size` bytes but the last) to each of `dsts` with
+    /// `UDP_SEGMENT`, gathering headers and payloads. Returns false, having sent nothing,
+    /// when the kernel refuses segmentation for the first send (`EINVAL`, `EIO`: a route
+    /// through IPsec, say), for the caller to send datagrams instead; `EIO` also turns
     /// `UDP_SEGMENT` off for the port.
+    #[allow(clippy::too_many_arguments)]
     fn send_gso(
         &self,
         sock: &UdpSocket,
-        arena: &[u8],
-        spans: &[std::ops::Range<usize>],
+        frame: &[u8],
+        headers: &[u8],
+        layout: gso::Layout,
+        size: usize,
         dsts: &[IpAddr],
         done: &mut TxDone,
         drops: &mut DropTally,
     ) -> bool {
-        let size = spans[0].len();
+        let each = vxlan::HEADER_LEN + layout.hlen;
         let per = (MAX_SEGMENTS_LEN / size).clamp(1, MAX_SEGMENTS);
         let mut tally = VtepTally::new(self, Direction::Tx);
+        let mut iovs: Vec<io::IoSlice<'_>> = Vec::with_capacity(2 * per);
         let mut first = true;
         for &vtep in dsts {
             let dst = SocketAddr::new(vtep, self.dstport);
-            for chunk in spans.chunks(per) {
-                let data = &arena[chunk[0].start..chunk[chunk.len() - 1].end];
-                let n = chunk.len() as u64;
-                match sock.send_segments(dst, data, size as u16) {
+            let mut i = 0;
+            while i < layout.segments {
+                let end = (i + per).min(layout.segments);
+                iovs.clear();
+                let mut bytes = 0u64;
+                for k in i..end {
+                    let payload = &frame[layout.payload(k, frame.len())];
+                    iovs.push(io::IoSlice::new(&headers[k * each..(k + 1) * each]));
+                    iovs.push(io::IoSlice::new(payload));
+                    bytes += (layout.hlen + payload.len()) as u64;
+                }
+                let n = (end - i) as u64;
+                match sock.send_segments_vectored(dst, &iovs, size as u16) {
                     Ok(_) => {
-                        for span in chunk {
-                            let bytes = (span.len() - vxlan::HEADER_LEN) as u64;
-                            done.packets += 1;
-                            done.bytes += bytes;
-                            tally.add(vtep, bytes);
-                        }
+                        done.packets += n as u32;
+                        done.bytes += bytes;
+                        tally.add_many(vtep, n, bytes);
                     }
                     Err(e) if udp::is_too_big(&e) => {
                         self.count(VxlanDrop::MtuExceeded, 1);
@@ -1031,6 +1054,7 @@ impl VxlanPort {
                     }
                 }
                 first = false;
+                i = end;
             }
         }
         true
@@ -1150,13 +1174,19 @@ impl<'a> VtepTally<'a> {
 
     #[inline]
     fn add(&mut self, vtep: IpAddr, bytes: u64) {
+        self.add_many(vtep, 1, bytes);
+    }
+
+    /// Adds `frames` frames of `bytes` bytes in all.
+    #[inline]
+    fn add_many(&mut self, vtep: IpAddr, frames: u64, bytes: u64) {
         if self.vtep != Some(vtep) {
             self.flush_vtep();
             self.vtep = Some(vtep);
         }
-        self.frames += 1;
+        self.frames += frames;
         self.bytes += bytes;
-        self.total_frames += 1;
+        self.total_frames += frames;
         self.total_bytes += bytes;
     }
 
