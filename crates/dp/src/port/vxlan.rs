@@ -12,9 +12,10 @@
 //!                                        ▼
 //!                   src port = pool[flow hash % N]  (N sockets bound to (local, 49152+…))
 //!          frame:     sendmmsg: [VXLAN hdr I|VNI] + [inner frame]
-//!          TSO frame: segment → [hdr][seg 1][hdr][seg 2]…[hdr][seg n] back to back,
-//!                     one sendmsg + UDP_SEGMENT(size of one) per 64 KiB ─▶ kernel: IP/UDP,
-//!                     route, neighbour, DF, checksum (offloaded), one GSO packet to the NIC
+//!          TSO frame: segment headers only → iovecs [hdr+seg hdrs 1][payload 1 in the
+//!                     packet buffer][hdr+seg hdrs 2][payload 2]…, one sendmsg +
+//!                     UDP_SEGMENT(size of one) per 64 KiB ─▶ kernel: IP/UDP, route,
+//!                     neighbour, DF, checksum (offloaded), one GSO packet to the NIC
 //!
 //!   rx_burst ◀── recvmmsg on (local, dstport), UDP_GRO ◀── kernel: UDP checksum checked
 //!      message = one datagram, or several of one size back to back (UDP_GRO cmsg)
@@ -50,28 +51,35 @@
 //! 64 KiB super-packets through the bridge, the vxlan device and veth. The port gets the
 //! same from the UDP socket API:
 //! - **Transmit, `UDP_SEGMENT`.** A TSO frame from a TAP or guest is segmented in software
-//!   ([`qswitch_wire::gso`], full inner checksums) straight into datagrams laid back to back
-//!   in one buffer, each `[VXLAN header][segment]`, all of one size but the last, and sent
-//!   with one `sendmsg` per destination and 64 KiB carrying a `UDP_SEGMENT` control message:
-//!   the kernel builds one GSO skb, routes it once and cuts it as late as it can (veth carries
-//!   it whole; a NIC with UDP segmentation offload cuts it in hardware). The kernel refuses
-//!   `UDP_SEGMENT` on a socket without transmit checksums, so checksums are on by default over
-//!   IPv4 too (RFC 7348 allows zero or a checksum over IPv4; the kernel offloads it, which
-//!   over veth costs nothing). With `udp_csum = false`, or when the kernel refuses a send
-//!   (`EINVAL`, `EIO`), the datagrams go out in one `sendmmsg` as before. MTU: every datagram
-//!   is checked against the underlay MTU before anything is sent (`mtu_exceeded`), and the
-//!   sockets still never fragment. Source port: the whole frame is one flow, so one socket.
-//! - **Receive, `UDP_GRO`.** The receive socket has `UDP_GRO` on: one message may hold
+//!   ([`qswitch_wire::gso::segment_headers`]): only each segment's headers are written, behind
+//!   its VXLAN header, with the inner IP and TCP fields and a full TCP checksum (summed over
+//!   the payload where it lies); one `sendmsg` per destination and 64 KiB gathers
+//!   `[VXLAN + headers 1][payload 1][VXLAN + headers 2][payload 2]…` (the payloads straight
+//!   from the packet buffer, no copy in userspace) with a `UDP_SEGMENT` control message of
+//!   one datagram's size: the kernel builds one GSO skb, routes it once and cuts it as late
+//!   as it can (veth carries it whole; a NIC with UDP segmentation offload cuts it in
+//!   hardware). The kernel refuses `UDP_SEGMENT` on a socket without transmit checksums, so
+//!   checksums are on by default over IPv4 too (RFC 7348 allows zero or a checksum over
+//!   IPv4; the kernel offloads it, which over veth costs nothing). With `udp_csum = false`,
+//!   or when the kernel refuses a send (`EINVAL`, `EIO`), the segments are built whole back
+//!   to back ([`qswitch_wire::gso::segment_packed`]) and go out in one `sendmmsg` of
+//!   datagrams. MTU: the first (longest) segment is checked against the underlay MTU before
+//!   anything is built (`mtu_exceeded`), and the sockets still never fragment. Source port:
+//!   the whole frame is one flow, so one socket.
+//! - **Receive, `UDP_GRO`.** The receive socket of a port alone on its (local, dstport)
+//!   has `UDP_GRO` on (see "Several VNIs" below for why not when shared): one message may hold
 //!   several datagrams of one flow back to back with their size in a control message (a GSO
 //!   packet from a `UDP_SEGMENT` peer arrives that way whole). Each datagram is checked and
 //!   counted on its own (all the drop rules below), and the inner frames go through a
 //!   software GRO ([`qswitch_wire::gro`]): consecutive in-order TCP segments of one flow
-//!   (strict: same headers, options, ACK, contiguous sequence, verified checksum) become one
-//!   TSO super-frame with a virtio-net header (`gso_type` TCPv4/TCPv6, partial checksum),
-//!   which a TAP or guest takes whole, as from another TAP; anything else is one frame. The
-//!   held super-frame is finished at the end of every burst. A message's datagrams are
-//!   copied once, into the packet buffers (the segments' payloads back to back); what does
-//!   not fit in a burst's buffers waits for the next burst.
+//!   (strict: same headers, options, ACK, contiguous sequence, correct IPv4 header and TCP
+//!   checksums) become one TSO super-frame with a virtio-net header (`gso_type`
+//!   TCPv4/TCPv6, `NEEDS_CSUM`), which a TAP or guest takes whole, as from another TAP; a
+//!   lone TCP segment whose checksum was verified gets `DATA_VALID`; anything else is one
+//!   frame. The held super-frame is finished at the end of every burst. A message's
+//!   datagrams are copied once, into the packet buffers (the segments' payloads back to
+//!   back), the TCP checksum summed block by block as they are copied; what does not fit in
+//!   a burst's buffers waits for the next burst.
 //!
 //! Per-flow UDP source ports (RFC 7348 section 5, which ECMP in the fabric relies on) come
 //! from a pool of [`SRC_PORTS`] sending sockets, each bound to (local, one port in
@@ -99,11 +107,24 @@
 //! receive socket joins the address's `SO_REUSEPORT` group, and a classic BPF program on the
 //! group (rebuilt whenever a port comes or goes) hands each datagram to the socket of its VNI,
 //! so every port keeps its own socket, fd and rx queue and nothing is copied between ports.
+//! The kernel coalesces received datagrams (`UDP_GRO`) by UDP 4-tuple only and the program
+//! sees a coalesced message's first datagram: a peer whose one source port carried two VNIs
+//! could land the second VNI's datagrams on the first VNI's socket. So `UDP_GRO` is on only
+//! while a port is alone on its address, and turned off on all members when a second joins
+//! (on again when it is alone again); software GRO still coalesces within each burst.
 //!
 //! # Limitations
 //! - One rx queue (one socket). The software GRO holds one super-frame at a time: segments
 //!   of several flows interleaved within one burst coalesce less (each flow's datagrams
 //!   mostly arrive together, one source port per flow).
+//! - Messages already queued when `UDP_GRO` is turned off (a second port joining the
+//!   address) are read without their segment size: each such message is taken as one
+//!   datagram, its later VXLAN headers as inner bytes (the inner IP length still bounds
+//!   what the guest sees). A moment at port add, under load only.
+//! - Inner checksums are summed in software both ways (the kernel offers a UDP socket no
+//!   offload for the inner TCP checksum); with the four copies through the kernel (TAP read,
+//!   UDP send, UDP receive, TAP write) this is what keeps the overlay below Linux's own
+//!   vxlan path, which moves skbs without copying (docs/overlay.md has the numbers).
 //! - One VNI per port (a port is an access port of one VLAN).
 //! - The underlay MTU is read once; [`VxlanPort::set_underlay_mtu`] changes it.
 //! - Every drop is counted by reason in [`VxlanStats`]; of those, only short or truncated
