@@ -16,7 +16,9 @@
 //! attached; `port add` refuses the same with one line. A trunk uplink keeps its VLANs apart
 //! and counts a VLAN it does not carry as a drop. The host-port recipe of
 //! docs/uplink.md: the "host" namespace's address moves from its NIC to an internal TAP port,
-//! and the wire peer still reaches it.
+//! and the wire peer still reaches it. A vhost-user guest behind the uplink: DPDK testpmd
+//! forwarding between a virtio-user port on qswitch's socket and a TAP in a "guest"
+//! namespace, so that namespace's stack is the guest's; ping and iperf3 both ways.
 
 mod common;
 
@@ -45,6 +47,8 @@ struct World {
     peer: Netns,
     vm: Netns,
     n: u8,
+    /// The daemon's `workers` (default: the first two online CPUs).
+    workers: String,
     dir: TempDir,
 }
 
@@ -61,6 +65,7 @@ impl World {
             peer: ns('p'),
             vm: ns('v'),
             n,
+            workers: worker_cpus(2),
             dir,
         };
         common::sh_ok(&[
@@ -132,7 +137,7 @@ impl World {
         // The namespace's own loopback: every test's daemon may use the same HTTP port.
         let text = format!(
             "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"127.0.0.1:9479\"\n{ports}",
-            worker_cpus(2),
+            self.workers,
             control.display()
         );
         std::fs::write(&config, text).unwrap();
@@ -732,4 +737,158 @@ fn trunk_uplink_keeps_vlans_apart() {
         common::drops(&after, "up", "vlan_not_allowed")
     );
     assert!(!w.log().contains("panicked"), "{}", w.log());
+}
+
+/// DPDK testpmd as a vhost-user guest: a virtio-user port on qswitch's vhost-user socket and
+/// a `net_tap` port whose TAP is in the guest's namespace, `io` forwarding between them, so
+/// the namespace's own stack is the guest's. Stopped, and its `/var/run/dpdk/<prefix>`
+/// removed, on drop.
+struct PmdGuest {
+    child: ChildGuard,
+    log: PathBuf,
+    prefix: String,
+}
+
+impl PmdGuest {
+    fn spawn(ns: &Netns, sock: &Path, tap: &str, cpu: usize, log: PathBuf) -> PmdGuest {
+        let prefix = format!("qsw-up-{}", std::process::id());
+        let out = std::fs::File::create(&log).expect("testpmd log");
+        let err = out.try_clone().expect("testpmd log");
+        let lcores = format!("0@{cpu},1@{cpu}");
+        let virtio = format!("net_virtio_user0,path={}", sock.display());
+        let net_tap = format!("net_tap0,iface={tap}");
+        let child = ns
+            .cmd(&[common::TESTPMD, "--no-huge", "-m", "1024", "--no-pci"])
+            .args(["--iova-mode=va", "--file-prefix", &prefix])
+            .args(["--lcores", &lcores, "--main-lcore", "0"])
+            .args(["--vdev", &virtio, "--vdev", &net_tap, "--"])
+            // --stats-period: runs until signalled instead of waiting for a key.
+            .args([
+                "--nb-cores=1",
+                "--forward-mode=io",
+                "--stats-period",
+                "5",
+                "-a",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start dpdk-testpmd");
+        PmdGuest {
+            child: ChildGuard::new(child),
+            log,
+            prefix,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for PmdGuest {
+    fn drop(&mut self) {
+        self.child.stop();
+        let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(&self.prefix));
+    }
+}
+
+/// A vhost-user guest behind the uplink (native mode): testpmd ([`PmdGuest`]) on a vhost-user
+/// port, its TAP in namespace `guest` with 10.201.8.3; ping both ways and iperf3 TCP (one
+/// stream, each direction) between the wire peer and the guest. testpmd's lcores share the
+/// first CPU; the qswitch worker has the second.
+#[test]
+fn vhost_user_guest_through_the_uplink() {
+    if !privileged() {
+        return;
+    }
+    let Some(worker) = common::testpmd_worker_cpu() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let pid = std::process::id() % 100_000;
+    let guest = Netns::new(&format!("qsup{pid}-8g"));
+    let mut w = World::new(8);
+    w.workers = worker.to_string();
+    w.offloads();
+    let sock = w.dir.join("guest.sock");
+    w.start(
+        "vhost",
+        &format!(
+            "[[port]]\nname = \"up\"\ntype = \"afxdp\"\nifname = \"uU\"\nmode = \"native\"\n\
+             [[port]]\nname = \"guest\"\ntype = \"vhost-user\"\nsocket = \"{}\"\n\
+             mode = \"server\"\n",
+            sock.display()
+        ),
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || sock.exists()),
+        "no vhost-user socket"
+    );
+    let tap = "qg8";
+    let pmd = PmdGuest::spawn(
+        &guest,
+        &sock,
+        tap,
+        common::first_cpu(),
+        w.dir.join("testpmd.log"),
+    );
+    let mut seen = Value::Null;
+    let up = wait_until(Duration::from_secs(20), || {
+        seen = w.port_json("guest");
+        seen["connected"] == true
+            && seen["enabled_queues"]
+                .as_array()
+                .is_some_and(|q| !q.is_empty())
+            && guest.has_link(tap)
+            && pmd.log_text().contains("forwards packets on")
+    });
+    assert!(up, "guest not up: {seen}\n{}", pmd.log_text());
+    guest.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+    guest.ok(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{}/24", w.addr(3)),
+        "dev",
+        tap,
+    ]);
+    guest.ok(&["ip", "link", "set", "dev", tap, "up"]);
+
+    // testpmd's ports come up a moment after it says it forwards: the first ping that
+    // gets through (10 s at most) says the path is there; then the checks.
+    let first = wait_until(Duration::from_secs(10), || {
+        w.peer
+            .run_for(
+                &["ping", "-n", "-c", "1", "-W", "1", &w.addr(3)],
+                Duration::from_secs(5),
+            )
+            .ok()
+    });
+    assert!(first, "the guest never answered: {}", pmd.log_text());
+    assert_ping(&w.peer, &w.addr(3), "peer → guest");
+    assert_ping(&guest, &w.addr(1), "guest → peer");
+    let to_guest = iperf(&guest, &w.addr(3), &w.peer, 1, false);
+    let from_guest = iperf(&guest, &w.addr(3), &w.peer, 1, true);
+    assert!(
+        to_guest > 0.01 && from_guest > 0.01,
+        "iperf3 Gbit/s peer → guest {to_guest}, guest → peer {from_guest}\n{}",
+        pmd.log_text()
+    );
+    let stats = w.daemon.as_ref().unwrap().stats();
+    for p in stats["ports"].as_array().expect("ports") {
+        assert_eq!(
+            p["drops"]["bad_descriptor"].as_u64().unwrap_or(0),
+            0,
+            "{stats}"
+        );
+    }
+    eprintln!(
+        "vhost-user guest: Gbit/s peer → guest {to_guest:.2}, guest → peer {from_guest:.2} \
+         ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(!w.log().contains("panicked"), "{}", w.log());
+    drop(pmd);
 }
