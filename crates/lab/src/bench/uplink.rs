@@ -201,7 +201,13 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     let tcp_contenders = per * STREAMS.len();
     let order: Vec<(u32, usize)> = interleave(names.len(), runs)
         .into_iter()
-        .filter(|&(_, c)| b.args.only.as_deref().is_none_or(|o| names[c].contains(o)))
+        // `--only native,bridge`: the contenders whose name contains any of the parts.
+        .filter(|&(_, c)| {
+            b.args
+                .only
+                .as_deref()
+                .is_none_or(|o| o.split(',').any(|part| names[c].contains(part)))
+        })
         .collect();
     b.say(format_args!(
         "{runs} round(s) of {} contenders, {seconds} s each; qswitch workers on CPUs {workers} \
