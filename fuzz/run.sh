@@ -33,7 +33,7 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install -q cargo-fuzz || skip "cargo install cargo-fuzz failed"
 fi
 cp ../Cargo.lock Cargo.lock
-for t in frame desc_chain config control_json vxlan guard gso vhost_messages; do
+for t in frame desc_chain config control_json vxlan guard gso gro vhost_messages; do
     echo "== fuzz $t (${secs}s)"
     cargo +nightly fuzz run "$t" -- -max_total_time="$secs" -rss_limit_mb=2048 2>&1 | tail -3
 done

@@ -62,7 +62,7 @@
 //! dstport = 4789                   # default 4789 (Linux's own default is 8472)
 //! learning = true                  # remote MAC -> VTEP from received frames
 //! vlan = 100                       # the switch VLAN this VNI carries
-//! # udp_csum = false               # default: off over IPv4, on over IPv6
+//! # udp_csum = false               # default on (UDP_SEGMENT needs it); off: zero over IPv4
 //!
 //! [[port]]
 //! name = "nic"
@@ -518,7 +518,9 @@ pub struct VxlanConfig {
     /// Learn remote MAC → VTEP from received frames (default true). When false, frames from
     /// VTEPs not in `remotes` (or known through EVPN) are dropped.
     pub learning: bool,
-    /// UDP checksum on transmit; default: off over IPv4, on over IPv6.
+    /// UDP checksum on transmit; default on over both families (the kernel refuses
+    /// `UDP_SEGMENT`, the batched send of TSO frames, without it). Off: zero over IPv4 (as
+    /// Linux's vxlan sends by default), TSO frames sent as single datagrams.
     pub udp_csum: Option<bool>,
 }
 
@@ -762,7 +764,7 @@ pub struct PortKeys {
     /// vxlan: learn remote MACs (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning: Option<bool>,
-    /// vxlan: UDP checksum on transmit (default: off over IPv4, on over IPv6).
+    /// vxlan: UDP checksum on transmit (default on; see [`VxlanConfig::udp_csum`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp_csum: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -528,6 +528,18 @@ pub struct VxlanStats {
     pub drops: BTreeMap<String, u64>,
     /// TSO frames segmented in software before encapsulation.
     pub segmented: u64,
+    /// Of those, frames sent with `UDP_SEGMENT`.
+    #[serde(default)]
+    pub gso_sent: u64,
+    /// Received messages holding several datagrams (`UDP_GRO`).
+    #[serde(default)]
+    pub udp_gro: u64,
+    /// TSO super-frames built from received TCP segments (software GRO).
+    #[serde(default)]
+    pub gro_frames: u64,
+    /// Received TCP segments merged into them.
+    #[serde(default)]
+    pub gro_segments: u64,
 }
 
 /// Inner frames and bytes each way.

@@ -510,9 +510,9 @@ fn interop(fam: Family) {
             assert_eq!(d.dst, b);
             assert!(src_ports.contains(&d.src_port), "source port from the pool");
             assert!(d.src_port >= wire_vxlan::SRC_PORT_MIN);
-            // Zero checksum over IPv4 (as Linux by default), computed over IPv6; a non-zero
-            // one was verified by decap.
-            assert_eq!(d.udp_checksum, fam == Family::V6);
+            // A checksum over both families (UDP_SEGMENT needs one; Linux sends zero over
+            // IPv4 by default), verified by decap.
+            assert!(d.udp_checksum);
             // ICMP from vmA to vmB: one flow, one source port.
             let inner = d.inner;
             if inner.len() > 34
@@ -760,6 +760,13 @@ fn bad_input_is_counted_and_forwarding_goes_on() {
 // ---------------------------------------------------------------------------------------
 
 fn loopback_pair(learning: bool) -> Option<(VxlanPort, VxlanPort, u16)> {
+    loopback_pair_with(learning, None)
+}
+
+fn loopback_pair_with(
+    learning: bool,
+    udp_csum: Option<bool>,
+) -> Option<(VxlanPort, VxlanPort, u16)> {
     // A port per test process so that concurrent runs do not collide.
     for attempt in 0..20u16 {
         let dstport = 40_000 + ((std::process::id() as u16).wrapping_add(attempt * 97) % 9_000);
@@ -768,6 +775,7 @@ fn loopback_pair(learning: bool) -> Option<(VxlanPort, VxlanPort, u16)> {
             c.remotes = vec![IpAddr::V4(remote.into())];
             c.dstport = dstport;
             c.learning = learning;
+            c.udp_csum = udp_csum;
             VxlanPort::open("vx", &c)
         };
         if let (Ok(x), Ok(y)) = (
@@ -1008,4 +1016,189 @@ fn one_flow_one_source_port() {
         distinct.len() >= 8,
         "flows spread over source ports: {distinct:?}"
     );
+}
+
+/// A TSO frame as a TAP hands it over: Ethernet + IPv4 (DF) + TCP (ACK|PSH, 12 bytes of
+/// timestamp option) + `n` bytes, with a partial checksum (`NEEDS_CSUM`) and `gso_size` `mss`.
+fn tso_frame(n: usize, mss: u16) -> (Vec<u8>, qswitch_wire::virtio_net_hdr::VirtioNetHdr) {
+    use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, FLAG_NEEDS_CSUM, GSO_TCPV4};
+    let mut f = vec![0u8; 66 + n];
+    f[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 0xb]);
+    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0xa]);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&((52 + n) as u16).to_be_bytes());
+    f[20] = 0x40;
+    f[22] = 64;
+    f[23] = 6;
+    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    let c = qswitch_wire::checksum::fold(qswitch_wire::checksum::sum16(&f[14..34], 0));
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f[34..36].copy_from_slice(&40000u16.to_be_bytes());
+    f[36..38].copy_from_slice(&5201u16.to_be_bytes());
+    f[38..42].copy_from_slice(&7u32.to_be_bytes());
+    f[42..46].copy_from_slice(&99u32.to_be_bytes());
+    f[46] = 8 << 4;
+    f[47] = 0x18;
+    f[48..50].copy_from_slice(&1024u16.to_be_bytes());
+    f[54..66].copy_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
+    for (i, b) in f[66..].iter_mut().enumerate() {
+        *b = (i * 13 % 251) as u8;
+    }
+    let hdr = VirtioNetHdr {
+        flags: FLAG_NEEDS_CSUM,
+        gso_type: GSO_TCPV4,
+        hdr_len: 66,
+        gso_size: mss,
+        csum_start: 34,
+        csum_offset: 16,
+        num_buffers: 0,
+    };
+    let ph = qswitch_wire::checksum::pseudo_header_v4(
+        Ipv4Addr::new(10, 0, 0, 1),
+        Ipv4Addr::new(10, 0, 0, 2),
+        qswitch_wire::IpProtocol::Tcp,
+        (32 + n) as u16,
+    );
+    f[50..52].copy_from_slice(&(!qswitch_wire::checksum::fold(ph)).to_be_bytes());
+    (f, hdr)
+}
+
+/// Receives on `port` until `want` frames came or 5 s passed, with their virtio-net headers.
+fn receive_with_hdr(
+    port: &VxlanPort,
+    want: usize,
+) -> Vec<(Vec<u8>, qswitch_wire::virtio_net_hdr::VirtioNetHdr)> {
+    let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
+    let mut drops = DropTally::default();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < want && Instant::now() < deadline {
+        let n = port.rx_burst(0, &mut pkts, 1, &mut drops);
+        got.extend(pkts[..n].iter().map(|p| (p.frame().to_vec(), p.hdr)));
+        if n == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    got
+}
+
+/// A TSO frame leaves as one `UDP_SEGMENT` send of encapsulated segments, arrives (loopback
+/// keeps GSO packets whole) as one `UDP_GRO` message, and is coalesced back into the same
+/// super-frame: same bytes once its checksum is completed, same segment size.
+#[test]
+fn tso_frames_cross_as_one_gso_send_and_come_out_whole() {
+    use qswitch_wire::virtio_net_hdr::{FLAG_NEEDS_CSUM, GSO_TCPV4};
+    let (x, y, _) = loopback_pair(true).expect("two loopback ports");
+    let (f, hdr) = tso_frame(20_000, 1398);
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    pkts[0].fill(&f);
+    pkts[0].hdr = hdr;
+    let mut drops = DropTally::default();
+    let done = x.tx_burst(0, &mut pkts, &[0], &mut drops);
+    let segs = 20_000usize.div_ceil(1398);
+    assert_eq!(done.packets as usize, segs);
+    let st = x.stats();
+    assert_eq!((st.segmented, st.gso_sent), (1, 1), "{st:?}");
+
+    let got = receive_with_hdr(&y, 1);
+    assert_eq!(got.len(), 1, "one super-frame");
+    let (frame, h) = &got[0];
+    assert_eq!(h.gso_type, GSO_TCPV4);
+    assert_eq!(h.flags, FLAG_NEEDS_CSUM);
+    assert_eq!(
+        (h.gso_size, h.hdr_len, h.csum_start, h.csum_offset),
+        (1398, 66, 34, 16)
+    );
+    assert_eq!(frame.len(), f.len());
+    // Complete both checksums and compare: the same frame (IPv4 id aside: both 0 here).
+    let mut a = f.clone();
+    let mut b = frame.clone();
+    qswitch_wire::checksum::complete_partial(&mut a, 34, 16).unwrap();
+    qswitch_wire::checksum::complete_partial(&mut b, 34, 16).unwrap();
+    assert_eq!(a, b);
+    let st = y.stats();
+    assert_eq!(st.udp_gro, 1, "{st:?}");
+    assert_eq!(
+        (st.gro_frames, st.gro_segments),
+        (1, segs as u64 - 1),
+        "{st:?}"
+    );
+    assert_eq!(st.traffic.rx_frames as usize, segs, "counted per datagram");
+    assert!(st.drops.iter().all(|(_, n)| *n == 0), "{st:?}");
+}
+
+/// With checksums off (`udp_csum = false`: zero over IPv4) the kernel refuses `UDP_SEGMENT`:
+/// a TSO frame leaves as one `sendmmsg` of datagrams, which the receiver still coalesces.
+#[test]
+fn without_checksums_tso_frames_leave_as_datagrams() {
+    let (x, y, _) = loopback_pair_with(true, Some(false)).expect("two loopback ports");
+    let (f, hdr) = tso_frame(20_000, 1398);
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    pkts[0].fill(&f);
+    pkts[0].hdr = hdr;
+    let mut drops = DropTally::default();
+    let segs = 20_000usize.div_ceil(1398);
+    assert_eq!(
+        x.tx_burst(0, &mut pkts, &[0], &mut drops).packets as usize,
+        segs
+    );
+    let st = x.stats();
+    assert_eq!((st.segmented, st.gso_sent), (1, 0), "{st:?}");
+    let mut payload = Vec::new();
+    let mut frames = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while payload.len() < 20_000 && Instant::now() < deadline {
+        for (frame, _) in receive_with_hdr(&y, 1) {
+            payload.extend_from_slice(&frame[66..]);
+            frames += 1;
+        }
+    }
+    assert_eq!(payload, f[66..], "the payload, in order");
+    let st = y.stats();
+    assert_eq!(st.traffic.rx_frames as usize, segs);
+    assert_eq!(st.gro_segments as usize, segs - frames, "{st:?}");
+}
+
+/// Bad datagrams inside one `UDP_GRO` message are dropped and counted one by one; the good
+/// ones around them still come through (and coalesce).
+#[test]
+fn bad_datagrams_in_a_gro_message_are_counted_one_by_one() {
+    use qswitch_sys::udp::{UdpOptions, UdpSocket as QUdp};
+    let (_x, y, dstport) = loopback_pair(true).expect("two loopback ports");
+    let (f, hdr) = tso_frame(3 * 1000, 1000);
+    let mut segs = Vec::new();
+    let mut scratch = vec![0u8; 4000];
+    let mut full = f.clone();
+    qswitch_wire::checksum::complete_partial(&mut full, 34, 16).unwrap();
+    qswitch_wire::gso::segment(&full, &hdr, &mut scratch, |s| segs.push(s.to_vec())).unwrap();
+    assert_eq!(segs.len(), 3);
+    let size = 8 + segs[0].len();
+    // [seg 0] [I flag clear] [other VNI] [seg 1] [seg 2] [5 bytes: short]
+    let mut data = Vec::new();
+    data.extend(vxlan_payload(0x08, VNI, &segs[0]));
+    data.extend(vxlan_payload(0x00, VNI, &segs[1]));
+    data.extend(vxlan_payload(0x08, VNI + 1, &segs[1]));
+    data.extend(vxlan_payload(0x08, VNI, &segs[1]));
+    data.extend(vxlan_payload(0x08, VNI, &segs[2]));
+    data.extend([0x08, 0, 0, 0, 0]);
+    let s = QUdp::bind("127.0.0.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+    let to = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), dstport);
+    assert_eq!(s.send_segments(to, &data, size as u16).unwrap(), data.len());
+    let got = receive_with_hdr(&y, 1);
+    let late = receive_late(&y);
+    assert!(late.is_empty(), "{late:?}");
+    assert_eq!(got.len(), 1, "seg 0..2 coalesced");
+    assert_eq!(got[0].0.len(), f.len());
+    let st = y.stats();
+    assert_eq!(st.udp_gro, 1, "{st:?}");
+    for (reason, n) in [
+        (VxlanDrop::IFlagClear, 1),
+        (VxlanDrop::UnknownVni, 1),
+        (VxlanDrop::Short, 1),
+    ] {
+        assert_eq!(st.drop_count(reason), n, "{reason:?}: {st:?}");
+    }
+    assert_eq!((st.gro_frames, st.gro_segments), (1, 2));
 }

@@ -93,6 +93,14 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Frames a VXLAN port dropped, per port and reason (decapsulation and encapsulation).",
     ),
     (
+        "qswitch_vxlan_offload_total",
+        "counter",
+        "A VXLAN port's batching, per port and kind: segmented (TSO frames cut in software), \
+         gso_sent (of those, sent with UDP_SEGMENT), udp_gro (received messages holding several \
+         datagrams), gro_frames (super-frames built from received TCP segments), gro_segments \
+         (segments merged into them).",
+    ),
+    (
         "qswitch_sink_frames_total",
         "counter",
         "Frames a gen port's sink saw, valid (with a qswitch trailer) or foreign.",
@@ -338,6 +346,22 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
             o.sample(
                 "qswitch_vxlan_drops_total",
                 &[("port", port), ("reason", reason)],
+                n,
+            );
+        }
+    }
+    o.family("qswitch_vxlan_offload_total");
+    for (port, v) in &vx {
+        for (kind, n) in [
+            ("segmented", v.segmented),
+            ("gso_sent", v.gso_sent),
+            ("udp_gro", v.udp_gro),
+            ("gro_frames", v.gro_frames),
+            ("gro_segments", v.gro_segments),
+        ] {
+            o.sample(
+                "qswitch_vxlan_offload_total",
+                &[("port", port), ("kind", kind)],
                 n,
             );
         }

@@ -129,6 +129,10 @@ const NEVER_COUNTED: &[(&str, &str)] = &[
         "vxlan ports only; counted by crates/dp/tests/vxlan.rs and tests/evpn.rs (namespaces)",
     ),
     (
+        "qswitch_vxlan_offload",
+        "vxlan ports only; counted by crates/dp/tests/vxlan.rs (tso_frames_cross_as_one_gso_send_and_come_out_whole)",
+    ),
+    (
         "qswitch_afxdp_kernel_drops",
         "afxdp ports only; tests/uplink.rs has them",
     ),

@@ -11,6 +11,14 @@
 //! * [`UdpSocket::send_batch`] sends up to [`MAX_BATCH`] datagrams, each a header slice and a
 //!   body slice gathered by the kernel (no copy into one buffer), to its own destination, in
 //!   one `sendmmsg`.
+//! * [`UdpSocket::send_segments`] sends several datagrams of one size (the last may be
+//!   shorter), laid out back to back in one buffer, to one destination in one `sendmsg` with a
+//!   `UDP_SEGMENT` control message: the kernel carries them as one GSO packet as far as it
+//!   can (through veth, or to a NIC with UDP segmentation offload) and cuts them there. The
+//!   kernel refuses it on a socket without transmit checksums (`EINVAL`).
+//! * [`UdpSocket::set_gro`] turns on `UDP_GRO`: the kernel may hand over several datagrams
+//!   of one flow and one size in one receive, back to back, with their size in a `UDP_GRO`
+//!   control message ([`RecvMeta::segment`]).
 //! * [`route_mtu`] asks the kernel for the MTU of the route from a local address to a remote
 //!   one (`IP_MTU` / `IPV6_MTU` on a connected socket).
 //!
@@ -19,8 +27,8 @@
 //! IPv4 and refused over IPv6 (RFC 8200), as RFC 7348 and RFC 6935 ask of a VTEP.
 //!
 //! # Limitations
-//! No `UDP_SEGMENT`/`UDP_GRO` yet (one datagram per message); no control messages other than
-//! none; IPv4-mapped IPv6 addresses are reported as IPv6.
+//! No control messages other than `UDP_SEGMENT` and `UDP_GRO`; IPv4-mapped IPv6 addresses are
+//! reported as IPv6.
 
 use std::io;
 use std::mem::{size_of, MaybeUninit};
@@ -31,6 +39,15 @@ use crate::cvt;
 
 /// Most datagrams one [`UdpSocket::recv_batch`] or [`UdpSocket::send_batch`] moves.
 pub const MAX_BATCH: usize = 64;
+/// Most datagrams one [`UdpSocket::send_segments`] sends (the kernel's `UDP_MAX_SEGMENTS`
+/// is 64 before Linux 5.9 and 128 since).
+pub const MAX_SEGMENTS: usize = 64;
+/// Most bytes one [`UdpSocket::send_segments`] sends: the largest UDP payload over IPv4
+/// (65535 less 20 bytes of IP and 8 of UDP header).
+pub const MAX_SEGMENTS_LEN: usize = 65_507;
+/// Most buffers one [`UdpSocket::send_segments_vectored`] gathers (the kernel's
+/// `UIO_MAXIOV`).
+pub const MAX_IOVECS: usize = 1024;
 
 /// How a socket is set up by [`UdpSocket::bind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +108,9 @@ pub struct RecvMeta {
     pub truncated: bool,
     /// The sender.
     pub src: SocketAddr,
+    /// With `UDP_GRO` on: the size of each of the several datagrams the buffer holds back
+    /// to back (the last may be shorter); 0 when it holds one datagram.
+    pub segment: usize,
 }
 
 impl Default for RecvMeta {
@@ -99,6 +119,7 @@ impl Default for RecvMeta {
             len: 0,
             truncated: false,
             src: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+            segment: 0,
         }
     }
 }
@@ -156,6 +177,13 @@ fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Resul
 const UDP_NO_CHECK6_TX: libc::c_int = 101;
 /// `SO_ATTACH_REUSEPORT_CBPF` from `asm-generic/socket.h`.
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+/// `UDP_SEGMENT` from `linux/udp.h` (not in the glibc flavour of the libc crate).
+const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` from `linux/udp.h`.
+const UDP_GRO: libc::c_int = 104;
+/// Room for one control message with an int (`CMSG_SPACE(sizeof(int))` = 24 on 64-bit),
+/// as u64s for its alignment.
+const CMSG_WORDS: usize = 4;
 
 impl UdpSocket {
     /// Opens a socket bound to `addr` (port 0: the kernel picks one) with `opts`, non-blocking,
@@ -278,6 +306,7 @@ impl UdpSocket {
         let mut iovs: [libc::iovec; MAX_BATCH] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+        let mut controls = [[0u64; CMSG_WORDS]; MAX_BATCH];
         for i in 0..n {
             iovs[i] = libc::iovec {
                 iov_base: bufs[i].as_mut_ptr().cast(),
@@ -288,10 +317,12 @@ impl UdpSocket {
             hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             hdr.msg_iov = &mut iovs[i];
             hdr.msg_iovlen = 1;
+            hdr.msg_control = controls[i].as_mut_ptr().cast();
+            hdr.msg_controllen = size_of::<[u64; CMSG_WORDS]>() as _;
         }
         // SAFETY: the first `n` headers point at live, exclusively borrowed buffers (`bufs`,
-        // which outlive the call) and at `names`/`iovs` on this stack frame, with their
-        // true lengths; the kernel writes at most those lengths.
+        // which outlive the call) and at `names`/`iovs`/`controls` on this stack frame, with
+        // their true lengths; the kernel writes at most those lengths.
         let got = unsafe {
             libc::recvmmsg(
                 self.sock.as_raw_fd(),
@@ -314,9 +345,80 @@ impl UdpSocket {
                 len: (msgs[i].msg_len as usize).min(bufs[i].len()),
                 truncated: msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
                 src: from_storage(&names[i]).unwrap_or(RecvMeta::default().src),
+                segment: gro_segment(&msgs[i].msg_hdr),
             };
         }
         Ok(got)
+    }
+
+    /// Turns `UDP_GRO` on or off (Linux 5.0 and later; an error otherwise): with it on, a
+    /// receive may return several datagrams of one size, see [`RecvMeta::segment`].
+    pub fn set_gro(&self, on: bool) -> io::Result<()> {
+        setsockopt_int(
+            self.sock.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_GRO,
+            libc::c_int::from(on),
+        )
+    }
+
+    /// Sends `data`, cut into datagrams of `segment` bytes (the last one the remainder), to
+    /// `dst` in one `sendmsg` with `UDP_SEGMENT`, without blocking. `data` must be at most
+    /// [`MAX_SEGMENTS_LEN`] bytes and [`MAX_SEGMENTS`] segments. Returns the bytes sent (all
+    /// of them). Errors: `EMSGSIZE` when a datagram is larger than the path MTU, `EINVAL`
+    /// when the kernel refuses segmentation on this socket (checksums off) or route,
+    /// `WouldBlock` when the send buffer is full.
+    pub fn send_segments(&self, dst: SocketAddr, data: &[u8], segment: u16) -> io::Result<usize> {
+        self.send_segments_vectored(dst, &[io::IoSlice::new(data)], segment)
+    }
+
+    /// [`UdpSocket::send_segments`] with the data gathered from `bufs` (at most
+    /// [`MAX_IOVECS`]) by the kernel: the datagrams are cut from their concatenation, so a
+    /// datagram may span buffers (a header here, its payload elsewhere) without a copy.
+    pub fn send_segments_vectored(
+        &self,
+        dst: SocketAddr,
+        bufs: &[io::IoSlice<'_>],
+        segment: u16,
+    ) -> io::Result<usize> {
+        if bufs.len() > MAX_IOVECS {
+            return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+        }
+        // SAFETY: all-zero bytes are a valid sockaddr_storage.
+        let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let namelen = to_storage(dst, &mut name);
+        let mut control = [0u64; CMSG_WORDS];
+        // SAFETY: all-zero bytes are a valid msghdr.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+        msg.msg_namelen = namelen;
+        // IoSlice is guaranteed ABI-compatible with struct iovec on Unix; sendmsg only reads
+        // through the pointer (the *mut is the C declaration's).
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len() as _;
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+        debug_assert!(space <= size_of::<[u64; CMSG_WORDS]>());
+        msg.msg_controllen = space as _;
+        // SAFETY: `msg` has a control buffer of `space` bytes (at most `control`'s size), so
+        // CMSG_FIRSTHDR returns a pointer into `control`, aligned for a cmsghdr (u64 words),
+        // with room for the header and a u16 of data, which are written through it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_UDP;
+            (*cmsg).cmsg_type = UDP_SEGMENT;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), segment);
+        }
+        // SAFETY: `msg` points at `name` and `control` on this stack frame and at `bufs` and
+        // the buffers they describe (borrowed for the call; IoSlice has iovec's layout), with
+        // their true lengths and at most UIO_MAXIOV of them; sendmsg only reads them.
+        let sent = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, libc::MSG_DONTWAIT) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sent as usize)
     }
 
     /// Sends up to [`MAX_BATCH`] of `datagrams` without blocking, in order, and returns how
@@ -400,6 +502,45 @@ pub fn route_mtu(local: IpAddr, remote: IpAddr) -> io::Result<u32> {
 /// be fragmented) or than a datagram can be.
 pub fn is_too_big(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EMSGSIZE)
+}
+
+/// The segment size of a `UDP_GRO` control message in a received `hdr`; 0 without one.
+fn gro_segment(hdr: &libc::msghdr) -> usize {
+    if hdr.msg_control.is_null() || hdr.msg_flags & libc::MSG_CTRUNC != 0 {
+        return 0;
+    }
+    // SAFETY: `hdr` was filled by recvmmsg: its control pointer and length describe the
+    // buffer the kernel wrote its control messages into (alive with the caller's frame), so
+    // CMSG_FIRSTHDR/CMSG_NXTHDR stay within it and each header they return is readable; the
+    // int of a UDP_GRO message is read unaligned, within the message's length.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            let c = &*cmsg;
+            if c.cmsg_level == libc::SOL_UDP
+                && c.cmsg_type == UDP_GRO
+                && c.cmsg_len as usize >= libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize
+            {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                return usize::try_from(v).unwrap_or(0);
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    0
+}
+
+/// Whether `e`, from [`UdpSocket::send_segments`], is the kernel refusing segmentation for
+/// this send: `EINVAL` (checksums off, or a segment larger than the route allows) or `EIO`
+/// (a route through IPsec, which never segments).
+pub fn is_gso_refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO))
+}
+
+/// Whether `e`, from [`UdpSocket::send_segments`], says segmentation cannot work on this
+/// route at all (`EIO`).
+pub fn is_gso_unsupported(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EIO)
 }
 
 fn clamp_int(n: usize) -> libc::c_int {
@@ -626,6 +767,70 @@ mod tests {
             }
             assert_eq!(got, 10);
         }
+    }
+
+    /// Six datagrams (five of 100 bytes, one of 50) in one `UDP_SEGMENT` send: a `UDP_GRO`
+    /// receiver gets them in one buffer with their size, another gets six datagrams.
+    #[test]
+    fn segments_and_gro() {
+        let (a, gro) = pair("127.0.0.1");
+        let plain =
+            UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+        gro.set_gro(true).unwrap();
+        let data: Vec<u8> = (0..550u32).map(|i| (i / 100) as u8).collect();
+        assert_eq!(
+            a.send_segments(gro.local_addr().unwrap(), &data, 100)
+                .unwrap(),
+            550
+        );
+        // Gathered from buffers that do not line up with the datagrams.
+        let (x, rest) = data.split_at(30);
+        let (y, z) = rest.split_at(170);
+        let bufs = [
+            io::IoSlice::new(x),
+            io::IoSlice::new(y),
+            io::IoSlice::new(z),
+        ];
+        let to = plain.local_addr().unwrap();
+        assert_eq!(a.send_segments_vectored(to, &bufs, 100).unwrap(), 550);
+        let mut meta = [RecvMeta::default(); MAX_BATCH];
+        let mut store = vec![vec![0u8; 2000]; 8];
+        let mut wait = |sock: &UdpSocket, want: usize| {
+            let mut got = Vec::new();
+            for _ in 0..1000 {
+                let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|v| &mut v[..]).collect();
+                let n = sock.recv_batch(&mut bufs, &mut meta).unwrap();
+                got.extend(
+                    meta[..n]
+                        .iter()
+                        .zip(&bufs)
+                        .map(|(m, b)| (b[..m.len].to_vec(), m.segment)),
+                );
+                if got.len() >= want {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            got
+        };
+        let one = wait(&gro, 1);
+        assert_eq!(one, vec![(data.clone(), 100)]);
+        let six = wait(&plain, 6);
+        assert_eq!(six.len(), 6);
+        for (i, (d, seg)) in six.iter().enumerate() {
+            assert_eq!(*seg, 0);
+            assert_eq!(d[..], data[i * 100..(i * 100 + 100).min(550)]);
+        }
+        // Checksums off: the kernel refuses segmentation.
+        let off = UdpOptions {
+            tx_checksum: false,
+            ..UdpOptions::default()
+        };
+        let s = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &off).unwrap();
+        let e = s
+            .send_segments(gro.local_addr().unwrap(), &data, 100)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]

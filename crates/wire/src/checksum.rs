@@ -18,25 +18,54 @@ use crate::{Error, IpProtocol, Result};
 /// final byte is padded with a zero byte. The result is at most `0xffff`.
 #[inline]
 pub fn sum16(data: &[u8], initial: u32) -> u32 {
-    // Summing 32-bit words and folding afterwards gives the same 16-bit sum, since
-    // 2^16 = 1 (mod 2^16 - 1), in half the additions. A u64 cannot overflow from u32 words
+    // The one's-complement sum does not depend on byte order (RFC 1071, 2.B): summing
+    // little-endian words gives the byte-swapped sum, swapped back at the end. Little-endian
+    // 32-bit words added into a u64 (2^16 = 1 mod 2^16 - 1, so they fold to the same 16-bit
+    // sum) need no byte swap per word, which lets the compiler vectorize the loop (several
+    // times faster than big-endian words on x86). A u64 cannot overflow from u32 words
     // before 2^32 of them, far beyond any slice this will see.
-    let mut acc = u64::from(initial);
+    let mut acc = u64::from(fold16(initial).swap_bytes());
     let mut words = data.chunks_exact(4);
     for word in &mut words {
-        acc += u64::from(u32::from_be_bytes([word[0], word[1], word[2], word[3]]));
+        acc += u64::from(u32::from_le_bytes([word[0], word[1], word[2], word[3]]));
     }
     match *words.remainder() {
-        [a, b, c] => acc += u64::from(u16::from_be_bytes([a, b])) + (u64::from(c) << 8),
-        [a, b] => acc += u64::from(u16::from_be_bytes([a, b])),
-        [a] => acc += u64::from(a) << 8,
+        [a, b, c] => acc += u64::from(u16::from_le_bytes([a, b])) + u64::from(c),
+        [a, b] => acc += u64::from(u16::from_le_bytes([a, b])),
+        [a] => acc += u64::from(a),
         _ => {}
     }
-    // Four folds bring any u64 down to 16 bits.
-    for _ in 0..4 {
+    // Three folds bring any u64 below 2^17, two more to 16 bits.
+    for _ in 0..3 {
         acc = (acc & 0xffff) + (acc >> 16);
     }
-    acc as u32
+    u32::from(fold16(acc as u32).swap_bytes())
+}
+
+/// Copies `src` into `dst` (of the same length) and returns `src`'s [`sum16`] chained to
+/// `initial`: block by block, so each block is summed while it is still in the first-level
+/// cache, which costs little more than the copy alone.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn copy_sum16(dst: &mut [u8], src: &[u8], initial: u32) -> u32 {
+    assert_eq!(dst.len(), src.len(), "copy_sum16: lengths differ");
+    // An even block length keeps every block at an even offset, as chaining needs.
+    const BLOCK: usize = 2048;
+    let mut sum = initial;
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        d.copy_from_slice(s);
+        sum = sum16(d, sum);
+    }
+    sum
+}
+
+/// `sum` folded to 16 bits (end-around carry), not complemented.
+#[inline]
+fn fold16(sum: u32) -> u16 {
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    sum as u16
 }
 
 /// Folds a sum from [`sum16`] to 16 bits and complements it: the checksum field value.
@@ -103,6 +132,43 @@ mod tests {
         for split in [0, 2, 4, 6, 8] {
             assert_eq!(sum16(&data[split..], sum16(&data[..split], 0)), 0xddf2);
         }
+    }
+
+    /// The plain RFC 1071 loop: big-endian 16-bit words, end-around carry.
+    fn reference(data: &[u8], initial: u32) -> u32 {
+        let mut acc = u64::from(initial);
+        for w in data.chunks(2) {
+            acc += u64::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+        }
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc as u32
+    }
+
+    #[test]
+    fn agrees_with_the_plain_loop() {
+        use proptest::prelude::*;
+        proptest!(|(data in proptest::collection::vec(any::<u8>(), 0..300), initial in any::<u32>())| {
+            prop_assert_eq!(sum16(&data, initial), reference(&data, initial));
+        });
+        for data in [
+            vec![0xffu8; 70_000],
+            vec![0u8; 5],
+            vec![0xff, 0xff, 0, 0, 0xff],
+        ] {
+            for initial in [0, 1, 0xffff, 0x1_fffe, u32::MAX] {
+                assert_eq!(sum16(&data, initial), reference(&data, initial));
+            }
+        }
+    }
+
+    #[test]
+    fn copy_sum16_copies_and_sums() {
+        let src: Vec<u8> = (0..5001u32).map(|i| (i * 31 + 7) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        assert_eq!(copy_sum16(&mut dst, &src, 0x1234), sum16(&src, 0x1234));
+        assert_eq!(dst, src);
     }
 
     #[test]

@@ -58,6 +58,7 @@ pub mod arp;
 pub mod checksum;
 pub mod ethernet;
 pub mod flow;
+pub mod gro;
 pub mod gso;
 pub mod guard;
 pub mod ipv4;

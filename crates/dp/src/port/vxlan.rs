@@ -8,16 +8,21 @@
 //!                                        yes → [its VTEP]       no → flood list (head-end
 //!                                        │                            replication, one copy
 //!                                        ▼                            per VTEP)
-//!                              TSO? segment · partial csum? complete · too big? drop (mtu)
+//!                              partial csum? complete · too big? drop (mtu)
 //!                                        ▼
 //!                   src port = pool[flow hash % N]  (N sockets bound to (local, 49152+…))
-//!                   sendmmsg: [VXLAN hdr I|VNI] + [inner frame] ─▶ kernel: IP/UDP, route,
-//!                                                                  neighbour, DF, checksum
+//!          frame:     sendmmsg: [VXLAN hdr I|VNI] + [inner frame]
+//!          TSO frame: segment headers only → iovecs [hdr+seg hdrs 1][payload 1 in the
+//!                     packet buffer][hdr+seg hdrs 2][payload 2]…, one sendmsg +
+//!                     UDP_SEGMENT(size of one) per 64 KiB ─▶ kernel: IP/UDP, route,
+//!                     neighbour, DF, checksum (offloaded), one GSO packet to the NIC
 //!
-//!   rx_burst ◀── recvmmsg on (local, dstport) ◀── kernel: UDP checksum checked (0 ok on v4)
-//!      datagram = [VXLAN hdr][inner]  →  drop+count: short / I clear / other VNI /
+//!   rx_burst ◀── recvmmsg on (local, dstport), UDP_GRO ◀── kernel: UDP checksum checked
+//!      message = one datagram, or several of one size back to back (UDP_GRO cmsg)
+//!      each datagram [VXLAN hdr][inner]  →  drop+count: short / I clear / other VNI /
 //!      VTEP unknown (learning off) / inner too short / truncated;
-//!      learn inner src MAC → outer src IP (learning on); frame into the buffer in place
+//!      learn inner src MAC → outer src IP (learning on);
+//!      in-order TCP segments of one flow → one TSO super-frame (wire::gro), else one frame
 //!
 //!   remote table (MAC → VTEP)                          flood list (VTEP, origins)
 //!   ┌───────────────────┬────────────┬─────────┬─────┐ ┌────────────┬───────────────┐
@@ -39,10 +44,42 @@
 //! The host routes the underlay (routes, ECMP, neighbours, VRFs, firewall, IPv4 and IPv6) as it
 //! does for Linux's own vxlan device, so qswitch needs no netlink mirror of the routing table
 //! and interoperates with whatever the host's fabric uses. Frames are moved in batches
-//! (`recvmmsg`/`sendmmsg`, [`qswitch_sys::udp`]), and the inner frame is never copied on
-//! transmit: the 8-byte VXLAN header and the frame are two iovecs of one message; on receive
-//! the datagram lands 8 bytes before the frame's place in the packet buffer, so the header
-//! falls into the headroom and the inner frame is where the switch expects it.
+//! (`recvmmsg`/`sendmmsg`, [`qswitch_sys::udp`]); a frame that is not TSO is never copied on
+//! transmit: the 8-byte VXLAN header and the frame are two iovecs of one message.
+//!
+//! What Linux's own vxlan path has, and a datagram at a time lacks, is GSO/GRO end to end:
+//! 64 KiB super-packets through the bridge, the vxlan device and veth. The port gets the
+//! same from the UDP socket API:
+//! - **Transmit, `UDP_SEGMENT`.** A TSO frame from a TAP or guest is segmented in software
+//!   ([`qswitch_wire::gso::segment_headers`]): only each segment's headers are written, behind
+//!   its VXLAN header, with the inner IP and TCP fields and a full TCP checksum (summed over
+//!   the payload where it lies); one `sendmsg` per destination and 64 KiB gathers
+//!   `[VXLAN + headers 1][payload 1][VXLAN + headers 2][payload 2]…` (the payloads straight
+//!   from the packet buffer, no copy in userspace) with a `UDP_SEGMENT` control message of
+//!   one datagram's size: the kernel builds one GSO skb, routes it once and cuts it as late
+//!   as it can (veth carries it whole; a NIC with UDP segmentation offload cuts it in
+//!   hardware). The kernel refuses `UDP_SEGMENT` on a socket without transmit checksums, so
+//!   checksums are on by default over IPv4 too (RFC 7348 allows zero or a checksum over
+//!   IPv4; the kernel offloads it, which over veth costs nothing). With `udp_csum = false`,
+//!   or when the kernel refuses a send (`EINVAL`, `EIO`), the segments are built whole back
+//!   to back ([`qswitch_wire::gso::segment_packed`]) and go out in one `sendmmsg` of
+//!   datagrams. MTU: the first (longest) segment is checked against the underlay MTU before
+//!   anything is built (`mtu_exceeded`), and the sockets still never fragment. Source port:
+//!   the whole frame is one flow, so one socket.
+//! - **Receive, `UDP_GRO`.** The receive socket of a port alone on its (local, dstport)
+//!   has `UDP_GRO` on (see "Several VNIs" below for why not when shared): one message may hold
+//!   several datagrams of one flow back to back with their size in a control message (a GSO
+//!   packet from a `UDP_SEGMENT` peer arrives that way whole). Each datagram is checked and
+//!   counted on its own (all the drop rules below), and the inner frames go through a
+//!   software GRO ([`qswitch_wire::gro`]): consecutive in-order TCP segments of one flow
+//!   (strict: same headers, options, ACK, contiguous sequence, correct IPv4 header and TCP
+//!   checksums) become one TSO super-frame with a virtio-net header (`gso_type`
+//!   TCPv4/TCPv6, `NEEDS_CSUM`), which a TAP or guest takes whole, as from another TAP; a
+//!   lone TCP segment whose checksum was verified gets `DATA_VALID`; anything else is one
+//!   frame. The held super-frame is finished at the end of every burst. A message's
+//!   datagrams are copied once, into the packet buffers (the segments' payloads back to
+//!   back), the TCP checksum summed block by block as they are copied; what does not fit in
+//!   a burst's buffers waits for the next burst.
 //!
 //! Per-flow UDP source ports (RFC 7348 section 5, which ECMP in the fabric relies on) come
 //! from a pool of [`SRC_PORTS`] sending sockets, each bound to (local, one port in
@@ -55,8 +92,10 @@
 //!
 //! Checksums: the kernel checks non-zero UDP checksums on receive and drops wrong ones
 //! (`UdpInCsumErrors`), accepts zero over IPv4 and refuses it over IPv6. On transmit the
-//! checksum is zero over IPv4 and computed over IPv6 by default (as Linux's vxlan does),
-//! [`VxlanConfig::udp_csum`] overrides both.
+//! checksum is computed over both families by default (Linux's vxlan sends zero over IPv4;
+//! either interoperates), because `UDP_SEGMENT` needs it; [`VxlanConfig::udp_csum`]
+//! overrides. Inner TCP checksums are verified before a segment is coalesced (a corrupt one
+//! passes alone, for the destination to drop).
 //!
 //! MTU: the sockets never fragment (`IP_PMTUDISC_DO`); an inner frame whose datagram does not
 //! fit the underlay MTU ([`VxlanPort::underlay_mtu`]: the smallest route MTU toward the
@@ -68,11 +107,24 @@
 //! receive socket joins the address's `SO_REUSEPORT` group, and a classic BPF program on the
 //! group (rebuilt whenever a port comes or goes) hands each datagram to the socket of its VNI,
 //! so every port keeps its own socket, fd and rx queue and nothing is copied between ports.
+//! The kernel coalesces received datagrams (`UDP_GRO`) by UDP 4-tuple only and the program
+//! sees a coalesced message's first datagram: a peer whose one source port carried two VNIs
+//! could land the second VNI's datagrams on the first VNI's socket. So `UDP_GRO` is on only
+//! while a port is alone on its address, and turned off on all members when a second joins
+//! (on again when it is alone again); software GRO still coalesces within each burst.
 //!
 //! # Limitations
-//! - One rx queue (one socket); no `UDP_GRO`/`UDP_SEGMENT` yet: TSO frames are segmented in
-//!   software and all segments sent in one `sendmmsg` (the kernel refuses `UDP_SEGMENT` on a
-//!   socket with `SO_NO_CHECK`, i.e. the IPv4 default).
+//! - One rx queue (one socket). The software GRO holds one super-frame at a time: segments
+//!   of several flows interleaved within one burst coalesce less (each flow's datagrams
+//!   mostly arrive together, one source port per flow).
+//! - Messages already queued when `UDP_GRO` is turned off (a second port joining the
+//!   address) are read without their segment size: each such message is taken as one
+//!   datagram, its later VXLAN headers as inner bytes (the inner IP length still bounds
+//!   what the guest sees). A moment at port add, under load only.
+//! - Inner checksums are summed in software both ways (the kernel offers a UDP socket no
+//!   offload for the inner TCP checksum); with the four copies through the kernel (TAP read,
+//!   UDP send, UDP receive, TAP write) this is what keeps the overlay below Linux's own
+//!   vxlan path, which moves skbs without copying (docs/overlay.md has the numbers).
 //! - One VNI per port (a port is an access port of one VLAN).
 //! - The underlay MTU is read once; [`VxlanPort::set_underlay_mtu`] changes it.
 //! - Every drop is counted by reason in [`VxlanStats`]; of those, only short or truncated
@@ -93,13 +145,17 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
-use qswitch_sys::udp::{self, Datagram, RecvMeta, UdpOptions, UdpSocket, MAX_BATCH};
+use qswitch_sys::udp::{
+    self, Datagram, RecvMeta, UdpOptions, UdpSocket, MAX_BATCH, MAX_SEGMENTS, MAX_SEGMENTS_LEN,
+};
+use qswitch_wire::gro::{self, Gro};
+use qswitch_wire::gso;
 use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, FLAG_NEEDS_CSUM, GSO_NONE};
 use qswitch_wire::vxlan::{self, Header, Vni};
 use qswitch_wire::{ethernet, flow, MacAddr};
 
 use super::{Port, TxDone};
-use crate::packet::{Pkt, BUF_SIZE, HEADROOM};
+use crate::packet::Pkt;
 use crate::stats::{DropReason, DropTally};
 
 /// Sending sockets (and so distinct UDP source ports) per port.
@@ -112,8 +168,12 @@ pub const MAX_VTEPS: usize = 4096;
 pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
 /// Bytes of UDP and VXLAN header.
 const UDP_VXLAN: usize = 16;
-/// Where the received datagram starts in a packet buffer: the VXLAN header in the headroom.
-const RX_OFFSET: usize = HEADROOM - vxlan::HEADER_LEN;
+/// Receive messages per `recvmmsg` (each one datagram, or with `UDP_GRO` up to 64 KiB of
+/// them).
+const RX_MSGS: usize = 32;
+/// Bytes of one receive message: the largest UDP payload (IPv6) and a little more, so that a
+/// longer one shows as truncated.
+const RX_BUF: usize = 65_536;
 const SEC: u64 = 1_000_000_000;
 
 /// A VXLAN port's settings (the `type = "vxlan"` port keys). The switch VLAN the VNI
@@ -132,7 +192,9 @@ pub struct VxlanConfig {
     /// Learn remote MAC → VTEP from received frames; when off, frames from VTEPs not in the
     /// flood list or the static/EVPN entries are dropped.
     pub learning: bool,
-    /// UDP checksum on transmit; `None`: off over IPv4, on over IPv6.
+    /// UDP checksum on transmit; `None`: on (over IPv4 it could be zero, but the kernel
+    /// refuses `UDP_SEGMENT` without it; `Some(false)` over IPv4 sends TSO frames as one
+    /// `sendmmsg` of segments instead).
     pub udp_csum: Option<bool>,
     /// Age of learned entries.
     pub aging: Duration,
@@ -313,6 +375,14 @@ pub struct VxlanStats {
     pub drops: Vec<(&'static str, u64)>,
     /// TSO frames segmented in software before encapsulation.
     pub segmented: u64,
+    /// Of those, frames sent with `UDP_SEGMENT` (one `sendmsg` per 64 KiB of datagrams).
+    pub gso_sent: u64,
+    /// Received messages that held several datagrams (`UDP_GRO`).
+    pub udp_gro: u64,
+    /// Super-frames built by coalescing received TCP segments (software GRO).
+    pub gro_frames: u64,
+    /// Received TCP segments merged into those super-frames.
+    pub gro_segments: u64,
 }
 
 impl VxlanStats {
@@ -375,6 +445,14 @@ pub struct VxlanPort {
     vteps: RwLock<HashMap<IpAddr, Arc<Traffic>>>,
     drops: [AtomicU64; VxlanDrop::COUNT],
     segmented: AtomicU64,
+    gso_sent: AtomicU64,
+    udp_gro: AtomicU64,
+    gro_frames: AtomicU64,
+    gro_segments: AtomicU64,
+    /// Transmit TSO frames with `UDP_SEGMENT` (checksums on, and not refused yet).
+    gso: std::sync::atomic::AtomicBool,
+    /// Received datagrams waiting to become frames.
+    rx_scratch: Mutex<RxScratch>,
     /// The switch clock as last seen by rx (tx gets no clock).
     now: AtomicU64,
     last_expire: AtomicU64,
@@ -396,8 +474,9 @@ impl VxlanPort {
             }
         }
         let v6 = config.local.is_ipv6();
+        let tx_checksum = config.udp_csum.unwrap_or(true);
         let opts = UdpOptions {
-            tx_checksum: config.udp_csum.unwrap_or(v6),
+            tx_checksum,
             rcvbuf: Some(4 << 20),
             sndbuf: Some(4 << 20),
             reuseport: false,
@@ -457,6 +536,12 @@ impl VxlanPort {
             vteps: RwLock::new(HashMap::new()),
             drops: Default::default(),
             segmented: AtomicU64::new(0),
+            gso_sent: AtomicU64::new(0),
+            udp_gro: AtomicU64::new(0),
+            gro_frames: AtomicU64::new(0),
+            gro_segments: AtomicU64::new(0),
+            gso: std::sync::atomic::AtomicBool::new(tx_checksum),
+            rx_scratch: Mutex::new(RxScratch::default()),
             now: AtomicU64::new(0),
             last_expire: AtomicU64::new(0),
             scratch: (0..8).map(|_| Mutex::new(Scratch::default())).collect(),
@@ -763,6 +848,10 @@ impl VxlanPort {
                 .map(|&r| (r.name(), self.drops[r as usize].load(Ordering::Relaxed)))
                 .collect(),
             segmented: self.segmented.load(Ordering::Relaxed),
+            gso_sent: self.gso_sent.load(Ordering::Relaxed),
+            udp_gro: self.udp_gro.load(Ordering::Relaxed),
+            gro_frames: self.gro_frames.load(Ordering::Relaxed),
+            gro_segments: self.gro_segments.load(Ordering::Relaxed),
         }
     }
 
@@ -833,7 +922,11 @@ impl VxlanPort {
         batch.clear();
     }
 
-    /// Segments the TSO frame `pkt` and sends each segment to `dsts`.
+    /// Segments the TSO frame `pkt` and sends each segment to `dsts`. With `UDP_SEGMENT`:
+    /// only the segments' headers are built (each behind its VXLAN header), and one
+    /// `sendmsg` per destination and 64 KiB gathers them with the payloads, which stay in
+    /// the packet buffer. Otherwise (checksums off, or the kernel refused): whole segments
+    /// built back to back and sent in one `sendmmsg` of datagrams.
     fn send_segmented(
         &self,
         worker: usize,
@@ -842,61 +935,228 @@ impl VxlanPort {
         done: &mut TxDone,
         drops: &mut DropTally,
     ) {
-        let mut guard = self.scratch[worker % self.scratch.len()].lock();
-        let Scratch {
-            segment,
-            arena,
-            spans,
-        } = &mut *guard;
-        if segment.len() < BUF_SIZE {
-            segment.resize(BUF_SIZE, 0);
-        }
-        arena.clear();
-        spans.clear();
-        let max = self.max_inner_frame();
-        let mut too_big = false;
-        // All segments are built first, then sent in as few sendmmsg calls as possible.
-        let result = qswitch_wire::gso::segment_while(pkt.frame(), &pkt.hdr, segment, |seg| {
-            if seg.len() > max {
-                too_big = true;
-                return false;
+        let (frame, hdr) = (pkt.frame(), &pkt.hdr);
+        let first = match gso::first_segment_len(frame, hdr) {
+            Ok(first) if first > self.max_inner_frame() => {
+                self.count(VxlanDrop::MtuExceeded, 1);
+                drops.count(DropReason::Oversize);
+                return;
             }
-            spans.push(arena.len()..arena.len() + seg.len());
-            arena.extend_from_slice(seg);
-            true
-        });
-        if too_big {
-            self.count(VxlanDrop::MtuExceeded, 1);
-            drops.count(DropReason::Oversize);
-            return;
+            Ok(first) => first,
+            Err(_) => {
+                self.count(VxlanDrop::Offload, 1);
+                drops.count(DropReason::Offload);
+                return;
+            }
+        };
+        // Each datagram but the last: VXLAN header and a full segment.
+        let size = vxlan::HEADER_LEN + first;
+        let mut guard = self.scratch[worker % self.scratch.len()].lock();
+        let Scratch { arena, spans } = &mut *guard;
+        self.segmented.fetch_add(1, Ordering::Relaxed);
+        let sock = &self.tx_socket(frame).sock;
+        // The arena only grows (no clearing, no zeroing per frame).
+        if self.gso.load(Ordering::Relaxed) {
+            let layout = gso::headers_len(frame, hdr, vxlan::HEADER_LEN).and_then(|need| {
+                if arena.len() < need {
+                    arena.resize(need, 0);
+                }
+                gso::segment_headers(frame, hdr, &self.header, arena)
+            });
+            let Ok(layout) = layout else {
+                self.count(VxlanDrop::Offload, 1);
+                drops.count(DropReason::Offload);
+                return;
+            };
+            if self.send_gso(sock, frame, arena, layout, size, dsts, done, drops) {
+                self.gso_sent.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
         }
-        if result.is_err() {
+        let built = gso::packed_len(frame, hdr, vxlan::HEADER_LEN).and_then(|need| {
+            if arena.len() < need {
+                arena.resize(need, 0);
+            }
+            gso::segment_packed(frame, hdr, &self.header, arena)
+        });
+        let Ok((_, len)) = built else {
             self.count(VxlanDrop::Offload, 1);
             drops.count(DropReason::Offload);
             return;
+        };
+        spans.clear();
+        let mut at = 0;
+        while at < len {
+            let end = (at + size).min(len);
+            spans.push(at..end);
+            at = end;
         }
-        self.segmented.fetch_add(1, Ordering::Relaxed);
-        let sock = self.tx_socket(pkt.frame());
         let mut batch: Vec<Datagram<'_>> = Vec::with_capacity(spans.len() * dsts.len());
         for span in spans.iter() {
             for &vtep in dsts {
                 batch.push(Datagram {
                     dst: SocketAddr::new(vtep, self.dstport),
                     head: &self.header,
-                    body: &arena[span.clone()],
+                    body: &arena[span.start + vxlan::HEADER_LEN..span.end],
                 });
             }
         }
-        self.flush(&sock.sock, &mut batch, done, drops);
+        self.flush(sock, &mut batch, done, drops);
+    }
+
+    /// Sends the segments of `frame` (their headers in `headers`, `layout` says where the
+    /// payloads are; datagrams of `size` bytes but the last) to each of `dsts` with
+    /// `UDP_SEGMENT`, gathering headers and payloads. Returns false, having sent nothing,
+    /// when the kernel refuses segmentation for the first send (`EINVAL`, `EIO`: a route
+    /// through IPsec, say), for the caller to send datagrams instead; `EIO` also turns
+    /// `UDP_SEGMENT` off for the port.
+    #[allow(clippy::too_many_arguments)]
+    fn send_gso(
+        &self,
+        sock: &UdpSocket,
+        frame: &[u8],
+        headers: &[u8],
+        layout: gso::Layout,
+        size: usize,
+        dsts: &[IpAddr],
+        done: &mut TxDone,
+        drops: &mut DropTally,
+    ) -> bool {
+        let each = vxlan::HEADER_LEN + layout.hlen;
+        let per = (MAX_SEGMENTS_LEN / size).clamp(1, MAX_SEGMENTS);
+        let mut tally = VtepTally::new(self, Direction::Tx);
+        let mut iovs: Vec<io::IoSlice<'_>> = Vec::with_capacity(2 * per);
+        let mut first = true;
+        for &vtep in dsts {
+            let dst = SocketAddr::new(vtep, self.dstport);
+            let mut i = 0;
+            while i < layout.segments {
+                let end = (i + per).min(layout.segments);
+                iovs.clear();
+                let mut bytes = 0u64;
+                for k in i..end {
+                    let payload = &frame[layout.payload(k, frame.len())];
+                    iovs.push(io::IoSlice::new(&headers[k * each..(k + 1) * each]));
+                    iovs.push(io::IoSlice::new(payload));
+                    bytes += (layout.hlen + payload.len()) as u64;
+                }
+                let n = (end - i) as u64;
+                match sock.send_segments_vectored(dst, &iovs, size as u16) {
+                    Ok(_) => {
+                        done.packets += n as u32;
+                        done.bytes += bytes;
+                        tally.add_many(vtep, n, bytes);
+                    }
+                    Err(e) if udp::is_too_big(&e) => {
+                        self.count(VxlanDrop::MtuExceeded, 1);
+                        drops.count(DropReason::Oversize);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.count(VxlanDrop::TxFull, n);
+                        for _ in 0..n {
+                            drops.count(DropReason::TxFull);
+                        }
+                    }
+                    Err(e) if first && udp::is_gso_refused(&e) => {
+                        if udp::is_gso_unsupported(&e) {
+                            tracing::info!(port = %self.name, dst = %dst, error = %e,
+                                "UDP_SEGMENT refused; TSO frames go out as single datagrams");
+                            self.gso.store(false, Ordering::Relaxed);
+                        }
+                        return false;
+                    }
+                    Err(e) => {
+                        tracing::debug!(port = %self.name, dst = %dst, error = %e,
+                            "VXLAN send failed");
+                        self.count(VxlanDrop::TxError, n);
+                        for _ in 0..n {
+                            drops.count(DropReason::TxError);
+                        }
+                    }
+                }
+                first = false;
+                i = end;
+            }
+        }
+        true
+    }
+
+    /// Checks one received datagram (VXLAN header and inner frame) from `vtep`; the reason
+    /// it is dropped, if it is.
+    fn reject(
+        &self,
+        dgram: &[u8],
+        vtep: IpAddr,
+        allowed: Option<&HashSet<IpAddr>>,
+    ) -> Option<VxlanDrop> {
+        if dgram.len() < vxlan::HEADER_LEN {
+            return Some(VxlanDrop::Short);
+        }
+        let header = Header::new_unchecked(&dgram[..vxlan::HEADER_LEN]);
+        if !header.vni_valid() {
+            Some(VxlanDrop::IFlagClear)
+        } else if header.vni() != self.vni {
+            Some(VxlanDrop::UnknownVni)
+        } else if allowed.is_some_and(|a| !a.contains(&vtep)) {
+            Some(VxlanDrop::UnknownVtep)
+        } else if dgram.len() - vxlan::HEADER_LEN < ethernet::HEADER_LEN {
+            Some(VxlanDrop::InnerTooShort)
+        } else {
+            None
+        }
+    }
+
+    /// Counts a dropped received datagram.
+    fn rx_drop(&self, reason: VxlanDrop, drops: &mut DropTally) {
+        self.count(reason, 1);
+        match reason {
+            VxlanDrop::RxTruncated => drops.count(DropReason::Oversize),
+            VxlanDrop::Short | VxlanDrop::InnerTooShort => drops.count(DropReason::Runt),
+            _ => {}
+        }
+    }
+}
+
+/// Ends the super-frame `gro` holds in `pkt` (its length and virtio-net header).
+fn finish_gro(gro: &mut Gro, pkt: &mut Pkt, port: &VxlanPort) {
+    if let Some((len, hdr)) = gro.finish(pkt.frame_buf_mut()) {
+        pkt.set_len(len);
+        pkt.hdr = hdr;
+        if gro::is_super(&hdr) {
+            port.gro_frames.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The receive side's buffers: up to [`RX_MSGS`] messages of one `recvmmsg`, and how far
+/// they have been turned into frames (a burst may end before the last datagram: the rest
+/// waits for the next burst).
+#[derive(Default)]
+struct RxScratch {
+    bufs: Vec<Box<[u8]>>,
+    meta: Vec<RecvMeta>,
+    /// Messages received.
+    got: usize,
+    /// The message being read.
+    msg: usize,
+    /// Where its next datagram starts.
+    off: usize,
+}
+
+impl std::fmt::Debug for RxScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxScratch")
+            .field("got", &self.got)
+            .field("msg", &self.msg)
+            .field("off", &self.off)
+            .finish()
     }
 }
 
 /// A worker slot's buffers for segmenting TSO frames.
 #[derive(Debug, Default)]
 struct Scratch {
-    /// Where `segment_while` builds one segment.
-    segment: Vec<u8>,
-    /// Every segment of the frame, back to back.
+    /// Every segment of the frame behind its VXLAN header, back to back.
     arena: Vec<u8>,
     /// Where each segment is in `arena`.
     spans: Vec<std::ops::Range<usize>>,
@@ -935,13 +1195,19 @@ impl<'a> VtepTally<'a> {
 
     #[inline]
     fn add(&mut self, vtep: IpAddr, bytes: u64) {
+        self.add_many(vtep, 1, bytes);
+    }
+
+    /// Adds `frames` frames of `bytes` bytes in all.
+    #[inline]
+    fn add_many(&mut self, vtep: IpAddr, frames: u64, bytes: u64) {
         if self.vtep != Some(vtep) {
             self.flush_vtep();
             self.vtep = Some(vtep);
         }
-        self.frames += 1;
+        self.frames += frames;
         self.bytes += bytes;
-        self.total_frames += 1;
+        self.total_frames += frames;
         self.total_bytes += bytes;
     }
 
@@ -1048,9 +1314,28 @@ fn join_group(
         g.members.pop();
         if g.members.is_empty() {
             groups.remove(at);
+            return result;
         }
     }
+    group_gro(&groups[at].members);
     result
+}
+
+/// Turns `UDP_GRO` on for the receive socket of a port alone on its address, off for
+/// ports sharing one. The kernel coalesces datagrams by UDP 4-tuple only, and the steering
+/// program sees the first datagram of a coalesced message: a peer whose one source port
+/// carried two VNIs could put the second VNI's datagrams on the first VNI's socket, where
+/// they would be dropped as `unknown_vni`. Without `UDP_GRO` (before Linux 5.0) every
+/// receive is one datagram, which works too.
+fn group_gro(members: &[Member]) {
+    let on = members.len() == 1;
+    for m in members {
+        if let Some(sock) = m.sock.upgrade() {
+            if let Err(e) = sock.set_gro(on) {
+                tracing::debug!(error = %e, "UDP_GRO not available");
+            }
+        }
+    }
 }
 
 /// The classic BPF program that sends a datagram to the group's socket of its VNI; other
@@ -1097,6 +1382,7 @@ impl Drop for VxlanPort {
                 tracing::warn!(addr = %self.rx_addr, error = %e, "VXLAN steering not updated");
             }
         }
+        group_gro(&g.members);
     }
 }
 
@@ -1168,69 +1454,111 @@ impl Port for VxlanPort {
     fn rx_burst(&self, _queue: u16, pkts: &mut [Pkt], now: u64, drops: &mut DropTally) -> usize {
         self.now.store(now, Ordering::Relaxed);
         self.expire(now);
-        let want = pkts.len().min(MAX_BATCH);
-        let mut meta = [RecvMeta::default(); MAX_BATCH];
-        let got = {
-            let mut it = pkts[..want].iter_mut();
-            let mut bufs: [&mut [u8]; MAX_BATCH] = std::array::from_fn(|_| match it.next() {
-                Some(p) => &mut p.raw_buf_mut()[RX_OFFSET..],
-                None => &mut [][..],
-            });
-            match self.rx().recv_batch(&mut bufs[..want], &mut meta[..want]) {
+        let mut guard = self.rx_scratch.lock();
+        let RxScratch {
+            bufs,
+            meta,
+            got,
+            msg,
+            off,
+        } = &mut *guard;
+        if *msg >= *got {
+            if bufs.is_empty() {
+                *bufs = (0..RX_MSGS)
+                    .map(|_| vec![0u8; RX_BUF].into_boxed_slice())
+                    .collect();
+                *meta = vec![RecvMeta::default(); RX_MSGS];
+            }
+            let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            *got = match self.rx().recv_batch(&mut views, meta) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::debug!(port = %self.name, error = %e, "VXLAN receive failed");
                     drops.count(DropReason::RxError);
-                    return 0;
-                }
-            }
-        };
-        let allowed = (!self.learning).then(|| self.allowed.load());
-        let mut out = 0;
-        let mut tally = VtepTally::new(self, Direction::Rx);
-        for i in 0..got {
-            let m = &meta[i];
-            let vtep = m.src.ip();
-            let reject = if m.truncated {
-                Some(VxlanDrop::RxTruncated)
-            } else if m.len < vxlan::HEADER_LEN {
-                Some(VxlanDrop::Short)
-            } else {
-                let raw = pkts[i].raw_buf_mut();
-                let header = Header::new_unchecked(&raw[RX_OFFSET..HEADROOM]);
-                if !header.vni_valid() {
-                    Some(VxlanDrop::IFlagClear)
-                } else if header.vni() != self.vni {
-                    Some(VxlanDrop::UnknownVni)
-                } else if allowed.as_ref().is_some_and(|a| !a.contains(&vtep)) {
-                    Some(VxlanDrop::UnknownVtep)
-                } else if m.len - vxlan::HEADER_LEN < ethernet::HEADER_LEN {
-                    Some(VxlanDrop::InnerTooShort)
-                } else {
-                    None
+                    0
                 }
             };
-            if let Some(reason) = reject {
-                self.count(reason, 1);
-                match reason {
-                    VxlanDrop::RxTruncated => drops.count(DropReason::Oversize),
-                    VxlanDrop::Short | VxlanDrop::InnerTooShort => drops.count(DropReason::Runt),
-                    _ => {}
-                }
+            *msg = 0;
+            *off = 0;
+        }
+        let allowed = (!self.learning).then(|| self.allowed.load());
+        let allowed = allowed.as_deref().map(|a| &**a);
+        let mut out = 0;
+        let mut gro = Gro::new();
+        let mut merged = 0u64;
+        let mut learned: Option<(MacAddr, IpAddr)> = None;
+        let mut tally = VtepTally::new(self, Direction::Rx);
+        'msgs: while *msg < *got {
+            let m = meta[*msg];
+            if m.truncated {
+                self.rx_drop(VxlanDrop::RxTruncated, drops);
+                *msg += 1;
+                *off = 0;
                 continue;
             }
-            pkts.swap(out, i);
-            let pkt = &mut pkts[out];
-            let len = m.len - vxlan::HEADER_LEN;
-            pkt.set_len(len);
-            pkt.hdr = VirtioNetHdr::default();
-            let frame = pkt.frame();
-            let src = MacAddr(frame[6..12].try_into().unwrap_or_default());
-            if self.learning && src.is_unicast() {
-                self.learn(src, vtep, now);
+            let buf = &bufs[*msg][..m.len];
+            // A GRO segment size of 0, or one not below the length: one datagram.
+            let size = if m.segment == 0 || m.segment >= m.len {
+                m.len.max(1)
+            } else {
+                if *off == 0 {
+                    self.udp_gro.fetch_add(1, Ordering::Relaxed);
+                }
+                m.segment
+            };
+            let vtep = m.src.ip();
+            while *off < m.len {
+                let end = (*off + size).min(m.len);
+                let dgram = &buf[*off..end];
+                if let Some(reason) = self.reject(dgram, vtep, allowed) {
+                    self.rx_drop(reason, drops);
+                    *off = end;
+                    continue;
+                }
+                let inner = &dgram[vxlan::HEADER_LEN..];
+                let seg = gro::parse(inner);
+                let joined = match &seg {
+                    Some(seg) if gro.holding() => {
+                        gro.append(pkts[out - 1].frame_buf_mut(), inner, seg)
+                    }
+                    _ => false,
+                };
+                if joined {
+                    merged += 1;
+                } else {
+                    if gro.holding() {
+                        finish_gro(&mut gro, &mut pkts[out - 1], self);
+                    }
+                    if out == pkts.len() {
+                        // The rest waits for the next burst.
+                        break 'msgs;
+                    }
+                    let pkt = &mut pkts[out];
+                    out += 1;
+                    match seg {
+                        Some(seg) if gro.start(pkt.frame_buf_mut(), inner, seg) => {}
+                        _ => {
+                            pkt.fill(inner);
+                            pkt.hdr = VirtioNetHdr::default();
+                        }
+                    }
+                }
+                let src = MacAddr(inner[6..12].try_into().unwrap_or_default());
+                if self.learning && src.is_unicast() && learned != Some((src, vtep)) {
+                    self.learn(src, vtep, now);
+                    learned = Some((src, vtep));
+                }
+                tally.add(vtep, inner.len() as u64);
+                *off = end;
             }
-            tally.add(vtep, len as u64);
-            out += 1;
+            *msg += 1;
+            *off = 0;
+        }
+        if gro.holding() {
+            finish_gro(&mut gro, &mut pkts[out - 1], self);
+        }
+        if merged > 0 {
+            self.gro_segments.fetch_add(merged, Ordering::Relaxed);
         }
         out
     }

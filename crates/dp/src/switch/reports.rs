@@ -382,5 +382,9 @@ fn vxlan_stats(s: &crate::port::vxlan::VxlanStats) -> VxlanStats {
             .collect(),
         drops: s.drops.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
         segmented: s.segmented,
+        gso_sent: s.gso_sent,
+        udp_gro: s.udp_gro,
+        gro_frames: s.gro_frames,
+        gro_segments: s.gro_segments,
     }
 }
