@@ -357,6 +357,23 @@ fn run_mode(n: u8, mode: &str, expect_mode: &str) {
     let stats = w.daemon.as_ref().unwrap().stats();
     let oversize = common::drops(&stats, "up", "oversize");
     assert_eq!(oversize, 0, "oversize drops on the uplink: {stats}");
+    // Wire-size segments from the peer reach the vm namespace coalesced (GRO toward TAP).
+    let vm = common::port_stats(&stats, "vm");
+    let (frames, segments) = (
+        vm["tap"]["gro_frames"].as_u64().unwrap_or(0),
+        vm["tap"]["gro_segments"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        frames > 0 && segments >= 2 * frames,
+        "GRO toward the TAP: {frames} super-frames of {segments} segments: {vm}"
+    );
+    assert!(
+        metrics.contains("qswitch_tap_offload_total{port=\"vm\",kind=\"gro_frames\"}"),
+        "{metrics}"
+    );
+    eprintln!(
+        "{mode} ({expect_mode}): {frames} GRO super-frames of {segments} segments toward the TAP"
+    );
     eprintln!(
         "{mode} ({expect_mode}): Gbit/s {} ({:.1} s)",
         rates.join(", "),
