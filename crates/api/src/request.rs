@@ -514,6 +514,19 @@ pub struct PortStats {
     /// For VXLAN ports: per-VNI and per-VTEP traffic, decapsulation drops by reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vxlan: Option<VxlanStats>,
+    /// For TAP ports: software GRO toward the TAP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tap: Option<TapStats>,
+}
+
+/// A TAP port's own counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TapStats {
+    /// TSO super-frames written to the TAP, each built from in-order TCP segments of one
+    /// flow (software GRO).
+    pub gro_frames: u64,
+    /// Segments merged into them.
+    pub gro_segments: u64,
 }
 
 /// A VXLAN port's own counters (inner frames).

@@ -101,6 +101,12 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
          (segments merged into them).",
     ),
     (
+        "qswitch_tap_offload_total",
+        "counter",
+        "A TAP port's software GRO, per port and kind: gro_frames (TSO super-frames written, \
+         built from in-order TCP segments of one flow), gro_segments (segments merged into them).",
+    ),
+    (
         "qswitch_sink_frames_total",
         "counter",
         "Frames a gen port's sink saw, valid (with a qswitch trailer) or foreign.",
@@ -364,6 +370,21 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
                 &[("port", port), ("kind", kind)],
                 n,
             );
+        }
+    }
+    o.family("qswitch_tap_offload_total");
+    for p in &s.ports {
+        if let Some(t) = &p.tap {
+            for (kind, n) in [
+                ("gro_frames", t.gro_frames),
+                ("gro_segments", t.gro_segments),
+            ] {
+                o.sample(
+                    "qswitch_tap_offload_total",
+                    &[("port", &p.name), ("kind", kind)],
+                    n,
+                );
+            }
         }
     }
     o.family("qswitch_gen_generated_frames_total");

@@ -133,6 +133,10 @@ const NEVER_COUNTED: &[(&str, &str)] = &[
         "vxlan ports only; counted by crates/dp/tests/vxlan.rs (tso_frames_cross_as_one_gso_send_and_come_out_whole)",
     ),
     (
+        "qswitch_tap_offload",
+        "TAP ports only; counted by crates/dp/tests/tap_gro.rs and tests/uplink.rs (namespaces)",
+    ),
+    (
         "qswitch_afxdp_kernel_drops",
         "afxdp ports only; tests/uplink.rs has them",
     ),

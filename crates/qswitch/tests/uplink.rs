@@ -13,9 +13,12 @@
 //! `qswitch_dp::port::afxdp`). `kill -9` of qswitch leaves the veth to the kernel (no
 //! program, no promiscuity) and a restart reattaches. Bad input (no such interface, too
 //! many queues, a mode the driver refuses) is exit code 2 with one line and nothing
-//! attached; `port add` refuses the same with one line. The host-port recipe of
+//! attached; `port add` refuses the same with one line. A trunk uplink keeps its VLANs apart
+//! and counts a VLAN it does not carry as a drop. The host-port recipe of
 //! docs/uplink.md: the "host" namespace's address moves from its NIC to an internal TAP port,
-//! and the wire peer still reaches it.
+//! and the wire peer still reaches it. A vhost-user guest behind the uplink: DPDK testpmd
+//! forwarding between a virtio-user port on qswitch's socket and a TAP in a "guest"
+//! namespace, so that namespace's stack is the guest's; ping and iperf3 both ways.
 
 mod common;
 
@@ -44,6 +47,8 @@ struct World {
     peer: Netns,
     vm: Netns,
     n: u8,
+    /// The daemon's `workers` (default: the first two online CPUs).
+    workers: String,
     dir: TempDir,
 }
 
@@ -60,6 +65,7 @@ impl World {
             peer: ns('p'),
             vm: ns('v'),
             n,
+            workers: worker_cpus(2),
             dir,
         };
         common::sh_ok(&[
@@ -131,7 +137,7 @@ impl World {
         // The namespace's own loopback: every test's daemon may use the same HTTP port.
         let text = format!(
             "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"127.0.0.1:9479\"\n{ports}",
-            worker_cpus(2),
+            self.workers,
             control.display()
         );
         std::fs::write(&config, text).unwrap();
@@ -351,6 +357,23 @@ fn run_mode(n: u8, mode: &str, expect_mode: &str) {
     let stats = w.daemon.as_ref().unwrap().stats();
     let oversize = common::drops(&stats, "up", "oversize");
     assert_eq!(oversize, 0, "oversize drops on the uplink: {stats}");
+    // Wire-size segments from the peer reach the vm namespace coalesced (GRO toward TAP).
+    let vm = common::port_stats(&stats, "vm");
+    let (frames, segments) = (
+        vm["tap"]["gro_frames"].as_u64().unwrap_or(0),
+        vm["tap"]["gro_segments"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        frames > 0 && segments >= 2 * frames,
+        "GRO toward the TAP: {frames} super-frames of {segments} segments: {vm}"
+    );
+    assert!(
+        metrics.contains("qswitch_tap_offload_total{port=\"vm\",kind=\"gro_frames\"}"),
+        "{metrics}"
+    );
+    eprintln!(
+        "{mode} ({expect_mode}): {frames} GRO super-frames of {segments} segments toward the TAP"
+    );
     eprintln!(
         "{mode} ({expect_mode}): Gbit/s {} ({:.1} s)",
         rates.join(", "),
@@ -555,4 +578,334 @@ fn host_address_moves_to_an_internal_port() {
     assert_ping(&w.sw, &w.addr(1), "after: the host reaches the wire");
     let g = iperf(&w.sw, &w.addr(10), &w.peer, 1, false);
     assert!(g > 0.05, "{g} Gbit/s");
+}
+
+/// The wire peer's VLAN subinterfaces. This kernel has no 802.1Q module (`ip link add ...
+/// type vlan` is refused), so the peer tags in userspace: this script, run in the peer
+/// namespace, opens a TAP `t<VID>` per VID and an `AF_PACKET` socket on the wire. A frame
+/// a TAP sends leaves the wire with an 802.1Q tag of its VID; a tagged frame the wire
+/// receives (the kernel moves the tag to `PACKET_AUXDATA`; a tag left in the frame is read
+/// too) goes, untagged, to the TAP of its VID; untagged and other frames are the peer
+/// kernel's own. The TAPs are then moved into namespaces of their own, each standing for
+/// one VLAN's host on the wire.
+const TAGGER: &str = r#"
+import fcntl, os, select, socket, struct, sys
+SOL_PACKET, PACKET_AUXDATA, VLAN_VALID = 263, 8, 0x10
+wire, vids = sys.argv[1], [int(v) for v in sys.argv[2:]]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
+s.bind((wire, 0))
+taps = {}
+for v in vids:
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    fcntl.ioctl(fd, 0x400454CA, struct.pack("16sH", b"t%d" % v, 0x0002 | 0x1000))
+    taps[fd] = v
+by_vid = {v: fd for fd, v in taps.items()}
+print("ready", flush=True)
+while True:
+    for f in select.select([s] + list(taps), [], [])[0]:
+        if f is s:
+            data, anc, _, addr = s.recvmsg(65536, socket.CMSG_SPACE(20))
+            if addr[2] == socket.PACKET_OUTGOING:
+                continue
+            vid = None
+            for level, kind, d in anc:
+                if level == SOL_PACKET and kind == PACKET_AUXDATA and len(d) >= 20:
+                    status, _, _, _, _, tci, _ = struct.unpack("IIIHHHH", d[:20])
+                    if status & VLAN_VALID:
+                        vid = tci & 0xFFF
+            if vid is None and data[12:14] == b"\x81\x00":
+                vid, data = int.from_bytes(data[14:16], "big") & 0xFFF, data[:12] + data[16:]
+            if vid in by_vid:
+                os.write(by_vid[vid], data)
+        else:
+            frame = os.read(f, 65536)
+            s.send(frame[:12] + struct.pack("!HH", 0x8100, taps[f]) + frame[12:])
+"#;
+
+/// Sends `count` broadcast frames of EtherType 0x88B5 (local experimental) out of `ifname`.
+const SEND_RAW: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((sys.argv[1], 0))
+src = bytes.fromhex(open("/sys/class/net/%s/address" % sys.argv[1]).read().strip().replace(":", ""))
+for _ in range(int(sys.argv[2])):
+    s.send(b"\xff" * 6 + src + b"\x88\xb5" + bytes(50))
+"#;
+
+fn assert_no_ping(from: &Netns, to: &str, what: &str) {
+    let out = from.run_for(
+        &["ping", "-n", "-c", "2", "-i", "0.2", "-W", "1", to],
+        Duration::from_secs(10),
+    );
+    assert!(!out.ok(), "{what}: ping {to} got through: {out:?}");
+}
+
+/// A TAP named `ifname` (made in `from`) moved into `ns` with `addr`/24, up.
+fn adopt_tap(from: &Netns, ifname: &str, ns: &Netns, addr: &str) {
+    from.ok(&["ip", "link", "set", "dev", ifname, "netns", &ns.name]);
+    ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+    ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+    ns.ok(&["ip", "addr", "add", &format!("{addr}/24"), "dev", ifname]);
+    ns.ok(&["ip", "link", "set", "dev", ifname, "up"]);
+}
+
+/// A trunk uplink end to end, all in one subnet so that only the VLANs keep hosts apart:
+///
+/// ```text
+///   wire peer (ns peer)                              qswitch (ns sw)
+///   wU untagged      10.201.7.1  ─┐                  ┌─ tap vm  vlan 5   10.201.7.2  (ns vm)
+///   t10 (ns p10) VLAN 10 .11 ─ tagger ─ wU ══ uU: afxdp "up", vlan 5, vlans "10,20"
+///   t20 (ns p20) VLAN 20 .21 ─┘                      ├─ tap v10 vlan 10  10.201.7.12 (ns v10)
+///   t30 (ns p30) VLAN 30 .31 ─┘                      └─ tap v20 vlan 20  10.201.7.22 (ns v20)
+/// ```
+///
+/// Each access namespace reaches its own VLAN's peer and nothing else; the native VLAN is
+/// untagged on the wire; what the peer sends in VLAN 30 (not carried) is counted on the
+/// uplink as `vlan_not_allowed` and reaches no one.
+#[test]
+fn trunk_uplink_keeps_vlans_apart() {
+    if !privileged() || !require(have_tool("python3", &["-V"]), "needs python3") {
+        return;
+    }
+    let pid = std::process::id() % 100_000;
+    // Declared before the world: dropped after the daemon and the tagger are gone.
+    let ns = |c: &str| Netns::new(&format!("qsup{pid}-7{c}"));
+    let (p10, p20, p30, v10, v20) = (ns("a"), ns("b"), ns("c"), ns("d"), ns("e"));
+    let mut w = World::new(7);
+    w.offloads();
+    w.peer.ok(&["ip", "link", "set", "wU", "promisc", "on"]);
+    let tagger_log = w.dir.join("tagger.log");
+    let _tagger = w.peer.spawn(
+        &["python3", "-u", "-c", TAGGER, "wU", "10", "20", "30"],
+        &tagger_log,
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(
+            &tagger_log
+        )
+        .unwrap_or_default()
+        .contains("ready")),
+        "the tagger did not start: {}",
+        std::fs::read_to_string(&tagger_log).unwrap_or_default()
+    );
+    for (vid, p) in [(10, &p10), (20, &p20), (30, &p30)] {
+        adopt_tap(&w.peer, &format!("t{vid}"), p, &w.addr(vid + 1));
+    }
+
+    let tap = w.tap();
+    w.start(
+        "trunk",
+        &format!(
+            "[[port]]\nname = \"up\"\ntype = \"afxdp\"\nifname = \"uU\"\nmode = \"native\"\n\
+             vlan = 5\nvlans = \"10,20\"\n\
+             [[port]]\nname = \"vm\"\ntype = \"tap\"\nifname = \"{tap}\"\nvlan = 5\n\
+             [[port]]\nname = \"v10\"\ntype = \"tap\"\nifname = \"{tap}a\"\nvlan = 10\n\
+             [[port]]\nname = \"v20\"\ntype = \"tap\"\nifname = \"{tap}b\"\nvlan = 20\n"
+        ),
+    );
+    w.attach_vm();
+    adopt_tap(&w.sw, &format!("{tap}a"), &v10, &w.addr(12));
+    adopt_tap(&w.sw, &format!("{tap}b"), &v20, &w.addr(22));
+    let up = w.port_json("up");
+    assert_eq!(up["xdp_mode"], "native-copy", "{up}");
+
+    // Within each VLAN, both ways; the native VLAN is the peer's untagged wU.
+    assert_ping(&w.vm, &w.addr(1), "native: vm → peer (untagged)");
+    assert_ping(&w.peer, &w.addr(2), "native: peer → vm");
+    assert_ping(&v10, &w.addr(11), "VLAN 10: v10 → peer");
+    assert_ping(&p10, &w.addr(12), "VLAN 10: peer → v10");
+    assert_ping(&v20, &w.addr(21), "VLAN 20: v20 → peer");
+    assert_ping(&p20, &w.addr(22), "VLAN 20: peer → v20");
+    let g = iperf(&v10, &w.addr(12), &p10, 1, false);
+    assert!(g > 0.01, "VLAN 10 iperf3: {g} Gbit/s");
+
+    // Across VLANs: nothing (same subnet, so only the switch's VLANs stand in the way).
+    for (from, to, what) in [
+        (&v10, 21, "v10 → VLAN 20 peer"),
+        (&v10, 1, "v10 → native peer"),
+        (&v20, 11, "v20 → VLAN 10 peer"),
+        (&w.vm, 11, "vm (native) → VLAN 10 peer"),
+        (&w.vm, 21, "vm (native) → VLAN 20 peer"),
+        (&w.peer, 12, "native peer → v10"),
+        (&p10, 22, "VLAN 10 peer → v20"),
+    ] {
+        assert_no_ping(from, &w.addr(to), what);
+    }
+
+    // VLAN 30 is not carried: the uplink counts what the peer sends in it as a drop.
+    let before = w.daemon.as_ref().unwrap().stats();
+    p30.ok(&["python3", "-c", SEND_RAW, "t30", "20"]);
+    assert_no_ping(&p30, &w.addr(2), "VLAN 30 peer → vm");
+    let mut after = before.clone();
+    assert!(
+        wait_until(Duration::from_secs(3), || {
+            after = w.daemon.as_ref().unwrap().stats();
+            common::drops(&after, "up", "vlan_not_allowed")
+                >= common::drops(&before, "up", "vlan_not_allowed") + 20
+        }),
+        "VLAN 30 frames not counted as vlan_not_allowed: before {before}\nafter {after}"
+    );
+    // Nothing in the switch was tagged wrongly on the way out.
+    assert_eq!(common::drops(&after, "up", "vlan_tagged"), 0, "{after}");
+    assert_eq!(common::drops(&after, "up", "runt"), 0, "{after}");
+    eprintln!(
+        "trunk: vlan_not_allowed on up {}, VLAN 10 iperf3 {g:.2} Gbit/s",
+        common::drops(&after, "up", "vlan_not_allowed")
+    );
+    assert!(!w.log().contains("panicked"), "{}", w.log());
+}
+
+/// DPDK testpmd as a vhost-user guest: a virtio-user port on qswitch's vhost-user socket and
+/// a `net_tap` port whose TAP is in the guest's namespace, `io` forwarding between them, so
+/// the namespace's own stack is the guest's. Stopped, and its `/var/run/dpdk/<prefix>`
+/// removed, on drop.
+struct PmdGuest {
+    child: ChildGuard,
+    log: PathBuf,
+    prefix: String,
+}
+
+impl PmdGuest {
+    fn spawn(ns: &Netns, sock: &Path, tap: &str, cpu: usize, log: PathBuf) -> PmdGuest {
+        let prefix = format!("qsw-up-{}", std::process::id());
+        let out = std::fs::File::create(&log).expect("testpmd log");
+        let err = out.try_clone().expect("testpmd log");
+        let lcores = format!("0@{cpu},1@{cpu}");
+        let virtio = format!("net_virtio_user0,path={}", sock.display());
+        let net_tap = format!("net_tap0,iface={tap}");
+        let child = ns
+            .cmd(&[common::TESTPMD, "--no-huge", "-m", "1024", "--no-pci"])
+            .args(["--iova-mode=va", "--file-prefix", &prefix])
+            .args(["--lcores", &lcores, "--main-lcore", "0"])
+            .args(["--vdev", &virtio, "--vdev", &net_tap, "--"])
+            // --stats-period: runs until signalled instead of waiting for a key.
+            .args([
+                "--nb-cores=1",
+                "--forward-mode=io",
+                "--stats-period",
+                "5",
+                "-a",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start dpdk-testpmd");
+        PmdGuest {
+            child: ChildGuard::new(child),
+            log,
+            prefix,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for PmdGuest {
+    fn drop(&mut self) {
+        self.child.stop();
+        let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(&self.prefix));
+    }
+}
+
+/// A vhost-user guest behind the uplink (native mode): testpmd ([`PmdGuest`]) on a vhost-user
+/// port, its TAP in namespace `guest` with 10.201.8.3; ping both ways and iperf3 TCP (one
+/// stream, each direction) between the wire peer and the guest. testpmd's lcores share the
+/// first CPU; the qswitch worker has the second.
+#[test]
+fn vhost_user_guest_through_the_uplink() {
+    if !privileged() {
+        return;
+    }
+    let Some(worker) = common::testpmd_worker_cpu() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let pid = std::process::id() % 100_000;
+    let guest = Netns::new(&format!("qsup{pid}-8g"));
+    let mut w = World::new(8);
+    w.workers = worker.to_string();
+    w.offloads();
+    let sock = w.dir.join("guest.sock");
+    w.start(
+        "vhost",
+        &format!(
+            "[[port]]\nname = \"up\"\ntype = \"afxdp\"\nifname = \"uU\"\nmode = \"native\"\n\
+             [[port]]\nname = \"guest\"\ntype = \"vhost-user\"\nsocket = \"{}\"\n\
+             mode = \"server\"\n",
+            sock.display()
+        ),
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || sock.exists()),
+        "no vhost-user socket"
+    );
+    let tap = "qg8";
+    let pmd = PmdGuest::spawn(
+        &guest,
+        &sock,
+        tap,
+        common::first_cpu(),
+        w.dir.join("testpmd.log"),
+    );
+    let mut seen = Value::Null;
+    let up = wait_until(Duration::from_secs(20), || {
+        seen = w.port_json("guest");
+        seen["connected"] == true
+            && seen["enabled_queues"]
+                .as_array()
+                .is_some_and(|q| !q.is_empty())
+            && guest.has_link(tap)
+            && pmd.log_text().contains("forwards packets on")
+    });
+    assert!(up, "guest not up: {seen}\n{}", pmd.log_text());
+    guest.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+    guest.ok(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{}/24", w.addr(3)),
+        "dev",
+        tap,
+    ]);
+    guest.ok(&["ip", "link", "set", "dev", tap, "up"]);
+
+    // testpmd's ports come up a moment after it says it forwards: the first ping that
+    // gets through (10 s at most) says the path is there; then the checks.
+    let first = wait_until(Duration::from_secs(10), || {
+        w.peer
+            .run_for(
+                &["ping", "-n", "-c", "1", "-W", "1", &w.addr(3)],
+                Duration::from_secs(5),
+            )
+            .ok()
+    });
+    assert!(first, "the guest never answered: {}", pmd.log_text());
+    assert_ping(&w.peer, &w.addr(3), "peer → guest");
+    assert_ping(&guest, &w.addr(1), "guest → peer");
+    let to_guest = iperf(&guest, &w.addr(3), &w.peer, 1, false);
+    let from_guest = iperf(&guest, &w.addr(3), &w.peer, 1, true);
+    assert!(
+        to_guest > 0.01 && from_guest > 0.01,
+        "iperf3 Gbit/s peer → guest {to_guest}, guest → peer {from_guest}\n{}",
+        pmd.log_text()
+    );
+    let stats = w.daemon.as_ref().unwrap().stats();
+    for p in stats["ports"].as_array().expect("ports") {
+        assert_eq!(
+            p["drops"]["bad_descriptor"].as_u64().unwrap_or(0),
+            0,
+            "{stats}"
+        );
+    }
+    eprintln!(
+        "vhost-user guest: Gbit/s peer → guest {to_guest:.2}, guest → peer {from_guest:.2} \
+         ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(!w.log().contains("panicked"), "{}", w.log());
+    drop(pmd);
 }

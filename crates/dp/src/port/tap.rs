@@ -20,16 +20,41 @@
 //! that name exists (left in place on exit). Moving the interface into another network
 //! namespace after creation does not affect the fds.
 //!
+//! # GRO toward the TAP
+//! Frames that arrive at wire size (from an AF_XDP uplink, a VXLAN tunnel, a guest without
+//! TSO) would each cost one `write` and one pass through the receiving stack, which runs
+//! inside that `write` on the worker's thread. So [`TapPort::tx_burst`] coalesces
+//! consecutive in-order TCP segments of one flow within a burst into one TSO super-frame
+//! ([`qswitch_wire::gro`]: virtio-net header `GSO_TCPV4`/`GSO_TCPV6`, `gso_size`, partial
+//! checksum) and writes it once, as the kernel's own GRO would have:
+//!
+//! ```text
+//!   sel: A1 A2 A3 U B1 A4 B2 B3   (A, B: TCP flows; U: anything else)
+//!   out: [A1A2A3] U B1 A4 [B2B3]  (one write each; order kept)
+//! ```
+//!
+//! Only what [`qswitch_wire::gro`] accepts merges (plain TCP segments with correct
+//! checksums, ACK/PSH/FIN only, the same headers, the next sequence number); everything
+//! else — other protocols, a segment of another flow, a frame that already carries GSO or a
+//! partial checksum — is written unchanged, and the held super-frame is written before it,
+//! so no frame overtakes another. A segment is only copied into the super-frame buffer when
+//! the next frame of the burst looks like its continuation; a lone segment is written from
+//! its own buffer. The buffer (64 KiB and headroom) is one per queue, allocated at open.
+//! Counted as `gro_frames` (super-frames written) and `gro_segments` (segments in them).
+//!
 //! # Limitations
-//! One syscall per frame in each direction: TAP has no batched read or write.
+//! One syscall per frame (or super-frame) in each direction: TAP has no batched read or
+//! write. GRO sees one burst at a time (up to 32 frames): a flow is not held across bursts.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use parking_lot::Mutex;
 use qswitch_sys::netif;
 use qswitch_sys::tap::{TapOptions, TapQueue, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN};
-use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr};
+use qswitch_wire::gro::{self, Gro, TcpSegment};
+use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr, FLAG_NEEDS_CSUM};
 
 use super::{Port, TxDone};
 use crate::packet::{Pkt, BUF_SIZE, HEADROOM};
@@ -38,6 +63,9 @@ use crate::stats::{DropReason, DropTally};
 const OFFLOADS: u32 = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
 /// `IFF_MULTI_QUEUE` as shown in `/sys/class/net/<if>/tun_flags`.
 const IFF_MULTI_QUEUE: u32 = 0x0100;
+/// Bytes of a GRO buffer: the virtio-net header, the largest IP packet (64 KiB) and room
+/// for the Ethernet header and one VLAN tag.
+const GRO_BUF: usize = virtio_net_hdr::LEN + 65_536 + 64;
 
 /// Errors opening a TAP port.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +105,52 @@ pub struct TapPort {
     /// Per queue: the device is gone (deleted, or its namespace was); stop polling it.
     dead: Vec<AtomicBool>,
     created: bool,
+    /// Per queue: the buffer super-frames are built in (see the module docs).
+    gro: Vec<Mutex<GroScratch>>,
+    gro_frames: AtomicU64,
+    gro_segments: AtomicU64,
+}
+
+/// A TAP port's own counters ([`TapPort::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TapStats {
+    /// TSO super-frames written, built from TCP segments of one flow (software GRO).
+    pub gro_frames: u64,
+    /// Segments merged into them.
+    pub gro_segments: u64,
+}
+
+/// One queue's GRO state: the super-frame under construction and what it holds.
+struct GroScratch {
+    /// Virtio-net header, then the super-frame.
+    buf: Box<[u8]>,
+    gro: Gro,
+    /// The burst index of the held super-frame's first frame.
+    first: usize,
+    /// Frames held, and their bytes.
+    frames: u32,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for GroScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroScratch")
+            .field("holding", &self.gro.holding())
+            .field("frames", &self.frames)
+            .finish()
+    }
+}
+
+impl GroScratch {
+    fn new() -> GroScratch {
+        GroScratch {
+            buf: vec![0u8; GRO_BUF].into_boxed_slice(),
+            gro: Gro::new(),
+            first: 0,
+            frames: 0,
+            bytes: 0,
+        }
+    }
 }
 
 impl TapPort {
@@ -121,9 +195,53 @@ impl TapPort {
         Ok(TapPort {
             ifname: ifname.to_string(),
             dead: qs.iter().map(|_| AtomicBool::new(false)).collect(),
+            gro: qs.iter().map(|_| Mutex::new(GroScratch::new())).collect(),
             queues: qs,
             created: !existed,
+            gro_frames: AtomicU64::new(0),
+            gro_segments: AtomicU64::new(0),
         })
+    }
+
+    /// The port's own counters.
+    pub fn stats(&self) -> TapStats {
+        TapStats {
+            gro_frames: self.gro_frames.load(Ordering::Relaxed),
+            gro_segments: self.gro_segments.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Writes the super-frame `s` holds: merged, or its one frame as it came (`pkts`).
+    fn flush(
+        &self,
+        tq: &TapQueue,
+        s: &mut GroScratch,
+        pkts: &mut [Pkt],
+        done: &mut TxDone,
+        drops: &mut DropTally,
+    ) {
+        let (frames, bytes) = (s.frames, s.bytes);
+        s.frames = 0;
+        s.bytes = 0;
+        let Some((len, hdr)) = s.gro.finish(&mut s.buf[virtio_net_hdr::LEN..]) else {
+            return;
+        };
+        let res = if gro::is_super(&hdr) {
+            hdr.emit(&mut s.buf[..virtio_net_hdr::LEN]);
+            let r = tq.write(&s.buf[..virtio_net_hdr::LEN + len]);
+            if r.is_ok() {
+                self.gro_frames.fetch_add(1, Ordering::Relaxed);
+                self.gro_segments
+                    .fetch_add(u64::from(frames), Ordering::Relaxed);
+            }
+            r
+        } else {
+            match pkts.get_mut(s.first) {
+                Some(pkt) => tq.write(pkt.with_vnet_hdr()),
+                None => return,
+            }
+        };
+        account(res, frames, bytes, done, drops);
     }
 
     /// The interface name.
@@ -135,6 +253,50 @@ impl TapPort {
     pub fn created(&self) -> bool {
         self.created
     }
+}
+
+/// Counts the outcome of one write that carried `frames` frames of `bytes` bytes.
+fn account(
+    res: io::Result<usize>,
+    frames: u32,
+    bytes: u64,
+    done: &mut TxDone,
+    drops: &mut DropTally,
+) {
+    let reason = match res {
+        Ok(_) => {
+            done.packets += frames;
+            done.bytes += bytes;
+            return;
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => DropReason::TxFull,
+        Err(_) => DropReason::TxError,
+    };
+    for _ in 0..frames {
+        drops.count(reason);
+    }
+}
+
+/// `pkt` as a TCP segment GRO may merge: no offloads of its own, and [`gro::parse`] takes it.
+fn segment(pkt: &Pkt) -> Option<TcpSegment> {
+    if pkt.hdr.is_gso() || pkt.hdr.flags & FLAG_NEEDS_CSUM != 0 {
+        return None;
+    }
+    gro::parse(pkt.frame())
+}
+
+/// Whether `next` looks like the segment after `seg` of the same flow (`frame` is `seg`'s):
+/// the cheap test before copying `seg` into the GRO buffer; [`Gro::append`] decides.
+fn may_follow(frame: &[u8], seg: &TcpSegment, next: &Pkt) -> bool {
+    let Some(n) = segment(next) else {
+        return false;
+    };
+    let nf = next.frame();
+    n.v6 == seg.v6
+        && n.l4 == seg.l4
+        && n.hlen == seg.hlen
+        && n.seq == seg.seq.wrapping_add(seg.payload as u32)
+        && frame.get(seg.l4..seg.l4 + 4) == nf.get(n.l4..n.l4 + 4)
 }
 
 fn tun_flags(ifname: &str) -> Option<u32> {
@@ -203,20 +365,45 @@ impl Port for TapPort {
         sel: &[u8],
         drops: &mut DropTally,
     ) -> TxDone {
-        let tq = &self.queues[worker % self.queues.len()];
+        let q = worker % self.queues.len();
+        let tq = &self.queues[q];
         let mut done = TxDone::default();
-        for &i in sel {
-            let pkt = &mut pkts[usize::from(i)];
+        let mut s = self.gro[q].lock();
+        let s = &mut *s;
+        s.gro.reset();
+        s.frames = 0;
+        for (k, &i) in sel.iter().enumerate() {
+            let i = usize::from(i);
+            let Some(pkt) = pkts.get(i) else {
+                continue;
+            };
             let len = pkt.len() as u64;
-            match tq.write(pkt.with_vnet_hdr()) {
-                Ok(_) => {
-                    done.packets += 1;
-                    done.bytes += len;
+            if let Some(seg) = segment(pkt) {
+                let out = &mut s.buf[virtio_net_hdr::LEN..];
+                if s.gro.holding() && s.gro.append(out, pkt.frame(), &seg) {
+                    s.frames += 1;
+                    s.bytes += len;
+                    continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => drops.count(DropReason::TxFull),
-                Err(_) => drops.count(DropReason::TxError),
+                self.flush(tq, s, pkts, &mut done, drops);
+                let pkt = &pkts[i];
+                let next = sel.get(k + 1).and_then(|&j| pkts.get(usize::from(j)));
+                if next.is_some_and(|n| may_follow(pkt.frame(), &seg, n))
+                    && s.gro
+                        .start(&mut s.buf[virtio_net_hdr::LEN..], pkt.frame(), seg)
+                {
+                    s.first = i;
+                    s.frames = 1;
+                    s.bytes = len;
+                    continue;
+                }
+            } else {
+                self.flush(tq, s, pkts, &mut done, drops);
             }
+            let res = tq.write(pkts[i].with_vnet_hdr());
+            account(res, 1, len, &mut done, drops);
         }
+        self.flush(tq, s, pkts, &mut done, drops);
         done
     }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use qswitch_api::request::{
     FdbEntry, KernelDrops, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo,
-    QueueStats, StatsReport, VtepStats, VxlanStats, VxlanTraffic, WorkerPlacementInfo, WorkerStats,
+    QueueStats, StatsReport, TapStats, VtepStats, VxlanStats, VxlanTraffic, WorkerPlacementInfo,
+    WorkerStats,
 };
 
 use super::runtime::Reason;
@@ -338,6 +339,16 @@ fn port_stats(p: &PortEntry) -> PortStats {
         Device::Vxlan(v) => Some(vxlan_stats(&v.stats())),
         _ => None,
     };
+    let tap = match &p.dev {
+        Device::Tap(t) => {
+            let s = t.stats();
+            Some(TapStats {
+                gro_frames: s.gro_frames,
+                gro_segments: s.gro_segments,
+            })
+        }
+        _ => None,
+    };
     PortStats {
         name: p.config.name.clone(),
         rx_packets: queues.iter().map(|q| q.rx_packets).sum(),
@@ -356,6 +367,7 @@ fn port_stats(p: &PortEntry) -> PortStats {
         logged_pages,
         announces,
         vxlan,
+        tap,
     }
 }
 

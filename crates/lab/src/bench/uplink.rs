@@ -14,7 +14,10 @@
 //! Contenders: qswitch with the uplink in each mode (native, skb, packet) and the Linux
 //! bridge, each with 1 and 4 TCP streams (iperf3 peer → vm), interleaved. Reports Gbit/s,
 //! machine busy CPUs per Gbit/s and the idle CPU before each run (`idle_busy_cpus`), and each
-//! mode's ratios to the bridge. Not here yet: 64 B Mpps from a generator in the peer namespace.
+//! mode's ratios to the bridge. And 64 B frames/s ([`pps`]): a DPDK testpmd generator on the
+//! peer's end of the veth (the first CPU), counted where the frames reach the vm namespace;
+//! qswitch gets one worker, on the second CPU. Its idle window gives the daemon's CPU with the
+//! uplink attached and nothing to do.
 
 use serde::Serialize;
 
@@ -25,20 +28,26 @@ use super::{
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot;
 
+mod pps;
+
 /// Modes of the qswitch contenders; the bridge is the last contender of each stream count.
 const MODES: [&str; 3] = ["native", "skb", "packet"];
 const STREAMS: [u32; 2] = [1, 4];
 
-/// Contender names: `qswitch-native-1`, ..., `linux-bridge-1`, then the same with `-4`.
+/// Contender names: `qswitch-native-1`, ..., `linux-bridge-1`, then the same with `-4`, then
+/// the 64 B ones (`qswitch-native-64B`, ..., `linux-bridge-64B`).
 fn names() -> Vec<String> {
+    let group = |s: String| {
+        MODES
+            .iter()
+            .map(|m| format!("qswitch-{m}-{s}"))
+            .chain([format!("linux-bridge-{s}")])
+            .collect::<Vec<_>>()
+    };
     STREAMS
         .iter()
-        .flat_map(|s| {
-            MODES
-                .iter()
-                .map(move |m| format!("qswitch-{m}-{s}"))
-                .chain([format!("linux-bridge-{s}")])
-        })
+        .flat_map(|s| group(s.to_string()))
+        .chain(group(format!("{}B", pps::FRAME)))
         .collect()
 }
 
@@ -50,6 +59,17 @@ struct UplinkReport {
     ratios: Vec<Ratio>,
     /// The mode `port list` reported per qswitch contender (e.g. `native-copy`).
     modes_in_use: Vec<(String, String)>,
+    /// The 64 B runs, their medians and each mode's Mpps over the bridge's.
+    pps_runs: Vec<pps::PpsRun>,
+    pps_summary: Vec<pps::PpsSummary>,
+    pps_ratios: Vec<PpsRatio>,
+}
+
+/// One mode's 64 B Mpps over the bridge's (medians).
+#[derive(Debug, Serialize)]
+struct PpsRatio {
+    of: String,
+    mpps: f64,
 }
 
 /// Field order is drop order: the daemon (or bridge) first, then the veths, then the
@@ -61,6 +81,9 @@ struct UplinkTopo {
     _wire: Link,
     peer: Netns,
     vm: Netns,
+    /// The peer's end of the veth, and the vm namespace's interface.
+    peer_if: String,
+    vm_if: String,
     _dir: Option<crate::topology::RemoveDir>,
 }
 
@@ -115,6 +138,8 @@ fn setup_qswitch(id: u32, workers: &str, mode: &str) -> anyhow::Result<(UplinkTo
         _wire: wire,
         peer,
         vm,
+        peer_if: format!("qsuP{n}"),
+        vm_if: tap.clone(),
         _dir: Some(dir),
     };
     topo.vm.adopt(&tap, "10.97.0.2/24")?;
@@ -146,6 +171,8 @@ fn setup_bridge(id: u32) -> anyhow::Result<UplinkTopo> {
         _wire: wire,
         peer,
         vm,
+        peer_if: format!("qsuP{n}"),
+        vm_if: format!("qsuW{n}"),
         _dir: None,
     })
 }
@@ -156,22 +183,39 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         ("ss", "iproute2"),
         ("iperf3", "iperf3"),
         ("ethtool", "ethtool"),
+        ("ping", "iputils-ping"),
+        (pps::TESTPMD, "dpdk"),
     ] {
         netns::ensure_tool(tool, pkg)?;
     }
     let (runs, seconds) = (b.args.runs, b.args.seconds);
     let workers = crate::topology::worker_cpus(2)?;
+    // 64 B: the generator's lcores on the first CPU, qswitch's one worker on the second.
+    let cpus = qswitch_sys::thread::online_cpus()?;
+    let (gen_cpu, pps_worker) = match cpus.as_slice() {
+        [a, b, ..] => (*a, b.to_string()),
+        _ => anyhow::bail!("bench uplink needs two online CPUs; online: {cpus:?}"),
+    };
     let names = names();
     let per = MODES.len() + 1;
+    let tcp_contenders = per * STREAMS.len();
     let order: Vec<(u32, usize)> = interleave(names.len(), runs)
         .into_iter()
-        .filter(|&(_, c)| b.args.only.as_deref().is_none_or(|o| names[c].contains(o)))
+        // `--only native,bridge`: the contenders whose name contains any of the parts.
+        .filter(|&(_, c)| {
+            b.args
+                .only
+                .as_deref()
+                .is_none_or(|o| o.split(',').any(|part| names[c].contains(part)))
+        })
         .collect();
     b.say(format_args!(
-        "{runs} round(s) of {} contenders, {seconds} s each; qswitch workers on CPUs {workers}",
+        "{runs} round(s) of {} contenders, {seconds} s each; qswitch workers on CPUs {workers} \
+         (64 B: generator on CPU {gen_cpu}, qswitch worker on CPU {pps_worker})",
         names.len()
     ));
     let mut results = Vec::new();
+    let mut pps_results = Vec::new();
     let mut modes_in_use = Vec::new();
     for (seq, &(round, c)) in order.iter().enumerate() {
         b.check()?;
@@ -182,9 +226,14 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             order.len(),
             round + 1
         ));
-        let (mode, streams) = (c % per, STREAMS[c / per]);
+        let (mode, group) = (c % per, c / per);
         let topo = if mode < MODES.len() {
-            let (t, in_use) = setup_qswitch(b.id, &workers, MODES[mode])?;
+            let w = if c < tcp_contenders {
+                &workers
+            } else {
+                &pps_worker
+            };
+            let (t, in_use) = setup_qswitch(b.id, w, MODES[mode])?;
             if round == 0 {
                 modes_in_use.push((name.clone(), in_use));
             }
@@ -192,14 +241,34 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         } else {
             setup_bridge(b.id)?
         };
-        let p = streams.to_string();
-        let r = iperf_run_with(b, &topo, (name, round + 1, seq + 1), &["-P", &p])?;
-        drop(topo);
-        println!("{}", run_line(&r));
-        results.push(r);
+        if c < tcp_contenders {
+            let p = STREAMS[group].to_string();
+            let r = iperf_run_with(b, &topo, (name, round + 1, seq + 1), &["-P", &p])?;
+            drop(topo);
+            println!("{}", run_line(&r));
+            results.push(r);
+        } else {
+            let dir = crate::topology::RemoveDir(
+                std::env::temp_dir().join(format!("qswitch-bench-uplink-pps-{}", b.id)),
+            );
+            std::fs::create_dir_all(&dir.0)?;
+            let ends = pps::Ends {
+                peer: &topo.peer,
+                peer_if: &topo.peer_if,
+                vm: &topo.vm,
+                vm_if: &topo.vm_if,
+                daemon_pid: topo.daemon.as_ref().and_then(Daemon::pid),
+                gen_cpu,
+                dir: &dir.0,
+            };
+            let r = pps::run(b, &ends, (name, round + 1, seq + 1))?;
+            drop(topo);
+            println!("{}", pps_line(&r));
+            pps_results.push(r);
+        }
     }
     let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let (summary, _) = summarise(&name_refs, &results);
+    let (summary, _) = summarise(&name_refs[..tcp_contenders], &results);
     let mut ratios = Vec::new();
     for (i, s) in summary.iter().enumerate() {
         let bridge = &summary[(i / per) * per + MODES.len()];
@@ -209,8 +278,22 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             }
         }
     }
+    let pps_summary = pps::summarise(&name_refs[tcp_contenders..], &pps_results);
+    let bridge = &pps_summary[MODES.len()];
+    let pps_ratios: Vec<PpsRatio> = pps_summary[..MODES.len()]
+        .iter()
+        .filter(|s| s.runs > 0 && bridge.runs > 0 && bridge.mpps_median > 0.0)
+        .map(|s| PpsRatio {
+            of: format!("{} / {}", s.contender, bridge.contender),
+            mpps: s.mpps_median / bridge.mpps_median,
+        })
+        .collect();
     let title = format!("uplink ({seconds} s, {runs} runs each)");
-    print_table("uplink", &title, &summary, None);
+    // Contenders `--only` left out have no runs: not in the tables.
+    let ran: Vec<ContenderSummary> = summary.iter().filter(|s| s.runs > 0).cloned().collect();
+    if !ran.is_empty() {
+        print_table("uplink", &title, &ran, None);
+    }
     for r in &ratios {
         println!(
             "RESULT uplink {} gbps_ratio={:.3} cpu_per_gbps_ratio={:.3}",
@@ -219,16 +302,34 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             r.cpu_per_gbps
         );
     }
+    if !pps_results.is_empty() {
+        print_pps_table(&pps_summary, &pps_ratios);
+    }
     for (c, m) in &modes_in_use {
         println!("RESULT uplink {c} mode_in_use={m}");
     }
-    let idle: Vec<f64> = results.iter().map(|r| r.idle_busy_cpus).collect();
+    let idle: Vec<f64> = results
+        .iter()
+        .map(|r| r.idle_busy_cpus)
+        .chain(pps_results.iter().map(|r| r.idle_busy_cpus))
+        .collect();
     println!(
         "RESULT uplink idle_busy_cpus_median={:.3}",
         super::median(&idle)
     );
     warn_if_busy(&results);
-    let svg = svg(&title, &summary, &results);
+    let busy: Vec<String> = pps_results
+        .iter()
+        .filter(|r| r.idle_busy_cpus > 0.5)
+        .map(|r| format!("#{}", r.seq))
+        .collect();
+    if !busy.is_empty() {
+        println!(
+            "warning: the machine was busy before 64 B run(s) {} (> 0.5 CPUs busy while idle)",
+            busy.join(" ")
+        );
+    }
+    let svg = svg(&title, &summary, &results, &pps_summary);
     let report = UplinkReport {
         report: Report {
             scenario: "uplink".into(),
@@ -238,6 +339,11 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 "contenders": names,
                 "order": order.iter().map(|&(_, c)| names[c].clone()).collect::<Vec<_>>(),
                 "qswitch_workers": workers,
+                "pps_qswitch_workers": pps_worker,
+                "pps_generator": format!(
+                    "{} txonly, {} B frames, net_af_packet on the peer veth, lcores on CPU {gen_cpu}",
+                    pps::TESTPMD, pps::FRAME
+                ),
                 "wire_peer_offloads": "tx off tso off gso off; uplink gro off",
                 "qswitch_version": env!("CARGO_PKG_VERSION"),
                 "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -248,8 +354,66 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         },
         ratios,
         modes_in_use,
+        pps_runs: pps_results,
+        pps_summary,
+        pps_ratios,
     };
     super::write_results(&b.args.out, "uplink", &report, &svg)
+}
+
+/// One line about a finished 64 B run.
+fn pps_line(r: &pps::PpsRun) -> String {
+    let idle = r
+        .daemon_idle_cpu_pct
+        .map(|p| format!("  daemon idle {p:.2}% CPU"))
+        .unwrap_or_default();
+    format!(
+        " {:>6.3} Mpps (offered {:.3})  busy {:.2} CPUs (idle {:.2}){idle}",
+        r.mpps, r.offered_mpps, r.busy_cpus, r.idle_busy_cpus
+    )
+}
+
+/// The 64 B table and its `RESULT` lines.
+fn print_pps_table(summary: &[pps::PpsSummary], ratios: &[PpsRatio]) {
+    println!();
+    println!(
+        "{:<43}{:<28}{:<16}daemon idle CPU %",
+        format!("{} B frames", pps::FRAME),
+        "Mpps (median [min-max])",
+        "offered Mpps"
+    );
+    for s in summary.iter().filter(|s| s.runs > 0) {
+        let m = format!("{:.3} [{:.3}-{:.3}]", s.mpps_median, s.mpps_min, s.mpps_max);
+        let idle = s
+            .daemon_idle_cpu_pct_median
+            .map(|p| format!("{p:.2}"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "  {:<41}{m:<28}{:<16.3}{idle}",
+            s.contender, s.offered_mpps_median
+        );
+    }
+    for r in ratios {
+        println!("  {:<41}{:.2}", format!("ratio {}", r.of), r.mpps);
+    }
+    println!();
+    for s in summary.iter().filter(|s| s.runs > 0) {
+        let idle = s
+            .daemon_idle_cpu_pct_median
+            .map(|p| format!(" daemon_idle_cpu_pct={p:.3}"))
+            .unwrap_or_default();
+        println!(
+            "RESULT uplink {} mpps={:.3} offered_mpps={:.3} busy_cpus={:.2}{idle}",
+            s.contender, s.mpps_median, s.offered_mpps_median, s.busy_cpus_median
+        );
+    }
+    for r in ratios {
+        println!(
+            "RESULT uplink {} mpps_ratio={:.3}",
+            r.of.replace(' ', ""),
+            r.mpps
+        );
+    }
 }
 
 fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
@@ -261,7 +425,12 @@ fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
 }
 
 /// Gbit/s and CPU per Gbit/s per stream count; then per-second Gbit/s of every run.
-fn svg(title: &str, summary: &[ContenderSummary], runs: &[super::IperfRun]) -> String {
+fn svg(
+    title: &str,
+    summary: &[ContenderSummary],
+    runs: &[super::IperfRun],
+    pps_summary: &[pps::PpsSummary],
+) -> String {
     let per = MODES.len() + 1;
     let group = |k: usize, f: fn(&ContenderSummary) -> f64| {
         (
@@ -305,5 +474,25 @@ fn svg(title: &str, summary: &[ContenderSummary], runs: &[super::IperfRun]) -> S
         &series,
         &[],
     );
-    plot::stack(&[gbps, cpu, lines])
+    let label = |s: &pps::PpsSummary| s.contender.rsplit_once('-').map_or("", |x| x.0).to_string();
+    let mpps = plot::bar_chart_with_ranges(
+        &format!(
+            "{} B frames from a testpmd generator in the peer namespace: median Mpps into the vm \
+             namespace (whiskers: min-max)",
+            pps::FRAME
+        ),
+        "Mpps",
+        &[(
+            format!("{} B", pps::FRAME),
+            pps_summary
+                .iter()
+                .map(|s| (label(s), s.mpps_median))
+                .collect(),
+        )],
+        &[pps_summary
+            .iter()
+            .map(|s| (s.mpps_min, s.mpps_max))
+            .collect()],
+    );
+    plot::stack(&[gbps, cpu, mpps, lines])
 }
