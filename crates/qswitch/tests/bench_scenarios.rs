@@ -1,6 +1,7 @@
-//! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`
-//! and `multiqueue` bench scenarios (root): each writes its JSON with per-second records and
-//! a summary, and an SVG, and leaves no namespace behind. Timings are never asserted.
+//! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`,
+//! `multiqueue` and `uplink` bench scenarios (root): each writes its JSON with per-second
+//! records and a summary, and an SVG, and leaves no namespace (nor DPDK runtime directory)
+//! behind. Timings are never asserted.
 
 mod common;
 
@@ -109,4 +110,73 @@ fn bypass_affinity_multiqueue_write_results() {
         2,
         "{affinity}"
     );
+}
+
+/// `bench uplink`, native and bridge only, one short round: the TCP runs (1 and 4 streams) and
+/// the 64 B runs with the testpmd generator, which says what it is and what it offered.
+#[test]
+fn uplink_native_and_bridge_write_results() {
+    if !root_or_skip() || !cpus_or_skip(2) {
+        return;
+    }
+    let dir = TempDir::new("bench-uplink");
+    let log = dir.join("uplink.out");
+    let child = Command::new(QSWITCH)
+        .args(["bench", "uplink", "--runs", "1", "--seconds", "2"])
+        .args(["--only", "native-,bridge-", "--out"])
+        .arg(dir.path())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let pid = child.pid();
+    let status = child.wait_timeout(Duration::from_secs(240));
+    let stdout = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
+    assert!(!stdout.contains("panicked"), "{stdout}");
+    assert!(
+        stdout.contains("RESULT uplink qswitch-native-64B mpps="),
+        "{stdout}"
+    );
+    assert!(stdout.contains("RESULT uplink pps_generator="), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("uplink.json")).unwrap()).unwrap();
+    assert_eq!(json["runs"].as_array().unwrap().len(), 4, "{json}");
+    let pps = json["pps_runs"].as_array().unwrap();
+    assert_eq!(pps.len(), 2, "{json}");
+    for r in pps {
+        assert!(r["offered_mpps"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["mpps"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(!r["samples"].as_array().unwrap().is_empty(), "{r}");
+    }
+    assert!(
+        json["config"]["pps_generator"]
+            .as_str()
+            .unwrap()
+            .contains("net_af_xdp"),
+        "{json}"
+    );
+    assert_eq!(json["pps_ratios"].as_array().unwrap().len(), 1, "{json}");
+    let svg = std::fs::read_to_string(dir.join("uplink.svg")).unwrap();
+    assert!(svg.starts_with("<svg"));
+    let left: Vec<String> = namespaces()
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.ends_with(&format!("-{pid}")))
+        })
+        .map(String::from)
+        .collect();
+    assert!(left.is_empty(), "left namespaces {left:?}");
+    let dpdk: Vec<String> = std::fs::read_dir("/var/run/dpdk")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("qsbench-up-{pid}-")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(dpdk.is_empty(), "left DPDK runtime dirs {dpdk:?}");
 }

@@ -14,10 +14,10 @@
 //! Contenders: qswitch with the uplink in each mode (native, skb, packet) and the Linux
 //! bridge, each with 1 and 4 TCP streams (iperf3 peer → vm), interleaved. Reports Gbit/s,
 //! machine busy CPUs per Gbit/s and the idle CPU before each run (`idle_busy_cpus`), and each
-//! mode's ratios to the bridge. And 64 B frames/s ([`pps`]): a DPDK testpmd generator on the
-//! peer's end of the veth (the first CPU), counted where the frames reach the vm namespace;
-//! qswitch gets one worker, on the second CPU. Its idle window gives the daemon's CPU with the
-//! uplink attached and nothing to do.
+//! mode's ratios to the bridge. And 64 B frames/s ([`pps`]): a DPDK testpmd generator (AF_XDP
+//! transmit) on the peer's end of the veth (the first CPU), counted where the frames reach the
+//! vm namespace; qswitch gets one worker, on the second CPU. Its idle window gives the daemon's
+//! CPU with the uplink attached and nothing to do.
 
 use serde::Serialize;
 
@@ -211,8 +211,9 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         .collect();
     b.say(format_args!(
         "{runs} round(s) of {} contenders, {seconds} s each; qswitch workers on CPUs {workers} \
-         (64 B: generator on CPU {gen_cpu}, qswitch worker on CPU {pps_worker})",
-        names.len()
+         (64 B: generator on CPU {gen_cpu}, qswitch worker on CPU {pps_worker}; generator: {})",
+        names.len(),
+        pps::GENERATOR
     ));
     let mut results = Vec::new();
     let mut pps_results = Vec::new();
@@ -304,6 +305,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     if !pps_results.is_empty() {
         print_pps_table(&pps_summary, &pps_ratios);
+        println!("RESULT uplink pps_generator=\"{}\"", pps::GENERATOR);
     }
     for (c, m) in &modes_in_use {
         println!("RESULT uplink {c} mode_in_use={m}");
@@ -340,10 +342,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 "order": order.iter().map(|&(_, c)| names[c].clone()).collect::<Vec<_>>(),
                 "qswitch_workers": workers,
                 "pps_qswitch_workers": pps_worker,
-                "pps_generator": format!(
-                    "{} txonly, {} B frames, net_af_packet on the peer veth, lcores on CPU {gen_cpu}",
-                    pps::TESTPMD, pps::FRAME
-                ),
+                "pps_generator": format!("{}, lcores on CPU {gen_cpu}", pps::GENERATOR),
                 "wire_peer_offloads": "tx off tso off gso off; uplink gro off",
                 "qswitch_version": env!("CARGO_PKG_VERSION"),
                 "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -394,7 +393,7 @@ fn print_pps_table(summary: &[pps::PpsSummary], ratios: &[PpsRatio]) {
         );
     }
     for r in ratios {
-        println!("  {:<41}{:.2}", format!("ratio {}", r.of), r.mpps);
+        println!("  {:<41} {:.2}", format!("ratio {}", r.of), r.mpps);
     }
     println!();
     for s in summary.iter().filter(|s| s.runs > 0) {
