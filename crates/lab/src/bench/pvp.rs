@@ -1457,10 +1457,7 @@ impl OvsSwitch {
             prefix: format!("qspvp{id}-{seq}"),
             dir,
             remove_dp_tap,
-            clk_tck: netns::run(&["getconf", "CLK_TCK"])
-                .ok()
-                .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-                .unwrap_or(100.0),
+            clk_tck: clk_tck(),
         };
         let dir = ovs.dir.clone();
         let t = Duration::from_secs(10);
@@ -1608,15 +1605,7 @@ impl OvsSwitch {
 
     /// The PMD thread's id (the thread whose name starts with "pmd").
     fn pmd_tid(&self) -> Option<u32> {
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid)).ok()?;
-        tasks.flatten().find_map(|t| {
-            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            if comm.starts_with("pmd") {
-                t.file_name().to_str()?.parse().ok()
-            } else {
-                None
-            }
-        })
+        thread_named(self.pid, "pmd")
     }
 }
 
@@ -1658,16 +1647,42 @@ impl Switch for OvsSwitch {
         (self.dir.join("a.sock"), self.dir.join("b.sock"))
     }
     fn cpu(&self) -> anyhow::Result<CpuSnap> {
-        let process = stat_ticks(&format!("/proc/{}/stat", self.pid))?;
-        let worker = match self.pmd_tid() {
-            Some(tid) => stat_ticks(&format!("/proc/{}/task/{tid}/stat", self.pid))?,
-            None => 0,
-        };
-        Ok(CpuSnap {
-            process_s: process as f64 / self.clk_tck,
-            worker_s: worker as f64 / self.clk_tck,
-        })
+        cpu_of(self.pid, self.pmd_tid(), self.clk_tck)
     }
+}
+
+/// The CPU of process `pid` and of its thread `worker` (0 without one), from `/proc`.
+fn cpu_of(pid: u32, worker: Option<u32>, clk_tck: f64) -> anyhow::Result<CpuSnap> {
+    let process = stat_ticks(&format!("/proc/{pid}/stat"))?;
+    let worker = match worker {
+        Some(tid) => stat_ticks(&format!("/proc/{pid}/task/{tid}/stat"))?,
+        None => 0,
+    };
+    Ok(CpuSnap {
+        process_s: process as f64 / clk_tck,
+        worker_s: worker as f64 / clk_tck,
+    })
+}
+
+/// The first thread of `pid` whose name starts with `prefix`.
+fn thread_named(pid: u32, prefix: &str) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.flatten().find_map(|t| {
+        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+        if comm.starts_with(prefix) {
+            t.file_name().to_str()?.parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// `getconf CLK_TCK` (100 if it cannot be read).
+fn clk_tck() -> f64 {
+    netns::run(&["getconf", "CLK_TCK"])
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
 }
 
 impl Drop for OvsSwitch {
@@ -1762,10 +1777,7 @@ impl TestpmdSwitch {
             child: ChildGuard(Some(child)),
             dir,
             prefix,
-            clk_tck: netns::run(&["getconf", "CLK_TCK"])
-                .ok()
-                .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-                .unwrap_or(100.0),
+            clk_tck: clk_tck(),
         };
         // Up when both server sockets exist (or testpmd died); the load may connect from
         // then on. Its output is block-buffered: nothing to wait for there.
@@ -1792,19 +1804,6 @@ impl TestpmdSwitch {
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
         lines[lines.len().saturating_sub(4)..].join(" / ")
     }
-
-    /// The forwarding lcore's thread (DPDK names it `lcore-worker-N`).
-    fn worker_tid(&self) -> Option<u32> {
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid)).ok()?;
-        tasks.flatten().find_map(|t| {
-            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            if comm.starts_with("lcore-worker") {
-                t.file_name().to_str()?.parse().ok()
-            } else {
-                None
-            }
-        })
-    }
 }
 
 impl Switch for TestpmdSwitch {
@@ -1815,15 +1814,10 @@ impl Switch for TestpmdSwitch {
         (self.dir.join("a.sock"), self.dir.join("b.sock"))
     }
     fn cpu(&self) -> anyhow::Result<CpuSnap> {
-        let process = stat_ticks(&format!("/proc/{}/stat", self.pid))?;
-        let worker = match self.worker_tid() {
-            Some(tid) => stat_ticks(&format!("/proc/{}/task/{tid}/stat", self.pid))?,
-            None => 0,
-        };
-        Ok(CpuSnap {
-            process_s: process as f64 / self.clk_tck,
-            worker_s: worker as f64 / self.clk_tck,
-        })
+        // DPDK names the forwarding lcore's thread `lcore-worker-N` (`rte-worker-N` later).
+        let worker =
+            thread_named(self.pid, "lcore-worker").or_else(|| thread_named(self.pid, "rte-worker"));
+        cpu_of(self.pid, worker, self.clk_tck)
     }
 }
 
