@@ -8,7 +8,8 @@
 # give D1 and last-level misses per frame; the worker's sleeps and wake-ups per frame come
 # from its counters. Deterministic where `bench pvp`'s Mpps are noisy; valgrind makes the
 # worker ~50x slower, so the rings stay full and bursts are whole.
-# Usage: bench/callgrind-dpdk.sh [QSWITCH_BINARY]   (default: target/release/qswitch)
+# Usage: [SIZES="64 1518"] [KEEP=1] bench/callgrind-dpdk.sh [QSWITCH_BINARY]
+#        (default binary: target/release/qswitch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
@@ -17,7 +18,9 @@ dir=$(mktemp -d /tmp/qswitch-cg-dpdk-XXXXXX)
 pid=
 cleanup() {
     [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    [ -n "${KEEP:-}" ] && echo "kept $dir" && return; rm -rf "$dir" "/var/run/dpdk/qscg$$"
+    rm -rf "/var/run/dpdk/qscg$$"
+    # KEEP=1 keeps the profiles and logs for a closer look (callgrind_annotate).
+    if [ -n "${KEEP:-}" ]; then echo "kept $dir"; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
 cc -O2 bench/dpdk-load/qsload.c $(pkg-config --cflags --libs libdpdk) -o "$dir/qsload"
