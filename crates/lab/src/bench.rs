@@ -424,14 +424,20 @@ pub fn print_table(
 /// Warns about runs that began on a busy machine (more than half a CPU busy in the idle
 /// second before the traffic).
 pub fn warn_if_busy(runs: &[IperfRun]) {
+    warn_busy_before("run(s)", runs.iter().map(|r| (r.seq, r.idle_busy_cpus)));
+}
+
+/// The warning of [`warn_if_busy`] for any kind of run: `runs` are (position in the
+/// interleaved order, busy CPUs in the idle second before it); `what` names them.
+pub fn warn_busy_before(what: &str, runs: impl IntoIterator<Item = (usize, f64)>) {
     let busy: Vec<String> = runs
-        .iter()
-        .filter(|r| r.idle_busy_cpus > 0.5)
-        .map(|r| format!("#{}", r.seq))
+        .into_iter()
+        .filter(|&(_, idle_busy)| idle_busy > 0.5)
+        .map(|(seq, _)| format!("#{seq}"))
         .collect();
     if !busy.is_empty() {
         println!(
-            "warning: the machine was busy before run(s) {} (> 0.5 CPUs busy while idle): other \
+            "warning: the machine was busy before {what} {} (> 0.5 CPUs busy while idle): other \
              work competed with the measurement; rerun on a quiet machine before quoting these",
             busy.join(" ")
         );

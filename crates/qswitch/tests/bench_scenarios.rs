@@ -48,6 +48,19 @@ fn load_generator_on_loopback() {
     assert_eq!(out.code, Some(1), "{out:?}");
 }
 
+/// The network namespaces whose name ends in `-PID` (what a bench run as `pid` made).
+fn namespaces_of(pid: u32) -> Vec<String> {
+    namespaces()
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.ends_with(&format!("-{pid}")))
+        })
+        .map(String::from)
+        .collect()
+}
+
 fn namespaces() -> String {
     sh(&["ip", "netns", "list"]).stdout
 }
@@ -92,15 +105,7 @@ fn bypass_affinity_multiqueue_write_results() {
             svg.starts_with("<svg") && !svg.contains("NaN"),
             "{scenario}"
         );
-        let left: Vec<String> = namespaces()
-            .lines()
-            .filter(|l| {
-                l.split_whitespace()
-                    .next()
-                    .is_some_and(|n| n.ends_with(&format!("-{pid}")))
-            })
-            .map(String::from)
-            .collect();
+        let left = namespaces_of(pid);
         assert!(left.is_empty(), "{scenario} left namespaces {left:?}");
     }
     let affinity: Value =
@@ -160,15 +165,7 @@ fn uplink_native_and_bridge_write_results() {
     assert_eq!(json["pps_ratios"].as_array().unwrap().len(), 1, "{json}");
     let svg = std::fs::read_to_string(dir.join("uplink.svg")).unwrap();
     assert!(svg.starts_with("<svg"));
-    let left: Vec<String> = namespaces()
-        .lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|n| n.ends_with(&format!("-{pid}")))
-        })
-        .map(String::from)
-        .collect();
+    let left = namespaces_of(pid);
     assert!(left.is_empty(), "left namespaces {left:?}");
     let dpdk: Vec<String> = std::fs::read_dir("/var/run/dpdk")
         .map(|d| {

@@ -345,18 +345,7 @@ pub fn svg(title: &str, unit: &str, summary: &[TxnSummary], runs: &[TxnRun]) -> 
 
 /// Warns about runs that began on a busy machine.
 pub fn warn_if_busy(runs: &[TxnRun]) {
-    let busy: Vec<String> = runs
-        .iter()
-        .filter(|r| r.idle_busy_cpus > 0.5)
-        .map(|r| format!("#{}", r.seq))
-        .collect();
-    if !busy.is_empty() {
-        println!(
-            "warning: the machine was busy before run(s) {} (> 0.5 CPUs busy while idle); \
-             rerun on a quiet machine before quoting these",
-            busy.join(" ")
-        );
-    }
+    super::warn_busy_before("run(s)", runs.iter().map(|r| (r.seq, r.idle_busy_cpus)));
 }
 
 #[cfg(test)]

@@ -320,17 +320,10 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         super::median(&idle)
     );
     warn_if_busy(&results);
-    let busy: Vec<String> = pps_results
-        .iter()
-        .filter(|r| r.idle_busy_cpus > 0.5)
-        .map(|r| format!("#{}", r.seq))
-        .collect();
-    if !busy.is_empty() {
-        println!(
-            "warning: the machine was busy before 64 B run(s) {} (> 0.5 CPUs busy while idle)",
-            busy.join(" ")
-        );
-    }
+    super::warn_busy_before(
+        "64 B run(s)",
+        pps_results.iter().map(|r| (r.seq, r.idle_busy_cpus)),
+    );
     let svg = svg(&title, &summary, &results, &pps_summary);
     let report = UplinkReport {
         report: Report {
