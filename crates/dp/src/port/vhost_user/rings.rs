@@ -59,6 +59,17 @@ fn stop_ring(dev: &Device, vi: usize, v: &mut Vring, why: &str) {
     dev.note_ring(vi, v);
 }
 
+/// The ring slot of free-running index `i` in a ring of `size` entries. Split-ring sizes
+/// are powers of two (virtio 1.x 2.7; `virtio-queue` refuses others), so this is a mask,
+/// not a division: a `div` per ring access was several per frame on the worker's critical
+/// path. For any nonzero `size` the result is below it (a bitwise and with `size - 1`); the
+/// callers reject size 0, and every ring access is bounds-checked by [`GuestView`] anyway.
+#[inline(always)]
+fn slot(i: u16, size: u16) -> u16 {
+    debug_assert!(size.is_power_of_two());
+    i & size.wrapping_sub(1)
+}
+
 /// Writes a used element after the ones already staged; the guest does not see it until
 /// [`publish_used`]. Returns false if `head` is not a valid index or the ring is not
 /// writable.
@@ -67,7 +78,7 @@ fn stage_used(v: &mut Vring, mem: &GuestView<'_>, head: u16, len: u32) -> bool {
     if head >= size {
         return false;
     }
-    let pos = v.queue.next_used().wrapping_add(v.used_pending) % size;
+    let pos = slot(v.queue.next_used().wrapping_add(v.used_pending), size);
     let addr = v.queue.used_ring() + 4 + u64::from(pos) * 8;
     let mut elem = [0u8; 8];
     elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
@@ -92,7 +103,7 @@ fn stage_used_all(v: &mut Vring, mem: &GuestView<'_>, heads: &[u16]) -> bool {
         e[..4].copy_from_slice(&u32::from(h).to_le_bytes());
     }
     let n = heads.len().min(BURST);
-    let first = usize::from(v.queue.next_used().wrapping_add(v.used_pending) % size);
+    let first = usize::from(slot(v.queue.next_used().wrapping_add(v.used_pending), size));
     let before_wrap = n.min(usize::from(size) - first);
     let ring = v.queue.used_ring() + 4;
     let ok = mem.write(ring + 8 * first as u64, &elems[..8 * before_wrap])
@@ -191,7 +202,7 @@ fn pop_heads(
                 break;
             }
         }
-        let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(next % size), Ordering::Relaxed)
+        let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(slot(next, size)), Ordering::Relaxed)
         else {
             break;
         };
@@ -482,7 +493,7 @@ fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
     let ready = usize::from(idx.wrapping_sub(next)).min(usize::from(size));
     let table = v.queue.desc_table();
     for i in 0..want.min(ready) as u16 {
-        let slot = ring + 4 + 2 * u64::from(next.wrapping_add(i) % size);
+        let slot = ring + 4 + 2 * u64::from(slot(next.wrapping_add(i), size));
         let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
             return;
         };
@@ -506,7 +517,7 @@ fn prefetch_rx_buffer(v: &Vring, mem: &GuestView<'_>, ahead: u16, len: usize) {
         return;
     }
     let slot =
-        v.queue.avail_ring() + 4 + 2 * u64::from(v.queue.next_avail().wrapping_add(ahead) % size);
+        v.queue.avail_ring() + 4 + 2 * u64::from(slot(v.queue.next_avail().wrapping_add(ahead), size));
     let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
         return;
     };
@@ -526,9 +537,9 @@ fn prefetch_used(v: &Vring, mem: &GuestView<'_>, n: usize) {
     let base = v.queue.used_ring() + 4;
     // One hint per cache line: 8 used elements of 8 bytes each.
     for i in (0..n.min(usize::from(size)) as u16).step_by(8) {
-        mem.prefetch_write(base + 8 * u64::from(first.wrapping_add(i) % size));
+        mem.prefetch_write(base + 8 * u64::from(slot(first.wrapping_add(i), size)));
     }
-    mem.prefetch_write(base + 8 * u64::from(first.wrapping_add(n as u16).wrapping_sub(1) % size));
+    mem.prefetch_write(base + 8 * u64::from(slot(first.wrapping_add(n as u16).wrapping_sub(1), size)));
 }
 
 /// Picks the receive pair for a frame (vRSS): the Toeplitz hash of its flow indexes the
@@ -730,7 +741,7 @@ fn write_rx_single(v: &mut Vring, mem: &GuestView<'_>, bytes: &[u8]) -> bool {
     if size == 0 {
         return false;
     }
-    let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(next % size), Ordering::Relaxed) else {
+    let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(slot(next, size)), Ordering::Relaxed) else {
         return false;
     };
     if head >= size {
