@@ -110,7 +110,7 @@ impl<'a> GuestView<'a> {
     }
 
     #[inline(always)]
-    fn mark(&self, addr: u64, len: usize) {
+    pub(crate) fn mark(&self, addr: u64, len: usize) {
         if let Some(s) = self.log {
             log_write(s.log, s.dev, addr, len as u64);
         }
@@ -138,6 +138,14 @@ impl<'a> GuestView<'a> {
             let off = addr.wrapping_sub(r.start);
             (off < r.map.len() as u64).then_some((r.map, off))
         })
+    }
+
+    /// `[addr, addr + len)` as one mapping, if it lies inside one of the resolved regions
+    /// (a split ring's descriptor table, avail or used ring: see `rings::Ring`).
+    #[inline(always)]
+    pub fn span(&self, addr: u64, len: usize) -> Option<Mapped<'a>> {
+        let (m, off) = self.find(addr)?;
+        m.sub(off, len)
     }
 
     /// Whether `[addr, addr + len)` is guest memory.

@@ -20,6 +20,8 @@ use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use super::chain::{self, Seg};
+use qswitch_sys::guest::Mapped;
+
 use super::mem::GuestView;
 use super::{Device, Vring};
 use crate::packet::{Pkt, BUF_SIZE, BURST, HEADROOM};
@@ -70,20 +72,126 @@ fn slot(i: u16, size: u16) -> u16 {
     i & size.wrapping_sub(1)
 }
 
+/// A split ring's three parts for one burst (the ring lock is held, so its addresses do not
+/// move). Each part that lies inside one resolved region of guest memory is resolved to a
+/// mapping up front, so a descriptor, avail entry or used element costs one bounds check
+/// instead of a region search, a call and a dirty-log branch per access; a part that does
+/// not (it straddles regions) goes through [`GuestView`]'s general path. Writes are marked
+/// in the dirty log either way, and nothing read is trusted.
+pub(crate) struct Ring<'m, 'a> {
+    pub(crate) mem: &'m GuestView<'a>,
+    size: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    desc_map: Option<Mapped<'a>>,
+    avail_map: Option<Mapped<'a>>,
+    used_map: Option<Mapped<'a>>,
+}
+
+impl<'m, 'a> Ring<'m, 'a> {
+    pub(crate) fn new(v: &Vring, mem: &'m GuestView<'a>) -> Ring<'m, 'a> {
+        let size = v.queue.size();
+        let n = usize::from(size);
+        let (desc, avail, used) = (
+            v.queue.desc_table(),
+            v.queue.avail_ring(),
+            v.queue.used_ring(),
+        );
+        Ring {
+            mem,
+            size,
+            desc,
+            avail,
+            used,
+            // The event words after the rings (EVENT_IDX) are not part of the spans: they
+            // are read once per burst at most, through the general path.
+            desc_map: mem.span(desc, 16 * n),
+            avail_map: mem.span(avail, 4 + 2 * n),
+            used_map: mem.span(used, 4 + 8 * n),
+        }
+    }
+
+    /// The guest's avail index.
+    #[inline(always)]
+    fn avail_idx(&self) -> Option<u16> {
+        match self.avail_map {
+            Some(m) => m.load_u16(2, Ordering::Acquire).map(u16::from_le),
+            None => self.mem.load_u16(self.avail + 2, Ordering::Acquire),
+        }
+    }
+
+    /// The head in the avail ring's slot for free-running index `i`.
+    #[inline(always)]
+    fn avail_head(&self, i: u16) -> Option<u16> {
+        let off = 4 + 2 * u64::from(slot(i, self.size));
+        match self.avail_map {
+            Some(m) => m.load_u16(off, Ordering::Relaxed).map(u16::from_le),
+            None => self.mem.load_u16(self.avail + off, Ordering::Relaxed),
+        }
+    }
+
+    /// Descriptor `index` of the table as (addr, len | flags << 32 | next << 48); the caller
+    /// has checked `index < size`.
+    #[inline(always)]
+    fn desc(&self, index: u16) -> Option<[u64; 2]> {
+        let off = 16 * u64::from(index);
+        match self.desc_map.and_then(|m| m.read_u64x2(off)) {
+            Some([a, b]) => Some([u64::from_le(a), u64::from_le(b)]),
+            None => self.mem.read_desc(self.desc.wrapping_add(off)),
+        }
+    }
+
+    /// Cache hint for descriptor `index`.
+    #[inline(always)]
+    fn prefetch_desc(&self, index: u16) {
+        match self.desc_map {
+            Some(m) => m.prefetch(16 * u64::from(index)),
+            None => self
+                .mem
+                .prefetch(self.desc.wrapping_add(16 * u64::from(index))),
+        }
+    }
+
+    /// Writes used elements (8 bytes each) from the used ring's slot `pos` on; the caller
+    /// keeps them inside the ring.
+    #[inline(always)]
+    fn put_used(&self, pos: u16, elems: &[u8]) -> bool {
+        let off = 4 + 8 * u64::from(pos);
+        match self.used_map {
+            Some(m) if m.write(off, elems) => {
+                self.mem.mark(self.used + off, elems.len());
+                true
+            }
+            _ => self.mem.write(self.used + off, elems),
+        }
+    }
+
+    /// Cache hint for writing the used ring's slot `pos`.
+    #[inline(always)]
+    fn prefetch_used_slot(&self, pos: u16) {
+        let off = 4 + 8 * u64::from(pos);
+        match self.used_map {
+            Some(m) => m.prefetch_write(off),
+            None => self.mem.prefetch_write(self.used + off),
+        }
+    }
+}
+
 /// Writes a used element after the ones already staged; the guest does not see it until
 /// [`publish_used`]. Returns false if `head` is not a valid index or the ring is not
 /// writable.
-fn stage_used(v: &mut Vring, mem: &GuestView<'_>, head: u16, len: u32) -> bool {
+#[inline(always)]
+fn stage_used(v: &mut Vring, r: &Ring<'_, '_>, head: u16, len: u32) -> bool {
     let size = v.queue.size();
     if head >= size {
         return false;
     }
     let pos = slot(v.queue.next_used().wrapping_add(v.used_pending), size);
-    let addr = v.queue.used_ring() + 4 + u64::from(pos) * 8;
     let mut elem = [0u8; 8];
     elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
     elem[4..].copy_from_slice(&len.to_le_bytes());
-    if !mem.write(addr, &elem) {
+    if !r.put_used(pos, &elem) {
         return false;
     }
     v.used_pending = v.used_pending.wrapping_add(1);
@@ -93,7 +201,7 @@ fn stage_used(v: &mut Vring, mem: &GuestView<'_>, head: u16, len: u32) -> bool {
 /// Stages a used element of length 0 for each of `heads` (transmit chains, read by the
 /// device) with at most two writes to the used ring. Returns false, staging nothing, if a
 /// head is not a valid index or the ring is not writable.
-fn stage_used_all(v: &mut Vring, mem: &GuestView<'_>, heads: &[u16]) -> bool {
+fn stage_used_all(v: &mut Vring, r: &Ring<'_, '_>, heads: &[u16]) -> bool {
     let size = v.queue.size();
     if heads.iter().any(|&h| h >= size) {
         return false;
@@ -103,11 +211,10 @@ fn stage_used_all(v: &mut Vring, mem: &GuestView<'_>, heads: &[u16]) -> bool {
         e[..4].copy_from_slice(&u32::from(h).to_le_bytes());
     }
     let n = heads.len().min(BURST);
-    let first = usize::from(slot(v.queue.next_used().wrapping_add(v.used_pending), size));
-    let before_wrap = n.min(usize::from(size) - first);
-    let ring = v.queue.used_ring() + 4;
-    let ok = mem.write(ring + 8 * first as u64, &elems[..8 * before_wrap])
-        && (before_wrap == n || mem.write(ring, &elems[8 * before_wrap..8 * n]));
+    let first = slot(v.queue.next_used().wrapping_add(v.used_pending), size);
+    let before_wrap = n.min(usize::from(size - first));
+    let ok = r.put_used(first, &elems[..8 * before_wrap])
+        && (before_wrap == n || r.put_used(0, &elems[8 * before_wrap..8 * n]));
     if ok {
         v.used_pending = v.used_pending.wrapping_add(n as u16);
     }
@@ -172,20 +279,13 @@ fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
 
 /// Pops up to `heads.len()` chain heads. The guest's avail index is read only when the
 /// heads already seen run out; one that moves more than the queue size ahead breaks the ring.
-fn pop_heads(
-    dev: &Device,
-    vi: usize,
-    v: &mut Vring,
-    mem: &GuestView<'_>,
-    heads: &mut [u16],
-) -> usize {
+fn pop_heads(dev: &Device, vi: usize, v: &mut Vring, r: &Ring<'_, '_>, heads: &mut [u16]) -> usize {
     let size = v.queue.size();
-    let ring = v.queue.avail_ring();
     let mut next = v.queue.next_avail();
     let mut n = 0;
     while n < heads.len() {
         if next == v.avail_cached {
-            let Some(idx) = mem.load_u16(ring + 2, Ordering::Acquire) else {
+            let Some(idx) = r.avail_idx() else {
                 break;
             };
             if idx.wrapping_sub(next) > size {
@@ -202,8 +302,7 @@ fn pop_heads(
                 break;
             }
         }
-        let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(slot(next, size)), Ordering::Relaxed)
-        else {
+        let Some(head) = r.avail_head(next) else {
             break;
         };
         heads[n] = head;
@@ -233,8 +332,9 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
         v.notify = false;
         dev.log_used_meta(v);
     }
+    let ring = Ring::new(v, &mem);
     let mut heads = [0u16; BURST];
-    let nh = pop_heads(dev, vi, v, &mem, &mut heads[..pkts.len().min(BURST)]);
+    let nh = pop_heads(dev, vi, v, &ring, &mut heads[..pkts.len().min(BURST)]);
     if nh == 0 {
         return 0;
     }
@@ -246,18 +346,32 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
     // burst's descriptors, then its frames, before copying anything, so the cache misses
     // overlap instead of queueing up one frame at a time.
     for &head in &heads[..nh] {
-        mem.prefetch(table.0.wrapping_add(u64::from(head) * 16));
+        ring.prefetch_desc(head);
     }
-    prefetch_used(v, &mem, nh);
+    prefetch_used(v, &ring, nh);
     let segs = &mut v.scratch.segs;
     segs.clear();
     let mut ends = [0u32; BURST];
     let mut totals = [0u32; BURST];
     let mut bad: u32 = 0;
     for (k, &head) in heads[..nh].iter().enumerate() {
-        match chain::walk_append(&mem, table, qsize, head, segs) {
-            Ok(total) => totals[k] = total,
-            Err(_) => bad |= 1 << k,
+        // The common chain, checked without the general walk: one direct, device-readable
+        // descriptor (no NEXT, WRITE or INDIRECT flag) inside guest memory. Anything else,
+        // and anything this check refuses, is the walker's to follow or judge.
+        let single = if head < qsize { ring.desc(head) } else { None };
+        match single {
+            Some([addr, w]) if (w >> 32) as u16 == 0 && mem.check(addr, w as u32 as usize) => {
+                segs.push(Seg {
+                    addr,
+                    len: w as u32,
+                    write: false,
+                });
+                totals[k] = w as u32;
+            }
+            _ => match chain::walk_append(&mem, table, qsize, head, segs) {
+                Ok(total) => totals[k] = total,
+                Err(_) => bad |= 1 << k,
+            },
         }
         ends[k] = segs.len() as u32;
     }
@@ -304,7 +418,7 @@ pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut D
             }
         }
     }
-    if !stage_used_all(v, &mem, &heads[..nh]) {
+    if !stage_used_all(v, &ring, &heads[..nh]) {
         stop_ring(
             dev,
             vi,
@@ -440,7 +554,8 @@ pub(crate) fn tx_burst(
         }
         let frames = pair_of[..sel.len()].iter().filter(|&&q| q == p).count();
         let hdr_len = dev.hdr_len();
-        prefetch_rx_chains(v, &mem, frames);
+        let ring = Ring::new(v, &mem);
+        prefetch_rx_chains(v, &ring, frames);
         // Moving the scratch vectors out for the burst and back costs no allocation.
         let mut sc = std::mem::take(&mut v.scratch);
         let mut wrote = false;
@@ -453,11 +568,11 @@ pub(crate) fn tx_burst(
             if let Some(&n) = sel.get(k + 1).filter(|_| pair_of[k + 1] == p) {
                 let len = pkts[usize::from(n)].len() + hdr_len;
                 if len > 128 {
-                    prefetch_rx_buffer(v, &mem, 1, len.min(BUF_SIZE));
+                    prefetch_rx_buffer(v, &ring, 1, len.min(BUF_SIZE));
                 }
             }
             let pkt = &mut pkts[usize::from(i)];
-            match deliver(dev, vi, v, &mem, &mut sc, pkt) {
+            match deliver(dev, vi, v, &ring, &mut sc, pkt) {
                 Ok(()) => {
                     done.packets += 1;
                     done.bytes += pkt.len() as u64;
@@ -480,30 +595,30 @@ pub(crate) fn tx_burst(
 /// does not wait on the guest's core one cache line at a time. Only hints: it reads the
 /// avail ring and the chains' first descriptors, consumes nothing and trusts nothing it
 /// read (the chains are walked and checked again when they are used).
-fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
+fn prefetch_rx_chains(v: &Vring, r: &Ring<'_, '_>, want: usize) {
     let size = v.queue.size();
     if size == 0 {
         return;
     }
-    let ring = v.queue.avail_ring();
     let next = v.queue.next_avail();
-    let Some(idx) = mem.load_u16(ring + 2, Ordering::Acquire) else {
+    let Some(idx) = r.avail_idx() else {
         return;
     };
     let ready = usize::from(idx.wrapping_sub(next)).min(usize::from(size));
-    let table = v.queue.desc_table();
     for i in 0..want.min(ready) as u16 {
-        let slot = ring + 4 + 2 * u64::from(slot(next.wrapping_add(i), size));
-        let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
+        let Some(head) = r.avail_head(next.wrapping_add(i)) else {
             return;
         };
-        let Some([addr, _]) = mem.read_desc(table.wrapping_add(u64::from(head) * 16)) else {
+        if head >= size {
+            continue;
+        }
+        let Some([addr, _]) = r.desc(head) else {
             continue;
         };
-        mem.prefetch_write(addr);
-        mem.prefetch_write(addr.wrapping_add(64));
+        r.mem.prefetch_write(addr);
+        r.mem.prefetch_write(addr.wrapping_add(64));
     }
-    prefetch_used(v, mem, want);
+    prefetch_used(v, r, want);
 }
 
 /// Gets the lines `[128, len)` of the first buffer of the receive chain `ahead` chains after
@@ -511,35 +626,34 @@ fn prefetch_rx_chains(v: &Vring, mem: &GuestView<'_>, want: usize) {
 /// [`prefetch_rx_chains`]'s). A frame's lines are written back to back, and the guest's core
 /// may own them: asking for them one frame early lets their transfers overlap the copy of
 /// the frame before. Only a hint, like [`prefetch_rx_chains`].
-fn prefetch_rx_buffer(v: &Vring, mem: &GuestView<'_>, ahead: u16, len: usize) {
+fn prefetch_rx_buffer(v: &Vring, r: &Ring<'_, '_>, ahead: u16, len: usize) {
     let size = v.queue.size();
     if size == 0 {
         return;
     }
-    let slot =
-        v.queue.avail_ring() + 4 + 2 * u64::from(slot(v.queue.next_avail().wrapping_add(ahead), size));
-    let Some(head) = mem.load_u16(slot, Ordering::Relaxed) else {
+    let Some(head) = r.avail_head(v.queue.next_avail().wrapping_add(ahead)) else {
         return;
     };
-    if let Some([addr, _]) = mem.read_desc(v.queue.desc_table().wrapping_add(u64::from(head) * 16))
-    {
-        mem.prefetch_write_range(addr, 128, len);
+    if head >= size {
+        return;
+    }
+    if let Some([addr, _]) = r.desc(head) {
+        r.mem.prefetch_write_range(addr, 128, len);
     }
 }
 
 /// Gets the used-ring slots of the next `n` used elements ready for writing.
-fn prefetch_used(v: &Vring, mem: &GuestView<'_>, n: usize) {
+fn prefetch_used(v: &Vring, r: &Ring<'_, '_>, n: usize) {
     let size = v.queue.size();
     if size == 0 {
         return;
     }
     let first = v.queue.next_used().wrapping_add(v.used_pending);
-    let base = v.queue.used_ring() + 4;
     // One hint per cache line: 8 used elements of 8 bytes each.
     for i in (0..n.min(usize::from(size)) as u16).step_by(8) {
-        mem.prefetch_write(base + 8 * u64::from(slot(first.wrapping_add(i), size)));
+        r.prefetch_used_slot(slot(first.wrapping_add(i), size));
     }
-    mem.prefetch_write(base + 8 * u64::from(slot(first.wrapping_add(n as u16).wrapping_sub(1), size)));
+    r.prefetch_used_slot(slot(first.wrapping_add(n as u16).wrapping_sub(1), size));
 }
 
 /// Picks the receive pair for a frame (vRSS): the Toeplitz hash of its flow indexes the
@@ -561,7 +675,7 @@ fn deliver(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestView<'_>,
+    r: &Ring<'_, '_>,
     sc: &mut Scratch,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
@@ -575,7 +689,7 @@ fn deliver(
     } && (hdr.gso_type & virtio_net_hdr::GSO_ECN == 0
         || dev.has(VIRTIO_NET_F_GUEST_ECN));
     if !guest_tso {
-        return deliver_segmented(dev, vi, v, mem, sc, pkt);
+        return deliver_segmented(dev, vi, v, r, sc, pkt);
     }
     if hdr.flags & FLAG_NEEDS_CSUM != 0 && !dev.has(VIRTIO_NET_F_GUEST_CSUM) {
         complete_csum(pkt)?;
@@ -584,13 +698,13 @@ fn deliver(
     if dev.hdr_len() == HEADROOM {
         // Header and frame as one run of bytes: the header goes into the packet's headroom.
         pkt.hdr.num_buffers = 1;
-        let done = write_rx_single(v, mem, pkt.with_vnet_hdr());
+        let done = write_rx_single(v, r, pkt.with_vnet_hdr());
         pkt.hdr = out;
         if done {
             return Ok(());
         }
     }
-    write_rx_chains(dev, vi, v, mem, &out, pkt.frame(), sc)
+    write_rx_chains(dev, vi, v, r, &out, pkt.frame(), sc)
 }
 
 fn complete_csum(pkt: &mut Pkt) -> Result<(), DropReason> {
@@ -611,7 +725,7 @@ fn deliver_segmented(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestView<'_>,
+    r: &Ring<'_, '_>,
     sc: &mut Scratch,
     pkt: &mut Pkt,
 ) -> Result<(), DropReason> {
@@ -624,7 +738,7 @@ fn deliver_segmented(
     // Stop at the first segment the ring cannot take: the rest would only be dropped, and
     // building them is what a guest sending tiny-MSS super-frames would have us spend.
     let seg = qswitch_wire::gso::segment_while(pkt.frame(), &hdr, &mut scratch, |frame| {
-        result = write_rx_chains(dev, vi, v, mem, &VirtioNetHdr::default(), frame, sc);
+        result = write_rx_chains(dev, vi, v, r, &VirtioNetHdr::default(), frame, sc);
         result.is_ok()
     });
     sc.gso = scratch;
@@ -644,7 +758,7 @@ fn write_rx_chains(
     dev: &Device,
     vi: usize,
     v: &mut Vring,
-    mem: &GuestView<'_>,
+    r: &Ring<'_, '_>,
     hdr: &VirtioNetHdr,
     frame: &[u8],
     sc: &mut Scratch,
@@ -665,11 +779,11 @@ fn write_rx_chains(
             return Err(DropReason::TxFull);
         }
         let mut head = [0u16; 1];
-        if pop_heads(dev, vi, v, mem, &mut head) == 0 {
+        if pop_heads(dev, vi, v, r, &mut head) == 0 {
             v.queue.set_next_avail(saved);
             return Err(DropReason::TxFull);
         }
-        match chain::walk(mem, table, qsize, head[0], &mut sc.tmp) {
+        match chain::walk(r.mem, table, qsize, head[0], &mut sc.tmp) {
             Ok(c) if sc.tmp.iter().all(|s| s.write) => {
                 let start = sc.segs.len();
                 sc.segs.extend_from_slice(&sc.tmp);
@@ -702,7 +816,7 @@ fn write_rx_chains(
             for src in [&mut src_hdr, &mut src_frame] {
                 let n = room.min(src.len());
                 if n > 0 {
-                    ok &= mem.write(addr, &src[..n]);
+                    ok &= r.mem.write(addr, &src[..n]);
                     *src = &src[n..];
                     addr += n as u64;
                     room -= n;
@@ -710,7 +824,7 @@ fn write_rx_chains(
                 }
             }
         }
-        ok &= stage_used(v, mem, head, written);
+        ok &= stage_used(v, r, head, written);
     }
     if ok {
         Ok(())
@@ -727,12 +841,11 @@ fn write_rx_chains(
 /// to be available, a longer or indirect chain, a buffer too small or outside guest
 /// memory), which the general path then handles and judges.
 #[inline(always)]
-fn write_rx_single(v: &mut Vring, mem: &GuestView<'_>, bytes: &[u8]) -> bool {
+fn write_rx_single(v: &mut Vring, r: &Ring<'_, '_>, bytes: &[u8]) -> bool {
     let size = v.queue.size();
     let next = v.queue.next_avail();
-    let ring = v.queue.avail_ring();
     if next == v.avail_cached {
-        match mem.load_u16(ring + 2, Ordering::Acquire) {
+        match r.avail_idx() {
             // A jump beyond the queue size is the general path's to judge.
             Some(idx) if idx != next && idx.wrapping_sub(next) <= size => v.avail_cached = idx,
             _ => return false,
@@ -741,21 +854,20 @@ fn write_rx_single(v: &mut Vring, mem: &GuestView<'_>, bytes: &[u8]) -> bool {
     if size == 0 {
         return false;
     }
-    let Some(head) = mem.load_u16(ring + 4 + 2 * u64::from(slot(next, size)), Ordering::Relaxed) else {
+    let Some(head) = r.avail_head(next) else {
         return false;
     };
     if head >= size {
         return false;
     }
-    let Some([addr, w]) = mem.read_desc(v.queue.desc_table().wrapping_add(u64::from(head) * 16))
-    else {
+    let Some([addr, w]) = r.desc(head) else {
         return false;
     };
     let (len, flags) = (w as u32 as usize, (w >> 32) as u16);
-    if flags != chain::F_WRITE || len < bytes.len() || !mem.write(addr, bytes) {
+    if flags != chain::F_WRITE || len < bytes.len() || !r.mem.write(addr, bytes) {
         return false;
     }
-    if !stage_used(v, mem, head, bytes.len() as u32) {
+    if !stage_used(v, r, head, bytes.len() as u32) {
         return false;
     }
     v.queue.set_next_avail(next.wrapping_add(1));
@@ -814,5 +926,78 @@ fn kick_storm(v: &mut Vring) -> bool {
             v.storm_count = 1;
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::port::vhost_user::GuestMem;
+
+    /// A ring of 16 entries with its parts at `desc`, `avail` and `used`, in two adjacent
+    /// regions [0, 0x1000) and [0x1000, 0x2000).
+    fn ring_at(desc: u64, avail: u64, used: u64) -> (GuestMem, Vring) {
+        let mem =
+            GuestMem::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)])
+                .unwrap();
+        let mut v = Vring::new();
+        v.queue.set_size(16);
+        v.queue
+            .set_desc_table_address(Some(desc as u32), Some((desc >> 32) as u32));
+        v.queue
+            .set_avail_ring_address(Some(avail as u32), Some((avail >> 32) as u32));
+        v.queue
+            .set_used_ring_address(Some(used as u32), Some((used >> 32) as u32));
+        (mem, v)
+    }
+
+    /// Ring parts inside one region take the resolved mappings, parts across two regions the
+    /// general path; both read and write the same bytes.
+    #[test]
+    fn ring_parts_read_and_write_alike_inside_and_across_regions() {
+        for (desc, avail, used, one_region) in
+            [(0x0, 0x100, 0x200, true), (0xf80, 0xff0, 0xfc0, false)]
+        {
+            let (mem, v) = ring_at(desc, avail, used);
+            let view = GuestView::new(&mem);
+            assert!(view.store_u16(avail + 2, 3, Ordering::Release));
+            for (i, h) in [5u16, 6, 7].iter().enumerate() {
+                assert!(view.store_u16(avail + 4 + 2 * i as u64, *h, Ordering::Release));
+            }
+            let mut d = [0u8; 16];
+            d[..8].copy_from_slice(&0x1234u64.to_le_bytes());
+            d[8..12].copy_from_slice(&60u32.to_le_bytes());
+            d[12..14].copy_from_slice(&chain::F_WRITE.to_le_bytes());
+            assert!(view.write(desc + 16 * 5, &d));
+            let r = Ring::new(&v, &view);
+            assert_eq!(r.desc_map.is_some(), one_region);
+            assert_eq!(r.avail_map.is_some(), one_region);
+            assert_eq!(r.used_map.is_some(), one_region);
+            assert_eq!(r.avail_idx(), Some(3));
+            // Free-running indices wrap onto the ring's slots.
+            assert_eq!(r.avail_head(1), Some(6));
+            assert_eq!(r.avail_head(16 + 2), Some(7));
+            assert_eq!(
+                r.desc(5),
+                Some([0x1234, 60 | u64::from(chain::F_WRITE) << 32])
+            );
+            r.prefetch_desc(5);
+            r.prefetch_used_slot(15);
+            let e: [u8; 16] = std::array::from_fn(|i| i as u8 + 1);
+            assert!(r.put_used(15, &e[..8]));
+            assert!(r.put_used(0, &e[8..]));
+            let mut b = [0u8; 8];
+            assert!(view.read(used + 4 + 8 * 15, &mut b));
+            assert_eq!(b, e[..8]);
+            assert!(view.read(used + 4, &mut b));
+            assert_eq!(b, e[8..]);
+        }
+    }
+
+    #[test]
+    fn slots_wrap_by_mask() {
+        assert_eq!(slot(0, 256), 0);
+        assert_eq!(slot(257, 256), 1);
+        assert_eq!(slot(u16::MAX, 1024), 1023);
     }
 }
