@@ -129,7 +129,7 @@ impl Pkt {
 
     /// Writes [`Pkt::hdr`] into the headroom and returns header + frame as one slice,
     /// ready for a TAP write.
-    #[inline]
+    #[inline(always)]
     pub fn with_vnet_hdr(&mut self) -> &[u8] {
         self.hdr.emit(&mut self.buf[..HEADROOM]);
         &self.buf[..HEADROOM + self.len]

@@ -185,11 +185,19 @@ impl VirtioNetHdr {
     /// the frame cannot be parsed, and up to `gso_size` bytes of the rest. UFO
     /// ([`GSO_UDP`]) is counted the same way, although its IP fragments after the first
     /// actually carry no UDP header. Never panics.
+    #[inline]
     pub fn wire_frames(&self, frame: &[u8]) -> (u32, u64) {
-        let frame_len = frame.len() as u64;
         if !self.is_gso() || self.gso_size == 0 {
-            return (1, frame_len);
+            return (1, frame.len() as u64);
         }
+        self.wire_frames_gso(frame)
+    }
+
+    /// [`VirtioNetHdr::wire_frames`] of a super-frame, out of line: the per-frame call of
+    /// the data path is then a flag test for the frames that are not.
+    #[inline(never)]
+    fn wire_frames_gso(&self, frame: &[u8]) -> (u32, u64) {
+        let frame_len = frame.len() as u64;
         let headers = headers_len(frame)
             .unwrap_or(usize::from(self.hdr_len))
             .min(frame.len()) as u64;
