@@ -347,7 +347,7 @@ pub struct QueuePlacementInfo {
     pub home_cpu: Option<usize>,
     /// Fraction of a core spent on its bursts over the last evaluation interval.
     pub load: f64,
-    /// `home`, `pinned`, `coalesced` or `spread`.
+    /// `home`, `pinned`, `coalesced`, `paired` or `spread`.
     pub state: String,
     /// Why it is there, in words: the rules behind the home CPU, or the move that took it away.
     pub why: String,

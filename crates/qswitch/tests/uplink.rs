@@ -338,6 +338,14 @@ fn run_mode(n: u8, mode: &str, expect_mode: &str) {
             "{mode}: {streams} stream(s), reverse {reverse}: {g} Gbit/s"
         );
     }
+    // One TCP conversation, data one way and ACKs the other: the uplink's queue and the
+    // TAP's start on different workers, and the balancer's pair rule puts them on one.
+    let place = qs_json(&w.control(), &["placement", "--json"]);
+    let paired = place["moves"].as_array().is_some_and(|m| {
+        m.iter()
+            .any(|m| m["reason"].as_str().is_some_and(|r| r.starts_with("pair")))
+    });
+    assert!(paired, "no pair move: {place}");
     // /metrics (fetched inside sw, where the daemon listens): the mode and kernel drops.
     let metrics = w
         .sw

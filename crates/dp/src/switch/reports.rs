@@ -252,6 +252,14 @@ impl Core {
                             ctl.why(st)
                         ),
                     ),
+                    Reason::Paired { with } => (
+                        "paired",
+                        format!(
+                            "paired with {with}, which carries the other direction of its \
+                             traffic; home: {}",
+                            ctl.why(st)
+                        ),
+                    ),
                     Reason::Spread { cpu, busy } => (
                         "spread",
                         format!(

@@ -35,6 +35,8 @@ pub(super) enum Reason {
     Coalesced { total: f64 },
     /// Moved off a worker that was too busy.
     Spread { cpu: CpuId, busy: f64 },
+    /// Moved to the worker of the queue carrying the other direction of its traffic.
+    Paired { with: String },
 }
 
 /// Control-plane view of one rx queue.
@@ -74,6 +76,8 @@ pub(super) struct Control {
     pub(super) balancer: Balancer,
     /// Time of the last evaluation and each worker's busy counter then.
     pub(super) last_eval: Option<(u64, Vec<u64>)>,
+    /// Packets each worker had sent to each port at the last evaluation, by (port, worker).
+    pub(super) prev_tx: BTreeMap<(PortId, usize), u64>,
     /// Per worker (indexed by [`WorkerId`]): its busy share at the last evaluation.
     pub(super) worker_busy: Vec<f64>,
     pub(super) moves: VecDeque<MoveInfo>,
@@ -519,6 +523,16 @@ impl Core {
             st.load = (b.saturating_sub(st.prev_busy_ns) as f64 / dt).min(1.0);
             st.prev_busy_ns = b;
         }
+        // What each worker sent to each port since the last evaluation.
+        let mut sent: BTreeMap<(PortId, usize), u64> = BTreeMap::new();
+        for e in table.iter().flatten() {
+            for (w, c) in e.counters.tx.iter().enumerate() {
+                let n = c.tx_packets.get();
+                let before = ctl.prev_tx.insert((e.id, w), n).unwrap_or(n);
+                sent.insert((e.id, w), n.saturating_sub(before));
+            }
+        }
+        ctl.prev_tx.retain(|k, _| sent.contains_key(k));
         if ctl.mode != PlacementMode::Dynamic {
             return;
         }
@@ -545,13 +559,29 @@ impl Core {
                     home: st.home.map_or(current, |w| w.0),
                     allowed,
                     pinned: st.pin.is_some(),
+                    partner: None,
                 }
             })
             .collect();
+        let mut loads = loads;
+        for (i, j) in partners(&keys, &loads, &sent, dt) {
+            loads[i].partner = Some(j);
+        }
         let busy = ctl.worker_busy.clone();
         let (targets, reason) = match ctl.balancer.evaluate(&loads, &busy) {
             Decision::Keep => return,
             Decision::Coalesce { targets, total, .. } => (targets, Reason::Coalesced { total }),
+            Decision::Pair {
+                targets,
+                queues: (_, to),
+            } => {
+                let (p, q) = keys[to];
+                let with = table
+                    .get(usize::from(p.0))
+                    .and_then(|e| e.as_ref())
+                    .map_or_else(String::new, |e| format!("{}/{q}", e.config.name));
+                (targets, Reason::Paired { with })
+            }
             Decision::Spread { targets, hot, busy } => (
                 targets,
                 Reason::Spread {
@@ -591,6 +621,9 @@ impl Core {
                         "spread: the worker on CPU {cpu} was {:.0}% busy",
                         busy * 100.0
                     )
+                }
+                Reason::Paired { with } => {
+                    format!("pair: with {with}, which carries the other direction of its traffic")
                 }
                 _ => String::new(),
             };
@@ -727,6 +760,63 @@ impl Core {
     }
 }
 
+/// Least packets per second each way before two queues count as one conversation.
+const PAIR_MIN_PPS: f64 = 1000.0;
+/// Share of a worker's transmitted packets that must go to one port for the worker's queue
+/// to count as talking to that port.
+const PAIR_SHARE: f64 = 0.9;
+
+/// Conversations for the balancer's pair rule, as (queue, partner) index pairs into `keys`
+/// (both directions listed). Queue *i* of port P talks to port D when its worker polls no
+/// other queue (so what the worker sent is what queue *i* brought in) and sent at least
+/// [`PAIR_SHARE`] of its packets, and [`PAIR_MIN_PPS`], to D; its partner is D's only rx
+/// queue, when that queue talks back to P the same way. Ports with several rx queues are
+/// never partners (which of their queues a reply arrives on is not known here).
+fn partners(
+    keys: &[(PortId, u16)],
+    loads: &[QueueLoad],
+    sent: &BTreeMap<(PortId, usize), u64>,
+    dt_ns: f64,
+) -> Vec<(usize, usize)> {
+    let min = (PAIR_MIN_PPS * dt_ns / 1e9).max(1.0) as u64;
+    let on = |w: usize| loads.iter().filter(|q| q.current == w).count();
+    let queues_of = |p: PortId| keys.iter().filter(|k| k.0 == p).count();
+    // The port queue i's worker sends nearly everything to, if any.
+    let talks_to = |i: usize| -> Option<PortId> {
+        let w = loads[i].current;
+        if on(w) != 1 {
+            return None;
+        }
+        let mut total = 0;
+        let mut best: Option<(PortId, u64)> = None;
+        for (&(p, pw), &n) in sent {
+            if pw != w {
+                continue;
+            }
+            total += n;
+            if best.is_none_or(|(_, b)| n > b) {
+                best = Some((p, n));
+            }
+        }
+        let (p, n) = best?;
+        (n >= min && n as f64 >= PAIR_SHARE * total as f64).then_some(p)
+    };
+    let mut out = Vec::new();
+    for i in 0..keys.len() {
+        let Some(d) = talks_to(i) else { continue };
+        if d == keys[i].0 || queues_of(d) != 1 || queues_of(keys[i].0) != 1 {
+            continue;
+        }
+        let Some(j) = keys.iter().position(|k| k.0 == d) else {
+            continue;
+        };
+        if talks_to(j) == Some(keys[i].0) {
+            out.push((i, j));
+        }
+    }
+    out
+}
+
 fn queue_busy(table: &PortTable, p: PortId, q: u16) -> u64 {
     table
         .get(usize::from(p.0))
@@ -756,4 +846,54 @@ fn record_move(
         to_cpu: to_cpu.0,
         reason,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(current: usize) -> QueueLoad {
+        QueueLoad {
+            load: 0.4,
+            current,
+            home: current,
+            allowed: vec![0, 1],
+            pinned: false,
+            partner: None,
+        }
+    }
+
+    /// One second of counters: worker 0 polls the uplink's queue, worker 1 the TAP's.
+    fn sent(up_to_tap: u64, tap_to_up: u64, noise: u64) -> BTreeMap<(PortId, usize), u64> {
+        BTreeMap::from([
+            ((PortId(1), 0), up_to_tap),
+            ((PortId(0), 1), tap_to_up),
+            ((PortId(2), 0), noise),
+        ])
+    }
+
+    #[test]
+    fn two_single_queue_ports_talking_to_each_other_are_partners() {
+        let keys = [(PortId(0), 0), (PortId(1), 0)];
+        let loads = [q(0), q(1)];
+        assert_eq!(
+            partners(&keys, &loads, &sent(800_000, 20_000, 0), 1e9),
+            vec![(0, 1), (1, 0)]
+        );
+    }
+
+    #[test]
+    fn no_partners_for_little_traffic_shared_workers_several_queues_or_a_third_port() {
+        let keys = [(PortId(0), 0), (PortId(1), 0)];
+        // Below PAIR_MIN_PPS one way.
+        assert!(partners(&keys, &[q(0), q(1)], &sent(800_000, 10, 0), 1e9).is_empty());
+        // Much of worker 0's traffic goes to a third port.
+        assert!(partners(&keys, &[q(0), q(1)], &sent(800_000, 20_000, 200_000), 1e9).is_empty());
+        // Already on one worker: what the worker sent cannot be told apart by queue.
+        assert!(partners(&keys, &[q(0), q(0)], &sent(800_000, 20_000, 0), 1e9).is_empty());
+        // The uplink has two rx queues: which one the replies belong to is unknown.
+        let keys3 = [(PortId(0), 0), (PortId(0), 1), (PortId(1), 0)];
+        let loads3 = [q(0), q(0), q(1)];
+        assert!(partners(&keys3, &loads3, &sent(800_000, 20_000, 0), 1e9).is_empty());
+    }
 }

@@ -171,6 +171,7 @@ impl Switch {
                 plan_stale: false,
                 balancer: Balancer::default(),
                 last_eval: None,
+                prev_tx: Default::default(),
                 worker_busy: vec![0.0; workers.len()],
                 moves: VecDeque::new(),
                 moves_total: 0,
