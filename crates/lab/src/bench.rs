@@ -72,7 +72,9 @@ pub struct BenchArgs {
     /// Directory for the JSON and SVG results.
     #[arg(long, default_value = "bench/out", value_name = "DIR")]
     pub out: PathBuf,
-    /// Run only this contender (e.g. `qswitch`), for quick iterations; no ratios then.
+    /// Run only the contenders whose name contains one of these comma-separated parts
+    /// (`qswitch`, `native-1,bridge-1`), for quick iterations; ratios only between contenders
+    /// that ran. pvp: one contender's exact name. Not for qos, rss, placement, soak, scale.
     #[arg(long, value_name = "NAME")]
     pub only: Option<String>,
     /// pvp: the load. `dpdk`: a DPDK virtio-user program (bench/dpdk-load/qsload.c, built
@@ -105,6 +107,8 @@ struct Scenario {
     name: &'static str,
     about: &'static str,
     run: fn(&Bench) -> anyhow::Result<()>,
+    /// Whether it has contenders for `--only` to choose from.
+    only: bool,
 }
 
 /// Every scenario `qswitch bench` knows.
@@ -113,61 +117,73 @@ const SCENARIOS: &[Scenario] = &[
         name: "tap-tcp",
         about: "iperf3 TCP netns -> netns: qswitch (TAP ports) vs Linux bridge (veth)",
         run: tap_tcp,
+        only: true,
     },
     Scenario {
         name: "qos",
         about: "seed-001 port QoS: 7 steps of guarantees and limits, 6 TCP senders, 1G uplink",
         run: qos::run,
+        only: false,
     },
     Scenario {
         name: "pvp",
         about: "vhost-user -> vhost-user, one switch core: qswitch vs OVS-DPDK (NORMAL)",
         run: pvp::run,
+        only: true,
     },
     Scenario {
         name: "rss",
         about: "gen -> switch -> sink, 2 rx queues: 1 worker vs 2 workers (Mpps, ratio)",
         run: gen::rss,
+        only: false,
     },
     Scenario {
         name: "placement",
         about: "two uplink-like gen ports: overlapping vs disjoint CPU sets (Mpps, busy %)",
         run: gen::placement,
+        only: false,
     },
     Scenario {
         name: "bypass",
         about: "per-packet cost: iperf3 bulk and MSS 100 through qswitch vs Linux bridge, CPU per Gbit/s",
         run: bypass::run,
+        only: true,
     },
     Scenario {
         name: "affinity",
         about: "TCP request/response with the worker on the endpoints' CPU vs another CPU; context switches",
         run: affinity::run,
+        only: true,
     },
     Scenario {
         name: "soak",
         about: "leak hunt: gen + vhost-user load with ports added/removed every 2 s; RSS, fds, counters (issue 15)",
         run: soak::run,
+        only: false,
     },
     Scenario {
         name: "overlay",
         about: "iperf3 TCP VM netns -> VM netns across two namespace-hosts: qswitch VXLAN vs Linux bridge + vxlan",
         run: overlay::run,
+        only: true,
     },
     Scenario {
         name: "scale",
         about: "N idle vhost-user ports, no frontend: daemon CPU %, threads, port add time",
         run: scale::run,
+        only: false,
     },
     Scenario {
         name: "multiqueue",
         about: "many 1 MB transfers through TAP ports with 1 vs 4 queues",
         run: multiqueue::run,
+        only: true,
     },
     Scenario {
         name: "uplink",
         about: "peer netns -> veth -> afxdp uplink (native, skb, packet) -> TAP netns vs Linux bridge; TCP 1 and 4 streams, 64 B Mpps",
         run: uplink::run,
+        only: true,
     },
 ];
 
@@ -180,6 +196,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             known.join(", ")
         );
     };
+    if let (Some(o), false) = (&args.only, scenario.only) {
+        bail!(
+            "--only {o}: bench {} has no contenders to choose from (it compares settings of \
+             qswitch alone)",
+            scenario.name
+        );
+    }
     netns::require_root(&format!("qswitch bench {}", scenario.name))?;
     let bench = Bench::new(args)?;
     bench.say(format_args!("{}: {}", scenario.name, scenario.about));
@@ -344,7 +367,39 @@ pub fn interleave(contenders: usize, rounds: u32) -> Vec<(u32, usize)> {
         .collect()
 }
 
-/// Per-contender medians, in the order of `names`; and the ratio of the first two.
+/// The run order ([`interleave`]) of the contenders `--only` selects: those whose name
+/// contains one of its comma-separated parts (`--only native-1,bridge-1`); all of them
+/// without it. An error names the scenario's contenders when it selects none.
+pub fn schedule(b: &Bench, scenario: &str, names: &[&str]) -> anyhow::Result<Vec<(u32, usize)>> {
+    let order = select(
+        interleave(names.len(), b.args.runs),
+        names,
+        b.args.only.as_deref(),
+    );
+    if order.is_empty() && b.args.runs > 0 {
+        anyhow::bail!(
+            "--only {}: no {scenario} contender's name contains it; the contenders are {}",
+            b.args.only.as_deref().unwrap_or_default(),
+            names.join(", ")
+        );
+    }
+    Ok(order)
+}
+
+fn select(order: Vec<(u32, usize)>, names: &[&str], only: Option<&str>) -> Vec<(u32, usize)> {
+    order
+        .into_iter()
+        .filter(|&(_, c)| {
+            only.is_none_or(|o| {
+                o.split(',')
+                    .any(|part| !part.is_empty() && names[c].contains(part))
+            })
+        })
+        .collect()
+}
+
+/// Per-contender medians, in the order of `names` (a contender `--only` left out has a row
+/// with `runs: 0`); and the ratio of the first two when both ran.
 pub fn summarise(names: &[&str], runs: &[IperfRun]) -> (Vec<ContenderSummary>, Option<Ratio>) {
     let summary: Vec<ContenderSummary> = names
         .iter()
@@ -369,11 +424,15 @@ pub fn summarise(names: &[&str], runs: &[IperfRun]) -> (Vec<ContenderSummary>, O
         })
         .collect();
     let ratio = match summary.as_slice() {
-        [a, b, ..] if b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0 => Some(Ratio {
-            of: format!("{} / {}", a.contender, b.contender),
-            gbps: a.gbps_median / b.gbps_median,
-            cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
-        }),
+        [a, b, ..]
+            if a.runs > 0 && b.runs > 0 && b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0 =>
+        {
+            Some(Ratio {
+                of: format!("{} / {}", a.contender, b.contender),
+                gbps: a.gbps_median / b.gbps_median,
+                cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
+            })
+        }
         _ => None,
     };
     (summary, ratio)
@@ -392,7 +451,7 @@ pub fn print_table(
         "{title:<43}{:<28}CPU per Gbit/s",
         "Gbit/s (median [min-max])"
     );
-    for s in summary {
+    for s in summary.iter().filter(|s| s.runs > 0) {
         let g = format!("{:.1} [{:.1}-{:.1}]", s.gbps_median, s.gbps_min, s.gbps_max);
         println!("  {:<41}{g:<28}{:.2}", s.contender, s.cpu_per_gbps_median);
     }
@@ -405,7 +464,7 @@ pub fn print_table(
         );
     }
     println!();
-    for s in summary {
+    for s in summary.iter().filter(|s| s.runs > 0) {
         println!(
             "RESULT {scenario} {} gbps={:.2} cpu_per_gbps={:.3}",
             s.contender, s.gbps_median, s.cpu_per_gbps_median
@@ -771,7 +830,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
     const NAMES: [&str; 2] = ["qswitch", "linux-bridge"];
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
     let workers = crate::topology::worker_cpus(2)?;
-    let order = interleave(NAMES.len(), runs);
+    let order = schedule(b, "tap-tcp", &NAMES)?;
     let s = if streams == 1 { "" } else { "s" };
     b.say(format_args!(
         "{runs} round(s) of {} and {}, {seconds} s each, {streams} stream{s}; qswitch workers on CPUs {workers}",
@@ -899,6 +958,23 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn only_selects_by_name_parts_and_keeps_the_order() {
+        let names = ["qswitch-native-1", "qswitch-skb-1", "linux-bridge-1"];
+        let all = interleave(3, 2);
+        assert_eq!(select(all.clone(), &names, None), all);
+        let pick = |only| -> Vec<usize> {
+            select(all.clone(), &names, Some(only))
+                .into_iter()
+                .map(|x| x.1)
+                .collect()
+        };
+        assert_eq!(pick("native,bridge"), [0, 2, 2, 0]);
+        assert_eq!(pick("skb"), [1, 1]);
+        assert!(pick("ovs").is_empty());
+        assert!(pick(",").is_empty());
     }
 
     #[test]

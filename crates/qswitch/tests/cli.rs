@@ -306,6 +306,11 @@ fn wrong_cli_arguments_fail_clearly() {
         (&["port", "frobnicate"], "frobnicate"),
         (&["nonsense"], "nonsense"),
         (&["stats", "--bogus-flag"], "--bogus-flag"),
+        (&["bench", "no-such-scenario"], "unknown scenario"),
+        (
+            &["bench", "qos", "--only", "qswitch"],
+            "has no contenders to choose from",
+        ),
     ];
     for (args, needle) in cases {
         let out = qs(&control, args);

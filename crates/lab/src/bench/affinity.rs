@@ -13,7 +13,7 @@
 //! placement advice from the qswitch pair.
 
 use super::txn::{self, TxnReport};
-use super::{interleave, setup_bridge, setup_qswitch, Bench, Topology};
+use super::{setup_bridge, setup_qswitch, Bench, Topology};
 use crate::netns;
 
 const NAMES: [&str; 4] = [
@@ -37,7 +37,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         anyhow::bail!("affinity needs at least two online CPUs");
     };
     let (runs, seconds) = (b.args.runs, b.args.seconds);
-    let order = interleave(NAMES.len(), runs);
+    let order = super::schedule(b, "affinity", &NAMES)?;
     b.say(format_args!(
         "{runs} round(s) of {} contenders, {seconds} s each; endpoints on CPU {near}, \
          the other CPU is {far}",

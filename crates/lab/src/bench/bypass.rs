@@ -11,8 +11,8 @@
 use serde::Serialize;
 
 use super::{
-    interleave, iperf_run_with, median, print_table, run_line, setup_bridge, setup_qswitch,
-    summarise, warn_if_busy, Bench, ContenderSummary, IperfRun, Ratio, Report, Topology,
+    iperf_run_with, median, print_table, run_line, setup_bridge, setup_qswitch, summarise,
+    warn_if_busy, Bench, ContenderSummary, IperfRun, Ratio, Report, Topology,
 };
 use crate::netns;
 use crate::plot;
@@ -42,7 +42,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
     let workers = crate::topology::worker_cpus(2)?;
-    let order = interleave(NAMES.len(), runs);
+    let order = super::schedule(b, "bypass", &NAMES)?;
     b.say(format_args!(
         "{runs} round(s) of {} contenders, {seconds} s each, {streams} stream(s); qswitch \
          workers on CPUs {workers}",
@@ -122,10 +122,12 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
 }
 
 fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
-    (b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0).then(|| Ratio {
-        of: format!("{} / {}", a.contender, b.contender),
-        gbps: a.gbps_median / b.gbps_median,
-        cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
+    (a.runs > 0 && b.runs > 0 && b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0).then(|| {
+        Ratio {
+            of: format!("{} / {}", a.contender, b.contender),
+            gbps: a.gbps_median / b.gbps_median,
+            cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
+        }
     })
 }
 

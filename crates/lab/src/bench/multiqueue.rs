@@ -11,7 +11,7 @@
 //! emulator, not the switch.
 
 use super::txn::{self, TxnReport};
-use super::{interleave, Bench, QswitchTopo, RemoveDir};
+use super::{Bench, QswitchTopo, RemoveDir};
 use crate::netns::{self, Daemon, Netns};
 
 const NAMES: [&str; 2] = ["queues=1", "queues=4"];
@@ -49,7 +49,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     let workers = crate::topology::worker_cpus(2)?;
     let (runs, seconds) = (b.args.runs, b.args.seconds);
-    let order = interleave(NAMES.len(), runs);
+    let order = super::schedule(b, "multiqueue", &NAMES)?;
     b.say(format_args!(
         "{runs} round(s) of {} and {}, {seconds} s each, {PARALLEL} parallel 1 MB transfers; \
          workers on CPUs {workers}",
@@ -93,7 +93,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     txn::warn_if_busy(&results);
     let mut advice = Vec::new();
     if let [one, four] = &summary[..] {
-        if one.rate_median > 0.0 {
+        if one.runs > 0 && four.runs > 0 && one.rate_median > 0.0 {
             let g = four.rate_median / one.rate_median;
             advice.push(format!(
                 "4 queues vs 1: {:.2}x files/s ({:.1} vs {:.1}); the published result is \

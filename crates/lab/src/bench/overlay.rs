@@ -9,8 +9,7 @@
 use std::process::{Command, Stdio};
 
 use super::{
-    interleave, print_table, run_line, summarise, warn_if_busy, write_results, Bench, Report,
-    Topology,
+    print_table, run_line, summarise, warn_if_busy, write_results, Bench, Report, Topology,
 };
 use crate::netns::{self, ChildGuard, Netns};
 use crate::topology::RemoveDir;
@@ -162,7 +161,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
     let workers = crate::topology::worker_cpus(1)?;
-    let order = interleave(NAMES.len(), runs);
+    let order = super::schedule(b, "overlay", &NAMES)?;
     b.say(format_args!(
         "{runs} round(s) of {} and {}, {seconds} s each, {streams} stream(s); qswitch workers on CPUs {workers}",
         NAMES[0], NAMES[1]

@@ -102,6 +102,8 @@ pub fn run(
         )
     };
     let prefix = format!("qsl{}x{}", b.id, len);
+    // DPDK's runtime directory goes however this ends (interrupt, timeout, error).
+    let _runtime = crate::topology::RemoveDir(format!("/var/run/dpdk/{prefix}").into());
     let mut child = Command::new(bin)
         .args([
             "--no-huge",
@@ -144,7 +146,11 @@ pub fn run(
             b.check()?;
             bail!("qsload did not finish within {limit:?}");
         }
-        on_tick()?;
+        if let Err(e) = on_tick() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
         std::thread::sleep(Duration::from_millis(250));
     };
     let mut stdout = String::new();
@@ -157,7 +163,6 @@ pub fn run(
         .stderr
         .take()
         .map(|mut e| e.read_to_string(&mut stderr));
-    let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{prefix}"));
     if !status.success() {
         let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
         bail!(

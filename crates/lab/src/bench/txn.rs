@@ -280,7 +280,7 @@ pub fn print_table(scenario: &str, title: &str, unit: &str, summary: &[TxnSummar
         "cs/s machine",
         "cs/s workers"
     );
-    for s in summary {
+    for s in summary.iter().filter(|s| s.runs > 0) {
         let v = format!("{:.0} [{:.0}-{:.0}]", s.rate_median, s.rate_min, s.rate_max);
         let w = s
             .worker_ctx_switches_ps_median
@@ -291,7 +291,7 @@ pub fn print_table(scenario: &str, title: &str, unit: &str, summary: &[TxnSummar
         );
     }
     println!();
-    for s in summary {
+    for s in summary.iter().filter(|s| s.runs > 0) {
         println!(
             "RESULT {scenario} {} rate={:.1} ctx_switches_ps={:.0}",
             s.contender.replace(' ', "_"),

@@ -22,8 +22,8 @@
 use serde::Serialize;
 
 use super::{
-    interleave, iperf_run_with, print_table, run_line, summarise, warn_if_busy, Bench,
-    ContenderSummary, Ratio, Report, Topology,
+    iperf_run_with, print_table, run_line, summarise, warn_if_busy, Bench, ContenderSummary, Ratio,
+    Report, Topology,
 };
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot;
@@ -199,16 +199,8 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     let names = names();
     let per = MODES.len() + 1;
     let tcp_contenders = per * STREAMS.len();
-    let order: Vec<(u32, usize)> = interleave(names.len(), runs)
-        .into_iter()
-        // `--only native,bridge`: the contenders whose name contains any of the parts.
-        .filter(|&(_, c)| {
-            b.args
-                .only
-                .as_deref()
-                .is_none_or(|o| o.split(',').any(|part| names[c].contains(part)))
-        })
-        .collect();
+    let name_list: Vec<&str> = names.iter().map(String::as_str).collect();
+    let order = super::schedule(b, "uplink", &name_list)?;
     b.say(format_args!(
         "{runs} round(s) of {} contenders, {seconds} s each; qswitch workers on CPUs {workers} \
          (64 B: generator on CPU {gen_cpu}, qswitch worker on CPU {pps_worker}; generator: {})",
