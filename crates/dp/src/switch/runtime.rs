@@ -765,13 +765,19 @@ const PAIR_MIN_PPS: f64 = 1000.0;
 /// Share of a worker's transmitted packets that must go to one port for the worker's queue
 /// to count as talking to that port.
 const PAIR_SHARE: f64 = 0.9;
+/// Least load (share of a worker's time) for a queue to count as carrying traffic in the
+/// pair rule; quieter queues (the idle queues of a multi-queue port) are not counted.
+const PAIR_ACTIVE_LOAD: f64 = 0.02;
 
 /// Conversations for the balancer's pair rule, as (queue, partner) index pairs into `keys`
-/// (both directions listed). Queue *i* of port P talks to port D when its worker polls no
-/// other queue (so what the worker sent is what queue *i* brought in) and sent at least
-/// [`PAIR_SHARE`] of its packets, and [`PAIR_MIN_PPS`], to D; its partner is D's only rx
-/// queue, when that queue talks back to P the same way. Ports with several rx queues are
-/// never partners (which of their queues a reply arrives on is not known here).
+/// (both directions listed). Only *active* queues count (load ≥ [`PAIR_ACTIVE_LOAD`]).
+/// Active queue *i* of port P talks to port D when its worker polls no other active queue
+/// (so what the worker sent is what queue *i* brought in) and sent at least [`PAIR_SHARE`]
+/// of its packets, and [`PAIR_MIN_PPS`], to D; its partner is D's only active queue, when
+/// that queue talks back to P the same way and P has no other active queue. So one TCP
+/// flow through a multi-queue uplink (the NIC hashes it to one queue; the others idle)
+/// pairs like a single-queue one, while ports with several busy queues are never paired
+/// (which of their queues a reply arrives on is not known here).
 fn partners(
     keys: &[(PortId, u16)],
     loads: &[QueueLoad],
@@ -779,12 +785,21 @@ fn partners(
     dt_ns: f64,
 ) -> Vec<(usize, usize)> {
     let min = (PAIR_MIN_PPS * dt_ns / 1e9).max(1.0) as u64;
-    let on = |w: usize| loads.iter().filter(|q| q.current == w).count();
-    let queues_of = |p: PortId| keys.iter().filter(|k| k.0 == p).count();
-    // The port queue i's worker sends nearly everything to, if any.
+    let active = |i: usize| loads[i].load >= PAIR_ACTIVE_LOAD;
+    let on = |w: usize| {
+        (0..loads.len())
+            .filter(|&i| active(i) && loads[i].current == w)
+            .count()
+    };
+    let active_of = |p: PortId| {
+        (0..keys.len())
+            .filter(|&i| active(i) && keys[i].0 == p)
+            .count()
+    };
+    // The port active queue i's worker sends nearly everything to, if any.
     let talks_to = |i: usize| -> Option<PortId> {
         let w = loads[i].current;
-        if on(w) != 1 {
+        if !active(i) || on(w) != 1 {
             return None;
         }
         let mut total = 0;
@@ -804,10 +819,10 @@ fn partners(
     let mut out = Vec::new();
     for i in 0..keys.len() {
         let Some(d) = talks_to(i) else { continue };
-        if d == keys[i].0 || queues_of(d) != 1 || queues_of(keys[i].0) != 1 {
+        if d == keys[i].0 || active_of(d) != 1 || active_of(keys[i].0) != 1 {
             continue;
         }
-        let Some(j) = keys.iter().position(|k| k.0 == d) else {
+        let Some(j) = (0..keys.len()).find(|&j| active(j) && keys[j].0 == d) else {
             continue;
         };
         if talks_to(j) == Some(keys[i].0) {
@@ -891,9 +906,33 @@ mod tests {
         assert!(partners(&keys, &[q(0), q(1)], &sent(800_000, 20_000, 200_000), 1e9).is_empty());
         // Already on one worker: what the worker sent cannot be told apart by queue.
         assert!(partners(&keys, &[q(0), q(0)], &sent(800_000, 20_000, 0), 1e9).is_empty());
-        // The uplink has two rx queues: which one the replies belong to is unknown.
+        // The uplink has two busy rx queues: which one the replies belong to is unknown.
         let keys3 = [(PortId(0), 0), (PortId(0), 1), (PortId(1), 0)];
         let loads3 = [q(0), q(0), q(1)];
         assert!(partners(&keys3, &loads3, &sent(800_000, 20_000, 0), 1e9).is_empty());
+        let loads3 = [q(0), q(1), q(1)];
+        assert!(partners(&keys3, &loads3, &sent(800_000, 20_000, 0), 1e9).is_empty());
+    }
+
+    #[test]
+    fn idle_queues_of_a_multi_queue_port_do_not_count() {
+        // A 4-queue uplink (port 0): the flow hashed to queue 2 on worker 0; the idle
+        // queues sit on both workers, beside the TAP's queue (port 1) on worker 1.
+        let keys = [
+            (PortId(0), 0),
+            (PortId(0), 1),
+            (PortId(0), 2),
+            (PortId(0), 3),
+            (PortId(1), 0),
+        ];
+        let idle = |w| QueueLoad {
+            load: 0.001,
+            ..q(w)
+        };
+        let loads = [idle(0), idle(1), q(0), idle(1), q(1)];
+        assert_eq!(
+            partners(&keys, &loads, &sent(800_000, 20_000, 0), 1e9),
+            vec![(2, 4), (4, 2)]
+        );
     }
 }
