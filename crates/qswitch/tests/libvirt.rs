@@ -248,38 +248,7 @@ fn owner_of(arg: &str) -> Option<u32> {
 /// behind, and removes their temp dirs: only processes (the libvirtd, qswitch, QEMUs) whose
 /// command line names the temp dir of a test process that no longer exists are touched.
 fn reap_orphans() {
-    let dead = |owner: u32| !Path::new(&format!("/proc/{owner}")).exists();
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let args: Vec<String> = cmdline
-                .split(|&b| b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            if let Some(owner) = args.iter().find_map(|a| owner_of(a)) {
-                if dead(owner) {
-                    eprintln!(
-                        "killing {pid} ({}) left by dead test process {owner}",
-                        args[0]
-                    );
-                    common::signal(pid, "KILL");
-                }
-            }
-        }
-    }
-    if let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("qswitch-it-") && owner_of(&name).is_some_and(dead) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
+    common::reap_orphans("qswitch-it-", owner_of, |_| true);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -720,41 +720,9 @@ fn owner_of(arg: &str) -> Option<u32> {
 /// without dropping them (SIGKILL) left behind. Only processes whose command line names a
 /// guest temp dir of a process that no longer exists are touched.
 fn reap_orphans() {
-    let dead = |owner: u32| !Path::new(&format!("/proc/{owner}")).exists();
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let args: Vec<String> = cmdline
-                .split(|&b| b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            if !args.first().is_some_and(|a| a.ends_with(QEMU)) {
-                continue;
-            }
-            if let Some(owner) = args.iter().find_map(|a| owner_of(a)) {
-                if dead(owner) {
-                    eprintln!("killing QEMU {pid} left by dead test process {owner}");
-                    let _ = Command::new("kill")
-                        .args(["-KILL", &pid.to_string()])
-                        .stderr(Stdio::null())
-                        .status();
-                }
-            }
-        }
-    }
-    if let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("qswitch-guest-") && owner_of(&name).is_some_and(dead) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
+    crate::harness::reap_orphans("qswitch-guest-", owner_of, |args| {
+        args.first().is_some_and(|a| a.ends_with(QEMU))
+    });
 }
 
 /// `p` for a QEMU `key=value` option (commas doubled).

@@ -220,6 +220,53 @@ pub fn link_exists(ifname: &str) -> bool {
     sh(&["ip", "link", "show", "dev", ifname]).ok()
 }
 
+/// What test processes killed without cleaning up (SIGKILL) left behind: kills the
+/// processes `kill_it` accepts whose command line `owner_of` attributes (through any
+/// argument, e.g. a path under the test's temp dir) to a process that no longer exists,
+/// then removes the temp dirs named `dir_prefix…` that `owner_of` attributes to one.
+/// Nothing of a live process is touched.
+pub fn reap_orphans(
+    dir_prefix: &str,
+    owner_of: impl Fn(&str) -> Option<u32>,
+    kill_it: impl Fn(&[String]) -> bool,
+) {
+    let dead = |owner: u32| !std::path::Path::new(&format!("/proc/{owner}")).exists();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if !kill_it(&args) {
+                continue;
+            }
+            if let Some(owner) = args.iter().find_map(|a| owner_of(a)) {
+                if dead(owner) {
+                    eprintln!(
+                        "killing {pid} ({}) left by dead test process {owner}",
+                        args[0]
+                    );
+                    signal(pid, "KILL");
+                }
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(dir_prefix) && owner_of(&name).is_some_and(dead) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
 /// Sends `sig` (e.g. "TERM") to `pid` with kill(1).
 pub fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill")
