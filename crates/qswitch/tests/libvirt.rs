@@ -29,7 +29,8 @@
 //!   system libvirtd, if one runs, is not in the way. The only trace on the host is the empty
 //!   mount points `mkdir -p` creates when missing. The daemon is stopped (SIGTERM, then
 //!   SIGKILL) on drop, after `virsh destroy` + `undefine` of whatever domain is still there;
-//!   a libvirtd left by a test process that was SIGKILLed is killed by the next run.
+//!   a libvirtd left by a test process that was SIGKILLed is killed by the next run
+//!   (the first `TempDir` of a test process reaps, see `qswitch_test_support::reap_orphans`).
 //! - **QEMU runs as libvirt's default user, `libvirt-qemu`**, not root, so that the test checks
 //!   the permissions docs/libvirt.md describes: qswitch's server socket is 0660 in group
 //!   `libvirt-qemu` (`[switch] vhost_group`), QEMU's own server socket is in a directory owned
@@ -169,7 +170,7 @@ fn xml(s: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// Packages, the QEMU user, orphans.
+// Packages, the QEMU user.
 
 fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")
@@ -235,20 +236,6 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     let f: Vec<&str> = line.trim().split(':').collect();
     Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
-}
-
-/// The test process whose temp dir `arg` names (`.../qswitch-it-<pid>-libvirt...`).
-fn owner_of(arg: &str) -> Option<u32> {
-    let rest = &arg[arg.find("qswitch-it-")? + "qswitch-it-".len()..];
-    let (pid, tag) = rest.split_once('-')?;
-    tag.starts_with(TAG).then(|| pid.parse().ok()).flatten()
-}
-
-/// Kills what test processes of this file which died without cleaning up (SIGKILL) left
-/// behind, and removes their temp dirs: only processes (the libvirtd, qswitch, QEMUs) whose
-/// command line names the temp dir of a test process that no longer exists are touched.
-fn reap_orphans() {
-    common::reap_orphans("qswitch-it-", owner_of, |_| true);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -574,7 +561,6 @@ struct Lab {
 
 impl Lab {
     fn new() -> Result<Lab> {
-        reap_orphans();
         let (uid, gid) = user_ids(QEMU_USER).ok_or_else(|| anyhow!("no user {QEMU_USER}"))?;
         let dir = TempDir::new(TAG);
         // QEMU (as libvirt-qemu) must reach the sockets in here.

@@ -107,7 +107,13 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
+    /// `/tmp/qswitch-it-<pid>-<tag>`. The first one a test process makes also reaps what
+    /// SIGKILLed test processes left behind ([`reap_orphans`] with [`temp_dir_owner`]): the
+    /// daemons, QEMUs, libvirtds and testpmds whose command lines name their dirs, and the
+    /// dirs.
     pub fn new(tag: &str) -> TempDir {
+        static REAPED: std::sync::Once = std::sync::Once::new();
+        REAPED.call_once(|| reap_orphans("qswitch-it-", temp_dir_owner, |_| true));
         let path = std::env::temp_dir().join(format!("qswitch-it-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("create temp dir");
@@ -218,6 +224,12 @@ pub fn sh_ok(args: &[&str]) -> Out {
 /// Whether interface `ifname` exists in the root network namespace.
 pub fn link_exists(ifname: &str) -> bool {
     sh(&["ip", "link", "show", "dev", ifname]).ok()
+}
+
+/// The test process whose [`TempDir`] `arg` names (`…/qswitch-it-<pid>-<tag>…`).
+pub fn temp_dir_owner(arg: &str) -> Option<u32> {
+    let rest = &arg[arg.find("qswitch-it-")? + "qswitch-it-".len()..];
+    rest.split('-').next()?.parse().ok()
 }
 
 /// What test processes killed without cleaning up (SIGKILL) left behind: kills the
@@ -657,4 +669,60 @@ pub fn free_tcp_addr() -> std::net::SocketAddr {
         "no free loopback TCP port between {LOW} and {}",
         LOW + SPAN - 1
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_dir_owner_reads_the_pid_of_our_dirs_only() {
+        assert_eq!(
+            temp_dir_owner("/tmp/qswitch-it-4242-libvirt/x.sock"),
+            Some(4242)
+        );
+        assert_eq!(temp_dir_owner("path=/tmp/qswitch-it-7-a,server=1"), Some(7));
+        assert_eq!(temp_dir_owner("/tmp/qswitch-it-x-1"), None);
+        assert_eq!(temp_dir_owner("/tmp/qswitch-guest-5-1"), None);
+    }
+
+    #[test]
+    fn orphans_of_a_dead_test_process_are_reaped_and_nothing_else() {
+        // A pid that no longer runs: a child that has exited and been waited for.
+        let mut gone = Command::new("true").spawn().expect("spawn true");
+        let dead = gone.id();
+        gone.wait().expect("wait for true");
+        let tmp = std::env::temp_dir();
+        let orphan_dir = tmp.join(format!("qswitch-it-{dead}-reaptest"));
+        let live_dir = tmp.join(format!("qswitch-it-{}-reaptest", std::process::id()));
+        for d in [&orphan_dir, &live_dir] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let sleeper = |dir: &Path| {
+            Command::new("sh")
+                .args(["-c", "sleep 600; :"])
+                .arg(dir)
+                .spawn()
+                .expect("spawn sh")
+        };
+        let mut orphan = sleeper(&orphan_dir);
+        let mut live = sleeper(&live_dir);
+        reap_orphans("qswitch-it-", temp_dir_owner, |args| {
+            args.iter().any(|a| a.ends_with("-reaptest"))
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while orphan.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let reaped = orphan.try_wait().unwrap();
+        let untouched = live.try_wait().unwrap().is_none();
+        let _ = live.kill();
+        let _ = live.wait();
+        let _ = orphan.kill();
+        let _ = orphan.wait();
+        let _ = std::fs::remove_dir_all(&live_dir);
+        assert!(reaped.is_some(), "the orphan still runs");
+        assert!(untouched, "a live test process's child was killed");
+        assert!(!orphan_dir.exists(), "the orphan's dir is still there");
+    }
 }
