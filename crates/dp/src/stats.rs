@@ -108,6 +108,9 @@ drop_reasons! {
     TxFull => "tx_full",
     /// Writing to the destination failed.
     TxError => "tx_error",
+    /// The destination's interface is down (a TAP not up yet, or set down), so the kernel
+    /// refused the write.
+    LinkDown => "link_down",
     /// A guest's descriptor chain was malformed (out of memory, looping, too long, ...).
     BadDescriptor => "bad_descriptor",
     /// The destination has no usable queue (not connected, or no queue enabled).

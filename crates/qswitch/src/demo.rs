@@ -119,6 +119,17 @@ fn traffic(
         .map(|w| format!("w{} {:.0}%", w.id, w.busy_pct))
         .collect();
     let drops: u64 = end_stats.ports.iter().flat_map(|p| p.drops.values()).sum();
+    // Which port dropped what, so that a drop is explained where it is shown.
+    let why: Vec<String> = end_stats
+        .ports
+        .iter()
+        .flat_map(|p| {
+            p.drops
+                .iter()
+                .filter(|(_, &n)| n > 0)
+                .map(move |(r, n)| format!("{} {r}: {n}", p.name))
+        })
+        .collect();
 
     println!("== summary");
     println!("   iperf3 received     {gbps:.2} Gbit/s ({retr} retransmits)");
@@ -133,6 +144,10 @@ fn traffic(
         busy_cpus,
         if gbps > 0.0 { busy_cpus / gbps } else { 0.0 }
     );
-    println!("   drops               {drops}");
+    if why.is_empty() {
+        println!("   drops               {drops}");
+    } else {
+        println!("   drops               {drops} ({})", why.join(", "));
+    }
     Ok(())
 }

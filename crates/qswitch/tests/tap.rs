@@ -291,6 +291,17 @@ fn two_namespaces_ping_arp_and_fdb() {
         assert!(counter(&stats, p, "rx_packets") >= 4, "{stats}");
         assert!(counter(&stats, p, "tx_packets") >= 4, "{stats}");
     }
+
+    // b's interface set down: the kernel refuses writes to it (EIO), counted as link_down,
+    // not as a generic tx_error.
+    lab.ns('b')
+        .ok(&["ip", "link", "set", &lab.ifname('b'), "down"]);
+    let _ = lab
+        .ns('a')
+        .run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", &lab.ip('b')]);
+    let stats = lab.stats();
+    assert!(drops(&stats, "b", "link_down") >= 1, "{stats}");
+    assert_eq!(drops(&stats, "b", "tx_error"), 0, "{stats}");
 }
 
 #[test]

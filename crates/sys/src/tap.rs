@@ -159,6 +159,12 @@ impl AsFd for TapQueue {
     }
 }
 
+/// Whether `e`, from a write to a TAP queue, is the kernel refusing it because the
+/// interface is down (`EIO`: not up yet, or set down).
+pub fn is_link_down(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EIO)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -270,6 +270,7 @@ fn account(
             return;
         }
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => DropReason::TxFull,
+        Err(e) if qswitch_sys::tap::is_link_down(&e) => DropReason::LinkDown,
         Err(_) => DropReason::TxError,
     };
     for _ in 0..frames {
