@@ -542,7 +542,7 @@ impl Core {
             .filter(|(_, st)| st.worker.is_some() && st.home.is_some())
             .map(|(k, _)| *k)
             .collect();
-        let loads: Vec<QueueLoad> = keys
+        let mut loads: Vec<QueueLoad> = keys
             .iter()
             .map(|k| {
                 let st = &ctl.queues[k];
@@ -563,7 +563,6 @@ impl Core {
                 }
             })
             .collect();
-        let mut loads = loads;
         for (i, j) in partners(&keys, &loads, &sent, dt) {
             loads[i].partner = Some(j);
         }
@@ -576,10 +575,7 @@ impl Core {
                 queues: (_, to),
             } => {
                 let (p, q) = keys[to];
-                let with = table
-                    .get(usize::from(p.0))
-                    .and_then(|e| e.as_ref())
-                    .map_or_else(String::new, |e| format!("{}/{q}", e.config.name));
+                let with = format!("{}/{q}", port_name(&table, p));
                 (targets, Reason::Paired { with })
             }
             Decision::Spread { targets, hot, busy } => (
@@ -593,11 +589,7 @@ impl Core {
         let mut moved = 0;
         for (k, &to) in keys.iter().zip(&targets) {
             let to = WorkerId(to);
-            let name = table
-                .get(usize::from(k.0 .0))
-                .and_then(|e| e.as_ref())
-                .map(|e| e.config.name.clone())
-                .unwrap_or_default();
+            let name = port_name(&table, k.0);
             let Some(st) = ctl.queues.get_mut(k) else {
                 continue;
             };
@@ -736,11 +728,7 @@ impl Core {
             }
             for (p, q, from, to) in moves {
                 if let Some(to) = to {
-                    let name = table
-                        .get(usize::from(p.0))
-                        .and_then(|e| e.as_ref())
-                        .map(|e| e.config.name.clone())
-                        .unwrap_or_default();
+                    let name = port_name(&table, p);
                     let from_cpu = from.map(|w| self.cpu_of(w));
                     let to_cpu = self.cpu_of(to);
                     record_move(
@@ -830,6 +818,15 @@ fn partners(
         }
     }
     out
+}
+
+/// Port `p`'s name, or "" when it is gone.
+fn port_name(table: &PortTable, p: PortId) -> String {
+    table
+        .get(usize::from(p.0))
+        .and_then(|e| e.as_ref())
+        .map(|e| e.config.name.clone())
+        .unwrap_or_default()
 }
 
 fn queue_busy(table: &PortTable, p: PortId, q: u16) -> u64 {
