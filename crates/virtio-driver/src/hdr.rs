@@ -40,6 +40,9 @@ pub mod features {
     pub const PROTOCOL_FEATURES: u64 = 1 << 30;
     /// Virtio 1.0+ (little-endian rings, 12-byte net header).
     pub const VERSION_1: u64 = 1 << 32;
+    /// The device uses buffers in the order they were made available (`VIRTIO_F_IN_ORDER`).
+    /// The driver then checks every used id against that order.
+    pub const IN_ORDER: u64 = 1 << 35;
     /// Packed virtqueues (not implemented by this driver: never accepted).
     pub const RING_PACKED: u64 = 1 << 34;
     /// Hash report in the net header (20-byte header; not implemented: never accepted).
@@ -55,6 +58,7 @@ pub mod features {
         | GUEST_TSO4
         | GUEST_TSO6
         | EVENT_IDX
+        | IN_ORDER
         | MQ
         | CTRL_VQ
         | PROTOCOL_FEATURES;

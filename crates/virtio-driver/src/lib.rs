@@ -376,6 +376,9 @@ impl Driver {
                 opts.tx_buf_size
             } as u32;
             let mut vr = Vring::new(v, l, base, stride, len, event_idx, opts.request_calls)?;
+            if acked & features::IN_ORDER != 0 {
+                vr.in_order = Some(std::collections::VecDeque::new());
+            }
             vr.init(&shm)?;
             let vi = usize::from(v);
             fe.set_vring_num(vi, q)?;
@@ -890,6 +893,10 @@ fn rx_take(
         };
         vr.posted[usize::from(d)] = false;
         k += 1;
+        if let Err(e) = vr.check_order(id) {
+            err = Some(e);
+            break;
+        }
         if len > vr.buf_len {
             err = Some(vr.violation(format!(
                 "used len {len} larger than the {}-byte buffer {d}",

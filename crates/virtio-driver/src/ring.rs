@@ -1,5 +1,6 @@
 //! Driver side of one split virtqueue: layout, shadow state, publish/kick, used polling.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -142,6 +143,9 @@ pub(crate) struct Vring {
     pub posted: Vec<bool>,
     pub event_idx: bool,
     pub request_calls: bool,
+    /// With IN_ORDER: the heads made available and not yet used, oldest first (every used
+    /// id must be the front one).
+    pub in_order: Option<VecDeque<u16>>,
 }
 
 impl Vring {
@@ -174,6 +178,7 @@ impl Vring {
             posted: vec![false; q],
             event_idx,
             request_calls,
+            in_order: None,
         })
     }
 
@@ -196,8 +201,7 @@ impl Vring {
             for d in 0..self.l.size {
                 let b = desc_bytes(self.buf_addr(d), self.buf_len, DESC_F_WRITE, 0);
                 shm.write(self.l.desc_entry(d), &b)?;
-                shm.store16(self.l.avail_entry(self.avail_idx), d, Ordering::Relaxed)?;
-                self.avail_idx = self.avail_idx.wrapping_add(1);
+                self.push_avail(shm, d)?;
                 self.posted[usize::from(d)] = true;
             }
             shm.store16(self.l.avail_idx(), self.avail_idx, Ordering::Release)?;
@@ -234,7 +238,25 @@ impl Vring {
     pub(crate) fn push_avail(&mut self, shm: &Shm, head: u16) -> Result<()> {
         shm.store16(self.l.avail_entry(self.avail_idx), head, Ordering::Relaxed)?;
         self.avail_idx = self.avail_idx.wrapping_add(1);
+        if let Some(order) = &mut self.in_order {
+            order.push_back(head);
+        }
         Ok(())
+    }
+
+    /// With IN_ORDER, checks that the device used `id` next: the oldest head made available
+    /// and not used yet (virtio 1.1 2.6.9: "the device MUST use buffers in the same order in
+    /// which they have been made available").
+    pub(crate) fn check_order(&mut self, id: u32) -> Result<()> {
+        let Some(order) = &mut self.in_order else {
+            return Ok(());
+        };
+        match order.pop_front() {
+            Some(want) if u32::from(want) == id => Ok(()),
+            want => Err(self.violation(format!(
+                "used id {id} out of order: IN_ORDER expects {want:?}"
+            ))),
+        }
     }
 
     /// Publish `avail_idx` and kick if the device asked for it (EVENT_IDX `avail_event`, or
@@ -322,6 +344,10 @@ impl Vring {
                     );
                 }
             };
+            if let Err(e) = self.check_order(id) {
+                self.last_used = self.last_used.wrapping_add(k + 1);
+                return Err(e);
+            }
             let mut d = head;
             let len = std::mem::take(&mut self.chain_len[usize::from(head)]);
             for _ in 0..len {
@@ -405,5 +431,19 @@ mod tests {
         assert_eq!(end % 4096, 0);
         assert_eq!(l.avail_event(), l.used + 4 + 8 * 256);
         assert_eq!(l.used_event(), l.avail + 4 + 2 * 256);
+    }
+
+    #[test]
+    fn in_order_check_rejects_a_used_id_out_of_turn() {
+        let (l, _) = Layout::at(0, 16);
+        let mut v = Vring::new(1, l, 0, 0, 0, false, false).unwrap();
+        assert!(v.check_order(9).is_ok(), "no check without IN_ORDER");
+        v.in_order = Some(VecDeque::from([3, 5, 4]));
+        assert!(v.check_order(3).is_ok());
+        let e = v.check_order(4).unwrap_err().to_string();
+        assert!(e.contains("used id 4 out of order"), "{e}");
+        // Nothing outstanding: any used id is out of turn.
+        v.in_order = Some(VecDeque::new());
+        assert!(v.check_order(0).is_err());
     }
 }

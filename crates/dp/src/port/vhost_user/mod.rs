@@ -79,7 +79,7 @@ use qswitch_sys::epoll::Epoll;
 use qswitch_sys::eventfd::EventFd;
 use qswitch_sys::guestmap::MapOwner;
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
@@ -150,6 +150,7 @@ pub const FEATURES: u64 = (1 << VIRTIO_NET_F_CSUM)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_F_IN_ORDER)
     | (1 << VIRTIO_NET_F_GUEST_ANNOUNCE)
     | F_LOG_ALL
     | F_PROTOCOL_FEATURES;
@@ -180,6 +181,7 @@ pub fn feature_names(features: u64) -> Vec<&'static str> {
         (VIRTIO_RING_F_INDIRECT_DESC, "indirect_desc"),
         (VIRTIO_RING_F_EVENT_IDX, "event_idx"),
         (VIRTIO_F_VERSION_1, "version_1"),
+        (VIRTIO_F_IN_ORDER, "in_order"),
         (VIRTIO_NET_F_GUEST_ANNOUNCE, "guest_announce"),
         (VIRTIO_F_LOG_ALL_BIT, "log_all"),
     ];
