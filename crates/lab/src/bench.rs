@@ -424,18 +424,21 @@ pub fn summarise(names: &[&str], runs: &[IperfRun]) -> (Vec<ContenderSummary>, O
         })
         .collect();
     let ratio = match summary.as_slice() {
-        [a, b, ..]
-            if a.runs > 0 && b.runs > 0 && b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0 =>
-        {
-            Some(Ratio {
-                of: format!("{} / {}", a.contender, b.contender),
-                gbps: a.gbps_median / b.gbps_median,
-                cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
-            })
-        }
+        [a, b, ..] => ratio_of(a, b),
         _ => None,
     };
     (summary, ratio)
+}
+
+/// `a` against `b` (medians divided), when both ran and `b`'s medians can divide.
+pub fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
+    (a.runs > 0 && b.runs > 0 && b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0).then(|| {
+        Ratio {
+            of: format!("{} / {}", a.contender, b.contender),
+            gbps: a.gbps_median / b.gbps_median,
+            cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
+        }
+    })
 }
 
 /// The final table, then one `RESULT scenario contender key=value ...` line per contender

@@ -11,8 +11,8 @@
 use serde::Serialize;
 
 use super::{
-    iperf_run_with, median, print_table, run_line, setup_bridge, setup_qswitch, summarise,
-    warn_if_busy, Bench, ContenderSummary, IperfRun, Ratio, Report, Topology,
+    iperf_run_with, median, print_table, ratio_of, run_line, setup_bridge, setup_qswitch,
+    summarise, warn_if_busy, Bench, ContenderSummary, IperfRun, Ratio, Report, Topology,
 };
 use crate::netns;
 use crate::plot;
@@ -119,16 +119,6 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         qswitch_frames_per_s: fps,
     };
     super::write_results(&b.args.out, "bypass", &report, &svg)
-}
-
-fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
-    (a.runs > 0 && b.runs > 0 && b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0).then(|| {
-        Ratio {
-            of: format!("{} / {}", a.contender, b.contender),
-            gbps: a.gbps_median / b.gbps_median,
-            cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
-        }
-    })
 }
 
 /// Gbit/s and CPU per Gbit/s, grouped by MSS; then per-second Gbit/s of every run.

@@ -22,8 +22,8 @@
 use serde::Serialize;
 
 use super::{
-    iperf_run_with, print_table, run_line, summarise, warn_if_busy, Bench, ContenderSummary, Ratio,
-    Report, Topology,
+    iperf_run_with, print_table, ratio_of, run_line, summarise, warn_if_busy, Bench,
+    ContenderSummary, Ratio, Report, Topology,
 };
 use crate::netns::{self, Daemon, Link, Netns};
 use crate::plot;
@@ -398,14 +398,6 @@ fn print_pps_table(summary: &[pps::PpsSummary], ratios: &[PpsRatio]) {
             r.mpps
         );
     }
-}
-
-fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
-    (b.gbps_median > 0.0 && b.cpu_per_gbps_median > 0.0).then(|| Ratio {
-        of: format!("{} / {}", a.contender, b.contender),
-        gbps: a.gbps_median / b.gbps_median,
-        cpu_per_gbps: a.cpu_per_gbps_median / b.cpu_per_gbps_median,
-    })
 }
 
 /// Gbit/s and CPU per Gbit/s per stream count; then per-second Gbit/s of every run.
