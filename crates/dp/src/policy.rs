@@ -280,6 +280,18 @@ impl Policy {
         }
     }
 
+    /// Whether the port carries VLAN `v`, untagged (its native VLAN) or tagged.
+    #[inline]
+    pub(crate) fn carries(&self, v: u16) -> bool {
+        self.native == Some(v) || (self.trunk && self.settings.vlans.contains(v))
+    }
+
+    /// Whether the two ports carry a VLAN in common (so frames can pass between them).
+    pub(crate) fn shares_vlan(&self, other: &Policy) -> bool {
+        self.native.is_some_and(|v| other.carries(v))
+            || (self.trunk && self.settings.vlans.iter().any(|v| other.carries(v)))
+    }
+
     /// Whether the engine has anything to do per frame for frames from this port.
     #[inline]
     pub(crate) fn active(&self) -> bool {

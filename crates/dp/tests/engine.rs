@@ -284,6 +284,114 @@ fn qos_guarantees_are_admitted_up_to_the_reservable_share() {
     assert_eq!(mins, 900_000_000);
 }
 
+/// A trunk uplink's capacity is shared by the ports of every VLAN it carries, tagged or
+/// native, and by trunk ports that share one of them; a port in a VLAN it does not carry
+/// has no claim on it. Admission counts the same ports, also when a policy change makes a
+/// port carry more VLANs.
+#[test]
+fn a_trunk_uplink_admits_and_shares_among_the_ports_of_all_its_vlans() {
+    let sim = Sim::new(1);
+    let sw = &sim.sw;
+    let mut up = PortConfig::gen("up");
+    up.capacity = Some("1G".parse().unwrap());
+    up.vlan = Some(5.try_into().unwrap());
+    up.vlans = Some("10,20".parse().unwrap());
+    sw.add_port(&up).unwrap();
+    let port = |name: &str, vlan: u16, min: &str| {
+        let mut p = PortConfig::gen(name);
+        p.vlan = Some(vlan.try_into().unwrap());
+        p.qos = Some(QosConfig {
+            min: Some(min.parse().unwrap()),
+            ..QosConfig::default()
+        });
+        p
+    };
+    sw.add_port(&port("native", 5, "300M")).unwrap();
+    sw.add_port(&port("tagged10", 10, "300M")).unwrap();
+    // VLAN 30 is not carried: its guarantee does not count toward the uplink.
+    sw.add_port(&port("other", 30, "800M")).unwrap();
+    let err = sw.add_port(&port("tagged20", 20, "400M")).unwrap_err();
+    assert!(
+        err.to_string().contains("refused") && err.to_string().contains("'up'"),
+        "{err}"
+    );
+    sw.add_port(&port("tagged20", 20, "300M")).unwrap();
+    let show = sw.qos_show();
+    let uplink_of = |name: &str| {
+        show.ports
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.uplink.clone())
+    };
+    for name in ["native", "tagged10", "tagged20"] {
+        assert_eq!(uplink_of(name).as_deref(), Some("up"), "{name}");
+    }
+    assert_eq!(uplink_of("other"), None);
+    // A trunk port of VLANs 20 and 30 is toward the uplink through VLAN 20.
+    let mut vm = port("vgt", 30, "100M");
+    vm.vlans = Some("20".parse().unwrap());
+    let err = sw.add_port(&vm).unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    // Carrying VLAN 30 as well would put "other" (800M) behind the uplink: refused, and
+    // the uplink's policy is left as it was.
+    let err = sw
+        .update_port_policy(
+            "up",
+            &qswitch_api::policy::PolicyUpdate {
+                vlans: Some("10,20,30".parse().unwrap()),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+    assert_eq!(
+        sw.port_policy("up").unwrap().vlans,
+        "10,20".parse().unwrap()
+    );
+    assert_eq!(
+        sw.qos_show()
+            .ports
+            .iter()
+            .find(|p| p.name == "other")
+            .unwrap()
+            .uplink,
+        None
+    );
+}
+
+/// A port toward two uplinks (a VLAN that both carry) gets the smaller of its two shares.
+#[test]
+fn a_port_toward_two_uplinks_gets_the_smaller_share() {
+    let mut sim = Sim::new(1);
+    let uplink = |name: &str, cap: &str, vlan: u16, vlans: &str| {
+        let mut p = PortConfig::gen(name);
+        p.capacity = Some(cap.parse().unwrap());
+        p.vlan = Some(vlan.try_into().unwrap());
+        p.vlans = Some(vlans.parse().unwrap());
+        p
+    };
+    // The smaller uplink first: the larger one's share must not overwrite it.
+    sim.sw.add_port(&uplink("up2", "500M", 5, "20")).unwrap();
+    sim.sw.add_port(&uplink("up1", "1G", 10, "20")).unwrap();
+    for (name, vlan) in [("only10", 10), ("both20", 20)] {
+        let mut p = PortConfig::gen(name);
+        p.vlan = Some(vlan.try_into().unwrap());
+        sim.sw.add_port(&p).unwrap();
+    }
+    // Three allocator ticks. Idle ports claim a hundredth of an uplink's capacity each.
+    sim.step(31_000_000);
+    let alloc = |name: &str| {
+        sim.sw
+            .qos_show()
+            .ports
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.alloc_bps)
+    };
+    assert_eq!(alloc("only10"), Some(10_000_000));
+    assert_eq!(alloc("both20"), Some(5_000_000), "up2's share, the smaller");
+}
+
 #[test]
 fn a_switch_without_threads_does_not_move_by_itself() {
     let mut sim = Sim::new(1);

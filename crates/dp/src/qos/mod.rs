@@ -34,6 +34,9 @@
 //! # Limitations
 //! - Everything a port sends counts against its allocation, also traffic to ports other than
 //!   the uplink (in the same VLAN).
+//! - A port is toward every uplink it shares a VLAN with (native or tagged, on either side:
+//!   a trunk uplink serves the ports of all the VLANs it carries), is admitted against each,
+//!   and gets one allocation: the smallest of its shares of them.
 //! - A port's allocation is shared by all its rx queues through one lock-free bucket.
 //! - Traffic arriving on the uplink (toward the ports) is not shaped.
 

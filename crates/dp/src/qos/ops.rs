@@ -13,22 +13,31 @@ use qswitch_api::QosSettings;
 
 use super::alloc::{allocate, Claim};
 use super::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
+use crate::policy::Policy;
 use crate::stats::Counter;
-use crate::table::{PortTable, Shared};
+use crate::table::{PortEntry, PortTable, Shared};
 
-/// Checks the guarantees of `table` (with `name`'s settings replaced by `new`) against
-/// every uplink's reservable share. The message says what would be exceeded.
+/// Checks the guarantees of `table` (with `name`'s QoS settings replaced by `changed`, and
+/// a port's policy by `policy`) against every uplink's reservable share. The ports toward
+/// an uplink are those that share a VLAN with it ([`toward`]). The message says what would
+/// be exceeded.
 pub(crate) fn admit(
     table: &PortTable,
     reservable: f64,
     changed: Option<(&str, QosSettings)>,
+    policy: Option<(&str, &Arc<Policy>)>,
 ) -> Result<(), String> {
+    let policy_of = |p: &PortEntry| match policy {
+        Some((n, pol)) if n == p.config.name => Arc::clone(pol),
+        _ => p.policy.load_full(),
+    };
     for up in table.iter().flatten() {
         let Some(cap) = up.qos.capacity else { continue };
+        let up_policy = policy_of(up);
         let sum: u64 = table
             .iter()
             .flatten()
-            .filter(|p| p.vlan == up.vlan && p.qos.capacity.is_none())
+            .filter(|p| p.qos.capacity.is_none() && up_policy.shares_vlan(&policy_of(p)))
             .map(|p| {
                 let s = match changed {
                     Some((n, s)) if n == p.config.name => s,
@@ -49,6 +58,13 @@ pub(crate) fn admit(
         }
     }
     Ok(())
+}
+
+/// Whether port `p` is toward uplink `up`: they carry a VLAN in common (the uplink's native
+/// VLAN or one it carries tagged, as `p`'s access VLAN or one of its own trunk's), so
+/// `p`'s traffic to and from the outside can cross that uplink and shares its capacity.
+fn toward(up: &PortEntry, p: &PortEntry) -> bool {
+    up.policy.load().shares_vlan(&p.policy.load())
 }
 
 /// Applies `update` to port `name` if admission control allows it. The caller holds the
@@ -74,7 +90,8 @@ pub(crate) fn set(
     let new = update.apply(entry.qos.settings());
     new.check()
         .map_err(|m| crate::SwitchError::Qos(format!("port '{name}': {m}")))?;
-    admit(&table, shared.qos.reservable, Some((name, new))).map_err(crate::SwitchError::Qos)?;
+    admit(&table, shared.qos.reservable, Some((name, new)), None)
+        .map_err(crate::SwitchError::Qos)?;
     *entry.qos.settings.lock() = new;
     shared.qos.settings_gen.fetch_add(1, Ordering::Release);
     tracing::info!(port = %name, ?new, "qos settings changed");
@@ -109,11 +126,11 @@ pub(crate) struct Allocator {
 /// The ports of a table by their part in the allocation (slot indices into the table).
 #[derive(Default)]
 struct Groups {
-    /// Per uplink: its slot, capacity and the slots of the ports in its VLAN.
+    /// Per uplink: its slot, capacity and the slots of the ports toward it ([`toward`]).
     uplinks: Vec<(usize, u64, Vec<usize>)>,
-    /// Ports in a VLAN with an uplink (each once): measured every tick.
+    /// Ports toward an uplink (each once, even when toward several): measured every tick.
     measured: Vec<usize>,
-    /// Every other port (no uplink in its VLAN, or an uplink itself): its rate changes
+    /// Every other port (toward no uplink, or an uplink itself): its rate changes
     /// only with its settings or the table.
     fixed: Vec<usize>,
 }
@@ -133,7 +150,7 @@ impl Groups {
                 for (_, _, members) in g
                     .uplinks
                     .iter_mut()
-                    .filter(|(u, _, _)| table[*u].as_ref().is_some_and(|u| u.vlan == p.vlan))
+                    .filter(|(u, _, _)| table[*u].as_ref().is_some_and(|u| toward(u, p)))
                 {
                     members.push(slot);
                     member = true;
@@ -201,6 +218,8 @@ pub(crate) struct Scratch {
     /// Per slot: (measured rate EWMA, throttled this tick).
     bps: Vec<(f64, bool)>,
     breakpoints: Vec<(f64, f64)>,
+    /// Per slot: the smallest allocation of this tick over the uplinks it is toward.
+    rates: Vec<u64>,
 }
 
 /// One allocator round over `table` (grouped as `g`) at time `now`, tick number `tick`;
@@ -272,7 +291,9 @@ fn tick(
             p.qos.state.lock().alloc = Some(r).filter(|&r| r != UNLIMITED);
         }
     }
-    // Allocate, per uplink.
+    // Allocate, per uplink; a port toward several (a trunk) gets the smallest of its shares.
+    s.rates.clear();
+    s.rates.resize(table.len(), u64::MAX);
     for (_, cap, members) in &g.uplinks {
         let cap = *cap as f64;
         s.claims.clear();
@@ -301,8 +322,14 @@ fn tick(
         s.out.resize(s.claims.len(), 0.0);
         allocate(cap, &s.claims, &mut s.out, &mut s.breakpoints);
         for (k, &slot) in s.members.iter().enumerate() {
-            let Some(p) = port(slot) else { continue };
             let r = (s.out[k] as u64).max(MIN_RATE);
+            s.rates[slot] = s.rates[slot].min(r);
+        }
+    }
+    for &slot in &g.measured {
+        let Some(p) = port(slot) else { continue };
+        let r = s.rates[slot];
+        if r != u64::MAX {
             p.qos.rate.store(r, Ordering::Relaxed);
             p.qos.state.lock().alloc = Some(r);
         }
@@ -312,26 +339,25 @@ fn tick(
 /// `qos show`.
 pub(crate) fn report(shared: &Shared) -> QosReport {
     let table = shared.ports.load_full();
-    // The first uplink of each VLAN, found once (not once per port).
-    let mut uplinks: Vec<(u16, &str)> = Vec::new();
-    for p in table.iter().flatten() {
-        if p.qos.capacity.is_some() && !uplinks.iter().any(|(v, _)| *v == p.vlan) {
-            uplinks.push((p.vlan, &p.config.name));
-        }
-    }
+    let uplinks: Vec<&Arc<PortEntry>> = table
+        .iter()
+        .flatten()
+        .filter(|p| p.qos.capacity.is_some())
+        .collect();
     let ports = table
         .iter()
         .flatten()
         .map(|p| {
             let set = p.qos.settings();
             let st = p.qos.state.lock();
+            // The first uplink it is toward (a port may be toward several: a trunk).
             let uplink = if p.qos.capacity.is_some() {
                 None
             } else {
                 uplinks
                     .iter()
-                    .find(|(v, _)| *v == p.vlan)
-                    .map(|(_, n)| (*n).to_string())
+                    .find(|u| toward(u, p))
+                    .map(|u| u.config.name.clone())
             };
             QosPort {
                 name: p.config.name.clone(),

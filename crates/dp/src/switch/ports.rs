@@ -56,7 +56,8 @@ impl Switch {
             new_table[slot] = Some(self.entry(id, config, dev));
             ids.push(id);
         }
-        qos::ops::admit(&new_table, self.shared.qos.reservable, None).map_err(SwitchError::Qos)?;
+        qos::ops::admit(&new_table, self.shared.qos.reservable, None, None)
+            .map_err(SwitchError::Qos)?;
         for (&id, config) in ids.iter().zip(configs) {
             if let Some(limit) = config.security.as_ref().and_then(|s| s.mac_limit) {
                 self.shared.fdb.set_port_limit(id, limit);
@@ -241,11 +242,21 @@ impl Switch {
         change(&mut policy);
         let result = policy.clone();
         let limit = policy.security.mac_limit.unwrap_or(DEFAULT_PORT_LIMIT);
-        entry.policy.store(Arc::new(Policy::new(
+        let compiled = Arc::new(Policy::new(
             entry.config.vlan.map(qswitch_api::VlanId::get),
             policy,
             self.shared.now(),
-        )));
+        ));
+        // A port that carries other VLANs may now be toward other uplinks: their
+        // guarantees must still fit.
+        qos::ops::admit(
+            &table,
+            self.shared.qos.reservable,
+            None,
+            Some((name, &compiled)),
+        )
+        .map_err(SwitchError::Qos)?;
+        entry.policy.store(compiled);
         let id = entry.id;
         let new_table = (*table).clone();
         drop(table);
