@@ -34,7 +34,7 @@
 //! name = "up"
 //! type = "tap"
 //! ifname = "qs-up"
-//! capacity = "1G"                  # an uplink: the ports of its VLAN share this rate
+//! capacity = "1G"                  # an uplink: the ports of the VLANs it carries share this rate
 //!
 //! [[port]]
 //! name = "vm1"
@@ -458,10 +458,12 @@ pub struct PortConfig {
     /// CPUs the port's queues may run on; by default each port gets a set disjoint from the
     /// other ports' wherever the workers allow.
     pub cpus: Option<CpuList>,
-    /// Port QoS: guarantee, limit and weight of what this port sends toward its VLAN's uplink.
+    /// Port QoS: guarantee, limit and weight of what this port sends toward its uplink (the
+    /// uplink it has a VLAN in common with).
     pub qos: Option<QosConfig>,
-    /// Makes the port an uplink with this capacity: the other ports of its VLAN share it by
-    /// the QoS rule. At most one uplink per VLAN; an uplink takes no `qos`.
+    /// Makes the port an uplink with this capacity: the ports it has a VLAN in common with
+    /// (its native VLAN and those it carries tagged) share it by the QoS rule. No two uplinks
+    /// carry a VLAN in common; an uplink takes no `qos`.
     pub capacity: Option<Rate>,
     /// VLANs the port carries tagged (a trunk); `vlan` stays its native (untagged) VLAN, and
     /// a trunk without `vlan` takes no untagged frames.
@@ -1092,6 +1094,19 @@ impl PortConfig {
         self.vlan.map_or(0, VlanId::get)
     }
 
+    /// The VLANs the port carries (as the switch compiles its policy).
+    pub fn carried(&self) -> crate::policy::Carried<'_> {
+        let tagged = self.vlans.as_ref().filter(|v| !v.is_empty());
+        crate::policy::Carried {
+            native: match self.vlan {
+                Some(v) => Some(v.get()),
+                None if tagged.is_some() => None,
+                None => Some(0),
+            },
+            tagged,
+        }
+    }
+
     /// A TAP or afxdp port's interface name.
     pub fn ifname(&self) -> Option<&IfName> {
         match &self.kind {
@@ -1227,7 +1242,8 @@ impl Config {
 
     /// Checks what parsing cannot see: the workers against the machine's online CPUs, the
     /// control path, names, interfaces and sockets used twice, and QoS admission (one uplink
-    /// per VLAN, guarantees within its reservable share). Returns the worker CPUs.
+    /// per VLAN, guarantees within its reservable share: [`check_qos`]). Returns the worker
+    /// CPUs.
     pub fn validate(&self, online: &[usize]) -> Result<CpuList, ConfigError> {
         let workers = &self.switch.workers;
         if let Some(&cpu) = workers.cpus().iter().find(|c| !online.contains(c)) {
@@ -1339,34 +1355,37 @@ pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Fails if a VLAN has two uplinks, or if the guarantees of a VLAN's ports add up to more
-/// than `reservable` × its uplink's capacity.
+/// Fails if two uplinks carry a VLAN in common, or if the guarantees of the ports toward an
+/// uplink (those it has a VLAN in common with, [`crate::policy::Carried`]) add up to more
+/// than `reservable` × its capacity. The switch admits live changes by the same rule.
 pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigError> {
-    let mut uplinks: Vec<(u16, &str, u64)> = Vec::new();
-    for p in ports {
-        if let Some(c) = p.capacity_bps() {
-            let vlan = p.vlan_id();
-            if let Some((_, first, _)) = uplinks.iter().find(|u| u.0 == vlan) {
-                return Err(ConfigError::Qos(format!(
-                    "ports '{first}' and '{}' are both uplinks (capacity) of VLAN {vlan}; at most one per VLAN",
-                    p.name
-                )));
-            }
-            uplinks.push((vlan, &p.name, c));
+    let uplinks: Vec<(&PortConfig, u64)> = ports
+        .iter()
+        .filter_map(|p| p.capacity_bps().map(|c| (p, c)))
+        .collect();
+    for (k, (up, cap)) in uplinks.iter().enumerate() {
+        let carried = up.carried();
+        if let Some((other, vlan)) = uplinks[..k]
+            .iter()
+            .find_map(|(o, _)| o.carried().common(&carried).map(|v| (o, v)))
+        {
+            return Err(ConfigError::Qos(format!(
+                "ports '{}' and '{}' are both uplinks (capacity) of VLAN {vlan}; at most one per VLAN",
+                other.name, up.name
+            )));
         }
-    }
-    for (vlan, up, cap) in uplinks {
         let sum: u64 = ports
             .iter()
-            .filter(|p| p.vlan_id() == vlan && p.capacity.is_none())
+            .filter(|p| p.capacity.is_none() && p.carried().common(&carried).is_some())
             .map(|p| p.qos_settings().min.unwrap_or(0))
             .sum();
-        let limit = (reservable * cap as f64) as u64;
+        let limit = (reservable * *cap as f64) as u64;
         if sum > limit {
             return Err(ConfigError::Qos(format!(
-                "the guarantees toward uplink '{up}' add up to {}, above reservable {reservable} x capacity {} = {}",
+                "the guarantees toward uplink '{}' add up to {}, above reservable {reservable} x capacity {} = {}",
+                up.name,
                 format_rate(sum),
-                format_rate(cap),
+                format_rate(*cap),
                 format_rate(limit)
             )));
         }
@@ -1745,6 +1764,9 @@ vlan = 10
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='0'\n", "capacity must be above 0"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\nqos={max='1G'}\n", "takes no qos"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\ncapacity='1G'\n", "both uplinks"),
+            // A trunk uplink serves the ports of the VLANs it carries tagged, too.
+            ("[[port]]\nname='up'\ntype='tap'\nifname='u'\ncapacity='1G'\nvlan=5\nvlans='10,20'\n[[port]]\nname='a'\ntype='tap'\nifname='a'\nvlan=10\nqos={min='500M'}\n[[port]]\nname='b'\ntype='tap'\nifname='b'\nvlan=20\nqos={min='500M'}\n", "the guarantees toward uplink 'up' add up to 1G"),
+            ("[[port]]\nname='a'\ntype='tap'\nifname='a'\ncapacity='1G'\nvlan=5\nvlans='10,20'\n[[port]]\nname='b'\ntype='tap'\nifname='b'\ncapacity='1G'\nvlan=20\n", "'a' and 'b' are both uplinks (capacity) of VLAN 20"),
             ("[switch]\nreservable = 0\n", "reservable = 0 is out of range"),
             ("[switch]\nreservable = 1.5\n", "reservable = 1.5 is out of range"),
             ("[[port]]\nname='a'\ntype='tap'\nifname='a'\nqos={mni='1G'}\n", "mni"),

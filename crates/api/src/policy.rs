@@ -59,6 +59,43 @@ impl VlanSet {
     }
 }
 
+/// The VLANs a port carries: its native (untagged) VLAN, if it has one (an access port
+/// without `vlan` is in VLAN 0, the untagged domain; a trunk without `vlan` has none), and
+/// those it carries tagged. Two ports that carry a VLAN in common can exchange frames: an
+/// uplink serves (QoS) every port it has a VLAN in common with.
+#[derive(Debug, Clone, Copy)]
+pub struct Carried<'a> {
+    pub native: Option<u16>,
+    pub tagged: Option<&'a VlanSet>,
+}
+
+impl Carried<'_> {
+    /// Whether VLAN `v` is carried, untagged or tagged.
+    pub fn carries(&self, v: u16) -> bool {
+        self.native == Some(v) || self.tagged.is_some_and(|t| t.contains(v))
+    }
+
+    /// A VLAN both carry (the native one checked first), if any.
+    pub fn common(&self, other: &Carried<'_>) -> Option<u16> {
+        if let Some(v) = self.native.filter(|&v| other.carries(v)) {
+            return Some(v);
+        }
+        let mine = self.tagged?;
+        if let Some(v) = other.native.filter(|&v| mine.contains(v)) {
+            return Some(v);
+        }
+        let theirs = other.tagged?;
+        mine.0
+            .iter()
+            .zip(theirs.0.iter())
+            .enumerate()
+            .find_map(|(i, (a, b))| {
+                let both = a & b;
+                (both != 0).then(|| (i * 64) as u16 + both.trailing_zeros() as u16)
+            })
+    }
+}
+
 impl FromIterator<u16> for VlanSet {
     fn from_iter<I: IntoIterator<Item = u16>>(iter: I) -> Self {
         let mut s = VlanSet::default();
@@ -334,6 +371,24 @@ pub fn parse_list<T: FromStr>(s: &str) -> Result<Vec<T>, T::Err> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn carried_vlans_meet_natively_or_tagged() {
+        let t = |s: &str| s.parse::<VlanSet>().unwrap();
+        let (a, b, c) = (t("10,20"), t("300-400"), t("20,4000"));
+        let c_ = |native, tagged| Carried { native, tagged };
+        assert_eq!(c_(Some(0), None).common(&c_(Some(0), None)), Some(0));
+        assert_eq!(c_(Some(5), None).common(&c_(Some(0), None)), None);
+        assert_eq!(c_(Some(5), Some(&a)).common(&c_(Some(10), None)), Some(10));
+        assert_eq!(c_(Some(10), None).common(&c_(Some(5), Some(&a))), Some(10));
+        assert_eq!(c_(None, Some(&a)).common(&c_(None, Some(&c))), Some(20));
+        assert_eq!(c_(None, Some(&a)).common(&c_(None, Some(&b))), None);
+        assert_eq!(c_(None, Some(&b)).common(&c_(Some(350), None)), Some(350));
+        assert_eq!(
+            c_(None, Some(&t("4000"))).common(&c_(None, Some(&c))),
+            Some(4000)
+        );
+    }
 
     #[test]
     fn vlan_sets_parse_and_print() {

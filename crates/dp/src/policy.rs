@@ -280,16 +280,12 @@ impl Policy {
         }
     }
 
-    /// Whether the port carries VLAN `v`, untagged (its native VLAN) or tagged.
-    #[inline]
-    pub(crate) fn carries(&self, v: u16) -> bool {
-        self.native == Some(v) || (self.trunk && self.settings.vlans.contains(v))
-    }
-
-    /// Whether the two ports carry a VLAN in common (so frames can pass between them).
-    pub(crate) fn shares_vlan(&self, other: &Policy) -> bool {
-        self.native.is_some_and(|v| other.carries(v))
-            || (self.trunk && self.settings.vlans.iter().any(|v| other.carries(v)))
+    /// The VLANs the port carries, untagged (its native VLAN) or tagged.
+    pub(crate) fn carried(&self) -> qswitch_api::policy::Carried<'_> {
+        qswitch_api::policy::Carried {
+            native: self.native,
+            tagged: self.trunk.then_some(&self.settings.vlans),
+        }
     }
 
     /// Whether the engine has anything to do per frame for frames from this port.

@@ -359,37 +359,49 @@ fn a_trunk_uplink_admits_and_shares_among_the_ports_of_all_its_vlans() {
     );
 }
 
-/// A port toward two uplinks (a VLAN that both carry) gets the smaller of its two shares.
+/// A trunk port toward two uplinks (each carries one of its VLANs) gets the smaller of its
+/// two shares. Two uplinks may not carry a VLAN in common (as in the configuration file).
 #[test]
-fn a_port_toward_two_uplinks_gets_the_smaller_share() {
+fn a_trunk_port_toward_two_uplinks_gets_the_smaller_share() {
     let mut sim = Sim::new(1);
-    let uplink = |name: &str, cap: &str, vlan: u16, vlans: &str| {
+    let port = |name: &str, vlan: Option<u16>, vlans: Option<&str>| {
         let mut p = PortConfig::gen(name);
+        p.vlan = vlan.map(|v| v.try_into().unwrap());
+        p.vlans = vlans.map(|v| v.parse().unwrap());
+        p
+    };
+    let uplink = |name: &str, cap: &str, vlan: u16, vlans: Option<&str>| {
+        let mut p = port(name, Some(vlan), vlans);
         p.capacity = Some(cap.parse().unwrap());
-        p.vlan = Some(vlan.try_into().unwrap());
-        p.vlans = Some(vlans.parse().unwrap());
         p
     };
     // The smaller uplink first: the larger one's share must not overwrite it.
-    sim.sw.add_port(&uplink("up2", "500M", 5, "20")).unwrap();
-    sim.sw.add_port(&uplink("up1", "1G", 10, "20")).unwrap();
-    for (name, vlan) in [("only10", 10), ("both20", 20)] {
-        let mut p = PortConfig::gen(name);
-        p.vlan = Some(vlan.try_into().unwrap());
-        sim.sw.add_port(&p).unwrap();
-    }
+    sim.sw.add_port(&uplink("up2", "500M", 20, None)).unwrap();
+    sim.sw.add_port(&uplink("up1", "1G", 10, None)).unwrap();
+    let err = sim
+        .sw
+        .add_port(&uplink("up3", "1G", 30, Some("10")))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("both be uplinks (capacity) of VLAN 10"),
+        "{err}"
+    );
+    sim.sw.add_port(&port("only10", Some(10), None)).unwrap();
+    sim.sw
+        .add_port(&port("trunk", None, Some("10,20")))
+        .unwrap();
     // Three allocator ticks. Idle ports claim a hundredth of an uplink's capacity each.
     sim.step(31_000_000);
+    let show = sim.sw.qos_show();
     let alloc = |name: &str| {
-        sim.sw
-            .qos_show()
-            .ports
+        show.ports
             .iter()
             .find(|p| p.name == name)
             .and_then(|p| p.alloc_bps)
     };
     assert_eq!(alloc("only10"), Some(10_000_000));
-    assert_eq!(alloc("both20"), Some(5_000_000), "up2's share, the smaller");
+    assert_eq!(alloc("trunk"), Some(5_000_000), "up2's share, the smaller");
 }
 
 #[test]

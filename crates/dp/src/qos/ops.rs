@@ -17,10 +17,11 @@ use crate::policy::Policy;
 use crate::stats::Counter;
 use crate::table::{PortEntry, PortTable, Shared};
 
-/// Checks the guarantees of `table` (with `name`'s QoS settings replaced by `changed`, and
-/// a port's policy by `policy`) against every uplink's reservable share. The ports toward
-/// an uplink are those that share a VLAN with it ([`toward`]). The message says what would
-/// be exceeded.
+/// Checks `table` (with `name`'s QoS settings replaced by `changed`, and a port's policy by
+/// `policy`) by the configuration's rule ([`qswitch_api::config::check_qos`]), so that a
+/// live change the switch takes is one the configuration file could hold: no two uplinks
+/// carry a VLAN in common, and the guarantees of the ports toward an uplink ([`toward`])
+/// fit in its reservable share. The message says what would be exceeded.
 pub(crate) fn admit(
     table: &PortTable,
     reservable: f64,
@@ -31,13 +32,28 @@ pub(crate) fn admit(
         Some((n, pol)) if n == p.config.name => Arc::clone(pol),
         _ => p.policy.load_full(),
     };
-    for up in table.iter().flatten() {
-        let Some(cap) = up.qos.capacity else { continue };
-        let up_policy = policy_of(up);
+    let uplinks: Vec<(&PortEntry, u64, Arc<Policy>)> = table
+        .iter()
+        .flatten()
+        .filter_map(|p| p.qos.capacity.map(|c| (&**p, c, policy_of(p))))
+        .collect();
+    for (k, (up, cap, up_policy)) in uplinks.iter().enumerate() {
+        let carried = up_policy.carried();
+        if let Some((other, vlan)) = uplinks[..k]
+            .iter()
+            .find_map(|(o, _, op)| op.carried().common(&carried).map(|v| (o, v)))
+        {
+            return Err(format!(
+                "refused: ports '{}' and '{}' would both be uplinks (capacity) of VLAN {vlan}; at most one per VLAN; nothing changed",
+                other.config.name, up.config.name
+            ));
+        }
         let sum: u64 = table
             .iter()
             .flatten()
-            .filter(|p| p.qos.capacity.is_none() && up_policy.shares_vlan(&policy_of(p)))
+            .filter(|p| {
+                p.qos.capacity.is_none() && policy_of(p).carried().common(&carried).is_some()
+            })
             .map(|p| {
                 let s = match changed {
                     Some((n, s)) if n == p.config.name => s,
@@ -46,13 +62,13 @@ pub(crate) fn admit(
                 s.min.unwrap_or(0)
             })
             .sum();
-        let limit = (reservable * cap as f64) as u64;
+        let limit = (reservable * *cap as f64) as u64;
         if sum > limit {
             return Err(format!(
                 "refused: the guarantees toward uplink '{}' would add up to {}, above reservable {reservable} x capacity {} = {}; nothing changed",
                 up.config.name,
                 format_rate(sum),
-                format_rate(cap),
+                format_rate(*cap),
                 format_rate(limit)
             ));
         }
@@ -64,7 +80,11 @@ pub(crate) fn admit(
 /// VLAN or one it carries tagged, as `p`'s access VLAN or one of its own trunk's), so
 /// `p`'s traffic to and from the outside can cross that uplink and shares its capacity.
 fn toward(up: &PortEntry, p: &PortEntry) -> bool {
-    up.policy.load().shares_vlan(&p.policy.load())
+    up.policy
+        .load()
+        .carried()
+        .common(&p.policy.load().carried())
+        .is_some()
 }
 
 /// Applies `update` to port `name` if admission control allows it. The caller holds the
