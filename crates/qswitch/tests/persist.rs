@@ -136,6 +136,54 @@ fn live_changes_survive_kill_9_and_dump_starts_the_same_switch() {
     assert_eq!(placement["mode"], "static", "{placement}");
 }
 
+/// A live change the configuration file could not hold is refused, so it is never recorded
+/// and the next start does not fail on it: the file's rule for uplinks (no two carry a VLAN
+/// in common; the guarantees of the ports toward one fit its reservable share) holds for
+/// `port add` and for `port set --vlans`, which can put more ports behind an uplink.
+#[test]
+fn live_changes_the_file_could_not_hold_are_refused_and_the_restart_works() {
+    let dir = TempDir::new("persist-uplink-rule");
+    let control = dir.join("control.sock");
+    let text = config(&dir, &control, &worker_cpus(1));
+    let mut d = Daemon::start(dir.path(), "u", &text, &control);
+    qs(
+        &control,
+        &["port", "add", "v10", "--type", "gen", "--vlan", "10"],
+    )
+    .assert_ok("port add v10");
+    // No uplink carries VLAN 10 yet: nothing to reserve against.
+    qs(&control, &["qos", "set", "v10", "--min", "950M"]).assert_ok("qos set v10");
+    assert!(qos_of(&control, "v10")["uplink"].is_null());
+    // "up" (1G, reservable 0.9) carrying VLAN 10 would owe v10 950M: refused.
+    let r = qs(&control, &["port", "set", "up", "--vlans", "10"]);
+    assert!(!r.ok(), "{}", r.stdout);
+    assert!(
+        r.stderr
+            .contains("the guarantees toward uplink 'up' would add up to 950M"),
+        "{}",
+        r.stderr
+    );
+    qs(&control, &["qos", "set", "v10", "--min", "700M"]).assert_ok("qos set v10 700M");
+    qs(&control, &["port", "set", "up", "--vlans", "10"]).assert_ok("now it fits");
+    assert_eq!(qos_of(&control, "v10")["uplink"], "up");
+    // A second uplink of VLAN 10.
+    let mut up2 = PortConfig::gen("up2");
+    up2.vlan = Some(10.try_into().unwrap());
+    up2.capacity = Some("1G".parse().unwrap());
+    let r = qswitch_api::client::call(&control, &Request::PortAdd { port: up2 });
+    assert!(
+        matches!(&r, Err(e) if e.to_string().contains("'up' and 'up2' would both be uplinks (capacity) of VLAN 10")),
+        "{r:?}"
+    );
+    d.kill();
+    let _d = Daemon::start(dir.path(), "u", &text, &control);
+    let names: BTreeSet<String> = port_names(&control).into_iter().collect();
+    assert_eq!(names, ["g1", "up", "v10"].map(String::from).into());
+    let v10 = qos_of(&control, "v10");
+    assert_eq!(v10["uplink"], "up", "{v10}");
+    assert_eq!(v10["min"].as_u64(), Some(700_000_000), "{v10}");
+}
+
 /// The switch as the test sees it: port names and their QoS weights.
 type Model = BTreeMap<String, u64>;
 
