@@ -1129,6 +1129,40 @@ fn tso_frames_cross_as_one_gso_send_and_come_out_whole() {
     assert!(st.drops.iter().all(|(_, n)| *n == 0), "{st:?}");
 }
 
+/// A coalesced message queued while `UDP_GRO` was on and read after a second port joined the
+/// address (which turns it off) comes without its segment size; its datagrams are still
+/// told apart (each starts with the same VXLAN header, at the size the first one's inner IP
+/// length gives) and the segments come out whole, not as one frame with the rest of them
+/// as trailing bytes.
+#[test]
+fn a_coalesced_message_read_after_udp_gro_went_off_is_split() {
+    use qswitch_wire::virtio_net_hdr::GSO_TCPV4;
+    let (x, y, dstport) = loopback_pair(true).expect("two loopback ports");
+    let (f, hdr) = tso_frame(20_000, 1398);
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    pkts[0].fill(&f);
+    pkts[0].hdr = hdr;
+    let mut drops = DropTally::default();
+    let segs = 20_000usize.div_ceil(1398);
+    assert_eq!(
+        x.tx_burst(0, &mut pkts, &[0], &mut drops).packets as usize,
+        segs
+    );
+    // Queued at y as one message; now a second VNI joins y's address.
+    std::thread::sleep(Duration::from_millis(50));
+    let mut c = VxlanConfig::new(VNI + 1, IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+    c.dstport = dstport;
+    let _second = VxlanPort::open("vx2", &c).expect("a second VNI on the address");
+    let got = receive_with_hdr(&y, 1);
+    assert_eq!(got.len(), 1, "one super-frame again");
+    let (frame, h) = &got[0];
+    assert_eq!((h.gso_type, h.gso_size), (GSO_TCPV4, 1398));
+    assert_eq!(frame.len(), f.len());
+    let st = y.stats();
+    assert_eq!(st.traffic.rx_frames as usize, segs, "{st:?}");
+    assert!(st.drops.iter().all(|(_, n)| *n == 0), "{st:?}");
+}
+
 /// With checksums off (`udp_csum = false`: zero over IPv4) the kernel refuses `UDP_SEGMENT`:
 /// a TSO frame leaves as one `sendmmsg` of datagrams, which the receiver still coalesces.
 #[test]

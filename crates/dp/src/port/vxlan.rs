@@ -118,9 +118,9 @@
 //!   of several flows interleaved within one burst coalesce less (each flow's datagrams
 //!   mostly arrive together, one source port per flow).
 //! - Messages already queued when `UDP_GRO` is turned off (a second port joining the
-//!   address) are read without their segment size: each such message is taken as one
-//!   datagram, its later VXLAN headers as inner bytes (the inner IP length still bounds
-//!   what the guest sees). A moment at port add, under load only.
+//!   address) are read without their segment size; they are told apart from single
+//!   datagrams by their repeated VXLAN headers at the size the first inner IP length gives
+//!   (`coalesced_size`), so their segments still come out whole.
 //! - Inner checksums are summed in software both ways (the kernel offers a UDP socket no
 //!   offload for the inner TCP checksum); with the four copies through the kernel (TAP read,
 //!   UDP send, UDP receive, TAP write) this is what keeps the overlay below Linux's own
@@ -1117,6 +1117,52 @@ impl VxlanPort {
     }
 }
 
+/// The size of each datagram in `msg`, a message received without a `UDP_GRO` segment size,
+/// when it holds several: the kernel coalesced them while `UDP_GRO` was on (datagrams of one
+/// size back to back, the last one possibly shorter) and the option went off before they
+/// were read (a second port joined the address). The first datagram's size comes from its
+/// inner IP length (a frame padded to the 60-byte minimum is never longer than that); it
+/// counts only when every datagram boundary it implies starts with the first datagram's
+/// VXLAN header. None for one datagram, or anything that does not fit that pattern (read as
+/// one datagram, as before). Several frames in one datagram that this takes apart are each
+/// checked and counted like any datagram from that VTEP.
+fn coalesced_size(msg: &[u8]) -> Option<usize> {
+    const H: usize = vxlan::HEADER_LEN;
+    let inner = msg.get(H..)?;
+    let mut l2 = ethernet::HEADER_LEN;
+    let mut ethertype = u16::from_be_bytes([*inner.get(12)?, *inner.get(13)?]);
+    if ethertype == 0x8100 {
+        ethertype = u16::from_be_bytes([*inner.get(16)?, *inner.get(17)?]);
+        l2 += 4;
+    }
+    let ip_len = match ethertype {
+        0x0800 => usize::from(u16::from_be_bytes([
+            *inner.get(l2 + 2)?,
+            *inner.get(l2 + 3)?,
+        ])),
+        0x86dd => {
+            40 + usize::from(u16::from_be_bytes([
+                *inner.get(l2 + 4)?,
+                *inner.get(l2 + 5)?,
+            ]))
+        }
+        _ => return None,
+    };
+    let size = H + (l2 + ip_len).max(60);
+    if size >= msg.len() {
+        return None;
+    }
+    let first = &msg[..H];
+    let mut at = size;
+    while at < msg.len() {
+        if msg.get(at..at + H)? != first {
+            return None;
+        }
+        at += size;
+    }
+    Some(size)
+}
+
 /// Ends the super-frame `gro` holds in `pkt` (its length and virtio-net header).
 fn finish_gro(gro: &mut Gro, pkt: &mut Pkt, port: &VxlanPort) {
     if let Some((len, hdr)) = gro.finish(pkt.frame_buf_mut()) {
@@ -1497,8 +1543,20 @@ impl Port for VxlanPort {
                 continue;
             }
             let buf = &bufs[*msg][..m.len];
-            // A GRO segment size of 0, or one not below the length: one datagram.
-            let size = if m.segment == 0 || m.segment >= m.len {
+            // A GRO segment size not below the length: one datagram. None (0): one datagram,
+            // or a coalesced message queued before UDP_GRO went off, told apart by its
+            // repeated VXLAN headers (`coalesced_size`).
+            let size = if m.segment == 0 {
+                match coalesced_size(buf) {
+                    Some(size) => {
+                        if *off == 0 {
+                            self.udp_gro.fetch_add(1, Ordering::Relaxed);
+                        }
+                        size
+                    }
+                    None => m.len.max(1),
+                }
+            } else if m.segment >= m.len {
                 m.len.max(1)
             } else {
                 if *off == 0 {
@@ -1653,5 +1711,63 @@ impl Port for VxlanPort {
 
     fn rx_fd(&self, _queue: u16) -> Option<RawFd> {
         Some(self.rx().as_raw_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::coalesced_size;
+
+    /// A VXLAN datagram (VNI 100) around an IPv4 (or, with `v6`, IPv6) frame whose IP packet
+    /// is `ip_len` bytes, optionally 802.1Q-tagged, padded to `pad_to` bytes of frame.
+    fn dgram(ip_len: usize, tagged: bool, v6: bool, pad_to: usize) -> Vec<u8> {
+        let mut d = vec![0x08, 0, 0, 0, 0, 0, 100, 0];
+        let mut f = vec![0u8; 12];
+        if tagged {
+            f.extend_from_slice(&[0x81, 0x00, 0x00, 0x0a]);
+        }
+        if v6 {
+            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+            f.extend_from_slice(&((ip_len - 40) as u16).to_be_bytes());
+            f.resize(f.len() + ip_len - 6, 0x11);
+        } else {
+            f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
+            f.extend_from_slice(&(ip_len as u16).to_be_bytes());
+            f.resize(f.len() + ip_len - 4, 0x22);
+        }
+        f.resize(f.len().max(pad_to), 0);
+        d.extend_from_slice(&f);
+        d
+    }
+
+    #[test]
+    fn coalesced_datagrams_are_told_apart_from_single_ones() {
+        let one = dgram(1400, false, false, 0);
+        assert_eq!(coalesced_size(&one), None);
+        // Padded to the minimum frame: still one.
+        assert_eq!(coalesced_size(&dgram(28, false, false, 60)), None);
+        let mut three = [one.clone(), one.clone(), dgram(300, false, false, 0)].concat();
+        assert_eq!(coalesced_size(&three), Some(one.len()));
+        // A boundary that is not the same VXLAN header: one datagram as before.
+        three[one.len() + 6] = 101;
+        assert_eq!(coalesced_size(&three), None);
+        let v6 = dgram(1440, true, true, 0);
+        assert_eq!(
+            coalesced_size(&[v6.clone(), v6.clone()].concat()),
+            Some(v6.len())
+        );
+        // Small frames padded to 60 bytes, coalesced.
+        let small = dgram(28, false, false, 60);
+        assert_eq!(
+            coalesced_size(&[small.clone(), small.clone()].concat()),
+            Some(68)
+        );
+        // Too short or not IP: no guess.
+        assert_eq!(coalesced_size(&one[..20]), None);
+        let mut arp = one.clone();
+        arp[8 + 12..8 + 14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(coalesced_size(&[arp.clone(), arp].concat()), None);
+        // A tail shorter than a VXLAN header after the first datagram.
+        assert_eq!(coalesced_size(&[&one[..], &[0x08, 0, 0]].concat()), None);
     }
 }
