@@ -421,6 +421,11 @@ pub struct PortInfo {
     /// `xdp-mode-in-use`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xdp_mode: Option<String>,
+    /// vxlan: the largest IP packet a frame through the tunnel may carry (the underlay MTU
+    /// less 50 bytes over IPv4, 70 over IPv6): the MTU for the VMs of its VLAN, unless the
+    /// underlay's is raised. Larger frames are counted as `mtu_exceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inner_mtu: Option<u32>,
     /// afxdp: what the kernel's sockets dropped before qswitch saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelDrops>,

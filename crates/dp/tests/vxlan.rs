@@ -956,6 +956,10 @@ fn config_port_in_a_switch() {
         }
     }
     let remote = added.expect("a VXLAN port in the switch and its peer");
+    // `port list` says what MTU the VLAN's VMs need: the route's MTU (loopback's) less 50.
+    let info = sw.ports().into_iter().find(|p| p.name == "vx").unwrap();
+    assert_eq!(info.inner_mtu, Some(remote.inner_mtu()));
+    assert!(remote.inner_mtu() > 60_000, "{}", remote.inner_mtu());
     let a = sw.add_inject_port("a", None).unwrap();
     let (mac_a, mac_r) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0x5]);
 

@@ -227,6 +227,12 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                         "", k.rx_dropped, k.invalid_descs
                     );
                 }
+                if let Some(mtu) = p.inner_mtu {
+                    println!(
+                        "{:<12} inner MTU {mtu}: the MTU for this VLAN's VMs (or raise the underlay's); larger frames count as mtu_exceeded",
+                        ""
+                    );
+                }
                 if let Some(policy) = policy {
                     println!("{:<12} {policy}", "");
                 }

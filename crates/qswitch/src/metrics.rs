@@ -582,6 +582,7 @@ mod tests {
                 cpu: 1,
             }],
             xdp_mode: None,
+            inner_mtu: None,
             kernel: None,
         };
         let mut up = gen.clone();

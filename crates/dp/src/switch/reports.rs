@@ -86,6 +86,10 @@ impl Switch {
                     dirty_log: vhost.map(|v| v.dirty_logging()),
                     queues,
                     xdp_mode,
+                    inner_mtu: match &p.dev {
+                        Device::Vxlan(v) => Some(v.inner_mtu()),
+                        _ => None,
+                    },
                     kernel,
                 }
             })
