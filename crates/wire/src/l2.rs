@@ -66,7 +66,7 @@ pub fn classify(frame: &[u8]) -> Result<L2Info, L2Error> {
 /// The outer 802.1Q VID, the EtherType after the tag and the L3 offset of a checked frame;
 /// `None` if the tag is truncated.
 #[inline]
-pub(crate) fn untag(eth: &Frame<&[u8]>) -> Option<(Option<u16>, EtherType, usize)> {
+pub fn untag(eth: &Frame<&[u8]>) -> Option<(Option<u16>, EtherType, usize)> {
     match eth.ethertype() {
         EtherType::Vlan => {
             let tag = vlan::Tag::new_checked(eth.payload()).ok()?;

@@ -148,11 +148,12 @@ use parking_lot::{Mutex, RwLock};
 use qswitch_sys::udp::{
     self, Datagram, RecvMeta, UdpOptions, UdpSocket, MAX_BATCH, MAX_SEGMENTS, MAX_SEGMENTS_LEN,
 };
+use qswitch_wire::ethernet::EtherType;
 use qswitch_wire::gro::{self, Gro};
 use qswitch_wire::gso;
 use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, FLAG_NEEDS_CSUM, GSO_NONE};
 use qswitch_wire::vxlan::{self, Header, Vni};
-use qswitch_wire::{ethernet, flow, MacAddr};
+use qswitch_wire::{ethernet, flow, ipv4, ipv6, l2, MacAddr};
 
 use super::{Port, TxDone};
 use crate::packet::Pkt;
@@ -1128,27 +1129,17 @@ impl VxlanPort {
 /// checked and counted like any datagram from that VTEP.
 fn coalesced_size(msg: &[u8]) -> Option<usize> {
     const H: usize = vxlan::HEADER_LEN;
-    let inner = msg.get(H..)?;
-    let mut l2 = ethernet::HEADER_LEN;
-    let mut ethertype = u16::from_be_bytes([*inner.get(12)?, *inner.get(13)?]);
-    if ethertype == 0x8100 {
-        ethertype = u16::from_be_bytes([*inner.get(16)?, *inner.get(17)?]);
-        l2 += 4;
-    }
+    let eth = ethernet::Frame::new_checked(msg.get(H..)?).ok()?;
+    let (_, ethertype, l3) = l2::untag(&eth)?;
+    let ip = &msg[H + l3..];
     let ip_len = match ethertype {
-        0x0800 => usize::from(u16::from_be_bytes([
-            *inner.get(l2 + 2)?,
-            *inner.get(l2 + 3)?,
-        ])),
-        0x86dd => {
-            40 + usize::from(u16::from_be_bytes([
-                *inner.get(l2 + 4)?,
-                *inner.get(l2 + 5)?,
-            ]))
+        EtherType::Ipv4 => usize::from(ipv4::Packet::new_checked(ip).ok()?.total_len()),
+        EtherType::Ipv6 => {
+            ipv6::HEADER_LEN + usize::from(ipv6::Packet::new_checked(ip).ok()?.payload_len())
         }
         _ => return None,
     };
-    let size = H + (l2 + ip_len).max(60);
+    let size = H + (l3 + ip_len).max(60);
     if size >= msg.len() {
         return None;
     }
