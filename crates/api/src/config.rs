@@ -1355,42 +1355,104 @@ pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Fails if two uplinks carry a VLAN in common, or if the guarantees of the ports toward an
-/// uplink (those it has a VLAN in common with, [`crate::policy::Carried`]) add up to more
-/// than `reservable` × its capacity. The switch admits live changes by the same rule.
-pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigError> {
-    let uplinks: Vec<(&PortConfig, u64)> = ports
+/// A port as the QoS admission rule ([`uplink_violation`]) sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct QosMember<'a> {
+    pub name: &'a str,
+    pub carried: crate::policy::Carried<'a>,
+    /// Uplink capacity in bits/s; `None` for any other port.
+    pub capacity: Option<u64>,
+    /// Its guarantee in bits/s (0: none).
+    pub min: u64,
+}
+
+/// What breaks the QoS admission rule ([`uplink_violation`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UplinkViolation<'a> {
+    /// Two uplinks carry `vlan`.
+    SharedVlan {
+        first: &'a str,
+        second: &'a str,
+        vlan: u16,
+    },
+    /// The guarantees toward `uplink` add up to `sum`, above `limit` (reservable × capacity).
+    Overbooked {
+        uplink: &'a str,
+        sum: u64,
+        capacity: u64,
+        limit: u64,
+    },
+}
+
+/// The QoS admission rule, for the configuration file ([`check_qos`]) and for live changes
+/// alike: no two uplinks carry a VLAN in common, and the guarantees of the ports toward an
+/// uplink (those it has a VLAN in common with, [`crate::policy::Carried`]) add up to at most
+/// `reservable` × its capacity. The first violation, in port order.
+pub fn uplink_violation<'a>(
+    ports: &[QosMember<'a>],
+    reservable: f64,
+) -> Option<UplinkViolation<'a>> {
+    let uplinks: Vec<(&QosMember<'a>, u64)> = ports
         .iter()
-        .filter_map(|p| p.capacity_bps().map(|c| (p, c)))
+        .filter_map(|p| p.capacity.map(|c| (p, c)))
         .collect();
-    for (k, (up, cap)) in uplinks.iter().enumerate() {
-        let carried = up.carried();
-        if let Some((other, vlan)) = uplinks[..k]
+    for (k, &(up, capacity)) in uplinks.iter().enumerate() {
+        if let Some((first, vlan)) = uplinks[..k]
             .iter()
-            .find_map(|(o, _)| o.carried().common(&carried).map(|v| (o, v)))
+            .find_map(|(o, _)| o.carried.common(&up.carried).map(|v| (o.name, v)))
         {
-            return Err(ConfigError::Qos(format!(
-                "ports '{}' and '{}' are both uplinks (capacity) of VLAN {vlan}; at most one per VLAN",
-                other.name, up.name
-            )));
+            return Some(UplinkViolation::SharedVlan {
+                first,
+                second: up.name,
+                vlan,
+            });
         }
         let sum: u64 = ports
             .iter()
-            .filter(|p| p.capacity.is_none() && p.carried().common(&carried).is_some())
-            .map(|p| p.qos_settings().min.unwrap_or(0))
+            .filter(|p| p.capacity.is_none() && p.carried.common(&up.carried).is_some())
+            .map(|p| p.min)
             .sum();
-        let limit = (reservable * *cap as f64) as u64;
+        let limit = (reservable * capacity as f64) as u64;
         if sum > limit {
-            return Err(ConfigError::Qos(format!(
-                "the guarantees toward uplink '{}' add up to {}, above reservable {reservable} x capacity {} = {}",
-                up.name,
-                format_rate(sum),
-                format_rate(*cap),
-                format_rate(limit)
-            )));
+            return Some(UplinkViolation::Overbooked {
+                uplink: up.name,
+                sum,
+                capacity,
+                limit,
+            });
         }
     }
-    Ok(())
+    None
+}
+
+/// Fails if the ports break the QoS admission rule ([`uplink_violation`]).
+pub fn check_qos(ports: &[PortConfig], reservable: f64) -> Result<(), ConfigError> {
+    let members: Vec<QosMember<'_>> = ports
+        .iter()
+        .map(|p| QosMember {
+            name: &p.name,
+            carried: p.carried(),
+            capacity: p.capacity_bps(),
+            min: p.qos_settings().min.unwrap_or(0),
+        })
+        .collect();
+    match uplink_violation(&members, reservable) {
+        None => Ok(()),
+        Some(UplinkViolation::SharedVlan { first, second, vlan }) => Err(ConfigError::Qos(format!(
+            "ports '{first}' and '{second}' are both uplinks (capacity) of VLAN {vlan}; at most one per VLAN"
+        ))),
+        Some(UplinkViolation::Overbooked {
+            uplink,
+            sum,
+            capacity,
+            limit,
+        }) => Err(ConfigError::Qos(format!(
+            "the guarantees toward uplink '{uplink}' add up to {}, above reservable {reservable} x capacity {} = {}",
+            format_rate(sum),
+            format_rate(capacity),
+            format_rate(limit)
+        ))),
+    }
 }
 
 /// One port as a `[[port]]` table (with its sub-tables), as [`Config::to_toml`] writes it:

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use qswitch_api::config::format_rate;
+use qswitch_api::config::{format_rate, uplink_violation, QosMember, UplinkViolation};
 use qswitch_api::request::{QosPort, QosReport};
 use qswitch_api::QosSettings;
 
@@ -18,62 +18,57 @@ use crate::stats::Counter;
 use crate::table::{PortEntry, PortTable, Shared};
 
 /// Checks `table` (with `name`'s QoS settings replaced by `changed`, and a port's policy by
-/// `policy`) by the configuration's rule ([`qswitch_api::config::check_qos`]), so that a
-/// live change the switch takes is one the configuration file could hold: no two uplinks
-/// carry a VLAN in common, and the guarantees of the ports toward an uplink ([`toward`])
-/// fit in its reservable share. The message says what would be exceeded.
+/// `policy`) by the configuration's rule ([`qswitch_api::config::uplink_violation`]), so
+/// that a live change the switch takes is one the configuration file could hold. The
+/// message says what would be exceeded.
 pub(crate) fn admit(
     table: &PortTable,
     reservable: f64,
     changed: Option<(&str, QosSettings)>,
     policy: Option<(&str, &Arc<Policy>)>,
 ) -> Result<(), String> {
-    let policy_of = |p: &PortEntry| match policy {
-        Some((n, pol)) if n == p.config.name => Arc::clone(pol),
-        _ => p.policy.load_full(),
-    };
-    let uplinks: Vec<(&PortEntry, u64, Arc<Policy>)> = table
+    let ports: Vec<(&PortEntry, Arc<Policy>)> = table
         .iter()
         .flatten()
-        .filter_map(|p| p.qos.capacity.map(|c| (&**p, c, policy_of(p))))
+        .map(|p| {
+            let pol = match policy {
+                Some((n, pol)) if n == p.config.name => Arc::clone(pol),
+                _ => p.policy.load_full(),
+            };
+            (&**p, pol)
+        })
         .collect();
-    for (k, (up, cap, up_policy)) in uplinks.iter().enumerate() {
-        let carried = up_policy.carried();
-        if let Some((other, vlan)) = uplinks[..k]
-            .iter()
-            .find_map(|(o, _, op)| op.carried().common(&carried).map(|v| (o, v)))
-        {
-            return Err(format!(
-                "refused: ports '{}' and '{}' would both be uplinks (capacity) of VLAN {vlan}; at most one per VLAN; nothing changed",
-                other.config.name, up.config.name
-            ));
-        }
-        let sum: u64 = table
-            .iter()
-            .flatten()
-            .filter(|p| {
-                p.qos.capacity.is_none() && policy_of(p).carried().common(&carried).is_some()
-            })
-            .map(|p| {
-                let s = match changed {
-                    Some((n, s)) if n == p.config.name => s,
-                    _ => p.qos.settings(),
-                };
-                s.min.unwrap_or(0)
-            })
-            .sum();
-        let limit = (reservable * *cap as f64) as u64;
-        if sum > limit {
-            return Err(format!(
-                "refused: the guarantees toward uplink '{}' would add up to {}, above reservable {reservable} x capacity {} = {}; nothing changed",
-                up.config.name,
-                format_rate(sum),
-                format_rate(*cap),
-                format_rate(limit)
-            ));
-        }
+    let members: Vec<QosMember<'_>> = ports
+        .iter()
+        .map(|(p, pol)| QosMember {
+            name: &p.config.name,
+            carried: pol.carried(),
+            capacity: p.qos.capacity,
+            min: match changed {
+                Some((n, s)) if n == p.config.name => s,
+                _ => p.qos.settings(),
+            }
+            .min
+            .unwrap_or(0),
+        })
+        .collect();
+    match uplink_violation(&members, reservable) {
+        None => Ok(()),
+        Some(UplinkViolation::SharedVlan { first, second, vlan }) => Err(format!(
+            "refused: ports '{first}' and '{second}' would both be uplinks (capacity) of VLAN {vlan}; at most one per VLAN; nothing changed"
+        )),
+        Some(UplinkViolation::Overbooked {
+            uplink,
+            sum,
+            capacity,
+            limit,
+        }) => Err(format!(
+            "refused: the guarantees toward uplink '{uplink}' would add up to {}, above reservable {reservable} x capacity {} = {}; nothing changed",
+            format_rate(sum),
+            format_rate(capacity),
+            format_rate(limit)
+        )),
     }
-    Ok(())
 }
 
 /// Whether port `p` is toward uplink `up`: they carry a VLAN in common (the uplink's native
