@@ -1088,6 +1088,22 @@ fn receive_with_hdr(
     got
 }
 
+/// Sends a TSO frame of `n` bytes of TCP payload in segments of `mss` through `x`, checks
+/// that every segment left, and returns the frame and the number of segments.
+fn send_tso(x: &VxlanPort, n: usize, mss: u16) -> (Vec<u8>, usize) {
+    let (f, hdr) = tso_frame(n, mss);
+    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
+    pkts[0].fill(&f);
+    pkts[0].hdr = hdr;
+    let mut drops = DropTally::default();
+    let segs = n.div_ceil(usize::from(mss));
+    assert_eq!(
+        x.tx_burst(0, &mut pkts, &[0], &mut drops).packets as usize,
+        segs
+    );
+    (f, segs)
+}
+
 /// A TSO frame leaves as one `UDP_SEGMENT` send of encapsulated segments, arrives (loopback
 /// keeps GSO packets whole) as one `UDP_GRO` message, and is coalesced back into the same
 /// super-frame: same bytes once its checksum is completed, same segment size.
@@ -1095,14 +1111,7 @@ fn receive_with_hdr(
 fn tso_frames_cross_as_one_gso_send_and_come_out_whole() {
     use qswitch_wire::virtio_net_hdr::{FLAG_NEEDS_CSUM, GSO_TCPV4};
     let (x, y, _) = loopback_pair(true).expect("two loopback ports");
-    let (f, hdr) = tso_frame(20_000, 1398);
-    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
-    pkts[0].fill(&f);
-    pkts[0].hdr = hdr;
-    let mut drops = DropTally::default();
-    let done = x.tx_burst(0, &mut pkts, &[0], &mut drops);
-    let segs = 20_000usize.div_ceil(1398);
-    assert_eq!(done.packets as usize, segs);
+    let (f, segs) = send_tso(&x, 20_000, 1398);
     let st = x.stats();
     assert_eq!((st.segmented, st.gso_sent), (1, 1), "{st:?}");
 
@@ -1142,16 +1151,7 @@ fn tso_frames_cross_as_one_gso_send_and_come_out_whole() {
 fn a_coalesced_message_read_after_udp_gro_went_off_is_split() {
     use qswitch_wire::virtio_net_hdr::GSO_TCPV4;
     let (x, y, dstport) = loopback_pair(true).expect("two loopback ports");
-    let (f, hdr) = tso_frame(20_000, 1398);
-    let mut pkts: Vec<Pkt> = (0..1).map(|_| Pkt::new()).collect();
-    pkts[0].fill(&f);
-    pkts[0].hdr = hdr;
-    let mut drops = DropTally::default();
-    let segs = 20_000usize.div_ceil(1398);
-    assert_eq!(
-        x.tx_burst(0, &mut pkts, &[0], &mut drops).packets as usize,
-        segs
-    );
+    let (f, segs) = send_tso(&x, 20_000, 1398);
     // Queued at y as one message; now a second VNI joins y's address.
     std::thread::sleep(Duration::from_millis(50));
     let mut c = VxlanConfig::new(VNI + 1, IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
