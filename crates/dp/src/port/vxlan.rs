@@ -118,9 +118,9 @@
 //!   of several flows interleaved within one burst coalesce less (each flow's datagrams
 //!   mostly arrive together, one source port per flow).
 //! - Messages already queued when `UDP_GRO` is turned off (a second port joining the
-//!   address) are read without their segment size; they are told apart from single
-//!   datagrams by their repeated VXLAN headers at the size the first inner IP length gives
-//!   (`coalesced_size`), so their segments still come out whole.
+//!   address) are read without their segment size; until a receive empties the queue, they
+//!   are told apart from single datagrams by their repeated VXLAN headers at the size the
+//!   first inner IP length gives (`coalesced_size`), so their segments still come out whole.
 //! - Inner checksums are summed in software both ways (the kernel offers a UDP socket no
 //!   offload for the inner TCP checksum); with the four copies through the kernel (TAP read,
 //!   UDP send, UDP receive, TAP write) this is what keeps the overlay below Linux's own
@@ -454,6 +454,10 @@ pub struct VxlanPort {
     gso: std::sync::atomic::AtomicBool,
     /// Received datagrams waiting to become frames.
     rx_scratch: Mutex<RxScratch>,
+    /// Set when `UDP_GRO` went off on the receive socket: messages the kernel coalesced
+    /// before may still be queued, without their segment size (`coalesced_size`). Cleared
+    /// by the first receive that empties the queue.
+    gro_leftovers: Arc<std::sync::atomic::AtomicBool>,
     /// The switch clock as last seen by rx (tx gets no clock).
     now: AtomicU64,
     last_expire: AtomicU64,
@@ -502,7 +506,8 @@ impl VxlanPort {
             UdpSocket::bind(addr, &rx_opts).map_err(|source| VxlanError::Bind { addr, source })?,
         );
         let tx = bind_src_ports(config.local, config.vni, &opts)?;
-        join_group(&mut groups, &netns, addr, vni, &rx)
+        let gro_leftovers = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        join_group(&mut groups, &netns, addr, vni, &rx, &gro_leftovers)
             .map_err(|source| VxlanError::Bind { addr, source })?;
         drop(groups);
         let underlay_mtu = config.underlay_mtu.unwrap_or_else(|| {
@@ -543,6 +548,7 @@ impl VxlanPort {
             gro_segments: AtomicU64::new(0),
             gso: std::sync::atomic::AtomicBool::new(tx_checksum),
             rx_scratch: Mutex::new(RxScratch::default()),
+            gro_leftovers,
             now: AtomicU64::new(0),
             last_expire: AtomicU64::new(0),
             scratch: (0..8).map(|_| Mutex::new(Scratch::default())).collect(),
@@ -1178,6 +1184,8 @@ struct RxScratch {
     msg: usize,
     /// Where its next datagram starts.
     off: usize,
+    /// Whether these messages may include coalesced ones without their segment size.
+    leftovers: bool,
 }
 
 impl std::fmt::Debug for RxScratch {
@@ -1303,6 +1311,8 @@ struct Group {
 struct Member {
     vni: Vni,
     sock: std::sync::Weak<UdpSocket>,
+    /// The port's [`VxlanPort::gro_leftovers`].
+    leftovers: std::sync::Weak<std::sync::atomic::AtomicBool>,
 }
 
 static GROUPS: std::sync::Mutex<Vec<Group>> = std::sync::Mutex::new(Vec::new());
@@ -1326,6 +1336,7 @@ fn join_group(
     addr: SocketAddr,
     vni: Vni,
     sock: &Arc<UdpSocket>,
+    leftovers: &Arc<std::sync::atomic::AtomicBool>,
 ) -> io::Result<()> {
     let at = match groups
         .iter()
@@ -1345,6 +1356,7 @@ fn join_group(
     g.members.push(Member {
         vni,
         sock: Arc::downgrade(sock),
+        leftovers: Arc::downgrade(leftovers),
     });
     let result = sock.attach_reuseport_filter(&steering(&g.members));
     if result.is_err() {
@@ -1370,6 +1382,10 @@ fn group_gro(members: &[Member]) {
         if let Some(sock) = m.sock.upgrade() {
             if let Err(e) = sock.set_gro(on) {
                 tracing::debug!(error = %e, "UDP_GRO not available");
+            }
+            // After the option is off: what is queued from before may be coalesced.
+            if let Some(flag) = m.leftovers.upgrade().filter(|_| !on) {
+                flag.store(true, Ordering::Release);
             }
         }
     }
@@ -1498,6 +1514,7 @@ impl Port for VxlanPort {
             got,
             msg,
             off,
+            leftovers,
         } = &mut *guard;
         if *msg >= *got {
             if bufs.is_empty() {
@@ -1507,6 +1524,7 @@ impl Port for VxlanPort {
                 *meta = vec![RecvMeta::default(); RX_MSGS];
             }
             let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            *leftovers = self.gro_leftovers.swap(false, Ordering::AcqRel);
             *got = match self.rx().recv_batch(&mut views, meta) {
                 Ok(n) => n,
                 Err(e) => {
@@ -1515,6 +1533,10 @@ impl Port for VxlanPort {
                     0
                 }
             };
+            if *leftovers && *got == views.len() {
+                // The queue may hold more from before UDP_GRO went off.
+                self.gro_leftovers.store(true, Ordering::Release);
+            }
             *msg = 0;
             *off = 0;
         }
@@ -1535,10 +1557,10 @@ impl Port for VxlanPort {
             }
             let buf = &bufs[*msg][..m.len];
             // A GRO segment size not below the length: one datagram. None (0): one datagram,
-            // or a coalesced message queued before UDP_GRO went off, told apart by its
-            // repeated VXLAN headers (`coalesced_size`).
+            // or, right after UDP_GRO went off, a coalesced message queued before, told
+            // apart by its repeated VXLAN headers (`coalesced_size`).
             let size = if m.segment == 0 {
-                match coalesced_size(buf) {
+                match leftovers.then(|| coalesced_size(buf)).flatten() {
                     Some(size) => {
                         if *off == 0 {
                             self.udp_gro.fetch_add(1, Ordering::Relaxed);
