@@ -698,12 +698,25 @@ mod tests {
         for d in [&orphan_dir, &live_dir] {
             std::fs::create_dir_all(d).unwrap();
         }
+        // A shell blocked in its builtin `read` on a pipe we hold: no grandchild (a `sleep`
+        // child outlived its killed shell and held the test's output open), and it ends when
+        // the pipe closes. Its last argument names the dir, as a daemon's socket path would.
         let sleeper = |dir: &Path| {
-            Command::new("sh")
-                .args(["-c", "sleep 600; :"])
+            let child = Command::new("sh")
+                .args(["-c", "read x", "sh"])
                 .arg(dir)
+                .stdin(Stdio::piped())
                 .spawn()
-                .expect("spawn sh")
+                .expect("spawn sh");
+            // spawn returns once the exec began (vfork), before the kernel has set the new
+            // command line up: until it has, /proc shows an empty one (CI saw the reaper miss
+            // the orphan that way, on a loaded machine).
+            let cmdline = format!("/proc/{}/cmdline", child.id());
+            let named = wait_until(Duration::from_secs(5), || {
+                std::fs::read(&cmdline).is_ok_and(|c| c.ends_with(b"-reaptest\0"))
+            });
+            assert!(named, "sh never showed its command line");
+            child
         };
         let mut orphan = sleeper(&orphan_dir);
         let mut live = sleeper(&live_dir);
