@@ -69,6 +69,10 @@ pub struct BenchArgs {
     /// Parallel TCP streams.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=128))]
     pub streams: u32,
+    /// tap-tcp: queues per TAP port of the qswitch contender (`queues` in its config; the
+    /// kernel spreads the streams over them by flow hash, the workers share them).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub queues: u16,
     /// Directory for the JSON and SVG results.
     #[arg(long, default_value = "bench/out", value_name = "DIR")]
     pub out: PathBuf,
@@ -201,6 +205,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "--only {o}: bench {} has no contenders to choose from (it compares settings of \
              qswitch alone)",
             scenario.name
+        );
+    }
+    if args.queues != 1 && scenario.name != "tap-tcp" {
+        bail!(
+            "--queues {}: only bench tap-tcp sets TAP queues (multiqueue compares 1 and 4 itself)",
+            args.queues
         );
     }
     netns::require_root(&format!("qswitch bench {}", scenario.name))?;
@@ -743,11 +753,22 @@ impl Topology for QswitchTopo {
 }
 
 fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<QswitchTopo> {
+    setup_qswitch_queues(id, workers, 1)
+}
+
+/// [`setup_qswitch`] with `queues` queues per TAP port.
+fn setup_qswitch_queues(id: u32, workers: &str, queues: u16) -> anyhow::Result<QswitchTopo> {
     let n = id % 10_000;
     let (tap_a, tap_b) = (format!("qsbA{n}"), format!("qsbB{n}"));
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-{id}")));
     let control = dir.0.join("control.sock");
-    let text = crate::topology::config(workers, &control.display().to_string(), &tap_a, &tap_b);
+    let mut text = crate::topology::config(workers, &control.display().to_string(), &tap_a, &tap_b);
+    if queues > 1 {
+        text = text.replace(
+            "type = \"tap\"\n",
+            &format!("type = \"tap\"\nqueues = {queues}\n"),
+        );
+    }
     let a = Netns::create(&format!("qsbench-qs-a-{id}"))?;
     let b = Netns::create(&format!("qsbench-qs-b-{id}"))?;
     let daemon = Daemon::start(&dir.0, &text)?;
@@ -832,11 +853,12 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
     }
     const NAMES: [&str; 2] = ["qswitch", "linux-bridge"];
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
+    let queues = b.args.queues;
     let workers = crate::topology::worker_cpus(2)?;
     let order = schedule(b, "tap-tcp", &NAMES)?;
     let s = if streams == 1 { "" } else { "s" };
     b.say(format_args!(
-        "{runs} round(s) of {} and {}, {seconds} s each, {streams} stream{s}; qswitch workers on CPUs {workers}",
+        "{runs} round(s) of {} and {}, {seconds} s each, {streams} stream{s}; qswitch workers on CPUs {workers}, {queues} queue(s) per TAP",
         NAMES[0], NAMES[1]
     ));
     let nf = first_line("/proc/sys/net/bridge/bridge-nf-call-iptables");
@@ -847,6 +869,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
         "runs": runs,
         "seconds": seconds,
         "streams": streams,
+        "queues": queues,
         "contenders": NAMES,
         "order": order.iter().map(|&(_, c)| NAMES[c]).collect::<Vec<_>>(),
         "qswitch_workers": workers,
@@ -876,7 +899,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
             round + 1
         ));
         let topo: Box<dyn Topology> = match c {
-            0 => Box::new(setup_qswitch(b.id, &workers)?),
+            0 => Box::new(setup_qswitch_queues(b.id, &workers, queues)?),
             _ => Box::new(setup_bridge(b.id)?),
         };
         if offloads.is_none() {
@@ -890,7 +913,12 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
     config["qswitch_port_offloads"] = serde_json::json!(offloads);
 
     let (summary, ratio) = summarise(&NAMES, &results);
-    let title = format!("tap-tcp ({streams} stream{s}, {seconds} s, {runs} runs each)");
+    let q = if queues == 1 {
+        String::new()
+    } else {
+        format!(", {queues} queues per TAP")
+    };
+    let title = format!("tap-tcp ({streams} stream{s}{q}, {seconds} s, {runs} runs each)");
     print_table("tap-tcp", &title, &summary, ratio.as_ref());
     warn_if_busy(&results);
     let svg = tap_tcp_svg(&title, &summary, &results);

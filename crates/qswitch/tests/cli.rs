@@ -311,6 +311,11 @@ fn wrong_cli_arguments_fail_clearly() {
             &["bench", "qos", "--only", "qswitch"],
             "has no contenders to choose from",
         ),
+        (
+            &["bench", "pvp", "--queues", "2"],
+            "only bench tap-tcp sets TAP queues",
+        ),
+        (&["bench", "tap-tcp", "--queues", "0"], "--queues"),
     ];
     for (args, needle) in cases {
         let out = qs(&control, args);
