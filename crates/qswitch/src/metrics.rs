@@ -68,6 +68,12 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Frames a gen port generated.",
     ),
     (
+        "qswitch_vxlan_inner_mtu_bytes",
+        "gauge",
+        "The IP MTU a VXLAN port's VMs must use: the underlay MTU less the tunnel's 50 bytes \
+         (IPv4) or 70 (IPv6); larger frames are dropped as mtu_exceeded.",
+    ),
+    (
         "qswitch_vxlan_rx_packets_total",
         "counter",
         "Inner frames a VXLAN port decapsulated, per port, VNI and remote VTEP.",
@@ -319,6 +325,12 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
                     v,
                 );
             }
+        }
+    }
+    o.family("qswitch_vxlan_inner_mtu_bytes");
+    for p in ports {
+        if let Some(mtu) = p.inner_mtu {
+            o.sample("qswitch_vxlan_inner_mtu_bytes", &[("port", &p.name)], mtu);
         }
     }
     let vx: Vec<_> = s
@@ -593,7 +605,11 @@ mod tests {
             rx_dropped: 4,
             invalid_descs: 0,
         });
-        let ports = vec![gen, up];
+        let mut vx = gen.clone();
+        vx.name = "vx".into();
+        vx.kind = "vxlan".into();
+        vx.inner_mtu = Some(1450);
+        let ports = vec![gen, up, vx];
         let placement = PlacementReport {
             mode: "dynamic".into(),
             reserved_cpus: vec![],
@@ -642,6 +658,8 @@ mod tests {
         assert!(
             t.contains("qswitch_afxdp_kernel_drops_total{port=\"up\",reason=\"rx_dropped\"} 4\n")
         );
+        assert!(t.contains("qswitch_vxlan_inner_mtu_bytes{port=\"vx\"} 1450\n"));
+        assert!(!t.contains("qswitch_vxlan_inner_mtu_bytes{port=\"up\"}"));
         assert!(t.contains("qswitch_placement_warnings 1\n"));
         assert!(t
             .lines()
