@@ -828,10 +828,10 @@ fn setup_bridge(id: u32) -> anyhow::Result<BridgeTopo> {
     })
 }
 
-/// The offloads qswitch's first port reports (for the record).
-fn port_offloads(d: &Daemon) -> Option<Vec<String>> {
+/// What qswitch reports of its first port (its offloads and queues, for the record).
+fn first_port(d: &Daemon) -> Option<qswitch_api::request::PortInfo> {
     match qswitch_api::client::call(&d.control, &Request::PortList).ok()? {
-        Response::Ports { ports } => ports.first().map(|p| p.offloads.clone()),
+        Response::Ports { ports } => ports.into_iter().next(),
         _ => None,
     }
 }
@@ -889,6 +889,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
 
     let mut results = Vec::new();
     let mut offloads = None;
+    let mut port_queues = None;
     for (seq, &(round, c)) in order.iter().enumerate() {
         b.check()?;
         let name = NAMES[c];
@@ -902,8 +903,9 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
             0 => Box::new(setup_qswitch_queues(b.id, &workers, queues)?),
             _ => Box::new(setup_bridge(b.id)?),
         };
-        if offloads.is_none() {
-            offloads = topo.daemon().and_then(port_offloads);
+        if let (None, Some(p)) = (&offloads, topo.daemon().and_then(first_port)) {
+            port_queues = Some(p.queues.len());
+            offloads = Some(p.offloads);
         }
         let r = iperf_run(b, topo.as_ref(), (name, round + 1, seq + 1))?;
         drop(topo);
@@ -911,6 +913,7 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
         results.push(r);
     }
     config["qswitch_port_offloads"] = serde_json::json!(offloads);
+    config["qswitch_port_queues"] = serde_json::json!(port_queues);
 
     let (summary, ratio) = summarise(&NAMES, &results);
     let q = if queues == 1 {

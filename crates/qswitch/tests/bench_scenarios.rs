@@ -1,5 +1,5 @@
 //! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`,
-//! `multiqueue` and `uplink` bench scenarios (root): each writes its JSON with per-second
+//! `multiqueue`, `tap-tcp` (two queues per TAP) and `uplink` bench scenarios (root): each writes its JSON with per-second
 //! records and a summary, and an SVG, and leaves no namespace (nor DPDK runtime directory)
 //! behind. Timings are never asserted.
 
@@ -66,15 +66,22 @@ fn namespaces() -> String {
 }
 
 #[test]
-fn bypass_affinity_multiqueue_write_results() {
+fn bypass_affinity_multiqueue_tap_tcp_write_results() {
     if !root_or_skip() || !cpus_or_skip(2) {
         return;
     }
     let dir = TempDir::new("bench-scen");
-    for (scenario, contenders) in [("bypass", 4), ("affinity", 4), ("multiqueue", 2)] {
+    for (scenario, contenders, extra) in [
+        ("bypass", 4, &[][..]),
+        ("affinity", 4, &[]),
+        ("multiqueue", 2, &[]),
+        ("tap-tcp", 2, &["--queues", "2", "--streams", "2"]),
+    ] {
         let log = dir.join(&format!("{scenario}.out"));
         let child = Command::new(QSWITCH)
-            .args(["bench", scenario, "--runs", "1", "--seconds", "2", "--out"])
+            .args(["bench", scenario, "--runs", "1", "--seconds", "2"])
+            .args(extra)
+            .arg("--out")
             .arg(dir.path())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::process::Stdio::piped())
@@ -108,6 +115,15 @@ fn bypass_affinity_multiqueue_write_results() {
         let left = namespaces_of(pid);
         assert!(left.is_empty(), "{scenario} left namespaces {left:?}");
     }
+    // tap-tcp's qswitch contender ran with two queues per TAP.
+    let tap_tcp: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tap-tcp.json")).unwrap()).unwrap();
+    assert_eq!(tap_tcp["config"]["queues"], 2, "{}", tap_tcp["config"]);
+    assert_eq!(
+        tap_tcp["config"]["qswitch_port_queues"], 2,
+        "the daemon's TAP port: {}",
+        tap_tcp["config"]
+    );
     let affinity: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("affinity.json")).unwrap()).unwrap();
     assert_eq!(
