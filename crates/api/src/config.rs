@@ -1096,15 +1096,7 @@ impl PortConfig {
 
     /// The VLANs the port carries (as the switch compiles its policy).
     pub fn carried(&self) -> crate::policy::Carried<'_> {
-        let tagged = self.vlans.as_ref().filter(|v| !v.is_empty());
-        crate::policy::Carried {
-            native: match self.vlan {
-                Some(v) => Some(v.get()),
-                None if tagged.is_some() => None,
-                None => Some(0),
-            },
-            tagged,
-        }
+        crate::policy::Carried::of(self.vlan.map(VlanId::get), self.vlans.as_ref())
     }
 
     /// A TAP or afxdp port's interface name.

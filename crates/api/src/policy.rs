@@ -69,7 +69,22 @@ pub struct Carried<'a> {
     pub tagged: Option<&'a VlanSet>,
 }
 
-impl Carried<'_> {
+impl<'a> Carried<'a> {
+    /// What a port with access VLAN `vlan` and trunk VLANs `tagged` carries: an empty
+    /// `tagged` makes no trunk; without `vlan`, an access port is in VLAN 0 and a trunk has
+    /// no native VLAN. The one rule for the configuration and the switch's compiled policy.
+    pub fn of(vlan: Option<u16>, tagged: Option<&'a VlanSet>) -> Carried<'a> {
+        let tagged = tagged.filter(|t| !t.is_empty());
+        Carried {
+            native: match vlan {
+                Some(v) => Some(v),
+                None if tagged.is_some() => None,
+                None => Some(0),
+            },
+            tagged,
+        }
+    }
+
     /// Whether VLAN `v` is carried, untagged or tagged.
     pub fn carries(&self, v: u16) -> bool {
         self.native == Some(v) || self.tagged.is_some_and(|t| t.contains(v))

@@ -258,12 +258,8 @@ pub struct Policy {
 impl Policy {
     /// The policy of a port whose access VLAN is `vlan` (0: none), at time `now`.
     pub fn new(vlan: Option<u16>, settings: PortPolicy, now: u64) -> Policy {
-        let trunk = !settings.vlans.is_empty();
-        let native = match vlan {
-            Some(v) => Some(v),
-            None if trunk => None,
-            None => Some(0),
-        };
+        let carried = qswitch_api::policy::Carried::of(vlan, Some(&settings.vlans));
+        let (native, trunk) = (carried.native, carried.tagged.is_some());
         let depth = |r: Option<u64>| storm_depth(r.unwrap_or(0));
         let s = settings.storm;
         Policy {
