@@ -762,13 +762,13 @@ fn setup_qswitch_queues(id: u32, workers: &str, queues: u16) -> anyhow::Result<Q
     let (tap_a, tap_b) = (format!("qsbA{n}"), format!("qsbB{n}"));
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-{id}")));
     let control = dir.0.join("control.sock");
-    let mut text = crate::topology::config(workers, &control.display().to_string(), &tap_a, &tap_b);
-    if queues > 1 {
-        text = text.replace(
-            "type = \"tap\"\n",
-            &format!("type = \"tap\"\nqueues = {queues}\n"),
-        );
-    }
+    let text = crate::topology::config_queues(
+        workers,
+        &control.display().to_string(),
+        &tap_a,
+        &tap_b,
+        queues,
+    );
     let a = Netns::create(&format!("qsbench-qs-a-{id}"))?;
     let b = Netns::create(&format!("qsbench-qs-b-{id}"))?;
     let daemon = Daemon::start(&dir.0, &text)?;

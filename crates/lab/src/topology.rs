@@ -15,6 +15,24 @@ pub fn config(workers: &str, control: &str, tap_a: &str, tap_b: &str) -> String 
         .replace("{tap_b}", tap_b)
 }
 
+/// [`config`] with `queues` queues on each TAP port (1: the default, left out).
+pub fn config_queues(
+    workers: &str,
+    control: &str,
+    tap_a: &str,
+    tap_b: &str,
+    queues: u16,
+) -> String {
+    let text = config(workers, control, tap_a, tap_b);
+    if queues == 1 {
+        return text;
+    }
+    text.replace(
+        "type = \"tap\"\n",
+        &format!("type = \"tap\"\nqueues = {queues}\n"),
+    )
+}
+
 /// The online CPUs as a CPU list (at most `max` of them).
 pub fn worker_cpus(max: usize) -> anyhow::Result<String> {
     let cpus = qswitch_sys::thread::online_cpus()?;

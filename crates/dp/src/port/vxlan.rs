@@ -1524,7 +1524,9 @@ impl Port for VxlanPort {
                 *meta = vec![RecvMeta::default(); RX_MSGS];
             }
             let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-            *leftovers = self.gro_leftovers.swap(false, Ordering::AcqRel);
+            // A plain load first: no locked instruction per batch in the steady state.
+            *leftovers = self.gro_leftovers.load(Ordering::Acquire)
+                && self.gro_leftovers.swap(false, Ordering::AcqRel);
             *got = match self.rx().recv_batch(&mut views, meta) {
                 Ok(n) => n,
                 Err(e) => {

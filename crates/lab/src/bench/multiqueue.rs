@@ -24,11 +24,13 @@ fn setup(id: u32, workers: &str, queues: u16) -> anyhow::Result<QswitchTopo> {
     let (tap_a, tap_b) = (format!("qsmA{n}"), format!("qsmB{n}"));
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-mq-{id}")));
     let control = dir.0.join("control.sock");
-    let text = crate::topology::config(workers, &control.display().to_string(), &tap_a, &tap_b)
-        .replace(
-            "type = \"tap\"\n",
-            &format!("type = \"tap\"\nqueues = {queues}\n"),
-        );
+    let text = crate::topology::config_queues(
+        workers,
+        &control.display().to_string(),
+        &tap_a,
+        &tap_b,
+        queues,
+    );
     let a = Netns::create(&format!("qsbench-mq-a-{id}"))?;
     let b = Netns::create(&format!("qsbench-mq-b-{id}"))?;
     let daemon = Daemon::start(&dir.0, &text)?;
