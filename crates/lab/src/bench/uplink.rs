@@ -184,7 +184,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         ("iperf3", "iperf3"),
         ("ethtool", "ethtool"),
         ("ping", "iputils-ping"),
-        (pps::TESTPMD, "dpdk"),
+        (pps::TESTPMD, "dpdk-dev"),
     ] {
         netns::ensure_tool(tool, pkg)?;
     }
