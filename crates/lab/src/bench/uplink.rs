@@ -184,6 +184,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         ("iperf3", "iperf3"),
         ("ethtool", "ethtool"),
         ("ping", "iputils-ping"),
+        ("python3", "python3"),
         (pps::TESTPMD, "dpdk-dev"),
     ] {
         netns::ensure_tool(tool, pkg)?;

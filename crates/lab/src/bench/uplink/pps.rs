@@ -2,7 +2,8 @@
 //! namespace, counted where they arrive in the vm namespace.
 //!
 //! The generator is DPDK's testpmd (`--forward-mode=txonly --txpkts=64`, one UDP flow to the
-//! vm interface's MAC and address, port 9, where nothing listens) on a `net_af_xdp` port (an
+//! vm interface's MAC and address, port 9, the discard port: a socket bound there and never
+//! read, so the vm's stack drops each frame at the full socket) on a `net_af_xdp` port (an
 //! AF_XDP socket on queue 0 of the peer's end of the veth), its two lcores on the first CPU;
 //! qswitch's single worker has the second CPU. This kernel has no pktgen module. AF_XDP's
 //! transmit on a veth is the kernel's copy mode (one skb per frame, straight to the driver,
@@ -133,12 +134,20 @@ pub fn run(
         .exec(&["cat", &format!("/sys/class/net/{}/address", ends.vm_if)])?;
     let vm_mac = String::from_utf8_lossy(&mac_out.stdout).trim().to_string();
     let peer_probe = ends.peer.spawn(&["sleep", "3600"], Stdio::null())?;
-    let vm_probe = ends.vm.spawn(&["sleep", "3600"], Stdio::null())?;
+    // The vm's probe is also the frames' sink: port 9 (discard) bound and never read, its
+    // receive buffer at the minimum, so the vm's stack drops each frame at the full socket.
+    let vm_probe = ends
+        .vm
+        .spawn(&["python3", "-c", DISCARD_SINK], Stdio::null())?;
     let pid = |g: &ChildGuard| g.0.as_ref().map(std::process::Child::id).unwrap_or(0);
     let (peer_pid, vm_pid) = (pid(&peer_probe), pid(&vm_probe));
-    // `ip netns exec` has entered the namespace once the interface is visible.
-    let visible =
-        || counters(peer_pid, ends.peer_if).is_ok() && counters(vm_pid, ends.vm_if).is_ok();
+    // `ip netns exec` has entered the namespace once the interface is visible (and the sink
+    // is ready once its port is bound).
+    let visible = || {
+        counters(peer_pid, ends.peer_if).is_ok()
+            && counters(vm_pid, ends.vm_if).is_ok()
+            && discard_bound(vm_pid)
+    };
     let t = Instant::now();
     while !visible() {
         if t.elapsed() > Duration::from_secs(5) {
@@ -274,9 +283,10 @@ impl Generator {
             .args(["--vdev", &vdev, "--"])
             // --stats-period: runs until signalled instead of waiting for a key on stdin.
             .args(["--nb-cores=1", "--forward-mode=txonly", "--txpkts=64"])
-            // To the vm's own address (UDP port 9, nobody listens): the receiving stack
-            // takes its cached local route and drops the frame; an address it has no route
-            // for would cost a route lookup, a dst allocation and an ICMP error attempt each.
+            // To the vm's own address, UDP port 9 ([`DISCARD_SINK`]): the receiving stack
+            // takes its cached local route and drops the frame at the full socket; an
+            // address it has no route for, or a closed port, would cost a route lookup and an
+            // ICMP error attempt each.
             .args(["--eth-peer", &peer, "--tx-ip", "10.97.0.1,10.97.0.2"])
             .args(["--tx-udp", "9,9", "--stats-period", "10", "-a"])
             .stdin(Stdio::null())
@@ -310,6 +320,32 @@ fn counters(pid: u32, ifname: &str) -> anyhow::Result<(u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
         .with_context(|| format!("no /proc/{pid}/net/dev"))?;
     parse_net_dev(&text, ifname).with_context(|| format!("no {ifname} in /proc/{pid}/net/dev"))
+}
+
+/// The vm namespace's sink: a UDP socket bound to port 9 that never reads, with the smallest
+/// receive buffer. Without it, each frame to a closed port makes the vm's stack attempt an
+/// ICMP port unreachable, and since Linux 6.12 the per-destination rate limit comes before
+/// the host-wide one, so every attempt pays a route and xfrm lookup first: measured on the
+/// 2-CPU VM (kernel 6.18), that was ~60 % of qswitch's worker and of the bridge's forwarding
+/// CPU alike, a cost of the sink rather than of either switch.
+const DISCARD_SINK: &str = "import socket, time\n\
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 0)\n\
+s.bind(('0.0.0.0', 9))\n\
+time.sleep(3600)\n";
+
+/// Whether a UDP socket is bound to local port 9 in the namespace of `pid`.
+fn discard_bound(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/net/udp"))
+        .is_ok_and(|t| t.lines().skip(1).any(is_port_9))
+}
+
+/// Whether a `/proc/net/udp` line's local address has port 9 (`00000000:0009`).
+fn is_port_9(line: &str) -> bool {
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|a| a.rsplit_once(':'))
+        .is_some_and(|(_, port)| port == "0009")
 }
 
 /// (rx_packets, tx_packets) of `ifname` from `/proc/net/dev` text.
@@ -377,5 +413,16 @@ mod tests {
         assert_eq!(parse_net_dev(text, "qsuT12"), Some((100, 20)));
         assert_eq!(parse_net_dev(text, "lo"), Some((0, 0)));
         assert_eq!(parse_net_dev(text, "qsuT1"), None);
+    }
+
+    #[test]
+    fn udp_port_9_is_found_in_proc_net_udp() {
+        let bound = "  123: 00000000:0009 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4242 2 0000000000000000 0";
+        let other = "  124: 0100007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4243 2 0000000000000000 0";
+        let remote_9 = "  125: 0100007F:8000 0200610A:0009 01 00000000:00000000 00:00000000 00000000     0        0 4244 2 0000000000000000 0";
+        assert!(is_port_9(bound));
+        assert!(!is_port_9(other));
+        assert!(!is_port_9(remote_9));
+        assert!(!is_port_9(""));
     }
 }
