@@ -33,6 +33,17 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install -q cargo-fuzz || skip "cargo install cargo-fuzz failed"
 fi
 cp ../Cargo.lock Cargo.lock
+# libFuzzer ends a run with exit(), which runs no Rust destructor: the vhost_messages
+# target's socket directory (qswitch-fuzz-vhost-PID) outlives its process, so it is removed
+# here once that process is gone.
+tidy() {
+    local d
+    for d in "${TMPDIR:-/tmp}"/qswitch-fuzz-vhost-*; do
+        [ -d "$d" ] || continue
+        kill -0 "${d##*-}" 2>/dev/null || rm -rf -- "$d"
+    done
+}
+trap tidy EXIT
 for t in frame desc_chain config control_json vxlan guard gso gro vhost_messages; do
     echo "== fuzz $t (${secs}s)"
     cargo +nightly fuzz run "$t" -- -max_total_time="$secs" -rss_limit_mb=2048 2>&1 | tail -3
