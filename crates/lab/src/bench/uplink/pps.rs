@@ -326,8 +326,8 @@ fn counters(pid: u32, ifname: &str) -> anyhow::Result<(u64, u64)> {
 /// receive buffer. Without it, each frame to a closed port makes the vm's stack attempt an
 /// ICMP port unreachable, and since Linux 6.12 the per-destination rate limit comes before
 /// the host-wide one, so every attempt pays a route and xfrm lookup first: measured on the
-/// 2-CPU VM (kernel 6.18), that was ~60 % of qswitch's worker and of the bridge's forwarding
-/// CPU alike, a cost of the sink rather than of either switch.
+/// 2-CPU VM (kernel 6.18), `__icmp_send` and what it calls were ~43 % of qswitch's worker
+/// (the bridge pays the same on the generator's CPU): a cost of the sink, not of a switch.
 const DISCARD_SINK: &str = "import socket, time\n\
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 0)\n\
