@@ -453,12 +453,7 @@ pub fn ratio_of(a: &ContenderSummary, b: &ContenderSummary) -> Option<Ratio> {
 
 /// The final table, then one `RESULT scenario contender key=value ...` line per contender
 /// (and one for the ratio), for scripts.
-pub fn print_table(
-    scenario: &str,
-    title: &str,
-    summary: &[ContenderSummary],
-    ratio: Option<&Ratio>,
-) {
+pub fn print_table(scenario: &str, title: &str, summary: &[ContenderSummary], ratios: &[Ratio]) {
     println!();
     println!(
         "{title:<43}{:<28}CPU per Gbit/s",
@@ -468,7 +463,7 @@ pub fn print_table(
         let g = format!("{:.1} [{:.1}-{:.1}]", s.gbps_median, s.gbps_min, s.gbps_max);
         println!("  {:<41}{g:<28}{:.2}", s.contender, s.cpu_per_gbps_median);
     }
-    if let Some(r) = ratio {
+    for r in ratios {
         println!(
             "  {:<41}{:<28.2}{:.2}",
             format!("ratio {}", r.of),
@@ -483,7 +478,7 @@ pub fn print_table(
             s.contender, s.gbps_median, s.cpu_per_gbps_median
         );
     }
-    if let Some(r) = ratio {
+    for r in ratios {
         println!(
             "RESULT {scenario} {} gbps_ratio={:.3} cpu_per_gbps_ratio={:.3}",
             r.of.replace(' ', ""),
@@ -828,6 +823,115 @@ fn setup_bridge(id: u32) -> anyhow::Result<BridgeTopo> {
     })
 }
 
+/// Two namespaces joined by `qswitch load relay` (no switch at all, see [`crate::load`]):
+/// TAP `qsbA<n>` ↔ the relay's one thread ↔ TAP `qsbB<n>`. The reference for what any
+/// userspace switch with TAP ports can do here. Field order is drop order: the relay stops
+/// (and its TAPs go) before the namespaces.
+struct RelayTopo {
+    _relay: netns::ChildGuard,
+    a: Netns,
+    b: Netns,
+}
+
+impl Topology for RelayTopo {
+    fn client(&self) -> &Netns {
+        &self.a
+    }
+    fn server(&self) -> &Netns {
+        &self.b
+    }
+    fn server_addr(&self) -> &str {
+        "10.98.2.2"
+    }
+}
+
+/// Starts the relay between TAPs `qsbA<n>` and `qsbB<n>` (its thread pinned to `cpu` when
+/// given) and moves them into two new namespaces.
+fn setup_relay(id: u32, cpu: Option<usize>) -> anyhow::Result<RelayTopo> {
+    let n = id % 10_000;
+    let (tap_a, tap_b) = (format!("qsbA{n}"), format!("qsbB{n}"));
+    let a = Netns::create(&format!("qsbench-rl-a-{id}"))?;
+    let b = Netns::create(&format!("qsbench-rl-b-{id}"))?;
+    let exe = std::env::current_exe().context("cannot find the qswitch binary")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["load", "relay", "--tap", &tap_a, "--tap", &tap_b])
+        .stdin(Stdio::null());
+    if let Some(c) = cpu {
+        cmd.args(["--cpu", &c.to_string()]);
+    }
+    let mut relay = netns::ChildGuard(Some(
+        cmd.spawn().context("cannot start qswitch load relay")?,
+    ));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ![&tap_a, &tap_b]
+        .iter()
+        .all(|t| Path::new("/sys/class/net").join(t).exists())
+    {
+        if let Some(st) = relay.wait_timeout(Duration::from_millis(20))? {
+            bail!("qswitch load relay exited during start-up ({st})");
+        }
+        if Instant::now() > deadline {
+            bail!("qswitch load relay did not create {tap_a} and {tap_b} within 5 s");
+        }
+    }
+    let topo = RelayTopo {
+        _relay: relay,
+        a,
+        b,
+    };
+    topo.a.adopt(&tap_a, "10.98.2.1/24")?;
+    topo.b.adopt(&tap_b, "10.98.2.2/24")?;
+    Ok(topo)
+}
+
+/// Two namespaces joined by veth pairs `qsvA<n>`↔`qspA<n>` and `qsvB<n>`↔`qspB<n>` whose
+/// root-namespace ends hand every frame straight to each other: a tc `mirred` redirect on
+/// each end's ingress, no bridge, no lookup, no learning. The least forwarding the kernel
+/// can do between two namespaces, so the reference for what any switch can do here.
+struct RedirectTopo {
+    _veth_a: Link,
+    _veth_b: Link,
+    a: Netns,
+    b: Netns,
+}
+
+impl Topology for RedirectTopo {
+    fn client(&self) -> &Netns {
+        &self.a
+    }
+    fn server(&self) -> &Netns {
+        &self.b
+    }
+    fn server_addr(&self) -> &str {
+        "10.98.3.2"
+    }
+}
+
+fn setup_redirect(id: u32) -> anyhow::Result<RedirectTopo> {
+    let n = id % 10_000;
+    let a = Netns::create(&format!("qsbench-rd-a-{id}"))?;
+    let b = Netns::create(&format!("qsbench-rd-b-{id}"))?;
+    let (va, vb) = (format!("qsvA{n}"), format!("qsvB{n}"));
+    let veth_a = Link::veth(&va, &format!("qspA{n}"))?;
+    let veth_b = Link::veth(&vb, &format!("qspB{n}"))?;
+    a.adopt(&format!("qspA{n}"), "10.98.3.1/24")?;
+    b.adopt(&format!("qspB{n}"), "10.98.3.2/24")?;
+    for (from, to) in [(&va, &vb), (&vb, &va)] {
+        netns::run(&["tc", "qdisc", "add", "dev", from, "clsact"])?;
+        netns::run(&[
+            "tc", "filter", "add", "dev", from, "ingress", "protocol", "all", "u32", "match",
+            "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", to,
+        ])?;
+        netns::run(&["ip", "link", "set", from, "up"])?;
+    }
+    Ok(RedirectTopo {
+        _veth_a: veth_a,
+        _veth_b: veth_b,
+        a,
+        b,
+    })
+}
+
 /// What qswitch reports of its first port (its offloads and queues, for the record).
 fn first_port(d: &Daemon) -> Option<qswitch_api::request::PortInfo> {
     match qswitch_api::client::call(&d.control, &Request::PortList).ok()? {
@@ -851,7 +955,10 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
     for (tool, pkg) in [("ip", "iproute2"), ("ss", "iproute2"), ("iperf3", "iperf3")] {
         netns::ensure_tool(tool, pkg)?;
     }
-    const NAMES: [&str; 2] = ["qswitch", "linux-bridge"];
+    // The first two are the comparison; the last two are references that bound it (see
+    // RelayTopo and RedirectTopo): the most a userspace relay between two TAPs does, and the
+    // most the kernel's least forwarding does.
+    const NAMES: [&str; 4] = ["qswitch", "linux-bridge", "tap-relay", "tc-redirect"];
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
     let queues = b.args.queues;
     let workers = crate::topology::worker_cpus(2)?;
@@ -901,7 +1008,9 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
         ));
         let topo: Box<dyn Topology> = match c {
             0 => Box::new(setup_qswitch_queues(b.id, &workers, queues)?),
-            _ => Box::new(setup_bridge(b.id)?),
+            1 => Box::new(setup_bridge(b.id)?),
+            2 => Box::new(setup_relay(b.id, None)?),
+            _ => Box::new(setup_redirect(b.id)?),
         };
         if let (None, Some(p)) = (&offloads, topo.daemon().and_then(first_port)) {
             port_queues = Some(p.queues.len());
@@ -922,17 +1031,37 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
         format!(", {queues} queues per TAP")
     };
     let title = format!("tap-tcp ({streams} stream{s}{q}, {seconds} s, {runs} runs each)");
-    print_table("tap-tcp", &title, &summary, ratio.as_ref());
+    // qswitch against the relay (what its switching costs on top of the TAPs' I/O), and each
+    // reference against the bridge.
+    let references: Vec<Ratio> = [(0, 2), (2, 1), (3, 1)]
+        .iter()
+        .filter_map(|&(x, y)| ratio_of(&summary[x], &summary[y]))
+        .collect();
+    let all: Vec<Ratio> = ratio.iter().chain(&references).cloned().collect();
+    print_table("tap-tcp", &title, &summary, &all);
     warn_if_busy(&results);
     let svg = tap_tcp_svg(&title, &summary, &results);
-    let report = Report {
-        scenario: "tap-tcp".into(),
-        config,
-        runs: results,
-        summary,
-        ratio,
+    let report = TapTcpReport {
+        report: Report {
+            scenario: "tap-tcp".into(),
+            config,
+            runs: results,
+            summary,
+            ratio,
+        },
+        references,
     };
     write_results(&b.args.out, "tap-tcp", &report, &svg)
+}
+
+/// What `OUT/tap-tcp.json` holds: the usual report, plus the ratios to the references.
+#[derive(Debug, Serialize)]
+struct TapTcpReport {
+    #[serde(flatten)]
+    report: Report,
+    /// qswitch / tap-relay, tap-relay / linux-bridge, tc-redirect / linux-bridge (those whose
+    /// contenders both ran).
+    references: Vec<Ratio>,
 }
 
 /// Medians with min–max whiskers (Gbit/s, CPU per Gbit/s), then per-second Gbit/s of every run.

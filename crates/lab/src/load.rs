@@ -12,6 +12,14 @@
 //!
 //! The client runs for `--seconds` and prints one JSON object: `{"per_second": [...],
 //! "total": n, "seconds": s}`.
+//!
+//! - `relay --tap A --tap B`: creates TAPs `A` and `B` (virtio-net header, checksum and TSO
+//!   offloads, as qswitch's TAP ports open them) and moves every frame read from one into
+//!   the other, in one thread, until killed: no lookup, no learning, no counters. It is the
+//!   `tap-relay` reference of `bench tap-tcp` and `bench affinity`: the most any userspace
+//!   switch whose ports are TAPs can do on this machine, because it does nothing but the
+//!   TAPs' reads and writes (each a copy through the kernel). It busy-polls for
+//!   `--spin-us` after the last frame, then sleeps in epoll, like a qswitch worker.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -50,6 +58,18 @@ pub enum LoadCmd {
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
         parallel: u32,
     },
+    /// Relay frames between two TAPs it creates, and nothing else (a benchmark reference).
+    Relay {
+        /// The two TAP interfaces (created; they disappear when the relay exits).
+        #[arg(long = "tap", num_args = 1, required = true)]
+        taps: Vec<String>,
+        /// Pin the relay's thread to this CPU (default: the scheduler's choice).
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Busy-poll this many microseconds after the last frame before sleeping.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+        spin_us: u64,
+    },
 }
 
 pub fn run(cmd: LoadCmd) -> anyhow::Result<()> {
@@ -70,6 +90,74 @@ pub fn run(cmd: LoadCmd) -> anyhow::Result<()> {
         } => client(seconds, parallel, move |deadline, count| {
             files(connect, size, deadline, count)
         }),
+        LoadCmd::Relay { taps, cpu, spin_us } => relay(&taps, cpu, Duration::from_micros(spin_us)),
+    }
+}
+
+/// Frames read from one TAP per turn before the other gets its turn (qswitch's burst).
+const RELAY_BURST: usize = 32;
+
+/// See the module docs: `taps[0]` ↔ `taps[1]`, until killed.
+fn relay(taps: &[String], cpu: Option<usize>, spin: Duration) -> anyhow::Result<()> {
+    use qswitch_sys::epoll::{Epoll, Event};
+    use qswitch_sys::tap::{
+        TapOptions, TapQueue, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN,
+    };
+    use std::os::fd::AsRawFd;
+
+    let [a, b] = taps else {
+        bail!(
+            "relay takes exactly two --tap interfaces, got {}",
+            taps.len()
+        );
+    };
+    let opts = TapOptions {
+        multi_queue: false,
+        vnet_hdr: true,
+    };
+    let open = |name: &str| -> anyhow::Result<TapQueue> {
+        let q = TapQueue::open(name, opts).with_context(|| format!("cannot open TAP {name}"))?;
+        q.set_offload(TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN)
+            .with_context(|| format!("cannot set offloads on TAP {name}"))?;
+        Ok(q)
+    };
+    let q = [open(a)?, open(b)?];
+    if let Some(c) = cpu {
+        qswitch_sys::thread::pin_current_thread(c)
+            .with_context(|| format!("cannot pin to CPU {c}"))?;
+    }
+    let ep = Epoll::new()?;
+    for (i, t) in q.iter().enumerate() {
+        ep.add(t.as_raw_fd(), i as u64)?;
+    }
+    let mut events = [Event::EMPTY; 2];
+    // A virtio-net header, the largest TSO frame and room for an Ethernet header and a tag.
+    let mut buf = vec![0u8; qswitch_sys::tap::VNET_HDR_LEN + 65_536 + 64];
+    let mut last = Instant::now();
+    loop {
+        let mut moved = false;
+        for i in 0..2 {
+            for _ in 0..RELAY_BURST {
+                match q[i].read(&mut buf) {
+                    // A write the kernel refuses (the other side is down) drops the frame, as
+                    // a switch would; the relay keeps going.
+                    Ok(n) => {
+                        moved = true;
+                        let _ = q[1 - i].write(&buf[..n]);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("cannot read TAP {}", q[i].name()))
+                    }
+                }
+            }
+        }
+        if moved {
+            last = Instant::now();
+        } else if last.elapsed() >= spin {
+            ep.wait(&mut events, -1)?;
+            last = Instant::now();
+        }
     }
 }
 

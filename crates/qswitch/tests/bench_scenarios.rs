@@ -1,5 +1,6 @@
 //! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`,
-//! `multiqueue`, `tap-tcp` (two queues per TAP) and `uplink` bench scenarios (root): each writes its JSON with per-second
+//! `multiqueue`, `tap-tcp` (two queues per TAP, and its references) and `uplink` bench
+//! scenarios (root): each writes its JSON with per-second
 //! records and a summary, and an SVG, and leaves no namespace (nor DPDK runtime directory)
 //! behind. Timings are never asserted.
 
@@ -46,6 +47,17 @@ fn load_generator_on_loopback() {
     );
     out.assert_no_panic();
     assert_eq!(out.code, Some(1), "{out:?}");
+    // The relay wants two TAPs: one line saying so, before it opens anything.
+    let out = run_timeout(
+        Command::new(QSWITCH).args(["load", "relay", "--tap", "qsrelay-x"]),
+        CMD_TIMEOUT,
+    );
+    out.assert_no_panic();
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("exactly two --tap interfaces, got 1"),
+        "{out:?}"
+    );
 }
 
 /// The network namespaces whose name ends in `-PID` (what a bench run as `pid` made).
@@ -73,9 +85,9 @@ fn bypass_affinity_multiqueue_tap_tcp_write_results() {
     let dir = TempDir::new("bench-scen");
     for (scenario, contenders, extra) in [
         ("bypass", 4, &[][..]),
-        ("affinity", 4, &[]),
+        ("affinity", 6, &[]),
         ("multiqueue", 2, &[]),
-        ("tap-tcp", 2, &["--queues", "2", "--streams", "2"]),
+        ("tap-tcp", 4, &["--queues", "2", "--streams", "2"]),
     ] {
         let log = dir.join(&format!("{scenario}.out"));
         let child = Command::new(QSWITCH)
@@ -124,12 +136,38 @@ fn bypass_affinity_multiqueue_tap_tcp_write_results() {
         "the daemon's TAP port: {}",
         tap_tcp["config"]
     );
+    // The references ran and are compared: qswitch / tap-relay, tap-relay and tc-redirect /
+    // the bridge; in affinity, each same-CPU contender / the bridge on one CPU.
+    let of = |v: &Value, key: &str| -> Vec<String> {
+        v[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["of"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        of(&tap_tcp, "references"),
+        [
+            "qswitch / tap-relay",
+            "tap-relay / linux-bridge",
+            "tc-redirect / linux-bridge"
+        ]
+    );
     let affinity: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("affinity.json")).unwrap()).unwrap();
     assert_eq!(
         affinity["advice"].as_array().unwrap().len(),
         2,
         "{affinity}"
+    );
+    assert_eq!(
+        of(&affinity, "ratios"),
+        [
+            "qswitch same-cpu / bridge same-cpu",
+            "tap-relay same-cpu / bridge same-cpu",
+            "tc-redirect same-cpu / bridge same-cpu"
+        ]
     );
 }
 

@@ -7,21 +7,30 @@
 //! - `qswitch same-cpu`: the one worker on that CPU too;
 //! - `qswitch cross-cpu`: the one worker on the second CPU;
 //! - `bridge same-cpu` / `bridge cross-cpu`: the Linux bridge, client and server on one CPU
-//!   or on two (the seed's own comparison, with the kernel doing the switching).
+//!   or on two (the seed's own comparison, with the kernel doing the switching);
+//! - `tap-relay same-cpu`: `qswitch load relay` between two TAPs, its thread on that CPU too:
+//!   the reference for any userspace switch with TAP ports (no lookup, only the TAP I/O and
+//!   the thread's wake-ups);
+//! - `tc-redirect same-cpu`: veths whose root ends hand frames straight to each other (tc
+//!   `mirred`): the reference for the least forwarding the kernel does.
 //!
 //! Reports transactions/s and context switches/s (machine and qswitch workers) and prints
 //! placement advice from the qswitch pair.
 
 use super::txn::{self, TxnReport};
-use super::{setup_bridge, setup_qswitch, Bench, Topology};
+use super::{setup_bridge, setup_qswitch, setup_redirect, setup_relay, Bench, Topology};
 use crate::netns;
 
-const NAMES: [&str; 4] = [
+const NAMES: [&str; 6] = [
     "qswitch same-cpu",
     "qswitch cross-cpu",
     "bridge same-cpu",
     "bridge cross-cpu",
+    "tap-relay same-cpu",
+    "tc-redirect same-cpu",
 ];
+/// The ratios printed: each same-CPU contender against the bridge on one CPU.
+const RATIOS: [(usize, usize); 3] = [(0, 2), (4, 2), (5, 2)];
 const UNIT: &str = "transactions/s";
 
 pub fn run(b: &Bench) -> anyhow::Result<()> {
@@ -63,7 +72,9 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 (near, near),
             ),
             2 => (Box::new(setup_bridge(b.id)?), (near, near)),
-            _ => (Box::new(setup_bridge(b.id)?), (far, near)),
+            3 => (Box::new(setup_bridge(b.id)?), (far, near)),
+            4 => (Box::new(setup_relay(b.id, Some(near))?), (near, near)),
+            _ => (Box::new(setup_redirect(b.id)?), (near, near)),
         };
         let r = txn::load_run(
             b,
@@ -78,7 +89,8 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     let summary = txn::summarise(&NAMES, &results);
     let title = format!("affinity (64 B request/response, {seconds} s, {runs} runs each)");
-    txn::print_table("affinity", &title, UNIT, &summary);
+    let ratios = txn::ratios(&summary, &RATIOS);
+    txn::print_table("affinity", &title, UNIT, &summary, &ratios);
     txn::warn_if_busy(&results);
     let advice = advice(&summary);
     for a in &advice {
@@ -101,6 +113,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         }),
         runs: results,
         summary,
+        ratios,
         advice,
     };
     super::write_results(&b.args.out, &report.scenario, &report, &svg)

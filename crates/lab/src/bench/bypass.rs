@@ -82,15 +82,8 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     let (summary, ratio) = summarise(&NAMES, &results);
     let ratio_mss100 = ratio_of(&summary[2], &summary[3]);
     let title = format!("bypass ({streams} stream(s), {seconds} s, {runs} runs each)");
-    print_table("bypass", &title, &summary, ratio.as_ref());
-    if let Some(r) = &ratio_mss100 {
-        println!(
-            "RESULT bypass {} gbps_ratio={:.3} cpu_per_gbps_ratio={:.3}",
-            r.of.replace(' ', ""),
-            r.gbps,
-            r.cpu_per_gbps
-        );
-    }
+    let both: Vec<Ratio> = ratio.iter().chain(&ratio_mss100).cloned().collect();
+    print_table("bypass", &title, &summary, &both);
     let fps = [median(&fps[0]), median(&fps[1])];
     println!(
         "RESULT bypass qswitch frames_per_s={:.0} frames_per_s_mss100={:.0}",

@@ -91,7 +91,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     let summary = txn::summarise(&NAMES, &results);
     let title = format!("multiqueue ({PARALLEL} x 1 MB transfers, {seconds} s, {runs} runs each)");
-    txn::print_table("multiqueue", &title, UNIT, &summary);
+    txn::print_table("multiqueue", &title, UNIT, &summary, &[]);
     txn::warn_if_busy(&results);
     let mut advice = Vec::new();
     if let [one, four] = &summary[..] {
@@ -124,6 +124,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         }),
         runs: results,
         summary,
+        ratios: Vec::new(),
         advice,
     };
     super::write_results(&b.args.out, &report.scenario, &report, &svg)

@@ -198,7 +198,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     let (summary, ratio) = summarise(&NAMES, &results);
     let title = format!("overlay ({streams} stream(s), {seconds} s, {runs} runs each)");
-    print_table("overlay", &title, &summary, ratio.as_ref());
+    print_table("overlay", &title, &summary, ratio.as_slice());
     warn_if_busy(&results);
     let svg = super::tap_tcp_svg(&title, &summary, &results);
     let report = Report {

@@ -69,7 +69,31 @@ pub struct TxnReport {
     pub config: serde_json::Value,
     pub runs: Vec<TxnRun>,
     pub summary: Vec<TxnSummary>,
+    /// Median rates divided ([`ratios`]); empty where the scenario compares none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ratios: Vec<TxnRatio>,
     pub advice: Vec<String>,
+}
+
+/// One contender's median rate over another's.
+#[derive(Debug, Clone, Serialize)]
+pub struct TxnRatio {
+    pub of: String,
+    pub rate: f64,
+}
+
+/// `summary[a]` over `summary[b]` for each pair whose contenders both ran.
+pub fn ratios(summary: &[TxnSummary], pairs: &[(usize, usize)]) -> Vec<TxnRatio> {
+    pairs
+        .iter()
+        .filter_map(|&(a, b)| {
+            let (a, b) = (summary.get(a)?, summary.get(b)?);
+            (a.runs > 0 && b.runs > 0 && b.rate_median > 0.0).then(|| TxnRatio {
+                of: format!("{} / {}", a.contender, b.contender),
+                rate: a.rate_median / b.rate_median,
+            })
+        })
+        .collect()
 }
 
 /// `taskset -c CPU` in front of `args` when `cpu` is given.
@@ -269,8 +293,14 @@ pub fn summarise(names: &[&str], runs: &[TxnRun]) -> Vec<TxnSummary> {
         .collect()
 }
 
-/// The table and `RESULT` lines.
-pub fn print_table(scenario: &str, title: &str, unit: &str, summary: &[TxnSummary]) {
+/// The table (with a row per ratio) and `RESULT` lines.
+pub fn print_table(
+    scenario: &str,
+    title: &str,
+    unit: &str,
+    summary: &[TxnSummary],
+    ratios: &[TxnRatio],
+) {
     println!();
     println!("{title}");
     println!(
@@ -290,6 +320,9 @@ pub fn print_table(scenario: &str, title: &str, unit: &str, summary: &[TxnSummar
             s.contender, s.ctx_switches_ps_median
         );
     }
+    for r in ratios {
+        println!("  {:<48}{:.2}", format!("ratio {}", r.of), r.rate);
+    }
     println!();
     for s in summary.iter().filter(|s| s.runs > 0) {
         println!(
@@ -297,6 +330,13 @@ pub fn print_table(scenario: &str, title: &str, unit: &str, summary: &[TxnSummar
             s.contender.replace(' ', "_"),
             s.rate_median,
             s.ctx_switches_ps_median
+        );
+    }
+    for r in ratios {
+        println!(
+            "RESULT {scenario} {} rate_ratio={:.3}",
+            r.of.replace(" / ", "/").replace(' ', "_"),
+            r.rate
         );
     }
 }

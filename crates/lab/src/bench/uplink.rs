@@ -286,7 +286,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     // Contenders `--only` left out have no runs: not in the tables.
     let ran: Vec<ContenderSummary> = summary.iter().filter(|s| s.runs > 0).cloned().collect();
     if !ran.is_empty() {
-        print_table("uplink", &title, &ran, None);
+        print_table("uplink", &title, &ran, &[]);
     }
     for r in &ratios {
         println!(
