@@ -26,6 +26,8 @@
 //! - [`interrupt`]: interrupting a thread stuck in a system call (a signal with an empty
 //!   handler and no `SA_RESTART`).
 //! - [`netns`]: move the calling thread into a network namespace.
+//! - [`bpf`]: `bpf(2)` without a toolchain: maps, programs from hand-written instructions,
+//!   tcx links.
 //! - [`xdp`]: AF_XDP sockets (UMEM and rings) and the XDP redirect program, loaded and
 //!   attached through `bpf(2)` from hand-written instructions.
 //! - [`udp`]: UDP sockets for tunnel endpoints: `recvmmsg`/`sendmmsg` batches with source
@@ -47,6 +49,7 @@
 //! - Creating or configuring TAP interfaces and changing link state need
 //!   `CAP_NET_ADMIN`.
 
+pub mod bpf;
 pub mod cpu;
 pub mod dirty_log;
 pub mod epoll;
@@ -66,6 +69,15 @@ pub mod xdp;
 use std::io;
 
 /// Turns a C-style `-1` return into the current `errno` as an [`io::Error`].
+/// Takes ownership of `fd`, which a successful syscall that creates a descriptor has just
+/// returned.
+fn owned(fd: libc::c_int) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` was just returned by a successful syscall that creates a new descriptor,
+    // and nothing else owns it.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
         Err(io::Error::last_os_error())

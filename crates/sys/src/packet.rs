@@ -29,11 +29,11 @@
 //!   the data, and the caller drops it.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::cvt;
+use crate::{cvt, owned};
 
 const ETH_P_ALL: u16 = 0x0003;
 const TPACKET_V2: libc::c_int = 1;
@@ -81,12 +81,6 @@ struct PacketMreq {
 /// Slot header and `sockaddr_ll` before the frame (`TPACKET2_HDRLEN`), rounded up to 16, plus
 /// room for a frame's alignment: a slot holds at most `frame_size - SLOT_OVERHEAD` bytes.
 pub const SLOT_OVERHEAD: usize = 64 + 16;
-
-fn owned(fd: libc::c_int) -> OwnedFd {
-    // SAFETY: `fd` was just returned by a successful syscall that creates a new descriptor,
-    // and nothing else owns it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
 
 fn setsockopt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: &T) -> io::Result<()> {
     // SAFETY: `v` points to a live `T` of the size passed; the kernel copies it in.

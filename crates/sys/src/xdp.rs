@@ -36,168 +36,83 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::cvt;
+use crate::bpf::{self, BpfAttr, Insn, Map, MapKind, ProgKind, Size, R1, R2, R3};
+use crate::{cvt, owned};
+
+const BPF_LINK_CREATE: libc::c_long = 28;
 
 /// Bytes per UMEM frame.
 pub const FRAME_SIZE: u32 = 2048;
 
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_MAP_TYPE_XSKMAP: u32 = 17;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_XDP: u32 = 37;
+/// `enum bpf_attach_type`: XDP.
+pub(crate) const BPF_XDP: u32 = 37;
 const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
-const BPF_FUNC_REDIRECT_MAP: i32 = 51;
 const XDP_PASS: i32 = 2;
 /// `offsetof(struct xdp_md, rx_queue_index)`.
 const XDP_MD_RX_QUEUE_INDEX: i16 = 16;
 
-/// `union bpf_attr`, as a byte buffer large enough for every command used here (the kernel
-/// checks that bytes past what it knows are zero).
-#[repr(C, align(8))]
-struct BpfAttr([u8; 128]);
-
-impl BpfAttr {
-    fn new() -> BpfAttr {
-        BpfAttr([0; 128])
-    }
-    fn u32(&mut self, off: usize, v: u32) -> &mut Self {
-        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn u64(&mut self, off: usize, v: u64) -> &mut Self {
-        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-}
-
-fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_int> {
-    // SAFETY: `attr` is a zero-initialised, 8-byte aligned buffer of the size passed, laid out
-    // as the kernel's `union bpf_attr` for `cmd`; every pointer stored in it (by the callers)
-    // points to memory that outlives this call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.0.as_mut_ptr(),
-            std::mem::size_of::<BpfAttr>() as libc::c_uint,
-        )
-    };
-    cvt(r as libc::c_int)
-}
-
-fn owned(fd: libc::c_int) -> OwnedFd {
-    // SAFETY: `fd` was just returned by a successful syscall that creates a new descriptor,
-    // and nothing else owns it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
 /// An XSKMAP: NIC queue index → AF_XDP socket.
 #[derive(Debug)]
 pub struct XskMap {
-    fd: OwnedFd,
-    entries: u32,
+    map: Map,
 }
 
 impl XskMap {
     /// A map for queues `0..entries`.
     pub fn new(entries: u32) -> io::Result<XskMap> {
-        let mut a = BpfAttr::new();
-        // map_type, key_size, value_size, max_entries
-        a.u32(0, BPF_MAP_TYPE_XSKMAP)
-            .u32(4, 4)
-            .u32(8, 4)
-            .u32(12, entries.max(1));
-        let fd = bpf(BPF_MAP_CREATE, &mut a)?;
         Ok(XskMap {
-            fd: owned(fd),
-            entries: entries.max(1),
+            map: Map::new(MapKind::XskMap, 4, 4, entries)?,
         })
     }
 
     /// Steers queue `queue` to `socket`.
     pub fn set(&self, queue: u32, socket: &Socket) -> io::Result<()> {
-        self.update(queue, Some(socket.as_raw_fd()))
+        self.in_range(queue)?;
+        let fd = socket.as_raw_fd() as u32;
+        self.map.update(&queue.to_ne_bytes(), &fd.to_ne_bytes())
     }
 
     /// Sends queue `queue` back to the kernel's stack.
     pub fn clear(&self, queue: u32) -> io::Result<()> {
-        self.update(queue, None)
+        self.in_range(queue)?;
+        self.map.delete(&queue.to_ne_bytes())
     }
 
-    fn update(&self, queue: u32, fd: Option<RawFd>) -> io::Result<()> {
-        if queue >= self.entries {
+    fn in_range(&self, queue: u32) -> io::Result<()> {
+        if queue >= self.map.entries() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("queue {queue} beyond the map's {} entries", self.entries),
+                format!(
+                    "queue {queue} beyond the map's {} entries",
+                    self.map.entries()
+                ),
             ));
         }
-        let key = queue;
-        let value = fd.unwrap_or(-1) as u32;
-        let mut a = BpfAttr::new();
-        // map_fd, (pad), key ptr, value ptr, flags
-        a.u32(0, self.fd.as_raw_fd() as u32)
-            .u64(8, std::ptr::addr_of!(key) as u64)
-            .u64(16, std::ptr::addr_of!(value) as u64)
-            .u64(24, 0);
-        match fd {
-            Some(_) => bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop),
-            None => match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-                r => r.map(drop),
-            },
-        }
+        Ok(())
     }
 }
 
 /// The loaded redirect program.
 #[derive(Debug)]
 pub struct Program {
-    fd: OwnedFd,
-}
-
-/// One BPF instruction (`struct bpf_insn`).
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Insn {
-    code: u8,
-    regs: u8, // dst:4 (low), src:4 (high)
-    off: i16,
-    imm: i32,
-}
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: (src << 4) | dst,
-        off,
-        imm,
-    }
+    prog: bpf::Program,
 }
 
 /// `r2 = ctx->rx_queue_index; r1 = map; r3 = XDP_PASS; return bpf_redirect_map(r1, r2, r3)`.
-fn redirect_insns(map_fd: RawFd) -> [Insn; 6] {
-    const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
-    const LD_DW_IMM: u8 = 0x18; // BPF_LD | BPF_DW | BPF_IMM (two slots)
-    const MOV64_K: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
-    const CALL: u8 = 0x85; // BPF_JMP | BPF_CALL
-    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
-    const PSEUDO_MAP_FD: u8 = 1;
+fn redirect_insns(map: &Map) -> [Insn; 6] {
+    let [m0, m1] = Insn::load_map(R1, map);
     [
-        insn(LDX_W, 2, 1, XDP_MD_RX_QUEUE_INDEX, 0),
-        insn(LD_DW_IMM, 1, PSEUDO_MAP_FD, 0, map_fd),
-        insn(0, 0, 0, 0, 0),
-        insn(MOV64_K, 3, 0, 0, XDP_PASS),
-        insn(CALL, 0, 0, 0, BPF_FUNC_REDIRECT_MAP),
-        insn(EXIT, 0, 0, 0, 0),
+        Insn::load(Size::W, R2, R1, XDP_MD_RX_QUEUE_INDEX),
+        m0,
+        m1,
+        Insn::mov_imm(R3, XDP_PASS),
+        Insn::call(bpf::FUNC_REDIRECT_MAP),
+        Insn::exit(),
     ]
 }
 
@@ -205,32 +120,8 @@ impl Program {
     /// Loads the redirect program for `map`. A verifier refusal comes back with the
     /// verifier's log in the error.
     pub fn redirect(map: &XskMap) -> io::Result<Program> {
-        let insns = redirect_insns(map.fd.as_raw_fd());
-        let license = CString::new("GPL").expect("no NUL");
-        let mut log = vec![0u8; 16 * 1024];
-        let mut a = BpfAttr::new();
-        // prog_type, insn_cnt, insns, license, log_level, log_size, log_buf, kern_version,
-        // prog_flags, prog_name[16] (at 48), prog_ifindex (64), expected_attach_type (68)
-        a.u32(0, BPF_PROG_TYPE_XDP)
-            .u32(4, insns.len() as u32)
-            .u64(8, insns.as_ptr() as u64)
-            .u64(16, license.as_ptr() as u64)
-            .u32(24, 1)
-            .u32(28, log.len() as u32)
-            .u64(32, log.as_mut_ptr() as u64)
-            .u32(68, BPF_XDP);
-        a.0[48..48 + 11].copy_from_slice(b"qs_redirect");
-        match bpf(BPF_PROG_LOAD, &mut a) {
-            Ok(fd) => Ok(Program { fd: owned(fd) }),
-            Err(e) => {
-                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-                let text = String::from_utf8_lossy(&log[..end]);
-                Err(io::Error::new(
-                    e.kind(),
-                    format!("loading the XDP program: {e}; verifier: {}", text.trim()),
-                ))
-            }
-        }
+        let prog = bpf::Program::load(ProgKind::Xdp, &redirect_insns(&map.map), "qs_redirect")?;
+        Ok(Program { prog })
     }
 }
 
@@ -244,10 +135,7 @@ pub enum AttachMode {
 }
 
 /// An attached program; dropping it (or the process ending) detaches it.
-#[derive(Debug)]
-pub struct Link {
-    _fd: OwnedFd,
-}
+pub use crate::bpf::Link;
 
 /// Attaches `prog` to interface `ifindex`.
 pub fn attach(prog: &Program, ifindex: u32, mode: AttachMode) -> io::Result<Link> {
@@ -257,12 +145,11 @@ pub fn attach(prog: &Program, ifindex: u32, mode: AttachMode) -> io::Result<Link
     };
     let mut a = BpfAttr::new();
     // prog_fd, target_ifindex, attach_type, flags
-    a.u32(0, prog.fd.as_raw_fd() as u32)
+    a.u32(0, prog.prog.as_raw_fd() as u32)
         .u32(4, ifindex)
         .u32(8, BPF_XDP)
         .u32(12, flags);
-    let fd = bpf(BPF_LINK_CREATE, &mut a)?;
-    Ok(Link { _fd: owned(fd) })
+    bpf::bpf(BPF_LINK_CREATE, &mut a).map(Link::from_fd)
 }
 
 /// Whether an [`attach`] error means the interface already has an XDP program (attached
@@ -1048,20 +935,4 @@ pub fn mtu(name: &str) -> io::Result<u32> {
     let b = r.data.to_ne_bytes();
     let mtu = i32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
     u32::try_from(mtu).map_err(|_| io::Error::other(format!("{name}: negative MTU {mtu}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn instructions_are_encoded_as_the_kernel_expects() {
-        let i = redirect_insns(7);
-        assert_eq!(std::mem::size_of::<Insn>(), 8);
-        assert_eq!((i[0].code, i[0].regs, i[0].off), (0x61, 0x12, 16));
-        assert_eq!((i[1].code, i[1].regs, i[1].imm), (0x18, 0x11, 7));
-        assert_eq!((i[3].code, i[3].regs, i[3].imm), (0xb7, 0x03, XDP_PASS));
-        assert_eq!((i[4].code, i[4].imm), (0x85, 51));
-        assert_eq!(i[5].code, 0x95);
-    }
 }
