@@ -273,6 +273,9 @@ pub enum PortType {
     Vxlan,
     /// A kernel interface (a NIC) as an uplink through AF_XDP, or AF_PACKET as the fallback.
     Afxdp,
+    /// The root-namespace end of a veth pair (a container's or namespace's interface), with
+    /// a kernel fast path for known unicast between veth ports.
+    Veth,
 }
 
 impl fmt::Display for PortType {
@@ -283,6 +286,7 @@ impl fmt::Display for PortType {
             PortType::VhostUser => "vhost-user",
             PortType::Vxlan => "vxlan",
             PortType::Afxdp => "afxdp",
+            PortType::Veth => "veth",
         })
     }
 }
@@ -296,8 +300,9 @@ impl FromStr for PortType {
             "vhost-user" => Ok(PortType::VhostUser),
             "vxlan" => Ok(PortType::Vxlan),
             "afxdp" => Ok(PortType::Afxdp),
+            "veth" => Ok(PortType::Veth),
             other => Err(format!(
-                "unknown port type '{other}' (expected tap, gen, vhost-user, vxlan or afxdp)"
+                "unknown port type '{other}' (expected tap, gen, vhost-user, vxlan, afxdp or veth)"
             )),
         }
     }
@@ -490,6 +495,19 @@ pub enum PortKind {
     Vxlan(VxlanConfig),
     /// `type = "afxdp"`.
     AfXdp(AfXdpConfig),
+    /// `type = "veth"`.
+    Veth(VethConfig),
+}
+
+/// The keys of a veth port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VethConfig {
+    /// The root-namespace end of an existing veth pair (the other end is the namespace's or
+    /// container's interface).
+    pub ifname: IfName,
+    /// Forward known unicast between veth ports in the kernel (default true); see
+    /// `qswitch_dp::port::veth`.
+    pub fastpath: bool,
 }
 
 /// The keys of an afxdp port. Its [`PortConfig::queues`] is the number of queues in use,
@@ -566,6 +584,7 @@ impl PortKind {
             PortKind::Gen(_) => PortType::Gen,
             PortKind::Vxlan(_) => PortType::Vxlan,
             PortKind::AfXdp(_) => PortType::Afxdp,
+            PortKind::Veth(_) => PortType::Veth,
         }
     }
 }
@@ -730,7 +749,7 @@ pub struct PortKeys {
     pub name: PortName,
     #[serde(rename = "type")]
     pub kind: PortType,
-    /// tap, afxdp: the interface name.
+    /// tap, afxdp, veth: the interface name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ifname: Option<IfName>,
     /// vhost-user: the socket path.
@@ -769,6 +788,9 @@ pub struct PortKeys {
     /// vxlan: UDP checksum on transmit (default on; see [`VxlanConfig::udp_csum`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp_csum: Option<bool>,
+    /// veth: the kernel fast path (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastpath: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<CpuList>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -791,7 +813,7 @@ fn default_queues() -> u16 {
 fn check_queues(queues: u16, t: PortType) -> Result<(), PortError> {
     let max = match t {
         PortType::VhostUser => MAX_VHOST_PAIRS,
-        PortType::Tap | PortType::Gen | PortType::Afxdp => MAX_QUEUES,
+        PortType::Tap | PortType::Gen | PortType::Afxdp | PortType::Veth => MAX_QUEUES,
         PortType::Vxlan => 1,
     };
     if queues == 0 || queues > max {
@@ -823,6 +845,7 @@ impl PortKeys {
             dstport: None,
             learning: None,
             udp_csum: None,
+            fastpath: None,
             cpus: None,
             qos: None,
             capacity: None,
@@ -849,6 +872,7 @@ impl PortKeys {
             ("dstport", self.dstport.is_some()),
             ("learning", self.learning.is_some()),
             ("udp_csum", self.udp_csum.is_some()),
+            ("fastpath", self.fastpath.is_some()),
         ]
         .into_iter()
         .find_map(|(key, set)| set.then_some(key))
@@ -884,6 +908,10 @@ impl PortKeys {
                         expected: "auto, native, skb or packet",
                     })?,
                 },
+            }),
+            PortType::Veth => PortKind::Veth(VethConfig {
+                ifname: self.ifname.take().ok_or_else(|| missing("ifname"))?,
+                fastpath: self.fastpath.take().unwrap_or(true),
             }),
             PortType::Gen => PortKind::Gen(GenPortConfig {
                 mac: self.mac.take(),
@@ -951,6 +979,10 @@ impl From<PortConfig> for PortKeys {
         k.storm = p.storm.map(|s| *s);
         match p.kind {
             PortKind::Tap(t) => k.ifname = Some(t.ifname),
+            PortKind::Veth(v) => {
+                k.ifname = Some(v.ifname);
+                k.fastpath = Some(v.fastpath);
+            }
             PortKind::VhostUser(v) => {
                 k.socket = Some(v.socket);
                 k.mode = Some(v.mode.into());
@@ -1099,11 +1131,12 @@ impl PortConfig {
         crate::policy::Carried::of(self.vlan.map(VlanId::get), self.vlans.as_ref())
     }
 
-    /// A TAP or afxdp port's interface name.
+    /// A TAP, afxdp or veth port's interface name.
     pub fn ifname(&self) -> Option<&IfName> {
         match &self.kind {
             PortKind::Tap(t) => Some(&t.ifname),
             PortKind::AfXdp(a) => Some(&a.ifname),
+            PortKind::Veth(v) => Some(&v.ifname),
             _ => None,
         }
     }
@@ -1626,7 +1659,7 @@ vlan = 10
             ),
             (
                 "[[port]]\nname='a'\ntype='geneve'\n".into(),
-                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`, `afxdp`",
+                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`, `afxdp`, `veth`",
             ),
             (
                 "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
@@ -1899,6 +1932,31 @@ vlan = 10
         );
         let json = r#"{"name":"a","type":"tap","ifname":"qs-a","colour":"red"}"#;
         assert!(serde_json::from_str::<PortConfig>(json).is_err());
+    }
+
+    #[test]
+    fn veth_port_keys() {
+        let cfg = Config::from_toml("[[port]]\nname='c1'\ntype='veth'\nifname='qs-c1'\n").unwrap();
+        assert_eq!(
+            cfg.ports[0].kind,
+            PortKind::Veth(VethConfig {
+                ifname: "qs-c1".parse().unwrap(),
+                fastpath: true,
+            })
+        );
+        assert_eq!(cfg.ports[0].ifname().map(|i| i.as_str()), Some("qs-c1"));
+        assert_eq!(Config::from_toml(&cfg.to_toml().unwrap()).unwrap(), cfg);
+        let off = Config::from_toml(
+            "[[port]]\nname='c1'\ntype='veth'\nifname='qs-c1'\nfastpath=false\nqueues=2\n",
+        )
+        .unwrap();
+        assert!(matches!(&off.ports[0].kind, PortKind::Veth(v) if !v.fastpath));
+        assert_eq!(off.ports[0].queues, 2);
+        let e = Config::from_toml("[[port]]\nname='c1'\ntype='veth'\n").unwrap_err();
+        assert!(e.to_string().contains("type veth needs ifname"), "{e}");
+        let e = Config::from_toml("[[port]]\nname='t'\ntype='tap'\nifname='t'\nfastpath=true\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("fastpath"), "{e}");
     }
 
     #[test]
@@ -2182,6 +2240,12 @@ capacity = "10G"
                 "[a-z][a-z0-9]{0,14}".prop_map(|i| PortKind::Tap(TapConfig {
                     ifname: i.parse().unwrap()
                 })),
+                ("[a-z][a-z0-9]{0,14}", any::<bool>()).prop_map(|(i, fastpath)| {
+                    PortKind::Veth(VethConfig {
+                        ifname: i.parse().unwrap(),
+                        fastpath,
+                    })
+                }),
                 ("/[a-z]{1,40}", any::<bool>()).prop_map(|(s, client)| {
                     PortKind::VhostUser(VhostUserConfig {
                         socket: s.parse().unwrap(),

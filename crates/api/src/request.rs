@@ -429,6 +429,10 @@ pub struct PortInfo {
     /// afxdp: what the kernel's sockets dropped before qswitch saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelDrops>,
+    /// veth: whether the kernel fast path forwards for the port right now (`fastpath = true`
+    /// and nothing in its policy that the workers must apply; see `qswitch_dp::port::veth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastpath: Option<bool>,
     /// VLANs carried tagged (a trunk); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlans: Option<crate::policy::VlanSet>,
@@ -522,6 +526,18 @@ pub struct PortStats {
     /// For TAP ports: software GRO toward the TAP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tap: Option<TapStats>,
+    /// For veth ports: what the kernel fast path forwarded (already in the totals above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastpath: Option<FastPathStats>,
+}
+
+/// A veth port's kernel fast path: frames it forwarded without the workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastPathStats {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
 }
 
 /// A TAP port's own counters.

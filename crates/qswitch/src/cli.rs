@@ -26,10 +26,11 @@ pub enum PortCmd {
     /// Add a port to the running switch.
     Add {
         name: PortName,
-        /// Port type (tap, gen, vhost-user, afxdp or vxlan).
+        /// Port type (tap, gen, vhost-user, afxdp, vxlan or veth).
         #[arg(long = "type", value_name = "TYPE")]
         kind: PortType,
-        /// TAP interface name (created if absent); afxdp: the NIC (must exist).
+        /// TAP interface name (created if absent); afxdp: the NIC (must exist); veth: the
+        /// root-namespace end of a veth pair (must exist).
         #[arg(long)]
         ifname: Option<IfName>,
         /// Queues (default 1; afxdp: every rx queue of the NIC).
@@ -63,6 +64,9 @@ pub enum PortCmd {
         /// vxlan: do not learn remote MACs from received frames.
         #[arg(long)]
         no_learning: bool,
+        /// veth: no kernel fast path (every frame through the workers).
+        #[arg(long)]
+        no_fastpath: bool,
     },
     /// Remove a port from the running switch.
     Del { name: String },
@@ -227,6 +231,17 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                         "", k.rx_dropped, k.invalid_descs
                     );
                 }
+                if let Some(on) = p.fastpath {
+                    println!(
+                        "{:<12} kernel fast path: {}",
+                        "",
+                        if on {
+                            "on (known unicast to other veth ports bypasses the workers)"
+                        } else {
+                            "off (every frame through the workers)"
+                        }
+                    );
+                }
                 if let Some(mtu) = p.inner_mtu {
                     println!(
                         "{:<12} inner MTU {mtu}: the MTU for this VLAN's VMs (or raise the underlay's); larger frames count as mtu_exceeded",
@@ -272,6 +287,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
             remotes,
             dstport,
             no_learning,
+            no_fastpath,
         } => {
             // The same keys as a [[port]] table, so the same checks and errors.
             let port = PortConfig::try_from(PortKeys {
@@ -286,6 +302,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 remotes: (!remotes.is_empty()).then_some(remotes),
                 dstport,
                 learning: no_learning.then_some(false),
+                fastpath: no_fastpath.then_some(false),
                 ..PortKeys::new(name, kind)
             })?;
             call(control, &Request::PortAdd { port })?;

@@ -24,12 +24,12 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     (
         "qswitch_port_rx_packets_total",
         "counter",
-        "Frames received, per port and rx queue.",
+        "Frames received, per port and rx queue (queue=\"fastpath\": a veth port's kernel fast path).",
     ),
     (
         "qswitch_port_rx_bytes_total",
         "counter",
-        "Bytes received, per port and rx queue.",
+        "Bytes received, per port and rx queue (queue=\"fastpath\": a veth port's kernel fast path).",
     ),
     (
         "qswitch_port_tx_packets_total",
@@ -268,6 +268,12 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
                 let queue = q.queue.to_string();
                 let v = if f == 0 { q.rx_packets } else { q.rx_bytes };
                 o.sample(name, &[("port", &p.name), ("queue", &queue)], v);
+            }
+            // A veth port's kernel fast path is a queue of its own here, so that the sum
+            // over a port's queues is what it received.
+            if let Some(fp) = &p.fastpath {
+                let v = if f == 0 { fp.rx_packets } else { fp.rx_bytes };
+                o.sample(name, &[("port", &p.name), ("queue", "fastpath")], v);
             }
         }
     }
@@ -551,18 +557,30 @@ mod tests {
         let s = StatsReport {
             uptime_ms: 1500,
             process_cpu_ns: 2_000_000_000,
-            ports: vec![PortStats {
-                name: "a\"b".into(),
-                tx_packets: 7,
-                drops: [("tx_full".to_string(), 3)].into(),
-                queues: vec![QueueStats {
-                    queue: 1,
-                    rx_packets: 5,
-                    rx_bytes: 320,
+            ports: vec![
+                PortStats {
+                    name: "a\"b".into(),
+                    tx_packets: 7,
+                    drops: [("tx_full".to_string(), 3)].into(),
+                    queues: vec![QueueStats {
+                        queue: 1,
+                        rx_packets: 5,
+                        rx_bytes: 320,
+                        ..Default::default()
+                    }],
                     ..Default::default()
-                }],
-                ..Default::default()
-            }],
+                },
+                PortStats {
+                    name: "v".into(),
+                    queues: vec![QueueStats::default()],
+                    fastpath: Some(qswitch_api::request::FastPathStats {
+                        rx_packets: 11,
+                        rx_bytes: 700,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ],
             workers: vec![WorkerStats {
                 id: 0,
                 cpu: 1,
@@ -596,6 +614,7 @@ mod tests {
             xdp_mode: None,
             inner_mtu: None,
             kernel: None,
+            fastpath: None,
         };
         let mut up = gen.clone();
         up.name = "up".into();
@@ -639,6 +658,10 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("qswitch_port_drops_total{port=\"a\\\"b\",reason=\"tx_full\"} 3\n"));
+        // A veth port's fast path is a queue of its own.
+        assert!(t.contains("qswitch_port_rx_packets_total{port=\"v\",queue=\"fastpath\"} 11\n"));
+        assert!(t.contains("qswitch_port_rx_bytes_total{port=\"v\",queue=\"fastpath\"} 700\n"));
+        assert!(!t.contains("port=\"a\\\"b\",queue=\"fastpath\""));
         assert!(t.contains("qswitch_worker_busy_seconds_total{worker=\"0\",cpu=\"1\"} 1.5\n"));
         assert!(t.contains(
             "qswitch_worker_context_switches_total{worker=\"0\",cpu=\"1\",kind=\"voluntary\"} 9\n"

@@ -193,6 +193,10 @@ impl Insn {
     pub const fn exit() -> Insn {
         raw(0x95, 0, 0, 0, 0)
     }
+    /// This instruction with offset `off` (a jump's distance, resolved after the fact).
+    pub const fn with_off(self, off: i16) -> Insn {
+        Insn { off, ..self }
+    }
 }
 
 /// Map kinds used here.
@@ -268,6 +272,24 @@ impl Map {
         a.u32(0, self.fd.as_raw_fd() as u32)
             .u64(8, key.as_ptr() as u64)
             .u64(16, value.as_ptr() as u64)
+            .u64(24, 0);
+        bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop)
+    }
+
+    /// Sets `key` of a per-CPU map to `values`: one value per possible CPU, each rounded up
+    /// to 8 bytes ([`Map::lookup_size`] bytes in all).
+    pub fn update_percpu(&self, key: &[u8], values: &[u8]) -> io::Result<()> {
+        self.check(key, None)?;
+        if self.kind != MapKind::PercpuArray || values.len() != self.lookup_size()? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a per-CPU map, or not one value per possible CPU",
+            ));
+        }
+        let mut a = BpfAttr::new();
+        a.u32(0, self.fd.as_raw_fd() as u32)
+            .u64(8, key.as_ptr() as u64)
+            .u64(16, values.as_ptr() as u64)
             .u64(24, 0);
         bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(drop)
     }

@@ -927,6 +927,30 @@ fn ethtool_channels(name: &str) -> io::Result<EthtoolChannels> {
     Ok(ch)
 }
 
+/// `struct ethtool_drvinfo` (the driver's name is all that is read).
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    rest: [u8; 32 * 4 + 12 + 5 * 4],
+}
+
+const ETHTOOL_GDRVINFO: u32 = 0x03;
+
+/// The driver of interface `name` in this thread's network namespace (`ETHTOOL_GDRVINFO`):
+/// `veth`, `tun`, `virtio_net`, ...
+pub fn driver(name: &str) -> io::Result<String> {
+    let mut info = EthtoolDrvinfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        rest: [0; 32 * 4 + 12 + 5 * 4],
+    };
+    let mut r = ifreq_data(name, std::ptr::addr_of_mut!(info) as u64)?;
+    ioctl_ifreq(libc::SIOCETHTOOL, &mut r)?;
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
 /// The MTU of interface `name` in this thread's network namespace (`SIOCGIFMTU`).
 pub fn mtu(name: &str) -> io::Result<u32> {
     let mut r = ifreq_data(name, 0)?;

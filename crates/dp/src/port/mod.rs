@@ -10,6 +10,7 @@
 //! | gen | [`gen`] | synthesised frames at a rate | validated and counted (sink) |
 //! | VXLAN | [`vxlan`] | `recvmmsg` on (local, dstport): decapsulated in place, learned, checked | head-end replication; `sendmmsg` of header + frame from a source-port pool picked by flow hash |
 //! | AF_XDP uplink | [`afxdp`] | one AF_XDP socket per NIC queue (copy out of the UMEM); AF_PACKET ring as fallback | TSO segmented, checksums completed, into the socket of queue `worker % n` (or `sendmmsg`) |
+//! | veth | [`veth`] | what the kernel fast path does not forward itself, from a slow path TAP | into the slow path TAP, which sends it into the namespace |
 //! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
 
 pub mod afxdp;
@@ -17,6 +18,7 @@ pub mod gen;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod inject;
 pub mod tap;
+pub mod veth;
 pub mod vhost_user;
 pub mod vxlan;
 
@@ -86,6 +88,7 @@ pub enum Device {
     /// Shared: the control plane (EVPN, `qswitch fdb`) keeps a handle to its remote table.
     Vxlan(std::sync::Arc<vxlan::VxlanPort>),
     AfXdp(afxdp::AfXdpPort),
+    Veth(veth::VethPort),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
 }
@@ -98,6 +101,7 @@ macro_rules! each_device {
             Device::VhostUser($d) => $e,
             Device::Vxlan($d) => $e,
             Device::AfXdp($d) => $e,
+            Device::Veth($d) => $e,
             #[cfg(any(test, feature = "test-utils"))]
             Device::Inject($d) => $e,
         }

@@ -157,6 +157,17 @@ impl TapPort {
     /// Opens (creating if needed) TAP `ifname` with `queues` queues, sets the offloads and
     /// brings the link up.
     pub fn open(ifname: &str, queues: u16) -> Result<TapPort, TapError> {
+        TapPort::open_as(ifname, queues, false)
+    }
+
+    /// [`TapPort::open`] for a TAP that only carries another port's frames (a veth port's
+    /// slow path): IPv6 is off on it before it comes up, so the host's stack never sends
+    /// anything of its own (router solicitations, duplicate address detection) into it.
+    pub fn open_internal(ifname: &str, queues: u16) -> Result<TapPort, TapError> {
+        TapPort::open_as(ifname, queues, true)
+    }
+
+    fn open_as(ifname: &str, queues: u16, internal: bool) -> Result<TapPort, TapError> {
         let existed = netif::exists(ifname);
         let multi_queue = if existed {
             let flags = tun_flags(ifname).ok_or_else(|| TapError::NotTap(ifname.to_string()))?;
@@ -187,6 +198,16 @@ impl TapPort {
                     source,
                 })?;
             qs.push(tq);
+        }
+        if internal {
+            // Absent when the kernel has no IPv6; then there is nothing to turn off.
+            let knob = format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6");
+            if std::path::Path::new(&knob).exists() {
+                std::fs::write(&knob, "1").map_err(|source| TapError::Up {
+                    ifname: ifname.to_string(),
+                    source,
+                })?;
+            }
         }
         netif::set_up(ifname, true).map_err(|source| TapError::Up {
             ifname: ifname.to_string(),

@@ -106,6 +106,12 @@ pub enum SwitchError {
         port: String,
         error: crate::port::afxdp::AfXdpError,
     },
+    /// A veth port's interface cannot be used, or its programs not attached.
+    #[error("port '{port}': {error}")]
+    Veth {
+        port: String,
+        error: crate::port::veth::VethError,
+    },
     #[error("cannot start worker {worker} on CPU {cpu}")]
     Worker {
         worker: usize,
@@ -155,6 +161,8 @@ pub struct Core {
     reserved: Vec<usize>,
     /// Without threads: the workers' engines and the QoS allocator, driven by `poll_once`.
     manual: Option<Mutex<start::Manual>>,
+    /// The kernel fast path of veth ports: its maps, made with the first such port.
+    fastpath: Mutex<Option<Arc<crate::port::veth::FastPath>>>,
 }
 
 /// A running switch.

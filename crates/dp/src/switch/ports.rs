@@ -14,6 +14,7 @@ use crate::policy::{Policy, PortPolicy};
 use crate::port::afxdp::{self, AfXdpPort};
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
+use crate::port::veth::{FastPath, VethError, VethPort};
 use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
 use crate::port::vxlan::{VxlanConfig, VxlanPort};
 use crate::port::Device;
@@ -65,6 +66,7 @@ impl Switch {
         }
         self.replan(&mut ctl, &new_table);
         self.apply(&mut ctl, Some(new_table));
+        self.sync_fastpath(self.shared.now());
         for c in configs {
             tracing::info!(port = %c.name, kind = %c.kind, "port added");
         }
@@ -178,6 +180,33 @@ impl Switch {
                     )?,
                 )
             }
+            PortKind::Veth(v) => {
+                let fp = if v.fastpath {
+                    Some(self.fastpath().map_err(|source| SwitchError::Veth {
+                        port: config.name.clone(),
+                        error: VethError::Bpf {
+                            what: "creating the fast path's maps",
+                            ifname: v.ifname.to_string(),
+                            source,
+                        },
+                    })?)
+                } else {
+                    None
+                };
+                Device::Veth(
+                    VethPort::open(
+                        id,
+                        v.ifname.as_str(),
+                        config.queues,
+                        config.vlan_id(),
+                        fp.as_deref(),
+                    )
+                    .map_err(|error| SwitchError::Veth {
+                        port: config.name.clone(),
+                        error,
+                    })?,
+                )
+            }
             PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,
                 &config.name,
@@ -187,6 +216,17 @@ impl Switch {
                 self.workers.len(),
             )),
         })
+    }
+
+    /// The veth ports' fast path maps, made on first use.
+    fn fastpath(&self) -> std::io::Result<Arc<FastPath>> {
+        let mut fp = self.fastpath.lock();
+        if let Some(f) = fp.as_ref() {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(FastPath::new()?);
+        *fp = Some(f.clone());
+        Ok(f)
     }
 
     fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {
@@ -312,6 +352,8 @@ impl Switch {
         self.replan(&mut ctl, &new_table);
         self.apply(&mut ctl, Some(new_table));
         self.shared.fdb.remove_port(entry.id);
+        // Its addresses leave the fast path before its programs go.
+        self.sync_fastpath(self.shared.now());
         drop(ctl);
         // Wait (bounded) until the last worker reference is gone, so the device closes now.
         let deadline = Instant::now() + Duration::from_secs(2);

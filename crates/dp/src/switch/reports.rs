@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use qswitch_api::request::{
-    FdbEntry, KernelDrops, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo,
-    QueueStats, StatsReport, TapStats, VtepStats, VxlanStats, VxlanTraffic, WorkerPlacementInfo,
-    WorkerStats,
+    FastPathStats, FdbEntry, KernelDrops, PlacementReport, PortInfo, PortStats, QueueInfo,
+    QueuePlacementInfo, QueueStats, StatsReport, TapStats, VtepStats, VxlanStats, VxlanTraffic,
+    WorkerPlacementInfo, WorkerStats,
 };
 
 use super::runtime::Reason;
@@ -91,6 +91,10 @@ impl Switch {
                         _ => None,
                     },
                     kernel,
+                    fastpath: match &p.dev {
+                        Device::Veth(_) => Some(crate::port::veth::eligible(p).is_some()),
+                        _ => None,
+                    },
                 }
             })
             .collect()
@@ -179,7 +183,12 @@ impl Switch {
                 owners.insert((e.id, *q), w.id);
             }
         }
-        let ports = table.iter().flatten().map(|p| port_stats(p)).collect();
+        let fast = self.fastpath.lock().clone();
+        let ports = table
+            .iter()
+            .flatten()
+            .map(|p| port_stats(p, fast.as_deref()))
+            .collect();
         let workers = self
             .workers
             .iter()
@@ -323,7 +332,7 @@ fn drop_map(
     m
 }
 
-fn port_stats(p: &PortEntry) -> PortStats {
+fn port_stats(p: &PortEntry, fast: Option<&crate::port::veth::FastPath>) -> PortStats {
     let c = &p.counters;
     let queues: Vec<QueueStats> =
         c.rx.iter()
@@ -361,12 +370,26 @@ fn port_stats(p: &PortEntry) -> PortStats {
         }
         _ => None,
     };
+    let fastpath = match (&p.dev, fast) {
+        (Device::Veth(_), Some(fp)) => {
+            let f = fp.counters(p.id);
+            Some(FastPathStats {
+                rx_packets: f.rx_packets,
+                rx_bytes: f.rx_bytes,
+                tx_packets: f.tx_packets,
+                tx_bytes: f.tx_bytes,
+            })
+        }
+        _ => None,
+    };
+    let f = fastpath.unwrap_or_default();
     PortStats {
         name: p.config.name.clone(),
-        rx_packets: queues.iter().map(|q| q.rx_packets).sum(),
-        rx_bytes: queues.iter().map(|q| q.rx_bytes).sum(),
-        tx_packets: c.tx.iter().map(|t| t.tx_packets.get()).sum(),
-        tx_bytes: c.tx.iter().map(|t| t.tx_bytes.get()).sum(),
+        rx_packets: queues.iter().map(|q| q.rx_packets).sum::<u64>() + f.rx_packets,
+        rx_bytes: queues.iter().map(|q| q.rx_bytes).sum::<u64>() + f.rx_bytes,
+        tx_packets: c.tx.iter().map(|t| t.tx_packets.get()).sum::<u64>() + f.tx_packets,
+        tx_bytes: c.tx.iter().map(|t| t.tx_bytes.get()).sum::<u64>() + f.tx_bytes,
+        fastpath,
         drops: drop_map(
             c.rx.iter()
                 .map(|q| &q.drops)

@@ -486,6 +486,7 @@ impl Core {
             ctl.next_sweep = now + SWEEP_EVERY_NS;
             self.shared.fdb.sweep(now);
         }
+        self.sync_fastpath(now);
         let due = ctl
             .last_eval
             .as_ref()
@@ -494,6 +495,16 @@ impl Core {
             self.rebalance(&mut ctl, now);
             // Also retries a hand-off that a slow worker made us postpone.
             self.apply(&mut ctl, None);
+        }
+    }
+
+    /// Mirrors the fdb into the veth ports' kernel fast path, if there is one (see
+    /// [`crate::port::veth`]): every housekeeping tick, and at once after a change that
+    /// takes a port in or out of it.
+    pub(super) fn sync_fastpath(&self, now: u64) {
+        let fp = self.fastpath.lock().clone();
+        if let Some(fp) = fp {
+            fp.sync(&self.shared.ports.load(), &self.shared.fdb, now);
         }
     }
 

@@ -181,6 +181,7 @@ impl Switch {
             topology,
             reserved: options.reserved.clone(),
             manual: None,
+            fastpath: Mutex::new(None),
         });
         Ok(Switch {
             core,

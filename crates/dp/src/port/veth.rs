@@ -1,0 +1,632 @@
+//! veth ports: a network namespace (a container) attached through a veth pair, with a
+//! kernel fast path for known unicast between veth ports.
+//!
+//! ```text
+//!  netns A                 root netns                                      netns B
+//!  eth0 ══ veth ══ qs-a ─tcx ingress: fast path program─┐                  eth0
+//!                    │  dst MAC known on veth port b,     │ bpf_redirect_peer(qs-b)  ▲
+//!                    │  src MAC known on a, same VLAN ────┼──────────────────────────┘
+//!                    │  anything else                     │
+//!                    ▼  bpf_redirect(tap egress)          │
+//!                  qsv<ifindex> (TAP, the slow path) ◀────┘
+//!                    │ read by qswitch's workers: learning, flooding, policy, QoS,
+//!                    │ capture, every other port kind
+//!                    ▲ written by the workers
+//!                  TAP's tcx ingress program: bpf_redirect_peer(qs-a) ──▶ netns A
+//! ```
+//!
+//! A TAP port costs two copies of every byte through the kernel and a thread hop per frame,
+//! where the kernel's bridge costs neither (`bench tap-tcp` and `bench affinity` measure
+//! both against a bare relay between two TAPs and the kernel's least forwarding). A veth
+//! port keeps the kernel's path for what needs no decision of the switch's: a frame from a
+//! namespace whose source is learnt on this port and whose destination is learnt on
+//! another veth port in the same VLAN goes from one namespace straight into the other, in
+//! the sender's own system call, without a copy (`bpf_redirect_peer`, as Cilium does
+//! between pods). Everything else — broadcast, multicast, unknown or moved addresses,
+//! tagged frames, frames to or from other kinds of port, and ports whose policy the
+//! workers must apply — goes through the slow path, a TAP that qswitch reads and writes
+//! like any TAP port: so learning, flooding, VLANs, port security, storm control, QoS,
+//! capture and trace all stay the switch's.
+//!
+//! The fast path's state is one BPF hash map, (VLAN, MAC) → (destination veth, port,
+//! hits), which [`FastPath::sync`] mirrors from the switch's fdb: only addresses learnt on
+//! veth ports whose fast path is on, in their access VLAN. A port is left out (so its
+//! frames take the slow path both ways) while it is a trunk, an uplink, has a QoS
+//! guarantee or limit or per-frame port security checks, or is being captured. (Storm
+//! control needs nothing: what it limits, broadcast, multicast and unknown unicast, always
+//! takes the slow path.) The program counts what it forwards per port in a
+//! per-CPU array; the switch adds those counters to the port's own and refreshes the fdb
+//! entries whose hit counts moved, so that addresses in use on the fast path do not age out.
+//!
+//! The programs are attached with tcx links owned by the process (see [`qswitch_sys::bpf`]):
+//! removing the port, stopping qswitch or `kill -9` detaches them, and the companion TAP
+//! goes with its last fd. The veth pair itself belongs to whoever made it.
+//!
+//! # Limitations
+//! - The first frames of a flow, until the next sync (every 100 ms), take the slow path.
+//! - A MAC that moves between veth ports is forwarded to its old port by the fast path
+//!   until the switch learns the move from a frame the new port sends through the slow path
+//!   (the source check sends every frame whose source is not learnt on its port there).
+//! - Needs Linux 6.6 (tcx) and `CAP_BPF`.
+
+use std::collections::HashMap;
+use std::io;
+
+use parking_lot::Mutex;
+use qswitch_sys::bpf::{
+    self, skb, Alu, Insn, Jmp, Link, Map, MapKind, ProgKind, Program, Size, TcHook, R0, R1, R10,
+    R2, R3, R4, R5, R6, R7, R8, R9,
+};
+use qswitch_wire::mac::MacAddr;
+
+use super::tap::{TapError, TapPort};
+use super::{Port, TxDone};
+use crate::fdb::Fdb;
+use crate::ids::PortId;
+use crate::packet::Pkt;
+use crate::stats::DropTally;
+use crate::table::{PortEntry, PortTable};
+
+/// Addresses the fast path map holds at most.
+const FDB_ENTRIES: u32 = 16_384;
+/// Bytes of a map value: destination ifindex (u32), port (u32), hits (u64).
+const VALUE: usize = 16;
+/// Bytes of a counter: rx packets, rx bytes, tx packets, tx bytes (u64 each).
+const COUNTER: usize = 32;
+
+/// Errors opening a veth port.
+#[derive(Debug, thiserror::Error)]
+pub enum VethError {
+    #[error("interface {0} does not exist")]
+    NoSuchInterface(String),
+    #[error("{ifname} is not a veth interface (its driver: {driver})")]
+    NotVeth { ifname: String, driver: String },
+    #[error("cannot open the slow path TAP {tap} of {ifname}")]
+    Tap {
+        ifname: String,
+        tap: String,
+        #[source]
+        source: TapError,
+    },
+    #[error("{what} for {ifname}: {source}")]
+    Bpf {
+        what: &'static str,
+        ifname: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What the fast path forwarded for one port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FastCounters {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+}
+
+/// The fast path's maps, shared by every veth port of a switch.
+#[derive(Debug)]
+pub struct FastPath {
+    fdb: Map,
+    counters: Map,
+    state: Mutex<SyncState>,
+}
+
+/// What [`FastPath::sync`] last put in the map.
+#[derive(Debug, Default)]
+struct SyncState {
+    /// key → (destination ifindex, port, hits last read).
+    entries: HashMap<u64, (u32, u16, u64)>,
+    fdb_generation: Option<u64>,
+    /// Which ports were in, and with which ifindex, at the last sync.
+    ports: HashMap<u16, u32>,
+    last_refresh: u64,
+}
+
+/// How often hit counts are read back into the fdb's ages.
+const REFRESH_NS: u64 = 1_000_000_000;
+
+/// The map key of `mac` in `vlan`: the six bytes in wire order as a little-endian number,
+/// the VLAN above them, as the program builds it from the frame.
+fn key(mac: MacAddr, vlan: u16) -> u64 {
+    let m = mac.0;
+    u64::from_le_bytes([m[0], m[1], m[2], m[3], m[4], m[5], 0, 0]) | u64::from(vlan) << 48
+}
+
+impl FastPath {
+    /// Creates the maps (needs `CAP_BPF`).
+    pub fn new() -> io::Result<FastPath> {
+        Ok(FastPath {
+            fdb: Map::new(MapKind::Hash, 8, VALUE as u32, FDB_ENTRIES)?,
+            counters: Map::new(
+                MapKind::PercpuArray,
+                4,
+                COUNTER as u32,
+                crate::switch::MAX_PORTS as u32,
+            )?,
+            state: Mutex::new(SyncState::default()),
+        })
+    }
+
+    /// What the fast path forwarded for `port` since the switch started (summed over CPUs).
+    pub fn counters(&self, port: PortId) -> FastCounters {
+        let mut c = FastCounters::default();
+        let Ok(size) = self.counters.lookup_size() else {
+            return c;
+        };
+        let mut buf = vec![0u8; size];
+        if !matches!(
+            self.counters
+                .lookup(&u32::from(port.0).to_ne_bytes(), &mut buf),
+            Ok(true)
+        ) {
+            return c;
+        }
+        let word = |b: &[u8], i: usize| {
+            u64::from_ne_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or_default())
+        };
+        for cpu in buf.chunks_exact(COUNTER) {
+            c.rx_packets += word(cpu, 0);
+            c.rx_bytes += word(cpu, 1);
+            c.tx_packets += word(cpu, 2);
+            c.tx_bytes += word(cpu, 3);
+        }
+        c
+    }
+
+    /// Zeroes `port`'s counters (a new port in a reused slot starts from nothing).
+    fn reset_counters(&self, port: PortId) -> io::Result<()> {
+        let zero = vec![0u8; self.counters.lookup_size()?];
+        // A per-CPU update takes one value per possible CPU.
+        self.counters
+            .update_percpu(&u32::from(port.0).to_ne_bytes(), &zero)
+    }
+
+    /// Mirrors the fdb into the map: the addresses learnt on ports whose fast path is on
+    /// ([`eligible`]), in their access VLAN; and, every second, refreshes the fdb entries
+    /// the fast path has seen frames from. Called by the switch's housekeeping (every
+    /// 100 ms); cheap when nothing changed.
+    pub fn sync(&self, table: &PortTable, fdb: &Fdb, now: u64) {
+        let mut st = self.state.lock();
+        let ports: HashMap<u16, u32> = table
+            .iter()
+            .flatten()
+            .filter_map(|p| eligible(p).map(|ifindex| (p.id.0, ifindex)))
+            .collect();
+        let generation = fdb.generation();
+        if st.fdb_generation != Some(generation) || st.ports != ports {
+            let mut want: HashMap<u64, (u32, u16)> = HashMap::new();
+            for l in fdb.entries(now) {
+                let Some(&ifindex) = ports.get(&l.port.0) else {
+                    continue;
+                };
+                let vlan = table
+                    .get(usize::from(l.port.0))
+                    .and_then(Option::as_ref)
+                    .map_or(0, |p| p.vlan);
+                if l.vlan == vlan {
+                    want.insert(key(l.mac, l.vlan), (ifindex, l.port.0));
+                }
+            }
+            st.entries.retain(|k, (ifindex, port, _)| {
+                let keep = want.get(k) == Some(&(*ifindex, *port));
+                if !keep {
+                    let _ = self.fdb.delete(&k.to_ne_bytes());
+                }
+                keep
+            });
+            for (k, (ifindex, port)) in want {
+                if st.entries.contains_key(&k) {
+                    continue;
+                }
+                let mut v = [0u8; VALUE];
+                v[..4].copy_from_slice(&ifindex.to_ne_bytes());
+                v[4..8].copy_from_slice(&u32::from(port).to_ne_bytes());
+                if self.fdb.update(&k.to_ne_bytes(), &v).is_ok() {
+                    st.entries.insert(k, (ifindex, port, 0));
+                }
+            }
+            st.fdb_generation = Some(generation);
+            st.ports = ports;
+        }
+        if now.saturating_sub(st.last_refresh) >= REFRESH_NS {
+            st.last_refresh = now;
+            let mut v = [0u8; VALUE];
+            for (&k, (_, port, hits)) in st.entries.iter_mut() {
+                if !matches!(self.fdb.lookup(&k.to_ne_bytes(), &mut v), Ok(true)) {
+                    continue;
+                }
+                let h = u64::from_ne_bytes(v[8..16].try_into().unwrap_or_default());
+                if h != *hits {
+                    *hits = h;
+                    let b = k.to_le_bytes();
+                    let mac = MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]]);
+                    fdb.learn(mac, (k >> 48) as u16, PortId(*port), now);
+                }
+            }
+        }
+    }
+
+    /// The program on a veth port's ingress: the fast path for `port` (access VLAN `vlan`),
+    /// everything else to the slow path TAP `tap_ifindex`.
+    fn ingress_program(&self, port: PortId, vlan: u16, tap_ifindex: u32) -> io::Result<Program> {
+        Program::load(
+            ProgKind::SchedCls,
+            &fast_insns(&self.fdb, &self.counters, port, vlan, tap_ifindex),
+            "qs_veth_fast",
+        )
+    }
+}
+
+/// The veth ifindex of a port whose fast path is on, `None` for every other port: see the
+/// module docs for what keeps a port out.
+pub(crate) fn eligible(p: &PortEntry) -> Option<u32> {
+    let super::Device::Veth(v) = &p.dev else {
+        return None;
+    };
+    let policy = p.policy.load();
+    let qos = p.qos.settings();
+    // Storm control needs nothing here: broadcast, multicast and unknown unicast always
+    // take the slow path.
+    let plain = policy.settings.vlans.is_empty()
+        && !policy.settings.security.checks_frames()
+        && p.config.capacity.is_none()
+        && qos.min.is_none()
+        && qos.max.is_none()
+        && !p.capture.on();
+    (v.fast && plain).then_some(v.ifindex)
+}
+
+/// A forward jump to a label, resolved by [`Asm::finish`].
+struct Fixup {
+    at: usize,
+    label: usize,
+}
+
+/// Instructions with forward jumps to labels.
+#[derive(Default)]
+struct Asm {
+    insns: Vec<Insn>,
+    fixups: Vec<Fixup>,
+    labels: Vec<Option<usize>>,
+}
+
+impl Asm {
+    fn push(&mut self, i: Insn) {
+        self.insns.push(i);
+    }
+    fn extend(&mut self, i: impl IntoIterator<Item = Insn>) {
+        self.insns.extend(i);
+    }
+    fn label(&mut self) -> usize {
+        self.labels.push(None);
+        self.labels.len() - 1
+    }
+    fn here(&mut self, label: usize) {
+        self.labels[label] = Some(self.insns.len());
+    }
+    /// `if dst op imm goto label`.
+    fn jump_imm(&mut self, op: Jmp, dst: u8, imm: i32, label: usize) {
+        self.fixups.push(Fixup {
+            at: self.insns.len(),
+            label,
+        });
+        self.insns.push(Insn::jump_imm(op, dst, imm, 0));
+    }
+    /// `if dst op src goto label`.
+    fn jump_reg(&mut self, op: Jmp, dst: u8, src: u8, label: usize) {
+        self.fixups.push(Fixup {
+            at: self.insns.len(),
+            label,
+        });
+        self.insns.push(Insn::jump_reg(op, dst, src, 0));
+    }
+    fn finish(mut self) -> Vec<Insn> {
+        for f in &self.fixups {
+            let target = self.labels[f.label].expect("every label placed");
+            let off = i16::try_from(target as isize - f.at as isize - 1).expect("short program");
+            self.insns[f.at] = self.insns[f.at].with_off(off);
+        }
+        self.insns
+    }
+}
+
+/// The fast path program (see the module docs). Registers: R6 the skb, R7 the destination's
+/// map value, R8 the destination ifindex, R9 the destination port.
+fn fast_insns(fdb: &Map, counters: &Map, port: PortId, vlan: u16, tap_ifindex: u32) -> Vec<Insn> {
+    let me = i32::from(port.0);
+    let vlan_bits = u64::from(vlan) << 48;
+    let mut a = Asm::default();
+    let slow = a.label();
+    let no_rx = a.label();
+    let no_tx = a.label();
+    a.push(Insn::mov_reg(R6, R1));
+    // An untagged Ethernet header in the linear data, or the slow path.
+    a.push(Insn::load(Size::W, R2, R6, skb::DATA));
+    a.push(Insn::load(Size::W, R3, R6, skb::DATA_END));
+    a.push(Insn::mov_reg(R4, R2));
+    a.push(Insn::alu_imm(Alu::Add, R4, 14));
+    a.jump_reg(Jmp::Gt, R4, R3, slow);
+    a.push(Insn::load(Size::W, R4, R6, skb::VLAN_PRESENT));
+    a.jump_imm(Jmp::Ne, R4, 0, slow);
+    a.push(Insn::load(Size::H, R4, R2, 12));
+    a.jump_imm(Jmp::Eq, R4, 0x0081, slow); // 0x8100 read little-endian
+    a.jump_imm(Jmp::Eq, R4, 0xa888, slow); // 0x88a8
+                                           // Destination: a group address (broadcast, multicast) floods in the slow path.
+    a.push(Insn::load(Size::W, R4, R2, 0));
+    a.push(Insn::mov_reg(R5, R4));
+    a.push(Insn::alu_imm(Alu::And, R5, 1));
+    a.jump_imm(Jmp::Ne, R5, 0, slow);
+    a.push(Insn::load(Size::H, R5, R2, 4));
+    a.push(Insn::alu_imm(Alu::Lsh, R5, 32));
+    a.push(Insn::alu_reg(Alu::Or, R4, R5));
+    a.extend(Insn::load_imm64(R5, vlan_bits));
+    a.push(Insn::alu_reg(Alu::Or, R4, R5));
+    a.push(Insn::store(Size::DW, R10, -8, R4));
+    // Source.
+    a.push(Insn::load(Size::H, R4, R2, 6));
+    a.push(Insn::load(Size::W, R5, R2, 8));
+    a.push(Insn::alu_imm(Alu::Lsh, R5, 16));
+    a.push(Insn::alu_reg(Alu::Or, R4, R5));
+    a.extend(Insn::load_imm64(R5, vlan_bits));
+    a.push(Insn::alu_reg(Alu::Or, R4, R5));
+    a.push(Insn::store(Size::DW, R10, -16, R4));
+    // The destination must be known (on a fast port), ...
+    a.extend(Insn::load_map(R1, fdb));
+    a.push(Insn::mov_reg(R2, R10));
+    a.push(Insn::alu_imm(Alu::Add, R2, -8));
+    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
+    a.jump_imm(Jmp::Eq, R0, 0, slow);
+    a.push(Insn::mov_reg(R7, R0));
+    // ... and the source known on this port (else the switch must learn it).
+    a.extend(Insn::load_map(R1, fdb));
+    a.push(Insn::mov_reg(R2, R10));
+    a.push(Insn::alu_imm(Alu::Add, R2, -16));
+    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
+    a.jump_imm(Jmp::Eq, R0, 0, slow);
+    a.push(Insn::load(Size::W, R1, R0, 4));
+    a.jump_imm(Jmp::Ne, R1, me, slow);
+    // Seen: the switch refreshes the address's age from this.
+    a.push(Insn::load(Size::DW, R1, R0, 8));
+    a.push(Insn::alu_imm(Alu::Add, R1, 1));
+    a.push(Insn::store(Size::DW, R0, 8, R1));
+    a.push(Insn::load(Size::W, R8, R7, 0));
+    a.push(Insn::load(Size::W, R9, R7, 4));
+    // Never back out of the port it came in on: the switch drops (and counts) that.
+    a.jump_imm(Jmp::Eq, R9, me, slow);
+    // Counters: rx on this port, tx on the destination.
+    a.push(Insn::mov_imm(R1, me));
+    a.push(Insn::store(Size::W, R10, -20, R1));
+    a.push(Insn::store(Size::W, R10, -24, R9));
+    a.extend(Insn::load_map(R1, counters));
+    a.push(Insn::mov_reg(R2, R10));
+    a.push(Insn::alu_imm(Alu::Add, R2, -20));
+    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
+    a.jump_imm(Jmp::Eq, R0, 0, no_rx);
+    count(&mut a, 0);
+    a.here(no_rx);
+    a.extend(Insn::load_map(R1, counters));
+    a.push(Insn::mov_reg(R2, R10));
+    a.push(Insn::alu_imm(Alu::Add, R2, -24));
+    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
+    a.jump_imm(Jmp::Eq, R0, 0, no_tx);
+    count(&mut a, 16);
+    a.here(no_tx);
+    a.push(Insn::mov_reg(R1, R8));
+    a.push(Insn::mov_imm(R2, 0));
+    a.push(Insn::call(bpf::FUNC_REDIRECT_PEER));
+    a.push(Insn::exit());
+    a.here(slow);
+    a.push(Insn::mov_imm(R1, tap_ifindex as i32));
+    a.push(Insn::mov_imm(R2, 0));
+    a.push(Insn::call(bpf::FUNC_REDIRECT));
+    a.push(Insn::exit());
+    a.finish()
+}
+
+/// `packets += 1; bytes += skb->len` for the counter pair at `off` of the value in R0.
+fn count(a: &mut Asm, off: i16) {
+    a.push(Insn::load(Size::DW, R1, R0, off));
+    a.push(Insn::alu_imm(Alu::Add, R1, 1));
+    a.push(Insn::store(Size::DW, R0, off, R1));
+    a.push(Insn::load(Size::W, R1, R6, skb::LEN));
+    a.push(Insn::load(Size::DW, R2, R0, off + 8));
+    a.push(Insn::alu_reg(Alu::Add, R2, R1));
+    a.push(Insn::store(Size::DW, R0, off + 8, R2));
+}
+
+/// A program that sends every frame to `ifindex`'s peer (into its namespace) or, with
+/// `peer = false`, out of `ifindex`.
+fn redirect_insns(ifindex: u32, peer: bool) -> [Insn; 4] {
+    [
+        Insn::mov_imm(R1, ifindex as i32),
+        Insn::mov_imm(R2, 0),
+        Insn::call(if peer {
+            bpf::FUNC_REDIRECT_PEER
+        } else {
+            bpf::FUNC_REDIRECT
+        }),
+        Insn::exit(),
+    ]
+}
+
+/// A veth port (see the module docs).
+#[derive(Debug)]
+pub struct VethPort {
+    ifname: String,
+    ifindex: u32,
+    /// The slow path.
+    tap: TapPort,
+    /// Whether the fast path was asked for (`fastpath`); whether it is on right now also
+    /// depends on the port's policy ([`FastPath::sync`]).
+    fast: bool,
+    _links: Vec<Link>,
+}
+
+/// The slow path TAP's name for the veth with `ifindex`.
+pub fn tap_name(ifindex: u32) -> String {
+    format!("qsv{ifindex}")
+}
+
+impl VethPort {
+    /// Attaches to the root-namespace end `ifname` of a veth pair as port `port` (access
+    /// VLAN `vlan`, 0 for none): opens the slow path TAP with `queues` queues and attaches
+    /// the programs; with `fast`, the fast path program using `fp`'s maps.
+    pub fn open(
+        port: PortId,
+        ifname: &str,
+        queues: u16,
+        vlan: u16,
+        fast: Option<&FastPath>,
+    ) -> Result<VethPort, VethError> {
+        if !qswitch_sys::netif::exists(ifname) {
+            return Err(VethError::NoSuchInterface(ifname.to_string()));
+        }
+        let bpf_err = |what| {
+            let ifname = ifname.to_string();
+            move |source| VethError::Bpf {
+                what,
+                ifname,
+                source,
+            }
+        };
+        // An interface without ethtool driver info (lo, for one) is no veth either.
+        let driver = qswitch_sys::xdp::driver(ifname).unwrap_or_else(|_| "none reported".into());
+        if driver != "veth" {
+            return Err(VethError::NotVeth {
+                ifname: ifname.to_string(),
+                driver,
+            });
+        }
+        let ifindex = qswitch_sys::xdp::ifindex(ifname).map_err(bpf_err("reading the ifindex"))?;
+        let tap_if = tap_name(ifindex);
+        let tap = TapPort::open_internal(&tap_if, queues).map_err(|source| VethError::Tap {
+            ifname: ifname.to_string(),
+            tap: tap_if.clone(),
+            source,
+        })?;
+        let tap_ifindex =
+            qswitch_sys::xdp::ifindex(&tap_if).map_err(bpf_err("reading the TAP's ifindex"))?;
+        if let Some(fp) = fast {
+            if let Err(e) = fp.reset_counters(port) {
+                tracing::warn!(port = %port, error = %e, "cannot reset fast path counters");
+            }
+        }
+        // Out first: the slow path's way back to the namespace, then the way in.
+        let out = Program::load(
+            ProgKind::SchedCls,
+            &redirect_insns(ifindex, true),
+            "qs_veth_out",
+        )
+        .map_err(bpf_err("loading the slow path's program"))?;
+        let into = match fast {
+            Some(fp) => fp.ingress_program(port, vlan, tap_ifindex),
+            None => Program::load(
+                ProgKind::SchedCls,
+                &redirect_insns(tap_ifindex, false),
+                "qs_veth_slow",
+            ),
+        }
+        .map_err(bpf_err("loading the ingress program"))?;
+        let links = vec![
+            bpf::tcx_attach(&out, tap_ifindex, TcHook::Ingress)
+                .map_err(bpf_err("attaching to the slow path TAP"))?,
+            bpf::tcx_attach(&into, ifindex, TcHook::Ingress)
+                .map_err(bpf_err("attaching to the veth's ingress"))?,
+        ];
+        qswitch_sys::netif::set_up(ifname, true).map_err(bpf_err("bringing the veth up"))?;
+        Ok(VethPort {
+            ifname: ifname.to_string(),
+            ifindex,
+            tap,
+            fast: fast.is_some(),
+            _links: links,
+        })
+    }
+
+    /// The veth end's name.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// The slow path TAP.
+    pub fn tap(&self) -> &TapPort {
+        &self.tap
+    }
+
+    /// Whether the fast path was asked for.
+    pub fn fastpath(&self) -> bool {
+        self.fast
+    }
+}
+
+impl Port for VethPort {
+    #[inline]
+    fn rx_burst(&self, queue: u16, pkts: &mut [Pkt], now: u64, drops: &mut DropTally) -> usize {
+        self.tap.rx_burst(queue, pkts, now, drops)
+    }
+    #[inline]
+    fn tx_burst(
+        &self,
+        worker: usize,
+        pkts: &mut [Pkt],
+        sel: &[u8],
+        drops: &mut DropTally,
+    ) -> TxDone {
+        self.tap.tx_burst(worker, pkts, sel, drops)
+    }
+    fn rx_fd(&self, queue: u16) -> Option<std::os::fd::RawFd> {
+        self.tap.rx_fd(queue)
+    }
+    fn rx_dead(&self, queue: u16) -> bool {
+        self.tap.rx_dead(queue)
+    }
+    fn offloads(&self) -> Vec<&'static str> {
+        self.tap.offloads()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qswitch_test_support::root_or_skip;
+
+    #[test]
+    fn keys_are_built_as_the_program_builds_them() {
+        let mac = MacAddr([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
+        // The program loads bytes 0..4 and 4..6 little-endian and puts the VLAN above.
+        let lo = u32::from_le_bytes([0x02, 0x11, 0x22, 0x33]);
+        let hi = u16::from_le_bytes([0x44, 0x55]);
+        assert_eq!(
+            key(mac, 10),
+            u64::from(lo) | u64::from(hi) << 32 | 10u64 << 48
+        );
+        // The source half: bytes 6..8 then 8..12 shifted by 16.
+        let frame = [0, 0, 0, 0, 0, 0, 0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+        let s = u64::from(u16::from_le_bytes([frame[6], frame[7]]))
+            | u64::from(u32::from_le_bytes([
+                frame[8], frame[9], frame[10], frame[11],
+            ])) << 16;
+        assert_eq!(s | 10u64 << 48, key(mac, 10));
+    }
+
+    #[test]
+    fn the_verifier_accepts_the_programs() {
+        if !root_or_skip() {
+            return;
+        }
+        let fp = FastPath::new().unwrap();
+        for vlan in [0, 10, 4094] {
+            let p = fp.ingress_program(PortId(7), vlan, 3);
+            assert!(p.is_ok(), "{p:?}");
+        }
+        for peer in [true, false] {
+            let p = Program::load(ProgKind::SchedCls, &redirect_insns(3, peer), "t");
+            assert!(p.is_ok(), "{p:?}");
+        }
+        assert_eq!(fp.counters(PortId(7)), FastCounters::default());
+        fp.reset_counters(PortId(7)).unwrap();
+    }
+}

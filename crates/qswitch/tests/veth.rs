@@ -1,0 +1,462 @@
+//! veth ports end to end (root only): namespaces joined by veth pairs this test creates, a
+//! `qswitch run` daemon on their root-namespace ends, ping and iperf3 between them. What the
+//! kernel fast path forwards shows in each port's `fastpath` counters; what it leaves to the
+//! workers shows in the ports' queue counters.
+//!
+//! Every test has its own number `n`: its namespaces are `qsvt<pid>-<n><port>`, its veth
+//! ends `qv<n><port><pid>`, its subnet 10.201.<n>.0/24.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    counter, qs, qs_json, root_or_skip, sh_ok, wait_until, worker_cpus, ChildGuard, Daemon,
+    LinkGuard, Netns, TempDir, QSWITCH,
+};
+use serde_json::Value;
+
+/// One port: a veth pair (root end given to qswitch, other end in a namespace), or a TAP.
+#[derive(Clone, Copy)]
+struct Spec {
+    name: char,
+    vlan: Option<u16>,
+    tap: bool,
+    fastpath: bool,
+}
+
+fn veth(name: char) -> Spec {
+    Spec {
+        name,
+        vlan: None,
+        tap: false,
+        fastpath: true,
+    }
+}
+
+struct Lab {
+    daemon: Daemon,
+    /// Per port: name, root-side ifname, namespace.
+    ports: Vec<(char, String, Netns)>,
+    _links: Vec<LinkGuard>,
+    n: u8,
+    dir: TempDir,
+    config: String,
+}
+
+fn ifname(n: u8, port: char) -> String {
+    format!("qv{n}{port}{}", std::process::id() % 100_000)
+}
+
+impl Lab {
+    fn new(n: u8, specs: &[Spec]) -> Lab {
+        let dir = TempDir::new(&format!("veth{n}"));
+        let control = dir.join("control.sock");
+        let pid = std::process::id();
+        let mut text = format!(
+            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n",
+            worker_cpus(2),
+            control.display()
+        );
+        let mut namespaces = Vec::new();
+        let mut links = Vec::new();
+        for (i, s) in specs.iter().enumerate() {
+            let ns = Netns::new(&format!("qsvt{pid}-{n}{}", s.name));
+            let ifn = ifname(n, s.name);
+            let kind = if s.tap { "tap" } else { "veth" };
+            text.push_str(&format!(
+                "[[port]]\nname = \"{}\"\ntype = \"{kind}\"\nifname = \"{ifn}\"\n",
+                s.name
+            ));
+            if let Some(v) = s.vlan {
+                text.push_str(&format!("vlan = {v}\n"));
+            }
+            if !s.tap {
+                text.push_str(&format!("fastpath = {}\n", s.fastpath));
+                sh_ok(&[
+                    "ip", "link", "add", &ifn, "type", "veth", "peer", "name", "eth0", "netns",
+                    &ns.name,
+                ]);
+                links.push(LinkGuard(ifn.clone()));
+                ns.ok(&["sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=1"]);
+                ns.ok(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("10.201.{n}.{}/24", i + 1),
+                    "dev",
+                    "eth0",
+                ]);
+                ns.ok(&["ip", "link", "set", "eth0", "up"]);
+            }
+            namespaces.push(ns);
+        }
+        let daemon = Daemon::start(dir.path(), "qswitch", &text, &control);
+        let mut ports = Vec::new();
+        for ((s, ns), i) in specs.iter().zip(namespaces).zip(1..) {
+            let ifn = ifname(n, s.name);
+            if s.tap {
+                ns.adopt(&ifn, &format!("10.201.{n}.{i}/24"), false);
+            }
+            ports.push((s.name, ifn, ns));
+        }
+        Lab {
+            daemon,
+            ports,
+            _links: links,
+            n,
+            dir,
+            config: text,
+        }
+    }
+
+    fn ns(&self, name: char) -> &Netns {
+        &self.ports.iter().find(|p| p.0 == name).expect("port").2
+    }
+
+    fn ip(&self, name: char) -> String {
+        let i = self.ports.iter().position(|p| p.0 == name).expect("port");
+        format!("10.201.{}.{}", self.n, i + 1)
+    }
+
+    /// Pings `count` times from `from` to `to`; whether every echo was answered.
+    fn ping(&self, from: char, to: char, count: u32) -> bool {
+        let out = self.ns(from).run_for(
+            &[
+                "ping",
+                "-n",
+                "-c",
+                &count.to_string(),
+                "-i",
+                "0.05",
+                "-W",
+                "1",
+                &self.ip(to),
+            ],
+            Duration::from_secs(10 + u64::from(count)),
+        );
+        out.ok() && out.stdout.contains(" 0% packet loss")
+    }
+
+    fn assert_ping(&self, from: char, to: char) {
+        // One retry absorbs a reply lost on a machine shared with busy processes.
+        assert!(
+            self.ping(from, to, 3) || self.ping(from, to, 3),
+            "ping {from} -> {to} failed\n{}",
+            self.daemon.log_text()
+        );
+    }
+
+    fn stats(&self) -> Value {
+        self.daemon.stats()
+    }
+
+    /// What the fast path forwarded for `port`: (rx packets, tx packets).
+    fn fast(&self, port: char) -> (u64, u64) {
+        let s = self.stats();
+        let p = common::port_stats(&s, &port.to_string()).clone();
+        (
+            p["fastpath"]["rx_packets"].as_u64().unwrap_or(0),
+            p["fastpath"]["tx_packets"].as_u64().unwrap_or(0),
+        )
+    }
+
+    /// Frames the workers received from `port` (its slow path).
+    fn slow_rx(&self, port: char) -> u64 {
+        let s = self.stats();
+        common::port_stats(&s, &port.to_string())["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["rx_packets"].as_u64().unwrap())
+            .sum()
+    }
+
+    /// `port list --json`'s `fastpath` of `port`.
+    fn fast_on(&self, port: char) -> Option<bool> {
+        let list = qs_json(&self.daemon.control, &["port", "list", "--json"]);
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == port.to_string())
+            .and_then(|p| p["fastpath"].as_bool())
+    }
+}
+
+#[test]
+fn known_unicast_between_veth_ports_bypasses_the_workers() {
+    if !root_or_skip() {
+        return;
+    }
+    let lab = Lab::new(
+        1,
+        &[
+            veth('a'),
+            veth('b'),
+            Spec {
+                fastpath: false,
+                ..veth('c')
+            },
+        ],
+    );
+    assert_eq!(lab.fast_on('a'), Some(true));
+    assert_eq!(lab.fast_on('c'), Some(false));
+    // ARP and the first echo teach the switch both MACs through the slow path.
+    lab.assert_ping('a', 'b');
+    lab.assert_ping('a', 'c');
+    lab.assert_ping('b', 'c');
+    // The next sync (100 ms) puts a's and b's addresses into the fast path.
+    let synced = wait_until(Duration::from_secs(3), || {
+        lab.ping('a', 'b', 1);
+        lab.fast('a').0 > 0
+    });
+    assert!(synced, "no frame took the fast path: {}", lab.stats());
+    let (slow_a, slow_b, slow_c) = (lab.slow_rx('a'), lab.slow_rx('b'), lab.slow_rx('c'));
+    let (fast_a, fast_b) = (lab.fast('a'), lab.fast('b'));
+    assert!(lab.ping('a', 'b', 20), "ping a -> b");
+    // Every echo and reply of those 20 went through the kernel: a's and b's fast path
+    // counters moved by at least 20 each way, and neither port's slow path by more than
+    // a stray ARP refresh.
+    let (fa, fb) = (lab.fast('a'), lab.fast('b'));
+    assert!(
+        fa.0 >= fast_a.0 + 20 && fa.1 >= fast_a.1 + 20,
+        "{fa:?} {fast_a:?}"
+    );
+    assert!(
+        fb.0 >= fast_b.0 + 20 && fb.1 >= fast_b.1 + 20,
+        "{fb:?} {fast_b:?}"
+    );
+    assert!(lab.slow_rx('a') <= slow_a + 2, "a's slow path moved");
+    assert!(lab.slow_rx('b') <= slow_b + 2, "b's slow path moved");
+    // c has no fast path: its frames all go through the workers, and still arrive.
+    assert!(lab.ping('a', 'c', 5), "ping a -> c");
+    assert!(
+        lab.slow_rx('c') >= slow_c + 5,
+        "c's echo replies went through the workers"
+    );
+    assert_eq!(lab.fast('c'), (0, 0));
+    // The port totals include the fast path.
+    let s = lab.stats();
+    assert!(counter(&s, "a", "rx_packets") >= fa.0 + slow_a);
+    // qswitch fdb knows every address, learnt through the slow path.
+    let fdb = qs(&lab.daemon.control, &["fdb"]).stdout;
+    for p in ["a", "b", "c"] {
+        assert!(
+            fdb.lines().any(|l| l.split_whitespace().nth(2) == Some(p)),
+            "{p} missing from\n{fdb}"
+        );
+    }
+
+    // TCP: nearly all of it in the kernel.
+    let _server = lab.ns('b').spawn(
+        &["iperf3", "-s", "-1", "-B", &lab.ip('b')],
+        &lab.dir.join("iperf3-s.log"),
+    );
+    assert!(lab.ns('b').wait_listening(5201), "iperf3 server");
+    let out = lab.ns('a').run_for(
+        &["iperf3", "-c", &lab.ip('b'), "-t", "2", "-J"],
+        Duration::from_secs(20),
+    );
+    assert!(out.ok(), "{out:?}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    let received = v["end"]["sum_received"]["bytes"].as_u64().unwrap();
+    assert!(received > 1_000_000, "{v}");
+    let s = lab.stats();
+    let a = common::port_stats(&s, "a");
+    let fast_bytes = a["fastpath"]["rx_bytes"].as_u64().unwrap();
+    assert!(
+        fast_bytes >= received * 9 / 10,
+        "{fast_bytes} of {received} bytes through the fast path: {s}"
+    );
+}
+
+#[test]
+fn ports_the_workers_must_see_leave_the_fast_path() {
+    if !root_or_skip() {
+        return;
+    }
+    let lab = Lab::new(2, &[veth('a'), veth('b')]);
+    lab.assert_ping('a', 'b');
+    assert!(wait_until(Duration::from_secs(3), || {
+        lab.ping('a', 'b', 1);
+        lab.fast('a').0 > 0
+    }));
+    let control = &lab.daemon.control;
+    // A limit on b: the workers must meter what b receives and sends.
+    qs(control, &["qos", "set", "b", "--max", "1G"]).assert_ok("qos set");
+    assert!(wait_until(Duration::from_secs(2), || lab.fast_on('b') == Some(false)));
+    // Let a sync pass, then nothing more takes the fast path either way.
+    std::thread::sleep(Duration::from_millis(300));
+    let (fast_a, slow_b) = (lab.fast('a'), lab.slow_rx('b'));
+    assert!(lab.ping('a', 'b', 10), "ping with b off the fast path");
+    assert_eq!(lab.fast('a'), fast_a, "a's frames to b took the fast path");
+    assert!(
+        lab.slow_rx('b') >= slow_b + 10,
+        "b's replies not seen by the workers"
+    );
+    qs(control, &["qos", "set", "b", "--clear"]).assert_ok("qos clear");
+    assert!(wait_until(Duration::from_secs(2), || lab.fast_on('b') == Some(true)));
+
+    // Port security on a: its frames must be checked one by one.
+    qs(
+        control,
+        &["port", "set", "a", "--ips", &format!("{}/32", lab.ip('a'))],
+    )
+    .assert_ok("port set");
+    assert!(wait_until(Duration::from_secs(2), || lab.fast_on('a') == Some(false)));
+    lab.assert_ping('a', 'b');
+    qs(control, &["port", "set", "a", "--ips", "none"]).assert_ok("port set");
+    assert!(wait_until(Duration::from_secs(2), || lab.fast_on('a') == Some(true)));
+
+    // A capture sees every frame of its port while it runs.
+    let cap = lab.dir.join("a.pcapng");
+    let mut child = ChildGuard::new(
+        std::process::Command::new(QSWITCH)
+            .arg("--control")
+            .arg(control)
+            .args(["capture", "a", "--direction", "rx", "-c", "5", "-w"])
+            .arg(&cap)
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_until(Duration::from_secs(3), || lab.fast_on('a') == Some(false)));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(lab.ping('a', 'b', 5), "ping while capturing");
+    let status = child.wait_timeout(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "capture: {status:?}");
+    assert!(std::fs::metadata(&cap).unwrap().len() > 100);
+    assert!(wait_until(Duration::from_secs(3), || lab.fast_on('a') == Some(true)));
+}
+
+#[test]
+fn vlans_and_other_port_kinds() {
+    if !root_or_skip() {
+        return;
+    }
+    let lab = Lab::new(
+        3,
+        &[
+            Spec {
+                vlan: Some(10),
+                ..veth('a')
+            },
+            Spec {
+                vlan: Some(20),
+                ..veth('b')
+            },
+            Spec {
+                vlan: Some(10),
+                tap: true,
+                ..veth('c')
+            },
+            Spec {
+                vlan: Some(20),
+                ..veth('d')
+            },
+        ],
+    );
+    // A veth port and a TAP port in one VLAN: through the slow path.
+    lab.assert_ping('a', 'c');
+    // Two veth ports in VLAN 20: the fast path keys on the VLAN too.
+    lab.assert_ping('b', 'd');
+    assert!(wait_until(Duration::from_secs(3), || {
+        lab.ping('b', 'd', 1);
+        lab.fast('b').0 > 0
+    }));
+    // Across VLANs, nothing: neither the switch nor the fast path joins them.
+    assert!(!lab.ping('a', 'b', 2), "VLAN 10 reached VLAN 20");
+    assert!(!lab.ping('c', 'd', 2), "VLAN 10 reached VLAN 20");
+    assert_eq!(lab.fast('a').1, 0, "a got frames through the fast path");
+}
+
+#[test]
+fn kill_9_hands_the_veth_back_to_the_kernel_and_a_restart_takes_it_again() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut lab = Lab::new(4, &[veth('a'), veth('b')]);
+    lab.assert_ping('a', 'b');
+    let ifa = lab.ports[0].1.clone();
+    let index = std::fs::read_to_string(format!("/sys/class/net/{ifa}/ifindex")).unwrap();
+    let tap = format!("qsv{}", index.trim());
+    assert!(common::link_exists(&tap), "slow path TAP {tap}");
+    lab.daemon.kill();
+    // The TAP went with the process, and so did the programs: the root end carries the
+    // namespace's frames to the host's stack again.
+    assert!(wait_until(Duration::from_secs(3), || !common::link_exists(
+        &tap
+    )));
+    sh_ok(&["ip", "addr", "add", "10.201.4.254/24", "dev", &ifa]);
+    assert!(
+        lab.ns('a')
+            .run(&["ping", "-n", "-c", "2", "-W", "1", "10.201.4.254"])
+            .ok(),
+        "a program was left on {ifa}"
+    );
+    sh_ok(&["ip", "addr", "del", "10.201.4.254/24", "dev", &ifa]);
+    // A restart attaches again.
+    let control = lab.dir.join("control.sock");
+    let _ = std::fs::remove_file(&control);
+    lab.daemon = Daemon::start(lab.dir.path(), "qswitch2", &lab.config, &control);
+    lab.assert_ping('a', 'b');
+}
+
+#[test]
+fn an_interface_that_is_not_a_veth_is_refused_and_nothing_is_left() {
+    if !root_or_skip() {
+        return;
+    }
+    let lab = Lab::new(5, &[veth('a')]);
+    let control = &lab.daemon.control;
+    let missing = qs(
+        control,
+        &[
+            "port",
+            "add",
+            "x",
+            "--type",
+            "veth",
+            "--ifname",
+            "qvnothere0",
+        ],
+    );
+    assert!(!missing.ok());
+    assert!(
+        missing.stderr.contains("qvnothere0 does not exist"),
+        "{missing:?}"
+    );
+    let lo = qs(
+        control,
+        &["port", "add", "x", "--type", "veth", "--ifname", "lo"],
+    );
+    assert!(!lo.ok());
+    assert!(lo.stderr.contains("not a veth"), "{lo:?}");
+    // Nothing half-made: no port, no slow path TAP for lo.
+    let list = qs_json(control, &["port", "list", "--json"]);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert!(!common::link_exists("qsv1"));
+    // A veth port goes with its slow path TAP, and comes back without the fast path when
+    // asked.
+    let index =
+        std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", lab.ports[0].1)).unwrap();
+    let tap = format!("qsv{}", index.trim());
+    assert!(common::link_exists(&tap));
+    qs(control, &["port", "del", "a"]).assert_ok("port del");
+    assert!(!common::link_exists(&tap), "{tap} left behind");
+    qs(
+        control,
+        &[
+            "port",
+            "add",
+            "a",
+            "--type",
+            "veth",
+            "--ifname",
+            &lab.ports[0].1,
+            "--no-fastpath",
+        ],
+    )
+    .assert_ok("port add");
+    let list = qs_json(control, &["port", "list", "--json"]);
+    assert_eq!(list[0]["fastpath"], false, "{list}");
+}
