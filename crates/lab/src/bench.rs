@@ -823,6 +823,61 @@ fn setup_bridge(id: u32) -> anyhow::Result<BridgeTopo> {
     })
 }
 
+/// Two namespaces joined by qswitch's veth ports: veth pairs `qsvA<n>`↔`qspA<n>` and
+/// `qsvB<n>`↔`qspB<n>` whose root-namespace ends are the daemon's ports `a` and `b`, with
+/// the kernel fast path (see `qswitch_dp::port::veth`). Field order is drop order.
+struct VethTopo {
+    daemon: Daemon,
+    _veth_a: Link,
+    _veth_b: Link,
+    a: Netns,
+    b: Netns,
+    _dir: RemoveDir,
+}
+
+impl Topology for VethTopo {
+    fn client(&self) -> &Netns {
+        &self.a
+    }
+    fn server(&self) -> &Netns {
+        &self.b
+    }
+    fn server_addr(&self) -> &str {
+        "10.98.4.2"
+    }
+    fn daemon(&self) -> Option<&Daemon> {
+        Some(&self.daemon)
+    }
+}
+
+fn setup_veth(id: u32, workers: &str) -> anyhow::Result<VethTopo> {
+    let n = id % 10_000;
+    let a = Netns::create(&format!("qsbench-ve-a-{id}"))?;
+    let b = Netns::create(&format!("qsbench-ve-b-{id}"))?;
+    let (va, vb) = (format!("qsvA{n}"), format!("qsvB{n}"));
+    let veth_a = Link::veth(&va, &format!("qspA{n}"))?;
+    let veth_b = Link::veth(&vb, &format!("qspB{n}"))?;
+    a.adopt(&format!("qspA{n}"), "10.98.4.1/24")?;
+    b.adopt(&format!("qspB{n}"), "10.98.4.2/24")?;
+    let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-{id}")));
+    let control = dir.0.join("control.sock");
+    let text = format!(
+        "[switch]\nworkers = \"{workers}\"\ncontrol = \"{}\"\n\
+         [[port]]\nname = \"a\"\ntype = \"veth\"\nifname = \"{va}\"\n\
+         [[port]]\nname = \"b\"\ntype = \"veth\"\nifname = \"{vb}\"\n",
+        control.display()
+    );
+    let daemon = Daemon::start(&dir.0, &text)?;
+    Ok(VethTopo {
+        daemon,
+        _veth_a: veth_a,
+        _veth_b: veth_b,
+        a,
+        b,
+        _dir: dir,
+    })
+}
+
 /// Two namespaces joined by `qswitch load relay` (no switch at all, see [`crate::load`]):
 /// TAP `qsbA<n>` ↔ the relay's one thread ↔ TAP `qsbB<n>`. The reference for what any
 /// userspace switch with TAP ports can do here. Field order is drop order: the relay stops
@@ -955,10 +1010,17 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
     for (tool, pkg) in [("ip", "iproute2"), ("ss", "iproute2"), ("iperf3", "iperf3")] {
         netns::ensure_tool(tool, pkg)?;
     }
-    // The first two are the comparison; the last two are references that bound it (see
+    // The first two are the comparison; the next two are references that bound it (see
     // RelayTopo and RedirectTopo): the most a userspace relay between two TAPs does, and the
-    // most the kernel's least forwarding does.
-    const NAMES: [&str; 4] = ["qswitch", "linux-bridge", "tap-relay", "tc-redirect"];
+    // most the kernel's least forwarding does; the last is qswitch with veth ports instead
+    // of TAPs (VethTopo), whose fast path is the kernel's.
+    const NAMES: [&str; 5] = [
+        "qswitch",
+        "linux-bridge",
+        "tap-relay",
+        "tc-redirect",
+        "qswitch-veth",
+    ];
     let (runs, seconds, streams) = (b.args.runs, b.args.seconds, b.args.streams);
     let queues = b.args.queues;
     let workers = crate::topology::worker_cpus(2)?;
@@ -1010,7 +1072,8 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
             0 => Box::new(setup_qswitch_queues(b.id, &workers, queues)?),
             1 => Box::new(setup_bridge(b.id)?),
             2 => Box::new(setup_relay(b.id, None)?),
-            _ => Box::new(setup_redirect(b.id)?),
+            3 => Box::new(setup_redirect(b.id)?),
+            _ => Box::new(setup_veth(b.id, &workers)?),
         };
         if let (None, Some(p)) = (&offloads, topo.daemon().and_then(first_port)) {
             port_queues = Some(p.queues.len());
@@ -1031,9 +1094,9 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
         format!(", {queues} queues per TAP")
     };
     let title = format!("tap-tcp ({streams} stream{s}{q}, {seconds} s, {runs} runs each)");
-    // qswitch against the relay (what its switching costs on top of the TAPs' I/O), and each
-    // reference against the bridge.
-    let references: Vec<Ratio> = [(0, 2), (2, 1), (3, 1)]
+    // qswitch against the relay (what its switching costs on top of the TAPs' I/O), each
+    // reference against the bridge, and qswitch's veth ports (kernel fast path) against it.
+    let references: Vec<Ratio> = [(0, 2), (2, 1), (3, 1), (4, 1)]
         .iter()
         .filter_map(|&(x, y)| ratio_of(&summary[x], &summary[y]))
         .collect();
@@ -1059,8 +1122,8 @@ fn tap_tcp(b: &Bench) -> anyhow::Result<()> {
 struct TapTcpReport {
     #[serde(flatten)]
     report: Report,
-    /// qswitch / tap-relay, tap-relay / linux-bridge, tc-redirect / linux-bridge (those whose
-    /// contenders both ran).
+    /// qswitch / tap-relay, tap-relay / linux-bridge, tc-redirect / linux-bridge,
+    /// qswitch-veth / linux-bridge (those whose contenders both ran).
     references: Vec<Ratio>,
 }
 

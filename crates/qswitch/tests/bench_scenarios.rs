@@ -85,9 +85,9 @@ fn bypass_affinity_multiqueue_tap_tcp_write_results() {
     let dir = TempDir::new("bench-scen");
     for (scenario, contenders, extra) in [
         ("bypass", 4, &[][..]),
-        ("affinity", 6, &[]),
+        ("affinity", 7, &[]),
         ("multiqueue", 2, &[]),
-        ("tap-tcp", 4, &["--queues", "2", "--streams", "2"]),
+        ("tap-tcp", 5, &["--queues", "2", "--streams", "2"]),
     ] {
         let log = dir.join(&format!("{scenario}.out"));
         let child = Command::new(QSWITCH)
@@ -151,7 +151,8 @@ fn bypass_affinity_multiqueue_tap_tcp_write_results() {
         [
             "qswitch / tap-relay",
             "tap-relay / linux-bridge",
-            "tc-redirect / linux-bridge"
+            "tc-redirect / linux-bridge",
+            "qswitch-veth / linux-bridge"
         ]
     );
     let affinity: Value =
@@ -166,7 +167,8 @@ fn bypass_affinity_multiqueue_tap_tcp_write_results() {
         [
             "qswitch same-cpu / bridge same-cpu",
             "tap-relay same-cpu / bridge same-cpu",
-            "tc-redirect same-cpu / bridge same-cpu"
+            "tc-redirect same-cpu / bridge same-cpu",
+            "qswitch-veth same-cpu / bridge same-cpu"
         ]
     );
 }

@@ -50,11 +50,16 @@ fn ifname(n: u8, port: char) -> String {
 
 impl Lab {
     fn new(n: u8, specs: &[Spec]) -> Lab {
+        Lab::with(n, specs, "")
+    }
+
+    /// [`Lab::new`] with more `[switch]` keys.
+    fn with(n: u8, specs: &[Spec], switch: &str) -> Lab {
         let dir = TempDir::new(&format!("veth{n}"));
         let control = dir.join("control.sock");
         let pid = std::process::id();
         let mut text = format!(
-            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n",
+            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n{switch}",
             worker_cpus(2),
             control.display()
         );
@@ -459,4 +464,35 @@ fn an_interface_that_is_not_a_veth_is_refused_and_nothing_is_left() {
     .assert_ok("port add");
     let list = qs_json(control, &["port", "list", "--json"]);
     assert_eq!(list[0]["fastpath"], false, "{list}");
+}
+
+#[test]
+fn addresses_busy_on_the_fast_path_do_not_age_out() {
+    if !root_or_skip() {
+        return;
+    }
+    // Two-second aging: a's and b's addresses would be gone twice over in 5 s if the
+    // switch did not hear of the frames the kernel forwards.
+    let lab = Lab::with(6, &[veth('a'), veth('b')], "fdb_aging = 2\n");
+    lab.assert_ping('a', 'b');
+    assert!(wait_until(Duration::from_secs(3), || {
+        lab.ping('a', 'b', 1);
+        lab.fast('a').0 > 0
+    }));
+    let slow = (lab.slow_rx('a'), lab.slow_rx('b'));
+    // 5 s of echoes every 50 ms, all through the kernel.
+    assert!(lab.ping('a', 'b', 100), "ping a -> b");
+    let fdb = qs(&lab.daemon.control, &["fdb"]).stdout;
+    for p in ["a", "b"] {
+        assert!(
+            fdb.lines().any(|l| l.split_whitespace().nth(2) == Some(p)),
+            "{p} aged out\n{fdb}"
+        );
+    }
+    // Had they aged out, the echoes would have been flooded through the workers.
+    let now = (lab.slow_rx('a'), lab.slow_rx('b'));
+    assert!(
+        now.0 <= slow.0 + 4 && now.1 <= slow.1 + 4,
+        "slow path moved: {slow:?} -> {now:?}"
+    );
 }

@@ -29,14 +29,15 @@
 //! capture and trace all stay the switch's.
 //!
 //! The fast path's state is one BPF hash map, (VLAN, MAC) → (destination veth, port,
-//! hits), which [`FastPath::sync`] mirrors from the switch's fdb: only addresses learnt on
+//! seen), which [`FastPath::sync`] mirrors from the switch's fdb: only addresses learnt on
 //! veth ports whose fast path is on, in their access VLAN. A port is left out (so its
 //! frames take the slow path both ways) while it is a trunk, an uplink, has a QoS
 //! guarantee or limit or per-frame port security checks, or is being captured. (Storm
 //! control needs nothing: what it limits, broadcast, multicast and unknown unicast, always
 //! takes the slow path.) The program counts what it forwards per port in a
-//! per-CPU array; the switch adds those counters to the port's own and refreshes the fdb
-//! entries whose hit counts moved, so that addresses in use on the fast path do not age out.
+//! per-CPU array; the switch adds those counters to the port's own, and every second
+//! refreshes (and clears) the fdb entries the program marked seen, so that addresses in
+//! use on the fast path do not age out.
 //!
 //! The programs are attached with tcx links owned by the process (see [`qswitch_sys::bpf`]):
 //! removing the port, stopping qswitch or `kill -9` detaches them, and the companion TAP
@@ -69,7 +70,8 @@ use crate::table::{PortEntry, PortTable};
 
 /// Addresses the fast path map holds at most.
 const FDB_ENTRIES: u32 = 16_384;
-/// Bytes of a map value: destination ifindex (u32), port (u32), hits (u64).
+/// Bytes of a map value: destination ifindex (u32), port (u32), seen (u64: set by the
+/// program when it forwards a frame from the address, cleared by the switch's refresh).
 const VALUE: usize = 16;
 /// Bytes of a counter: rx packets, rx bytes, tx packets, tx bytes (u64 each).
 const COUNTER: usize = 32;
@@ -89,7 +91,7 @@ pub enum VethError {
         source: TapError,
     },
     #[error("{what} for {ifname}: {source}")]
-    Bpf {
+    Setup {
         what: &'static str,
         ifname: String,
         #[source]
@@ -117,8 +119,8 @@ pub struct FastPath {
 /// What [`FastPath::sync`] last put in the map.
 #[derive(Debug, Default)]
 struct SyncState {
-    /// key → (destination ifindex, port, hits last read).
-    entries: HashMap<u64, (u32, u16, u64)>,
+    /// key → (destination ifindex, port).
+    entries: HashMap<u64, (u32, u16)>,
     fdb_generation: Option<u64>,
     /// Which ports were in, and with which ifindex, at the last sync.
     ports: HashMap<u16, u32>,
@@ -210,8 +212,8 @@ impl FastPath {
                     want.insert(key(l.mac, l.vlan), (ifindex, l.port.0));
                 }
             }
-            st.entries.retain(|k, (ifindex, port, _)| {
-                let keep = want.get(k) == Some(&(*ifindex, *port));
+            st.entries.retain(|k, v| {
+                let keep = want.get(k) == Some(v);
                 if !keep {
                     let _ = self.fdb.delete(&k.to_ne_bytes());
                 }
@@ -225,7 +227,7 @@ impl FastPath {
                 v[..4].copy_from_slice(&ifindex.to_ne_bytes());
                 v[4..8].copy_from_slice(&u32::from(port).to_ne_bytes());
                 if self.fdb.update(&k.to_ne_bytes(), &v).is_ok() {
-                    st.entries.insert(k, (ifindex, port, 0));
+                    st.entries.insert(k, (ifindex, port));
                 }
             }
             st.fdb_generation = Some(generation);
@@ -234,17 +236,18 @@ impl FastPath {
         if now.saturating_sub(st.last_refresh) >= REFRESH_NS {
             st.last_refresh = now;
             let mut v = [0u8; VALUE];
-            for (&k, (_, port, hits)) in st.entries.iter_mut() {
+            for (&k, &(_, port)) in st.entries.iter() {
                 if !matches!(self.fdb.lookup(&k.to_ne_bytes(), &mut v), Ok(true)) {
                     continue;
                 }
-                let h = u64::from_ne_bytes(v[8..16].try_into().unwrap_or_default());
-                if h != *hits {
-                    *hits = h;
-                    let b = k.to_le_bytes();
-                    let mac = MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]]);
-                    fdb.learn(mac, (k >> 48) as u16, PortId(*port), now);
+                if v[8..16].iter().all(|&b| b == 0) {
+                    continue;
                 }
+                let b = k.to_le_bytes();
+                let mac = MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]]);
+                fdb.learn(mac, (k >> 48) as u16, PortId(port), now);
+                v[8..16].fill(0);
+                let _ = self.fdb.update(&k.to_ne_bytes(), &v);
             }
         }
     }
@@ -388,10 +391,15 @@ fn fast_insns(fdb: &Map, counters: &Map, port: PortId, vlan: u16, tap_ifindex: u
     a.jump_imm(Jmp::Eq, R0, 0, slow);
     a.push(Insn::load(Size::W, R1, R0, 4));
     a.jump_imm(Jmp::Ne, R1, me, slow);
-    // Seen: the switch refreshes the address's age from this.
+    // Seen: the switch refreshes the address's age from this and clears it. Set only when
+    // clear, so that the line stays shared between CPUs (a store per frame made every
+    // frame of a flow whose packets and ACKs run on two CPUs wait for that line).
+    let seen = a.label();
     a.push(Insn::load(Size::DW, R1, R0, 8));
-    a.push(Insn::alu_imm(Alu::Add, R1, 1));
+    a.jump_imm(Jmp::Ne, R1, 0, seen);
+    a.push(Insn::mov_imm(R1, 1));
     a.push(Insn::store(Size::DW, R0, 8, R1));
+    a.here(seen);
     a.push(Insn::load(Size::W, R8, R7, 0));
     a.push(Insn::load(Size::W, R9, R7, 4));
     // Never back out of the port it came in on: the switch drops (and counts) that.
@@ -486,7 +494,7 @@ impl VethPort {
         }
         let bpf_err = |what| {
             let ifname = ifname.to_string();
-            move |source| VethError::Bpf {
+            move |source| VethError::Setup {
                 what,
                 ifname,
                 source,

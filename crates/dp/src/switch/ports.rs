@@ -184,7 +184,7 @@ impl Switch {
                 let fp = if v.fastpath {
                     Some(self.fastpath().map_err(|source| SwitchError::Veth {
                         port: config.name.clone(),
-                        error: VethError::Bpf {
+                        error: VethError::Setup {
                             what: "creating the fast path's maps",
                             ifname: v.ifname.to_string(),
                             source,

@@ -12,25 +12,30 @@
 //!   the reference for any userspace switch with TAP ports (no lookup, only the TAP I/O and
 //!   the thread's wake-ups);
 //! - `tc-redirect same-cpu`: veths whose root ends hand frames straight to each other (tc
-//!   `mirred`): the reference for the least forwarding the kernel does.
+//!   `mirred`): the reference for the least forwarding the kernel does;
+//! - `qswitch-veth same-cpu`: qswitch with veth ports (kernel fast path) instead of TAPs,
+//!   its worker on that CPU.
 //!
 //! Reports transactions/s and context switches/s (machine and qswitch workers) and prints
 //! placement advice from the qswitch pair.
 
 use super::txn::{self, TxnReport};
-use super::{setup_bridge, setup_qswitch, setup_redirect, setup_relay, Bench, Topology};
+use super::{
+    setup_bridge, setup_qswitch, setup_redirect, setup_relay, setup_veth, Bench, Topology,
+};
 use crate::netns;
 
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 7] = [
     "qswitch same-cpu",
     "qswitch cross-cpu",
     "bridge same-cpu",
     "bridge cross-cpu",
     "tap-relay same-cpu",
     "tc-redirect same-cpu",
+    "qswitch-veth same-cpu",
 ];
 /// The ratios printed: each same-CPU contender against the bridge on one CPU.
-const RATIOS: [(usize, usize); 3] = [(0, 2), (4, 2), (5, 2)];
+const RATIOS: [(usize, usize); 4] = [(0, 2), (4, 2), (5, 2), (6, 2)];
 const UNIT: &str = "transactions/s";
 
 pub fn run(b: &Bench) -> anyhow::Result<()> {
@@ -74,7 +79,8 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             2 => (Box::new(setup_bridge(b.id)?), (near, near)),
             3 => (Box::new(setup_bridge(b.id)?), (far, near)),
             4 => (Box::new(setup_relay(b.id, Some(near))?), (near, near)),
-            _ => (Box::new(setup_redirect(b.id)?), (near, near)),
+            5 => (Box::new(setup_redirect(b.id)?), (near, near)),
+            _ => (Box::new(setup_veth(b.id, &near.to_string())?), (near, near)),
         };
         let r = txn::load_run(
             b,
