@@ -440,12 +440,29 @@ fn an_interface_that_is_not_a_veth_is_refused_and_nothing_is_left() {
     let list = qs_json(control, &["port", "list", "--json"]);
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     assert!(!common::link_exists("qsv1"));
-    // A veth port goes with its slow path TAP, and comes back without the fast path when
-    // asked.
+    // The slow path TAP takes only what comes from the veth: the host's own frames (here,
+    // ARP from an address someone put on the TAP) never reach the switch as a's.
     let index =
         std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", lab.ports[0].1)).unwrap();
     let tap = format!("qsv{}", index.trim());
     assert!(common::link_exists(&tap));
+    let before = lab.slow_rx('a');
+    sh_ok(&["ip", "addr", "add", "10.201.5.250/24", "dev", &tap]);
+    let ping = common::run_timeout(
+        std::process::Command::new("ping").args(["-n", "-c", "2", "-W", "1", "10.201.5.1"]),
+        Duration::from_secs(10),
+    );
+    assert!(
+        !ping.ok(),
+        "the host reached a through the slow path: {ping:?}"
+    );
+    assert_eq!(
+        lab.slow_rx('a'),
+        before,
+        "the host's frames reached the switch"
+    );
+    // A veth port goes with its slow path TAP, and comes back without the fast path when
+    // asked.
     qs(control, &["port", "del", "a"]).assert_ok("port del");
     assert!(!common::link_exists(&tap), "{tap} left behind");
     qs(

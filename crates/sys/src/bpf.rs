@@ -363,6 +363,8 @@ pub enum ProgKind {
 pub mod skb {
     pub const LEN: i16 = 0;
     pub const VLAN_PRESENT: i16 = 20;
+    /// The interface the frame was received on (`skb_iif`); 0 for the host's own.
+    pub const INGRESS_IFINDEX: i16 = 36;
     pub const DATA: i16 = 76;
     pub const DATA_END: i16 = 80;
 }

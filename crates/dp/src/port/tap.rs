@@ -161,8 +161,10 @@ impl TapPort {
     }
 
     /// [`TapPort::open`] for a TAP that only carries another port's frames (a veth port's
-    /// slow path): IPv6 is off on it before it comes up, so the host's stack never sends
-    /// anything of its own (router solicitations, duplicate address detection) into it.
+    /// slow path): IPv6 is turned off on it before it comes up where `/proc/sys` is writable
+    /// (not under systemd's `ProtectKernelTunables`), so that the host's stack has nothing
+    /// of its own (router solicitations, duplicate address detection) to send into it. The
+    /// veth port drops whatever the host sends there anyway.
     pub fn open_internal(ifname: &str, queues: u16) -> Result<TapPort, TapError> {
         TapPort::open_as(ifname, queues, true)
     }
@@ -202,11 +204,8 @@ impl TapPort {
         if internal {
             // Absent when the kernel has no IPv6; then there is nothing to turn off.
             let knob = format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6");
-            if std::path::Path::new(&knob).exists() {
-                std::fs::write(&knob, "1").map_err(|source| TapError::Up {
-                    ifname: ifname.to_string(),
-                    source,
-                })?;
+            if let Err(e) = std::fs::write(&knob, "1") {
+                tracing::debug!(%ifname, error = %e, "IPv6 stays on (no writable /proc/sys)");
             }
         }
         netif::set_up(ifname, true).map_err(|source| TapError::Up {

@@ -8,7 +8,7 @@
 //!                    │  src MAC known on a, same VLAN ────┼──────────────────────────┘
 //!                    │  anything else                     │
 //!                    ▼  bpf_redirect(tap egress)          │
-//!                  qsv<ifindex> (TAP, the slow path) ◀────┘
+//!                  qsv<ifindex> (TAP, the slow path) ◀────┘  its egress takes only these
 //!                    │ read by qswitch's workers: learning, flooding, policy, QoS,
 //!                    │ capture, every other port kind
 //!                    ▲ written by the workers
@@ -460,6 +460,20 @@ fn redirect_insns(ifindex: u32, peer: bool) -> [Insn; 4] {
     ]
 }
 
+/// The slow path TAP's egress: only what the veth's ingress program redirected to it
+/// (received on `veth_ifindex`) may reach qswitch; anything the host's own stack would send
+/// through the TAP (IPv6 router solicitations, duplicate address detection) is dropped, so
+/// that nothing the host says is taken for the namespace's.
+fn tap_egress_insns(veth_ifindex: u32) -> [Insn; 5] {
+    [
+        Insn::load(Size::W, R2, R1, skb::INGRESS_IFINDEX),
+        Insn::mov_imm(R0, bpf::TC_ACT_OK),
+        Insn::jump_imm(Jmp::Eq, R2, veth_ifindex as i32, 1),
+        Insn::mov_imm(R0, bpf::TC_ACT_SHOT),
+        Insn::exit(),
+    ]
+}
+
 /// A veth port (see the module docs).
 #[derive(Debug)]
 pub struct VethPort {
@@ -522,13 +536,20 @@ impl VethPort {
                 tracing::warn!(port = %port, error = %e, "cannot reset fast path counters");
             }
         }
-        // Out first: the slow path's way back to the namespace, then the way in.
+        // Out first: the slow path's way back to the namespace, and its guard; then the way
+        // in.
         let out = Program::load(
             ProgKind::SchedCls,
             &redirect_insns(ifindex, true),
             "qs_veth_out",
         )
         .map_err(bpf_err("loading the slow path's program"))?;
+        let guard = Program::load(
+            ProgKind::SchedCls,
+            &tap_egress_insns(ifindex),
+            "qs_veth_guard",
+        )
+        .map_err(bpf_err("loading the slow path's guard"))?;
         let into = match fast {
             Some(fp) => fp.ingress_program(port, vlan, tap_ifindex),
             None => Program::load(
@@ -541,6 +562,8 @@ impl VethPort {
         let links = vec![
             bpf::tcx_attach(&out, tap_ifindex, TcHook::Ingress)
                 .map_err(bpf_err("attaching to the slow path TAP"))?,
+            bpf::tcx_attach(&guard, tap_ifindex, TcHook::Egress)
+                .map_err(bpf_err("attaching to the slow path TAP's egress"))?,
             bpf::tcx_attach(&into, ifindex, TcHook::Ingress)
                 .map_err(bpf_err("attaching to the veth's ingress"))?,
         ];
@@ -634,6 +657,8 @@ mod tests {
             let p = Program::load(ProgKind::SchedCls, &redirect_insns(3, peer), "t");
             assert!(p.is_ok(), "{p:?}");
         }
+        let p = Program::load(ProgKind::SchedCls, &tap_egress_insns(3), "t");
+        assert!(p.is_ok(), "{p:?}");
         assert_eq!(fp.counters(PortId(7)), FastCounters::default());
         fp.reset_counters(PortId(7)).unwrap();
     }
