@@ -850,15 +850,37 @@ impl Topology for VethTopo {
     }
 }
 
-fn setup_veth(id: u32, workers: &str) -> anyhow::Result<VethTopo> {
+/// Two namespaces `qsbench-TAG-a/b-ID`, each holding one end of a veth pair
+/// (`qspA<n>`, `qspB<n>`, addresses 10.98.SUBNET.1 and .2) whose other end (`qsvA<n>`,
+/// `qsvB<n>`) stays in the root namespace, down, for the caller to use.
+struct VethPairs {
+    veths: [Link; 2],
+    a: Netns,
+    b: Netns,
+}
+
+fn veth_pairs(id: u32, tag: &str, subnet: u8) -> anyhow::Result<VethPairs> {
     let n = id % 10_000;
-    let a = Netns::create(&format!("qsbench-ve-a-{id}"))?;
-    let b = Netns::create(&format!("qsbench-ve-b-{id}"))?;
-    let (va, vb) = (format!("qsvA{n}"), format!("qsvB{n}"));
-    let veth_a = Link::veth(&va, &format!("qspA{n}"))?;
-    let veth_b = Link::veth(&vb, &format!("qspB{n}"))?;
-    a.adopt(&format!("qspA{n}"), "10.98.4.1/24")?;
-    b.adopt(&format!("qspB{n}"), "10.98.4.2/24")?;
+    let a = Netns::create(&format!("qsbench-{tag}-a-{id}"))?;
+    let b = Netns::create(&format!("qsbench-{tag}-b-{id}"))?;
+    let veth_a = Link::veth(&format!("qsvA{n}"), &format!("qspA{n}"))?;
+    let veth_b = Link::veth(&format!("qsvB{n}"), &format!("qspB{n}"))?;
+    a.adopt(&format!("qspA{n}"), &format!("10.98.{subnet}.1/24"))?;
+    b.adopt(&format!("qspB{n}"), &format!("10.98.{subnet}.2/24"))?;
+    Ok(VethPairs {
+        veths: [veth_a, veth_b],
+        a,
+        b,
+    })
+}
+
+fn setup_veth(id: u32, workers: &str) -> anyhow::Result<VethTopo> {
+    let VethPairs {
+        veths: [veth_a, veth_b],
+        a,
+        b,
+    } = veth_pairs(id, "ve", 4)?;
+    let (va, vb) = (&veth_a.name, &veth_b.name);
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-{id}")));
     let control = dir.0.join("control.sock");
     let text = format!(
@@ -963,15 +985,13 @@ impl Topology for RedirectTopo {
 }
 
 fn setup_redirect(id: u32) -> anyhow::Result<RedirectTopo> {
-    let n = id % 10_000;
-    let a = Netns::create(&format!("qsbench-rd-a-{id}"))?;
-    let b = Netns::create(&format!("qsbench-rd-b-{id}"))?;
-    let (va, vb) = (format!("qsvA{n}"), format!("qsvB{n}"));
-    let veth_a = Link::veth(&va, &format!("qspA{n}"))?;
-    let veth_b = Link::veth(&vb, &format!("qspB{n}"))?;
-    a.adopt(&format!("qspA{n}"), "10.98.3.1/24")?;
-    b.adopt(&format!("qspB{n}"), "10.98.3.2/24")?;
-    for (from, to) in [(&va, &vb), (&vb, &va)] {
+    let VethPairs {
+        veths: [veth_a, veth_b],
+        a,
+        b,
+    } = veth_pairs(id, "rd", 3)?;
+    let (va, vb) = (&veth_a.name, &veth_b.name);
+    for (from, to) in [(va, vb), (vb, va)] {
         netns::run(&["tc", "qdisc", "add", "dev", from, "clsact"])?;
         netns::run(&[
             "tc", "filter", "add", "dev", from, "ingress", "protocol", "all", "u32", "match",
