@@ -202,7 +202,8 @@ impl TapPort {
             qs.push(tq);
         }
         if internal {
-            // Absent when the kernel has no IPv6; then there is nothing to turn off.
+            // Best effort (see above): read-only under ProtectKernelTunables, absent without
+            // IPv6.
             let knob = format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6");
             if let Err(e) = std::fs::write(&knob, "1") {
                 tracing::debug!(%ifname, error = %e, "IPv6 stays on (no writable /proc/sys)");

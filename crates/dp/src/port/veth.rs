@@ -54,6 +54,7 @@ use std::collections::HashMap;
 use std::io;
 
 use parking_lot::Mutex;
+use qswitch_api::request::FastPathStats;
 use qswitch_sys::bpf::{
     self, skb, Alu, Insn, Jmp, Link, Map, MapKind, ProgKind, Program, Size, TcHook, R0, R1, R10,
     R2, R3, R4, R5, R6, R7, R8, R9,
@@ -97,15 +98,6 @@ pub enum VethError {
         #[source]
         source: io::Error,
     },
-}
-
-/// What the fast path forwarded for one port.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FastCounters {
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
 }
 
 /// The fast path's maps, shared by every veth port of a switch.
@@ -153,8 +145,8 @@ impl FastPath {
     }
 
     /// What the fast path forwarded for `port` since the switch started (summed over CPUs).
-    pub fn counters(&self, port: PortId) -> FastCounters {
-        let mut c = FastCounters::default();
+    pub fn counters(&self, port: PortId) -> FastPathStats {
+        let mut c = FastPathStats::default();
         let Ok(size) = self.counters.lookup_size() else {
             return c;
         };
@@ -659,7 +651,7 @@ mod tests {
         }
         let p = Program::load(ProgKind::SchedCls, &tap_egress_insns(3), "t");
         assert!(p.is_ok(), "{p:?}");
-        assert_eq!(fp.counters(PortId(7)), FastCounters::default());
+        assert_eq!(fp.counters(PortId(7)), FastPathStats::default());
         fp.reset_counters(PortId(7)).unwrap();
     }
 }

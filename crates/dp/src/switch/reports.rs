@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use qswitch_api::request::{
-    FastPathStats, FdbEntry, KernelDrops, PlacementReport, PortInfo, PortStats, QueueInfo,
-    QueuePlacementInfo, QueueStats, StatsReport, TapStats, VtepStats, VxlanStats, VxlanTraffic,
-    WorkerPlacementInfo, WorkerStats,
+    FdbEntry, KernelDrops, PlacementReport, PortInfo, PortStats, QueueInfo, QueuePlacementInfo,
+    QueueStats, StatsReport, TapStats, VtepStats, VxlanStats, VxlanTraffic, WorkerPlacementInfo,
+    WorkerStats,
 };
 
 use super::runtime::Reason;
@@ -371,15 +371,7 @@ fn port_stats(p: &PortEntry, fast: Option<&crate::port::veth::FastPath>) -> Port
         _ => None,
     };
     let fastpath = match (&p.dev, fast) {
-        (Device::Veth(_), Some(fp)) => {
-            let f = fp.counters(p.id);
-            Some(FastPathStats {
-                rx_packets: f.rx_packets,
-                rx_bytes: f.rx_bytes,
-                tx_packets: f.tx_packets,
-                tx_bytes: f.tx_bytes,
-            })
-        }
+        (Device::Veth(_), Some(fp)) => Some(fp.counters(p.id)),
         _ => None,
     };
     let f = fastpath.unwrap_or_default();

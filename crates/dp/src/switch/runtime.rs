@@ -499,8 +499,8 @@ impl Core {
     }
 
     /// Mirrors the fdb into the veth ports' kernel fast path, if there is one (see
-    /// [`crate::port::veth`]): every housekeeping tick, and at once after a change that
-    /// takes a port in or out of it.
+    /// [`crate::port::veth`]): every housekeeping tick, and at once after a port is added or
+    /// removed (policy, QoS and capture changes take effect at the next tick).
     pub(super) fn sync_fastpath(&self, now: u64) {
         let fp = self.fastpath.lock().clone();
         if let Some(fp) = fp {
