@@ -215,6 +215,8 @@ pub struct Map {
     key_size: u32,
     value_size: u32,
     entries: u32,
+    /// [`Map::lookup_size`], worked out once (a per-CPU map's depends on `/sys`).
+    lookup_size: usize,
 }
 
 impl Map {
@@ -226,6 +228,10 @@ impl Map {
             .u32(4, key_size)
             .u32(8, value_size)
             .u32(12, entries.max(1));
+        let lookup_size = match kind {
+            MapKind::PercpuArray => possible_cpus()? * (value_size as usize).next_multiple_of(8),
+            _ => value_size as usize,
+        };
         let fd = bpf(BPF_MAP_CREATE, &mut a)?;
         Ok(Map {
             fd: owned(fd),
@@ -233,6 +239,7 @@ impl Map {
             key_size,
             value_size,
             entries: entries.max(1),
+            lookup_size,
         })
     }
 
@@ -243,13 +250,8 @@ impl Map {
 
     /// Bytes a lookup fills: the value size, or for a per-CPU map one value (rounded up to
     /// 8 bytes) per possible CPU.
-    pub fn lookup_size(&self) -> io::Result<usize> {
-        match self.kind {
-            MapKind::PercpuArray => {
-                Ok(possible_cpus()? * (self.value_size as usize).next_multiple_of(8))
-            }
-            _ => Ok(self.value_size as usize),
-        }
+    pub fn lookup_size(&self) -> usize {
+        self.lookup_size
     }
 
     fn check(&self, key: &[u8], value: Option<usize>) -> io::Result<()> {
@@ -280,7 +282,7 @@ impl Map {
     /// to 8 bytes ([`Map::lookup_size`] bytes in all).
     pub fn update_percpu(&self, key: &[u8], values: &[u8]) -> io::Result<()> {
         self.check(key, None)?;
-        if self.kind != MapKind::PercpuArray || values.len() != self.lookup_size()? {
+        if self.kind != MapKind::PercpuArray || values.len() != self.lookup_size {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "not a per-CPU map, or not one value per possible CPU",
@@ -309,7 +311,7 @@ impl Map {
     /// The value of `key` into `out` (of [`Map::lookup_size`] bytes); `false` if absent.
     pub fn lookup(&self, key: &[u8], out: &mut [u8]) -> io::Result<bool> {
         self.check(key, None)?;
-        if out.len() != self.lookup_size()? {
+        if out.len() != self.lookup_size {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "lookup buffer size does not match the map's",
@@ -508,7 +510,7 @@ mod tests {
         assert!(m.update(&key, &[0; 8]).is_err());
         assert!(m.update(&[0; 4], &[0; 16]).is_err());
         let a = Map::new(MapKind::PercpuArray, 4, 12, 2).unwrap();
-        let mut per_cpu = vec![0u8; a.lookup_size().unwrap()];
+        let mut per_cpu = vec![0u8; a.lookup_size()];
         assert_eq!(per_cpu.len(), possible_cpus().unwrap() * 16);
         assert!(a.lookup(&1u32.to_ne_bytes(), &mut per_cpu).unwrap());
         assert!(a.lookup(&1u32.to_ne_bytes(), &mut [0u8; 3]).is_err());

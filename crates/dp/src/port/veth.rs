@@ -147,10 +147,7 @@ impl FastPath {
     /// What the fast path forwarded for `port` since the switch started (summed over CPUs).
     pub fn counters(&self, port: PortId) -> FastPathStats {
         let mut c = FastPathStats::default();
-        let Ok(size) = self.counters.lookup_size() else {
-            return c;
-        };
-        let mut buf = vec![0u8; size];
+        let mut buf = vec![0u8; self.counters.lookup_size()];
         if !matches!(
             self.counters
                 .lookup(&u32::from(port.0).to_ne_bytes(), &mut buf),
@@ -172,7 +169,7 @@ impl FastPath {
 
     /// Zeroes `port`'s counters (a new port in a reused slot starts from nothing).
     fn reset_counters(&self, port: PortId) -> io::Result<()> {
-        let zero = vec![0u8; self.counters.lookup_size()?];
+        let zero = vec![0u8; self.counters.lookup_size()];
         // A per-CPU update takes one value per possible CPU.
         self.counters
             .update_percpu(&u32::from(port.0).to_ne_bytes(), &zero)
