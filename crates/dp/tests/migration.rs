@@ -80,12 +80,9 @@ fn connect(sock: &Path) -> Driver {
     Driver::connect(sock, opts()).unwrap_or_else(|e| panic!("connect: {e}"))
 }
 
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+#[track_caller]
+fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    qswitch_test_support::harness::wait_for(what, WAIT, cond)
 }
 
 fn port_info(sw: &Switch, name: &str) -> PortInfo {

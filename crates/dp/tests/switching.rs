@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{frame, Sim, BCAST, MAC_A, MAC_B, MAC_C};
 use qswitch_api::request::PortStats;
@@ -40,12 +40,9 @@ fn port_stats(sw: &Switch, name: &str) -> PortStats {
 }
 
 /// Polls `cond` until true or 10 s pass.
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+#[track_caller]
+fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    qswitch_test_support::harness::wait_for(what, Duration::from_secs(10), cond)
 }
 
 #[test]

@@ -118,12 +118,9 @@ fn connect(sock: &Path, opts: DriverOptions) -> Driver {
 }
 
 /// Polls `cond` until true or [`WAIT`] passes.
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+#[track_caller]
+fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    qswitch_test_support::harness::wait_for(what, WAIT, cond)
 }
 
 fn port_info(sw: &Switch, name: &str) -> PortInfo {

@@ -89,18 +89,34 @@ pub fn worker_cpus(max: usize) -> String {
         .join(",")
 }
 
-/// Polls `f` every 20 ms until it returns true or `timeout` passes; returns the last result.
+/// Waits for a condition: polls `f` until it returns true or `timeout` passes, and returns
+/// the last result. The one polling loop of the tests: the first polls come quickly (1 ms
+/// apart, doubling up to 20 ms), so a condition that holds soon is seen soon and a long wait
+/// costs little CPU. Tests wait for what they need with this (or [`wait_for`]), never for a
+/// fixed time.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
     loop {
         if f() {
             return true;
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
+}
+
+/// [`wait_until`], failing the test with "timed out after TIMEOUT waiting for WHAT".
+#[track_caller]
+pub fn wait_for(what: &str, timeout: Duration, f: impl FnMut() -> bool) {
+    assert!(
+        wait_until(timeout, f),
+        "timed out after {timeout:?} waiting for {what}"
+    );
 }
 
 /// A directory under the system temp dir, unique to this process and `tag`, removed on drop.
