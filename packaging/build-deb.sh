@@ -1,18 +1,24 @@
 #!/bin/sh
-# Builds target/debian/qswitch_*.deb: the release binary, then the man page and shell
-# completions generated from the clap CLI (`qswitch man`, `qswitch completions SHELL`) into
-# target/release/packaging/, then `cargo deb`. With --no-build, reuses an existing release build.
-# Needs cargo-deb (`cargo install cargo-deb`).
+# Builds target/debian/qswitch_*.deb: the packaged binary, then the man page and shell
+# completions generated from its clap CLI (`qswitch man`, `qswitch completions SHELL`) into
+# target/dist/packaging/, then `cargo deb`.
+#
+# The packaged binary is not the source tree's: it is built with the `dist` profile (the
+# release build without debug info) and without the `lab` feature, so a hypervisor host gets
+# no `bench`, `demo` or load generator, no apt-get and no DPDK C source
+# (docs/architecture.md, "What the package ships"). With --no-build, reuses an existing
+# target/dist/qswitch. Needs cargo-deb (`cargo install cargo-deb`).
 set -eu
 cd "$(dirname "$0")/.."
 if [ "${1:-}" != "--no-build" ]; then
-    cargo build --release -p qswitch --bin qswitch
+    cargo build --profile dist -p qswitch --bin qswitch --no-default-features
 fi
-bin=target/release/qswitch
-out=target/release/packaging
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/dist/qswitch
+out=$target/dist/packaging
 mkdir -p "$out"
 "$bin" man | gzip -9n > "$out/qswitch.1.gz"
 "$bin" completions bash > "$out/qswitch.bash"
 "$bin" completions zsh > "$out/_qswitch"
 "$bin" completions fish > "$out/qswitch.fish"
-cargo deb -p qswitch --no-build
+cargo deb -p qswitch --no-build --profile dist --no-strip

@@ -38,6 +38,10 @@ echo "== rustfmt"
 cargo fmt --all --check
 echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The packaged binary is built without the lab (packaging/build-deb.sh): it must build clean too.
+cargo clippy -p qswitch --bin qswitch --release --no-default-features -- -D warnings
+echo "== the packaged binary (profile dist, no lab; tests/package.rs packages it)"
+cargo build --profile dist -p qswitch --bin qswitch --no-default-features
 echo "== tests"
 log=$(mktemp)
 skips=$(mktemp)

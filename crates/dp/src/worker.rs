@@ -32,8 +32,9 @@ use crate::engine::{Forwarder, View};
 use crate::port::Port;
 use crate::table::{clock_ns, Shared, WorkerShared};
 
-/// How long a worker keeps polling after its last frame before it sleeps, by default.
-pub const SPIN_NS: u64 = 50_000;
+/// How long a worker keeps polling after its last frame before it sleeps, by default: the
+/// config's default (`[switch] poll_spin_us`), declared once in `qswitch_api`.
+pub const SPIN_NS: u64 = qswitch_api::value::PollSpinUs::DEFAULT.get() * 1_000;
 /// Longest sleep, so housekeeping (epoch checks) happens even on a silent switch.
 pub const MAX_SLEEP_MS: i32 = 1000;
 const WAKE_TOKEN: u64 = u64::MAX;

@@ -196,7 +196,10 @@ fn changes_apply_within_a_tick_and_refusals_change_nothing() {
     sw.poll_once(tick + tick / 2);
     sw.poll_once(2 * tick);
     let limited = alloc("a").unwrap_or(u64::MAX);
-    assert!(limited <= 5_000_000, "limit not applied at the next tick: {limited}");
+    assert!(
+        limited <= 5_000_000,
+        "limit not applied at the next tick: {limited}"
+    );
 
     // Admission: 900M reservable of 1G.
     let set = |name: &str, min: u64| {

@@ -1,11 +1,14 @@
 //! `qswitch`: the daemon, its control CLI, the demo and the benchmarks, in one binary.
 //!
 //! The daemon and the CLI are the `qswitch` library (see `lib.rs`); `bench`, `demo` and the
-//! hidden `load` come from `qswitch-lab`, which only those subcommands reach.
+//! hidden `load` come from `qswitch-lab`, which only those subcommands reach, and only with the
+//! `lab` feature (on by default; the .deb's binary is built without it, so it has neither the
+//! lab's subcommands nor its code).
 //!
 //! # Modules
 //! - [`demo`]: `qswitch demo` — two namespaces, ping and iperf3 through a qswitch it starts.
 
+#[cfg(feature = "lab")]
 mod demo;
 
 use std::path::PathBuf;
@@ -13,6 +16,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use qswitch::{capture, chain, cli, daemon, placement_cli, rss_cli};
+#[cfg(feature = "lab")]
 use qswitch_lab::{bench, load};
 
 /// A userspace virtual switch for Linux/KVM hosts.
@@ -38,6 +42,7 @@ enum Command {
         check: bool,
     },
     /// Run the self-contained demo: two namespaces, ping and iperf3 through qswitch.
+    #[cfg(feature = "lab")]
     Demo {
         /// Seconds of iperf3 traffic.
         #[arg(long, default_value_t = 10)]
@@ -84,8 +89,10 @@ enum Command {
     /// What the switch would do with a frame arriving on a port, and why (changes nothing).
     Trace(capture::TraceArgs),
     /// Run a benchmark scenario and write JSON + SVG results.
+    #[cfg(feature = "lab")]
     Bench(bench::BenchArgs),
     /// TCP load generator the benchmarks run in namespaces (request/response, file copies).
+    #[cfg(feature = "lab")]
     #[command(subcommand, hide = true)]
     Load(load::LoadCmd),
     /// Write the man page (roff) to stdout; packaging/build-deb.sh uses it.
@@ -105,10 +112,7 @@ fn main() -> ExitCode {
         .control
         .unwrap_or_else(|| PathBuf::from(qswitch_api::config::DEFAULT_CONTROL));
     // Not for the daemon (nor bench and demo, which run one): a panic there must be loud.
-    if !matches!(
-        cli.command,
-        Command::Run { .. } | Command::Demo { .. } | Command::Bench(_)
-    ) {
+    if !runs_a_daemon(&cli.command) {
         quiet_on_closed_stdout();
     }
     let result = match cli.command {
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
             init_logging();
             return daemon::run(&config);
         }
+        #[cfg(feature = "lab")]
         Command::Demo { seconds, streams } => {
             init_logging();
             demo::run(seconds, streams)
@@ -138,6 +143,7 @@ fn main() -> ExitCode {
         Command::Config(cmd) => qswitch::state::cli(&control, cmd),
         Command::Capture(args) => capture::run(&control, args),
         Command::Trace(args) => capture::run_trace(&control, args),
+        #[cfg(feature = "lab")]
         Command::Load(cmd) => load::run(cmd),
         Command::Man => clap_mangen::Man::new(Cli::command())
             .render(&mut std::io::stdout())
@@ -151,6 +157,7 @@ fn main() -> ExitCode {
             );
             Ok(())
         }
+        #[cfg(feature = "lab")]
         Command::Bench(args) => {
             init_logging();
             bench::run(args)
@@ -163,6 +170,17 @@ fn main() -> ExitCode {
             eprintln!("qswitch: {}", chain(&e));
             ExitCode::from(1)
         }
+    }
+}
+
+/// Whether `command` runs the daemon (`run`, and `demo` and `bench`, which start one): a panic
+/// there must be loud.
+fn runs_a_daemon(command: &Command) -> bool {
+    match command {
+        Command::Run { .. } => true,
+        #[cfg(feature = "lab")]
+        Command::Demo { .. } | Command::Bench(_) => true,
+        _ => false,
     }
 }
 

@@ -1,8 +1,11 @@
-//! The Debian package: `packaging/build-deb.sh --no-build` (reusing the release binary this
-//! test run already built: a few seconds, no second build), then the .deb's control fields
+//! The Debian package: `packaging/build-deb.sh` (which builds the packaged binary, profile
+//! `dist` without the `lab` feature; `tests/run.sh` builds it before the tests), then the .deb's control fields
 //! (`dpkg-deb -I`), its file list and modes (`dpkg-deb -c`), and its contents unpacked into a
 //! temporary root (`dpkg-deb -x`, the host is not touched): the binary runs, the default
 //! config passes `run --check`, the man page renders, the completions are there.
+//!
+//! The packaged binary is the daemon and the CLI only: no `bench`, `demo` or `load`, no
+//! `apt-get`, no DPDK C source and no debug sections ([`check_no_lab`]).
 //!
 //! Needs `cargo deb` (`cargo install cargo-deb`) and `dpkg-deb`; skips (fails under
 //! `QSWITCH_REQUIRE_PRIVILEGED=1`) without them.
@@ -43,14 +46,9 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
         return;
     }
     let root = root();
-    // The script packages target/release/qswitch: the binary this test run built.
-    let bin = Path::new(env!("CARGO_BIN_EXE_qswitch"));
-    assert_eq!(
-        bin.canonicalize().unwrap(),
-        root.join("target/release/qswitch").canonicalize().unwrap(),
-        "run this test with --release and the workspace's target dir"
-    );
-    let built = run(Command::new(root.join("packaging/build-deb.sh")).arg("--no-build"));
+    // The script builds the packaged binary (profile `dist`, no `lab` feature) into
+    // target/dist; tests/run.sh builds it before the tests, so this is quick there.
+    let built = run(&mut Command::new(root.join("packaging/build-deb.sh")));
     let deb = PathBuf::from(
         built
             .lines()
@@ -121,6 +119,7 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
 fn check_unpacked(deb: &Path, dir: &Path) {
     run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(dir));
     let qswitch = dir.join("usr/bin/qswitch");
+    check_no_lab(&qswitch);
     let version = run(Command::new(&qswitch).arg("--version"));
     assert!(version.starts_with("qswitch "), "{version}");
     let checked = run(Command::new(&qswitch)
@@ -165,4 +164,68 @@ fn check_unpacked(deb: &Path, dir: &Path) {
         std::fs::read_to_string(dir.join("usr/share/fish/vendor_completions.d/qswitch.fish"))
             .unwrap();
     assert!(fish.contains("complete -c qswitch"), "{fish}");
+}
+
+/// The lab stays out of the package: its subcommands are unknown, and neither its tool
+/// installation, nor its DPDK C source, nor debug sections are in the binary.
+fn check_no_lab(qswitch: &Path) {
+    for sub in ["bench", "demo", "load"] {
+        let out = Command::new(qswitch)
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "qswitch {sub}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("unrecognized subcommand"),
+            "qswitch {sub}: {err}"
+        );
+    }
+    let bytes = std::fs::read(qswitch).unwrap();
+    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    assert!(!has(b"apt-get"), "the packaged binary mentions apt-get");
+    assert!(
+        !has(b"#include <rte_"),
+        "the packaged binary holds DPDK C source"
+    );
+    let debug: Vec<String> = elf_section_names(&bytes)
+        .into_iter()
+        .filter(|n| n.starts_with(".debug_") || n.starts_with(".zdebug_"))
+        .collect();
+    assert!(
+        debug.is_empty(),
+        "debug sections in the packaged binary: {debug:?}"
+    );
+    eprintln!(
+        "packaged binary: {} bytes, sections {:?}",
+        bytes.len(),
+        elf_section_names(&bytes)
+    );
+}
+
+/// The section names of a 64-bit little-endian ELF file (what `readelf -S` lists).
+fn elf_section_names(elf: &[u8]) -> Vec<String> {
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap());
+    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+    assert_eq!(
+        &elf[..6],
+        b"\x7fELF\x02\x01",
+        "not a 64-bit little-endian ELF file"
+    );
+    let (shoff, shentsize, shnum, shstrndx) = (
+        u64_at(0x28),
+        usize::from(u16_at(0x3a)),
+        u16_at(0x3c),
+        u16_at(0x3e),
+    );
+    let header = |i: u16| shoff + usize::from(i) * shentsize;
+    let strtab = u64_at(header(shstrndx) + 0x18);
+    (0..shnum)
+        .map(|i| {
+            let start = strtab + u32_at(header(i)) as usize;
+            let len = elf[start..].iter().position(|&b| b == 0).unwrap();
+            String::from_utf8_lossy(&elf[start..start + len]).into_owned()
+        })
+        .collect()
 }

@@ -141,7 +141,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            fdb_aging: Duration::from_secs(300),
+            fdb_aging: Duration::from_secs(qswitch_api::value::FdbAging::DEFAULT.get()),
             poll_spin: Duration::from_nanos(worker::SPIN_NS),
             reserved: Vec::new(),
             placement: PlacementMode::Dynamic,
