@@ -66,11 +66,16 @@ worker = None
 for f in sorted(glob.glob(d + "/cg.*")):
     out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", f],
                          capture_output=True, text=True).stdout
-    if "worker::Worker::run" in out:
-        worker = (f, out)
+    # The worker is the thread that receives: of the threads that call an rx_burst, the one
+    # that executed the most (its run loop may be inlined into the thread's entry, so its
+    # name is not a reliable mark).
+    total = re.search(r"^([\d,]+) \(", next((l for l in out.splitlines() if l.endswith("PROGRAM TOTALS")), "0 ("))
+    ir = int(total.group(1).replace(",", "")) if total else 0
+    if re.search(r"::rx_burst( \[|$)", out, re.M) and (worker is None or ir > worker[2]):
+        worker = (f, out, ir)
 if not worker:
     sys.exit("no worker thread in the profiles")
-f, out = worker
+f, out, _ = worker
 events = re.search(r"^Events shown:\s+(.*)$", out, re.M).group(1).split()
 line = next(l for l in out.splitlines() if l.endswith("PROGRAM TOTALS"))
 totals = re.findall(r"([\d,]+) \(", line)
