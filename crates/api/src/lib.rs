@@ -10,6 +10,7 @@
 //!   names, socket paths, VLAN ids, ...
 //! - [`cpulist`]: `"0-3"`, `"2-14:2"`, `"1,3"`.
 //! - [`request`]: [`Request`] / [`Response`], newline-delimited JSON over the control socket.
+//! - [`rates`]: per-second rates from two counter snapshots ([`request::Rates::between`]).
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod client;
 pub mod config;
 pub mod cpulist;
 pub mod policy;
+pub mod rates;
 pub mod request;
 pub mod value;
 

@@ -31,7 +31,6 @@
 //! - [`balance`]: dynamic placement: coalesce queues at low load, spread them at high load.
 //! - [`stats`]: single-writer counters and the drop reasons.
 //! - [`ids`]: `PortId`, `WorkerId`, `CpuId`.
-//! - [`report`]: per-second rates from two counter snapshots.
 //!
 //! # Limitations
 //! One 802.1Q tag is understood (trunks, see [`engine`]); 802.1ad double tags are not.
@@ -49,7 +48,6 @@ pub mod placement;
 pub mod policy;
 pub mod port;
 pub mod qos;
-pub mod report;
 pub mod rss;
 pub mod stats;
 pub mod switch;

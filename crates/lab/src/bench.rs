@@ -636,7 +636,7 @@ pub fn iperf_run_with(
         let rates = match (topo.daemon(), &prev_stats) {
             (Some(d), Some(prev)) => {
                 let cur = d.stats()?;
-                let r = qswitch_dp::report::rates(prev, &cur);
+                let r = qswitch_api::request::Rates::between(prev, &cur);
                 prev_stats = Some(cur);
                 Some(r)
             }
@@ -649,7 +649,7 @@ pub fn iperf_run_with(
     b.check()?;
     let busy_cpus = procstat::busy_cpus(cpu_from, procstat::cpu_jiffies());
     let totals = match (topo.daemon(), &first_stats) {
-        (Some(d), Some(first)) => Some(qswitch_dp::report::rates(first, &d.stats()?)),
+        (Some(d), Some(first)) => Some(qswitch_api::request::Rates::between(first, &d.stats()?)),
         _ => None,
     };
     let out = stdout.join().unwrap_or_default();

@@ -390,7 +390,7 @@ pub fn stats(control: &Path, json: bool, watch: bool, workers: bool) -> anyhow::
     loop {
         std::thread::sleep(Duration::from_secs(1));
         let cur = get_stats(control)?;
-        let rates = qswitch_dp::report::rates(&prev, &cur);
+        let rates = qswitch_api::request::Rates::between(&prev, &cur);
         if json {
             println!("{}", serde_json::to_string(&rates)?);
         } else if workers {

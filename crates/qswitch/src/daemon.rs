@@ -317,7 +317,7 @@ fn serve(
         if Instant::now() >= next {
             next += Duration::from_secs(1);
             let cur = daemon.switch.stats();
-            *daemon.rates.lock() = Some(qswitch_dp::report::rates(&prev, &cur));
+            *daemon.rates.lock() = Some(qswitch_api::request::Rates::between(&prev, &cur));
             let qos = daemon.switch.qos_show();
             let mut history = daemon.history.lock();
             feed_qos(&mut history, &qos, &mut qos_gauges);

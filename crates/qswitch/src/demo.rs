@@ -97,7 +97,7 @@ fn traffic(
             bail!("iperf3 did not finish");
         }
         let cur = daemon.stats()?;
-        let rates = qswitch_dp::report::rates(&prev, &cur);
+        let rates = qswitch_api::request::Rates::between(&prev, &cur);
         if !printed_header {
             println!("{}", qswitch::cli::rate_header(&cur));
             printed_header = true;
@@ -111,7 +111,7 @@ fn traffic(
     let json: serde_json::Value =
         serde_json::from_slice(&out.stdout).context("iperf3 printed no JSON result")?;
     let (gbps, retr) = netns::iperf3_summary(&json)?;
-    let total = qswitch_dp::report::rates(&start_stats, &end_stats);
+    let total = qswitch_api::request::Rates::between(&start_stats, &end_stats);
     let cs: f64 = total.workers.iter().map(|w| w.ctx_switches_ps).sum();
     let busy: Vec<String> = total
         .workers

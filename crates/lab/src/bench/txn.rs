@@ -176,7 +176,7 @@ pub fn load_run(
         let rates = match (topo.daemon(), &prev_stats) {
             (Some(d), Some(prev)) => {
                 let cur = d.stats()?;
-                let r = qswitch_dp::report::rates(prev, &cur);
+                let r = qswitch_api::request::Rates::between(prev, &cur);
                 prev_stats = Some(cur);
                 Some(r)
             }
@@ -196,7 +196,7 @@ pub fn load_run(
     let busy_cpus = procstat::busy_cpus(cpu0, procstat::cpu_jiffies());
     let ctx_switches_ps = procstat::machine_ctxt().saturating_sub(cs0) as f64 / elapsed;
     let totals = match (topo.daemon(), &first) {
-        (Some(d), Some(f)) => Some(qswitch_dp::report::rates(f, &d.stats()?)),
+        (Some(d), Some(f)) => Some(qswitch_api::request::Rates::between(f, &d.stats()?)),
         _ => None,
     };
     let child = client.0.as_mut().context("no client")?;

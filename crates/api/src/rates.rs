@@ -1,10 +1,17 @@
-//! Per-second rates from two [`StatsReport`]s taken about a second apart.
+//! Per-second rates from two [`StatsReport`]s taken about a second apart: what the daemon's
+//! sampler keeps, `qswitch stats --watch` prints and the benchmarks record, computed once.
 
-use qswitch_api::request::{PortRate, Rates, StatsReport, WorkerRate};
+use crate::request::{PortRate, PortStats, Rates, StatsReport, WorkerRate};
 
-/// Rates between `prev` and `cur` (matched by port name and worker id; ports that appeared in
-/// between are measured from zero).
-pub fn rates(prev: &StatsReport, cur: &StatsReport) -> Rates {
+impl Rates {
+    /// Rates between `prev` and `cur` (matched by port name and worker id; ports that
+    /// appeared in between are measured from zero).
+    pub fn between(prev: &StatsReport, cur: &StatsReport) -> Rates {
+        rates(prev, cur)
+    }
+}
+
+fn rates(prev: &StatsReport, cur: &StatsReport) -> Rates {
     let dt_ms = cur.uptime_ms.saturating_sub(prev.uptime_ms).max(1);
     let per_s = |d: u64| d as f64 * 1000.0 / dt_ms as f64;
     let pct_ns = |d: u64| d as f64 / (dt_ms as f64 * 1e6) * 100.0;
@@ -19,9 +26,7 @@ pub fn rates(prev: &StatsReport, cur: &StatsReport) -> Rates {
                 .get(i)
                 .filter(|o| o.name == p.name)
                 .or_else(|| prev.ports.iter().find(|o| o.name == p.name));
-            let d = |f: fn(&qswitch_api::request::PortStats) -> u64| {
-                f(p).saturating_sub(old.map(f).unwrap_or(0))
-            };
+            let d = |f: fn(&PortStats) -> u64| f(p).saturating_sub(old.map(f).unwrap_or(0));
             let drops_now: u64 = p.drops.values().sum();
             let drops_then: u64 = old.map(|o| o.drops.values().sum()).unwrap_or(0);
             PortRate {
@@ -66,7 +71,7 @@ pub fn rates(prev: &StatsReport, cur: &StatsReport) -> Rates {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qswitch_api::request::{PortStats, WorkerStats};
+    use crate::request::WorkerStats;
 
     #[test]
     fn rates_over_one_second() {
@@ -87,7 +92,7 @@ mod tests {
             }],
             rates: None,
         };
-        let r = rates(
+        let r = Rates::between(
             &mk(1000, 10, 1000, 0, 5),
             &mk(2000, 110, 126_000, 250_000_000, 15),
         );
