@@ -5,9 +5,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{counter, drops, first_cpu, qs, qs_json, Daemon, Out, TempDir};
+use common::{counter, drops, first_cpu, qs, qs_json, wait_until, Daemon, Out, TempDir};
 use serde_json::Value;
 
 /// A sink g2 and a generator g1 sending to it at 2000 frames/s for long enough.
@@ -58,18 +58,13 @@ fn assert_refused(out: &Out, needle: &str) {
 
 /// Waits (10 s at most) until `cond` holds on `stats --json`; returns the last stats.
 fn wait_stats(daemon: &Daemon, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = daemon.stats();
-        if cond(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {s}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut last = Value::Null;
+    let held = wait_until(Duration::from_secs(10), || {
+        last = daemon.stats();
+        cond(&last)
+    });
+    assert!(held, "timed out waiting for {what}: {last}");
+    last
 }
 
 #[test]

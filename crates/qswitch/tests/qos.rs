@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{first_cpu, qs, qs_json, run_timeout, Daemon, TempDir, QSWITCH};
+use common::{first_cpu, qs, qs_json, run_timeout, wait_until, Daemon, TempDir, QSWITCH};
 use serde_json::Value;
 
 const UPLINK_MAC: &str = "02:00:00:00:00:10";
@@ -54,17 +54,15 @@ fn recent_mbps(show: &Value, name: &str, n: usize) -> f64 {
 
 /// Waits until the daemon has completed `n` more one-second samples.
 fn wait_seconds(control: &std::path::Path, n: u64) -> Value {
-    let start = qs_json(control, &["qos", "show", "--json"])["seconds"]
-        .as_u64()
-        .expect("seconds");
-    for _ in 0..(n * 20 + 40) {
-        std::thread::sleep(Duration::from_millis(100));
-        let s = qs_json(control, &["qos", "show", "--json"]);
-        if s["seconds"].as_u64().unwrap_or(0) >= start + n {
-            return s;
-        }
-    }
-    panic!("the allocator did not complete {n} seconds");
+    let seconds = |s: &Value| s["seconds"].as_u64().unwrap_or(0);
+    let start = seconds(&qs_json(control, &["qos", "show", "--json"]));
+    let mut last = Value::Null;
+    let done = wait_until(Duration::from_secs(2 * n + 4), || {
+        last = qs_json(control, &["qos", "show", "--json"]);
+        seconds(&last) >= start + n
+    });
+    assert!(done, "the allocator did not complete {n} seconds");
+    last
 }
 
 /// Waits `n` seconds, then up to 15 more until the medians of the last `n` one-second rates
