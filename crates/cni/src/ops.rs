@@ -284,6 +284,8 @@ pub fn add(input: &Input) -> Result<Value> {
     let control = input.conf.control();
     let names = Names::for_attachment(input, &att);
     let mac = input.conf.mac(&att)?.unwrap_or_else(|| names.mac.clone());
+    // The port's keys are checked before anything is made.
+    port_config(input, &att, &names, &mac, &[])?;
     // Asks the daemon first, so that an unreachable one changes nothing (code 11).
     if let Some(p) = ports(&control)?.into_iter().find(|p| p.name == names.port) {
         if p.owner.as_ref() != Some(&owner_of(input, &att)) {
@@ -437,7 +439,17 @@ pub fn del(input: &Input) -> Result<()> {
     });
     let host = match input.conf.mode {
         Mode::Veth => link::delete(&names.host),
-        Mode::VhostUser => Ok(()),
+        // A server socket is qswitch's (the daemon normally removes it with the port); a
+        // client one is the pod's.
+        Mode::VhostUser if input.conf.vhost_mode.as_deref() == Some("client") => Ok(()),
+        Mode::VhostUser => match std::fs::remove_file(socket_path(input, &names)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CniError::new(
+                Code::Io,
+                "cannot remove the vhost-user socket",
+                e.to_string(),
+            )),
+            _ => Ok(()),
+        },
     };
     let lease = ipam::run(
         input,
