@@ -1,12 +1,12 @@
 #!/bin/sh
-# Builds target/debian/qswitch_*.deb: the release binary, then the man page and shell
+# Builds target/debian/qswitch_*.deb: the release binaries (qswitch, qswitch-cni), then the man page and shell
 # completions generated from the clap CLI (`qswitch man`, `qswitch completions SHELL`) into
 # target/release/packaging/, then `cargo deb`. With --no-build, reuses an existing release build.
 # Needs cargo-deb (`cargo install cargo-deb`).
 set -eu
 cd "$(dirname "$0")/.."
 if [ "${1:-}" != "--no-build" ]; then
-    cargo build --release -p qswitch --bin qswitch
+    cargo build --release -p qswitch --bin qswitch -p qswitch-cni --bin qswitch-cni
 fi
 bin=target/release/qswitch
 out=target/release/packaging

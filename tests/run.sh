@@ -18,11 +18,17 @@ if [ "$(id -u)" = 0 ]; then
     command -v ss >/dev/null || need+=(iproute2)
     command -v python3 >/dev/null || need+=(python3)
     command -v chromium >/dev/null || need+=(chromium)
+    [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
     python3 -c 'import prometheus_client' 2>/dev/null || need_pip=1
     if [ ${#need[@]} -gt 0 ]; then
         echo "== installing ${need[*]}"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
+    if ! command -v cnitool >/dev/null && command -v go >/dev/null; then
+        echo "== installing cnitool (go install)"
+        GOBIN=/usr/local/bin go install github.com/containernetworking/cni/cnitool@v1.3.1 ||
+            echo "   cnitool could not be installed: the CNI tests will skip"
     fi
     if [ "${need_pip:-0}" = 1 ]; then
         echo "== installing prometheus_client (pip)"

@@ -314,13 +314,6 @@ pub fn add(input: &Input) -> Result<Value> {
             format!("CNI_NETNS={}", netns.display()),
         ));
     }
-    let ipam = ipam::run(
-        input,
-        Call {
-            command: "ADD",
-            attachment: None,
-        },
-    )?;
     let undo_ipam = || {
         let _ = ipam::run(
             input,
@@ -330,21 +323,51 @@ pub fn add(input: &Input) -> Result<Value> {
             },
         );
     };
+    let add = Call {
+        command: "ADD",
+        attachment: None,
+    };
     let made = match input.conf.mode {
-        Mode::Veth => add_veth(input, &att, &netns, &names, &mac, &ipam),
-        Mode::VhostUser => add_vhost_user(input, &att, &netns, &names, &mac, &ipam),
+        Mode::Veth => {
+            // The IPAM plugin and the veth pair do not depend on each other: both at once
+            // (ADD latency is mostly processes starting).
+            let (ipam, pair) = std::thread::scope(|s| {
+                let ipam = s.spawn(|| ipam::run(input, add));
+                let pair = create_pair(input, &att, &netns, &names, &mac);
+                (ipam.join().expect("the IPAM thread does not panic"), pair)
+            });
+            let ipam = match (ipam, pair) {
+                (Ok(ipam), Ok(())) => ipam,
+                (Ok(_), Err(e)) => {
+                    undo_ipam();
+                    return Err(e);
+                }
+                (Err(e), pair) => {
+                    if pair.is_ok() {
+                        let _ = link::delete(&names.host);
+                    }
+                    return Err(e);
+                }
+            };
+            add_veth(input, &att, &netns, &names, &mac, &ipam)
+        }
+        Mode::VhostUser => {
+            let ipam = ipam::run(input, add)?;
+            add_vhost_user(input, &att, &netns, &names, &mac, &ipam)
+        }
     };
     made.inspect_err(|_| undo_ipam())
 }
 
-fn add_veth(
+/// The veth pair: `names.host` up in the root namespace, `CNI_IFNAME` with its MAC (and
+/// both with the MTU) in the container's.
+fn create_pair(
     input: &Input,
     att: &Attachment,
     netns: &Path,
     names: &Names,
     mac: &str,
-    ipam: &Value,
-) -> Result<Value> {
+) -> Result<()> {
     let ifname = att.ifname.as_str();
     let ns = netns.to_str().ok_or_else(|| {
         CniError::new(
@@ -374,17 +397,49 @@ fn add_veth(
             "link add name {host}{mtu} type veth peer name {ifname}{mtu} address {mac} netns {ns}\n\
              link set dev {host} up\n"
         ),
-    )?;
-    let done = (|| {
-        link::batch(
-            Some(netns),
-            &format!("cannot configure {ifname} in the container"),
-            &netns_script(ifname, ipam)?,
-        )?;
-        let port = port_config(input, att, names, mac, &ipam_addrs(ipam))?;
-        daemon(&input.conf.control(), &Request::PortAdd { port })?;
-        Ok(())
-    })();
+    )
+}
+
+/// After [`create_pair`] and IPAM: the container's interface configured and the port added
+/// (at once: neither needs the other); the host veth deleted (and the port removed) when
+/// either fails.
+fn add_veth(
+    input: &Input,
+    att: &Attachment,
+    netns: &Path,
+    names: &Names,
+    mac: &str,
+    ipam: &Value,
+) -> Result<Value> {
+    let ifname = att.ifname.as_str();
+    let host = &names.host;
+    let control = input.conf.control();
+    let done = netns_script(ifname, ipam).and_then(|script| {
+        let (configured, port) = std::thread::scope(|s| {
+            let configured = s.spawn(|| {
+                link::batch(
+                    Some(netns),
+                    &format!("cannot configure {ifname} in the container"),
+                    &script,
+                )
+            });
+            let port = port_config(input, att, names, mac, &ipam_addrs(ipam))
+                .and_then(|port| daemon(&control, &Request::PortAdd { port }));
+            (
+                configured.join().expect("the netns thread does not panic"),
+                port,
+            )
+        });
+        if let (Err(_), Ok(_)) = (&configured, &port) {
+            let _ = daemon(
+                &control,
+                &Request::PortDel {
+                    name: names.port.clone(),
+                },
+            );
+        }
+        configured.and(port)
+    });
     if let Err(e) = done {
         let _ = link::delete(host);
         return Err(e);

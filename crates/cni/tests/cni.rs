@@ -149,12 +149,12 @@ impl Lab {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("run qswitch-cni");
-        child
+        // A plugin that refuses its environment exits without reading stdin.
+        let _ = child
             .stdin
             .take()
             .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
+            .write_all(conf.to_string().as_bytes());
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let v = serde_json::from_str(&stdout).unwrap_or(Value::Null);

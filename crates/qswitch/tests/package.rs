@@ -50,6 +50,18 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
         root.join("target/release/qswitch").canonicalize().unwrap(),
         "run this test with --release and the workspace's target dir"
     );
+    // The CNI plugin is another package's binary: a workspace test run has built it, a run
+    // of this test alone may not have.
+    if !root.join("target/release/qswitch-cni").is_file() {
+        run(Command::new(env!("CARGO")).current_dir(&root).args([
+            "build",
+            "--release",
+            "-p",
+            "qswitch-cni",
+            "--bin",
+            "qswitch-cni",
+        ]));
+    }
     let built = run(Command::new(root.join("packaging/build-deb.sh")).arg("--no-build"));
     let deb = PathBuf::from(
         built
@@ -82,6 +94,7 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
             .to_string()
     };
     assert_eq!(mode_of("/usr/bin/qswitch"), "-rwxr-xr-x");
+    assert_eq!(mode_of("/usr/lib/cni/qswitch-cni"), "-rwxr-xr-x");
     for f in [
         "/etc/qswitch/qswitch.toml",
         "/usr/share/man/man1/qswitch.1.gz",
@@ -89,6 +102,7 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
         "/usr/share/zsh/vendor-completions/_qswitch",
         "/usr/share/fish/vendor_completions.d/qswitch.fish",
         "/usr/share/doc/qswitch/libvirt.md",
+        "/usr/share/doc/qswitch/kubernetes.md",
     ] {
         assert_eq!(mode_of(f), "-rw-r--r--", "{f}");
     }
@@ -123,6 +137,14 @@ fn check_unpacked(deb: &Path, dir: &Path) {
     let qswitch = dir.join("usr/bin/qswitch");
     let version = run(Command::new(&qswitch).arg("--version"));
     assert!(version.starts_with("qswitch "), "{version}");
+    // The CNI plugin answers VERSION as the spec says.
+    let mut cni = Command::new(dir.join("usr/lib/cni/qswitch-cni"));
+    cni.env("CNI_COMMAND", "VERSION");
+    let versions = run(&mut cni);
+    assert!(
+        versions.contains(r#""supportedVersions":["0.3.0""#),
+        "{versions}"
+    );
     let checked = run(Command::new(&qswitch)
         .args(["run", "--check", "--config"])
         .arg(dir.join("etc/qswitch/qswitch.toml")));
