@@ -620,6 +620,12 @@ fn daemon_down_restarted_and_gc() {
         .map(|p| p["owner"]["container"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(owners, BTreeSet::from([ida.clone(), idb.clone()]));
+    let dump = qswitch_test_support::qs(&lab.control, &["config", "dump"]);
+    assert!(
+        dump.stdout.contains(&format!("container = \"{ida}\"")),
+        "{}",
+        dump.stdout
+    );
     // GC with only a valid: b's port, veth and lease go; a stays.
     let mut gc = conf.clone();
     gc["cni.dev/valid-attachments"] = json!([{ "containerID": ida, "ifname": "eth0" }]);
