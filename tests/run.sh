@@ -19,6 +19,7 @@ if [ "$(id -u)" = 0 ]; then
     command -v python3 >/dev/null || need+=(python3)
     command -v chromium >/dev/null || need+=(chromium)
     [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
+    command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
     python3 -c 'import prometheus_client' 2>/dev/null || need_pip=1
     if [ ${#need[@]} -gt 0 ]; then
         echo "== installing ${need[*]}"

@@ -130,15 +130,25 @@ fn port_config(
         keys["qos"] = q.clone();
     }
     if c.port_security {
-        // The addresses themselves, not their subnets: a pod may send from its own only.
-        let hosts: Vec<&str> = ips
-            .iter()
-            .map(|a| a.split_once('/').map_or(a.as_str(), |(h, _)| h))
-            .chain(ips.iter().any(|a| a.contains(':')).then_some("fe80::/64"))
-            .collect();
-        keys["security"] = json!({ "macs": [mac], "ips": hosts });
+        keys["security"] = json!({ "macs": [mac], "ips": security_ips(ips) });
     }
     serde_json::from_value(keys).map_err(|e| invalid_config(e.to_string()))
+}
+
+/// The sources port security allows for IPAM's addresses: the addresses themselves, not
+/// their subnets (a pod may send from its own only), and with IPv6 the link-local prefix
+/// neighbour discovery needs.
+fn security_ips(ips: &[String]) -> Vec<&str> {
+    ips.iter()
+        .map(|a| a.split_once('/').map_or(a.as_str(), |(h, _)| h))
+        .chain(ips.iter().any(|a| a.contains(':')).then_some("fe80::/64"))
+        .collect()
+}
+
+/// Whether the IPAM plugin needs the interface up and switched before it can answer: DHCP
+/// asks a server on the network the port joins.
+fn ipam_needs_link(input: &Input) -> bool {
+    input.conf.ipam.as_ref().is_some_and(|i| i.kind == "dhcp")
 }
 
 /// The IPAM result's addresses (`a.b.c.d/len`).
@@ -328,6 +338,9 @@ pub fn add(input: &Input) -> Result<Value> {
         attachment: None,
     };
     let made = match input.conf.mode {
+        Mode::Veth if ipam_needs_link(input) => {
+            add_veth_link_first(input, &att, &netns, &names, &mac)
+        }
         Mode::Veth => {
             // The IPAM plugin and the veth pair do not depend on each other: both at once
             // (ADD latency is mostly processes starting).
@@ -336,26 +349,21 @@ pub fn add(input: &Input) -> Result<Value> {
                 let pair = create_pair(input, &att, &netns, &names, &mac);
                 (ipam.join().expect("the IPAM thread does not panic"), pair)
             });
-            let ipam = match (ipam, pair) {
-                (Ok(ipam), Ok(())) => ipam,
-                (Ok(_), Err(e)) => {
-                    undo_ipam();
-                    return Err(e);
-                }
+            match (ipam, pair) {
+                (Ok(ipam), Ok(())) => add_veth(input, &att, &netns, &names, &mac, &ipam),
+                (Ok(_), Err(e)) => Err(e),
                 (Err(e), pair) => {
                     if pair.is_ok() {
                         let _ = link::delete(&names.host);
                     }
-                    return Err(e);
+                    Err(e)
                 }
-            };
-            add_veth(input, &att, &netns, &names, &mac, &ipam)
+            }
         }
-        Mode::VhostUser => {
-            let ipam = ipam::run(input, add)?;
-            add_vhost_user(input, &att, &netns, &names, &mac, &ipam)
-        }
+        Mode::VhostUser => ipam::run(input, add)
+            .and_then(|ipam| add_vhost_user(input, &att, &netns, &names, &mac, &ipam)),
     };
+    // A failed IPAM ADD is followed by its DEL too, as the spec asks of delegation.
     made.inspect_err(|_| undo_ipam())
 }
 
@@ -444,6 +452,87 @@ fn add_veth(
         let _ = link::delete(host);
         return Err(e);
     }
+    Ok(veth_result(input, att, netns, names, mac, ipam))
+}
+
+/// ADD for an IPAM plugin that needs the link ([`ipam_needs_link`]), in the order the
+/// reference bridge plugin has: the pair, the interface up, the port (port security with the
+/// MAC only: a DHCP client sends from 0.0.0.0), IPAM, the addresses and routes, then the
+/// port's allowed addresses. Undone (but IPAM, which the caller releases) when a step fails.
+fn add_veth_link_first(
+    input: &Input,
+    att: &Attachment,
+    netns: &Path,
+    names: &Names,
+    mac: &str,
+) -> Result<Value> {
+    let ifname = att.ifname.as_str();
+    let control = input.conf.control();
+    create_pair(input, att, netns, names, mac)?;
+    let mut port_added = false;
+    let done = (|| {
+        link::batch(
+            Some(netns),
+            &format!("cannot bring {ifname} up in the container"),
+            &format!("link set dev {ifname} up\n"),
+        )?;
+        let port = port_config(input, att, names, mac, &[])?;
+        daemon(&control, &Request::PortAdd { port })?;
+        port_added = true;
+        let ipam = ipam::run(
+            input,
+            Call {
+                command: "ADD",
+                attachment: None,
+            },
+        )?;
+        link::batch(
+            Some(netns),
+            &format!("cannot configure {ifname} in the container"),
+            &netns_script(ifname, &ipam)?,
+        )?;
+        if input.conf.port_security {
+            let addrs = ipam_addrs(&ipam);
+            let update = serde_json::from_value(json!({ "ips": security_ips(&addrs) }))
+                .map_err(|e| failed("IPAM returned an unusable address", e.to_string()))?;
+            daemon(
+                &control,
+                &Request::PortSet {
+                    name: names.port.clone(),
+                    update,
+                },
+            )?;
+        }
+        Ok(ipam)
+    })();
+    match done {
+        Ok(ipam) => Ok(veth_result(input, att, netns, names, mac, &ipam)),
+        Err(e) => {
+            if port_added {
+                let _ = daemon(
+                    &control,
+                    &Request::PortDel {
+                        name: names.port.clone(),
+                    },
+                );
+            }
+            let _ = link::delete(&names.host);
+            Err(e)
+        }
+    }
+}
+
+/// The ADD result of a veth attachment: the host end, then the container's interface.
+fn veth_result(
+    input: &Input,
+    att: &Attachment,
+    netns: &Path,
+    names: &Names,
+    mac: &str,
+    ipam: &Value,
+) -> Value {
+    let ifname = att.ifname.as_str();
+    let host = &names.host;
     let mut container = json!({ "name": ifname, "mac": mac, "sandbox": netns });
     if input.version >= Version::V1_1_0 {
         if let Some(m) = input.conf.mtu {
@@ -451,7 +540,7 @@ fn add_veth(
         }
     }
     let host_if = json!({ "name": host, "mac": link::host_mac(host).unwrap_or_default() });
-    Ok(result(input, vec![host_if, container], 1, ipam))
+    result(input, vec![host_if, container], 1, ipam)
 }
 
 fn add_vhost_user(

@@ -776,3 +776,101 @@ fn add_latency() {
     );
     assert_clean(&lab);
 }
+
+/// DHCP as the IPAM (the reference `dhcp` plugin and its daemon, dnsmasq as the server in a
+/// namespace behind a veth port of the same qswitch): the pod's interface and port come
+/// first, the lease through qswitch, then the address; port security ends up with the
+/// leased address.
+#[test]
+fn dhcp_ipam_leases_through_qswitch() {
+    if !can_run()
+        || !require(
+            qswitch_test_support::have_tool("dnsmasq", &["--version"]),
+            "no dnsmasq (apt-get install dnsmasq-base)",
+        )
+    {
+        return;
+    }
+    let pid = std::process::id();
+    let srv_link = format!("qsd{}", pid % 100_000);
+    let srv = Netns::new(&format!("qscni{pid}-7srv"));
+    qswitch_test_support::sh_ok(&[
+        "ip", "link", "add", &srv_link, "type", "veth", "peer", "name", "eth0", "netns", &srv.name,
+    ]);
+    let _srv_link = qswitch_test_support::LinkGuard(srv_link.clone());
+    srv.ok(&["ip", "addr", "add", "10.202.7.1/24", "dev", "eth0"]);
+    srv.ok(&["ip", "link", "set", "eth0", "up"]);
+    let mut lab = Lab::new(
+        7,
+        &format!("[[port]]\nname = \"dhcpd\"\ntype = \"veth\"\nifname = \"{srv_link}\"\n"),
+    );
+    let leases = lab.dir.join("dnsmasq.leases");
+    let _dnsmasq = srv.spawn(
+        &[
+            "dnsmasq",
+            "--no-daemon",
+            "--conf-file=/dev/null",
+            "--port=0",
+            "--user=root",
+            "--interface=eth0",
+            "--bind-interfaces",
+            "--dhcp-range=10.202.7.50,10.202.7.60,255.255.255.0,10m",
+            &format!("--dhcp-leasefile={}", leases.display()),
+            "--pid-file=",
+        ],
+        &lab.dir.join("dnsmasq.log"),
+    );
+    let sock = lab.dir.join("dhcp.sock");
+    let daemon = Command::new(Path::new(REFERENCE).join("dhcp"))
+        .args(["daemon", "-socketpath"])
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(lab.dir.join("dhcp-daemon.log")).unwrap(),
+        ))
+        .spawn()
+        .expect("start the CNI dhcp daemon");
+    let _dhcp_daemon = qswitch_test_support::ChildGuard::new(daemon);
+    assert!(
+        wait_until(Duration::from_secs(10), || sock.exists()),
+        "no dhcp daemon socket"
+    );
+    let conf = lab.conf(
+        "1.0.0",
+        json!({ "port_security": true,
+                "ipam": { "type": "dhcp", "daemonSocketPath": sock } }),
+    );
+    let ns = lab.netns('a').to_str().unwrap().to_string();
+    let id = format!("dh{pid}");
+    let (code, r, log) = lab.exec(&Lab::env("ADD", &id, &ns), &conf);
+    lab.note(&r);
+    assert_eq!(
+        code,
+        Some(0),
+        "ADD: {log}\n{}",
+        std::fs::read_to_string(lab.dir.join("dhcp-daemon.log")).unwrap_or_default()
+    );
+    let addr = r["ips"][0]["address"]
+        .as_str()
+        .expect("an address")
+        .to_string();
+    assert!(
+        addr.starts_with("10.202.7.5") || addr.starts_with("10.202.7.60"),
+        "{r}"
+    );
+    let ping = lab
+        .ns(0)
+        .run(&["ping", "-c", "2", "-i", "0.2", "-W", "2", "10.202.7.1"]);
+    assert!(ping.ok(), "ping the DHCP server: {ping:?}");
+    let port = lab
+        .ports()
+        .into_iter()
+        .find(|p| p["owner"]["container"] == id.as_str())
+        .expect("the pod's port");
+    let host = format!("{}/32", addr.split('/').next().unwrap());
+    assert_eq!(port["security"]["ips"], json!([host]), "{port}");
+    let (code, _, log) = lab.exec(&Lab::env("DEL", &id, &ns), &conf);
+    assert_eq!(code, Some(0), "DEL: {log}");
+    assert_clean(&lab);
+}
