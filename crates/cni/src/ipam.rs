@@ -95,10 +95,13 @@ fn exec(kind: &str, call: Call<'_>, stdin: &[u8]) -> Result<Vec<u8>> {
     })
 }
 
-/// `input`'s config with `cniVersion` replaced.
+/// `input`'s config with `cniVersion` replaced, in `prevResult` too (CHECK, DEL).
 fn with_version(input: &Input, version: &str) -> Vec<u8> {
     let mut v: Value = serde_json::from_slice(&input.raw).expect("parsed before");
     v["cniVersion"] = Value::from(version);
+    if let Some(prev) = v.get_mut("prevResult").filter(|p| p.is_object()) {
+        prev["cniVersion"] = Value::from(version);
+    }
     serde_json::to_vec(&v).expect("serializes")
 }
 

@@ -874,3 +874,66 @@ fn dhcp_ipam_leases_through_qswitch() {
     assert_eq!(code, Some(0), "DEL: {log}");
     assert_clean(&lab);
 }
+
+/// The reference `static` IPAM: IPv4 and IPv6 addresses with gateways and routes, set in the
+/// namespace as the result says; port security takes both addresses and the link-local
+/// prefix.
+#[test]
+fn static_ipam_addresses_and_routes_v4_v6() {
+    if !can_run() {
+        return;
+    }
+    let mut lab = Lab::new(8, "");
+    let conf = lab.conf(
+        "1.1.0",
+        json!({ "port_security": true, "mtu": 1400,
+                "ipam": { "type": "static",
+                          "addresses": [
+                              { "address": "10.202.8.5/24", "gateway": "10.202.8.1" },
+                              { "address": "fd00:202:8::5/64", "gateway": "fd00:202:8::1" } ],
+                          "routes": [ { "dst": "0.0.0.0/0" }, { "dst": "fd00:99::/64" } ],
+                          "dns": { "nameservers": ["10.202.8.53"] } } }),
+    );
+    let ns = lab.netns('a').to_str().unwrap().to_string();
+    let id = format!("st{}", std::process::id());
+    let (code, r, log) = lab.exec(&Lab::env("ADD", &id, &ns), &conf);
+    lab.note(&r);
+    assert_eq!(code, Some(0), "ADD: {log}");
+    assert_eq!(r["ips"].as_array().map(Vec::len), Some(2), "{r}");
+    assert_eq!(r["dns"]["nameservers"][0], "10.202.8.53", "{r}");
+    let routes4 = lab
+        .ns(0)
+        .ok(&["ip", "-4", "route", "show", "default"])
+        .stdout;
+    assert!(routes4.contains("via 10.202.8.1 dev eth0"), "{routes4}");
+    let routes6 = lab
+        .ns(0)
+        .ok(&["ip", "-6", "route", "show", "fd00:99::/64"])
+        .stdout;
+    assert!(routes6.contains("via fd00:202:8::1 dev eth0"), "{routes6}");
+    let addrs = lab
+        .ns(0)
+        .ok(&["ip", "-o", "addr", "show", "dev", "eth0"])
+        .stdout;
+    // Usable at once: no duplicate address detection to wait for.
+    let global = addrs.lines().find(|l| l.contains("fd00:202:8::5/64"));
+    assert!(global.is_some_and(|l| !l.contains("tentative")), "{addrs}");
+    assert!(lab
+        .ns(0)
+        .ok(&["ip", "link", "show", "eth0"])
+        .stdout
+        .contains("mtu 1400"));
+    let port = lab.ports().into_iter().next().expect("the port");
+    assert_eq!(
+        port["security"]["ips"],
+        json!(["10.202.8.5/32", "fd00:202:8::5/128", "fe80::/64"]),
+        "{port}"
+    );
+    let mut with_prev = conf.clone();
+    with_prev["prevResult"] = r.clone();
+    let (code, _, log) = lab.exec(&Lab::env("CHECK", &id, &ns), &with_prev);
+    assert_eq!(code, Some(0), "CHECK: {log}");
+    let (code, _, log) = lab.exec(&Lab::env("DEL", &id, &ns), &with_prev);
+    assert_eq!(code, Some(0), "DEL: {log}");
+    assert_clean(&lab);
+}
