@@ -18,11 +18,18 @@ if [ "$(id -u)" = 0 ]; then
     command -v ss >/dev/null || need+=(iproute2)
     command -v python3 >/dev/null || need+=(python3)
     command -v chromium >/dev/null || need+=(chromium)
+    [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
+    command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
     python3 -c 'import prometheus_client' 2>/dev/null || need_pip=1
     if [ ${#need[@]} -gt 0 ]; then
         echo "== installing ${need[*]}"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
+    if ! command -v cnitool >/dev/null && command -v go >/dev/null; then
+        echo "== installing cnitool (go install)"
+        GOBIN=/usr/local/bin go install github.com/containernetworking/cni/cnitool@v1.3.1 ||
+            echo "   cnitool could not be installed: the CNI tests will skip"
     fi
     if [ "${need_pip:-0}" = 1 ]; then
         echo "== installing prometheus_client (pip)"
@@ -40,8 +47,8 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
 # The packaged binary is built without the lab (packaging/build-deb.sh): it must build clean too.
 cargo clippy -p qswitch --bin qswitch --release --no-default-features -- -D warnings
-echo "== the packaged binary (profile dist, no lab; tests/package.rs packages it)"
-cargo build --profile dist -p qswitch --bin qswitch --no-default-features
+echo "== the packaged binaries (profile dist, qswitch without the lab; tests/package.rs packages them)"
+cargo build --profile dist --no-default-features -p qswitch --bin qswitch -p qswitch-cni --bin qswitch-cni
 echo "== tests"
 log=$(mktemp)
 skips=$(mktemp)

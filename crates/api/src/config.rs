@@ -478,8 +478,25 @@ pub struct PortConfig {
     pub security: Option<Box<SecurityConfig>>,
     /// Storm control: frames/s of broadcast, multicast and unknown unicast.
     pub storm: Option<Box<StormConfig>>,
+    /// Who made the port, when an orchestrator did (`qswitch-cni`): shown in `port list`,
+    /// kept across restarts like every other key (boxed: most ports have none).
+    pub owner: Option<Box<PortOwner>>,
     /// The kind of port and its own keys.
     pub kind: PortKind,
+}
+
+/// `owner = { cni = "NETWORK", container = "ID", ifname = "eth0" }`: the CNI attachment a
+/// port belongs to. `qswitch-cni` sets it on the ports it adds and finds them again by it
+/// (CHECK, DEL, GC); the switch only keeps and shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortOwner {
+    /// The CNI network's `name`.
+    pub cni: String,
+    /// `CNI_CONTAINERID`.
+    pub container: String,
+    /// `CNI_IFNAME`: the interface's name in the container.
+    pub ifname: String,
 }
 
 /// A port's kind, with the keys only that kind has.
@@ -803,6 +820,9 @@ pub struct PortKeys {
     pub security: Option<SecurityConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storm: Option<StormConfig>,
+    /// The CNI attachment that made the port (see [`PortOwner`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<PortOwner>,
 }
 
 fn default_queues() -> u16 {
@@ -852,6 +872,7 @@ impl PortKeys {
             vlans: None,
             security: None,
             storm: None,
+            owner: None,
         }
     }
 }
@@ -954,6 +975,7 @@ impl TryFrom<PortKeys> for PortConfig {
             vlans: k.vlans,
             security: k.security.map(Box::new),
             storm: k.storm.map(Box::new),
+            owner: k.owner.map(Box::new),
             kind,
         };
         port.validate()?;
@@ -977,6 +999,7 @@ impl From<PortConfig> for PortKeys {
         k.vlans = p.vlans;
         k.security = p.security.map(|s| *s);
         k.storm = p.storm.map(|s| *s);
+        k.owner = p.owner.map(|o| *o);
         match p.kind {
             PortKind::Tap(t) => k.ifname = Some(t.ifname),
             PortKind::Veth(v) => {
@@ -1022,6 +1045,7 @@ impl PortConfig {
             vlans: None,
             security: None,
             storm: None,
+            owner: None,
             kind,
         }
     }
@@ -1960,6 +1984,31 @@ vlan = 10
     }
 
     #[test]
+    fn owner_round_trips() {
+        let text = "[[port]]\nname='cni-1'\ntype='veth'\nifname='qc1'\n\
+                    owner = { cni = 'tenant-a', container = 'abc', ifname = 'eth0' }\n";
+        let cfg = Config::from_toml(text).unwrap();
+        let owner = cfg.ports[0].owner.as_deref().expect("owner");
+        assert_eq!(
+            (
+                owner.cni.as_str(),
+                owner.container.as_str(),
+                owner.ifname.as_str()
+            ),
+            ("tenant-a", "abc", "eth0")
+        );
+        assert_eq!(Config::from_toml(&cfg.to_toml().unwrap()).unwrap(), cfg);
+        let json = serde_json::to_string(&cfg.ports[0]).unwrap();
+        assert!(json.contains(r#""owner":{"cni":"tenant-a""#), "{json}");
+        assert_eq!(
+            serde_json::from_str::<PortConfig>(&json).unwrap(),
+            cfg.ports[0]
+        );
+        let e = Config::from_toml(&text.replace("ifname = 'eth0'", "ifnam = 'eth0'")).unwrap_err();
+        assert!(e.to_string().contains("ifnam"), "{e}");
+    }
+
+    #[test]
     fn afxdp_port_keys() {
         let cfg = Config::from_toml("[[port]]\nname='up'\ntype='afxdp'\nifname='eth1'\n").unwrap();
         assert_eq!(
@@ -2309,6 +2358,7 @@ capacity = "10G"
                     vlans: None,
                     security: None,
                     storm: None,
+                    owner: None,
                     kind,
                 })
         }

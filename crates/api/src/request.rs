@@ -442,6 +442,9 @@ pub struct PortInfo {
     /// Storm-control limits in effect; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storm: Option<crate::policy::StormConfig>,
+    /// The CNI attachment that made the port; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<crate::config::PortOwner>,
 }
 
 /// An afxdp port's kernel-side drop counters, summed over its queues.

@@ -251,6 +251,12 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 if let Some(policy) = policy {
                     println!("{:<12} {policy}", "");
                 }
+                if let Some(o) = &p.owner {
+                    println!(
+                        "{:<12} cni: network {}, container {}, ifname {}",
+                        "", o.cni, o.container, o.ifname
+                    );
+                }
                 if let Some(connected) = p.connected {
                     let enabled = p.enabled_queues.unwrap_or_default();
                     let enabled: Vec<String> = enabled.iter().map(u16::to_string).collect();

@@ -615,6 +615,7 @@ mod tests {
             inner_mtu: None,
             kernel: None,
             fastpath: None,
+            owner: None,
         };
         let mut up = gen.clone();
         up.name = "up".into();

@@ -46,8 +46,9 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
         return;
     }
     let root = root();
-    // The script builds the packaged binary (profile `dist`, no `lab` feature) into
-    // target/dist; tests/run.sh builds it before the tests, so this is quick there.
+    // The script builds the packaged binaries (profile `dist`, qswitch without the `lab`
+    // feature) into target/dist; tests/run.sh builds them before the tests, so this is quick
+    // there.
     let built = run(&mut Command::new(root.join("packaging/build-deb.sh")));
     let deb = PathBuf::from(
         built
@@ -80,6 +81,7 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
             .to_string()
     };
     assert_eq!(mode_of("/usr/bin/qswitch"), "-rwxr-xr-x");
+    assert_eq!(mode_of("/usr/lib/cni/qswitch-cni"), "-rwxr-xr-x");
     for f in [
         "/etc/qswitch/qswitch.toml",
         "/usr/share/man/man1/qswitch.1.gz",
@@ -87,6 +89,7 @@ fn deb_builds_installs_into_a_temp_root_and_runs() {
         "/usr/share/zsh/vendor-completions/_qswitch",
         "/usr/share/fish/vendor_completions.d/qswitch.fish",
         "/usr/share/doc/qswitch/libvirt.md",
+        "/usr/share/doc/qswitch/kubernetes.md",
     ] {
         assert_eq!(mode_of(f), "-rw-r--r--", "{f}");
     }
@@ -122,6 +125,14 @@ fn check_unpacked(deb: &Path, dir: &Path) {
     check_no_lab(&qswitch);
     let version = run(Command::new(&qswitch).arg("--version"));
     assert!(version.starts_with("qswitch "), "{version}");
+    // The CNI plugin answers VERSION as the spec says.
+    let mut cni = Command::new(dir.join("usr/lib/cni/qswitch-cni"));
+    cni.env("CNI_COMMAND", "VERSION");
+    let versions = run(&mut cni);
+    assert!(
+        versions.contains(r#""supportedVersions":["0.3.0""#),
+        "{versions}"
+    );
     let checked = run(Command::new(&qswitch)
         .args(["run", "--check", "--config"])
         .arg(dir.join("etc/qswitch/qswitch.toml")));

@@ -72,6 +72,7 @@ impl Switch {
                     vlans,
                     security,
                     storm,
+                    owner: p.config.owner.as_deref().cloned(),
                     name: p.config.name.clone(),
                     kind: p.config.kind.to_string(),
                     ifname: p.config.ifname().map(ToString::to_string),
