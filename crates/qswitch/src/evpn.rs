@@ -3,10 +3,10 @@
 //! ```text
 //!   qswitch (this module, one control-plane thread, 1 s tick)          FRR (same netns)
 //!   ───────────────────────────────────────────────────────           ─────────────────
-//!   switch fdb: local MACs of the port's VLAN ──▶ bridge fdb replace MAC dev qsdumVNI
+//!   switch fdb: local MACs of the port's VLAN ──▶ RTM_NEWNEIGH MAC dev qsdumVNI
 //!   (learned on non-VXLAN ports)                    master static     ──▶ zebra ──▶ bgpd:
 //!                                                                          type-2 (MAC), type-3 (VNI)
-//!   VxlanPort remote table (origin evpn) ◀── bridge -j fdb show dev qsvxVNI ◀── zebra installs
+//!   VxlanPort remote table (origin evpn) ◀── RTM_GETNEIGH dump of qsvxVNI ◀── zebra installs
 //!   VxlanPort flood list   (origin evpn) ◀──   MAC dst VTEP (extern_learn), 00:00:.. dst VTEP
 //!
 //!   shadow: bridge qsbrVNI ─┬─ vxlan qsvxVNI (id VNI, local LOCAL, dstport ≠ qswitch's, nolearning)

@@ -419,10 +419,7 @@ fn kernel_shadow_applies_each_mac_on_its_own() {
     .unwrap();
     assert_eq!(failed, vec![zero, group]);
     assert_eq!(after, BTreeSet::from([a, c]));
-    assert_eq!(
-        remote.flood,
-        BTreeSet::from(["10.77.9.2".parse().unwrap()])
-    );
+    assert_eq!(remote.flood, BTreeSet::from(["10.77.9.2".parse().unwrap()]));
     assert_eq!(
         remote.macs.get(&mac("02:00:00:00:00:b2")),
         Some(&"10.77.9.3".parse().unwrap())

@@ -21,7 +21,10 @@
 //!      message = one datagram, or several of one size back to back (UDP_GRO cmsg)
 //!      each datagram [VXLAN hdr][inner]  →  drop+count: short / I clear / other VNI /
 //!      VTEP unknown (learning off) / inner too short / truncated;
-//!      learn inner src MAC → outer src IP (learning on);
+//!      per frame: what the switch may learn from it (rx_learn: any source, but only a
+//!      trusted VTEP's frame moves a MAC; learning off: only MACs the control plane put
+//!      behind that VTEP); after the switch took the burst, learn inner src MAC → outer
+//!      src IP from the frames it accepted (rx_accepted, learning on);
 //!      in-order TCP segments of one flow → one TSO super-frame (wire::gro), else one frame
 //!
 //!   remote table (MAC → VTEP)                          flood list (VTEP, origins)
@@ -39,6 +42,18 @@
 //! [`VxlanPort::add_flood`], [`VxlanPort::remove_flood`], and the `*_by_origin` variants for a
 //! withdrawn session). With learning off, frames from a VTEP that is neither in the flood
 //! list nor behind a static or EVPN entry are dropped and counted (`unknown_vtep`).
+//!
+//! # The underlay as an attacker
+//! Those VTEPs (flood list, static and EVPN entries) are *trusted*: only their frames may
+//! move a MAC, in the switch's fdb away from a local port ([`crate::fdb::Fdb::learn_unproven`]
+//! for the others) or in the remote table to another VTEP (at most [`MOVES_PER_SEC`] a
+//! second); a live entry stays where it is otherwise (`moves_held`). With learning on, any
+//! VTEP's frames may still add new MACs, at most [`MAX_LEARNED`] learned ones per port
+//! (`learn_refused`). The remote table learns only from frames the switch accepted
+//! ([`Port::rx_accepted`]). Only trusted VTEPs get counters of their own; the others share
+//! one (`other_vteps`), so spoofed sources cannot grow the counters or the metrics. A
+//! coalesced message not yet turned into frames cancels the worker's sleep
+//! ([`Port::rx_arm`]). docs/overlay.md argues the choices.
 //!
 //! # The underlay: the kernel's UDP stack
 //! The host routes the underlay (routes, ECMP, neighbours, VRFs, firewall, IPv4 and IPv6) as it
