@@ -1264,12 +1264,28 @@ fn switch_with_vxlan(
     Arc<VxlanPort>,
     u16,
 ) {
-    use qswitch_api::{PortConfig, PortKind};
     let options = qswitch_dp::Options {
         topology: Some(qswitch_dp::placement::Topology::synthetic(1, 4, 1)),
         ..Default::default()
     };
     let sw = qswitch_dp::Switch::manual(&[0], &options).expect("manual switch");
+    add_vxlan_and_a(sw, local, remotes, learning, base)
+}
+
+/// Adds `vx` and `a` (see [`switch_with_vxlan`]) to `sw`.
+fn add_vxlan_and_a(
+    sw: qswitch_dp::Switch,
+    local: Ipv4Addr,
+    remotes: &[Ipv4Addr],
+    learning: bool,
+    base: u16,
+) -> (
+    qswitch_dp::Switch,
+    Arc<qswitch_dp::port::inject::InjectPort>,
+    Arc<VxlanPort>,
+    u16,
+) {
+    use qswitch_api::{PortConfig, PortKind};
     let mut dstport = None;
     for attempt in 0..20u16 {
         let port = base + ((std::process::id() as u16).wrapping_add(attempt * 79) % 5_000);
@@ -1560,4 +1576,37 @@ fn a_coalesced_message_is_switched_completely_before_sleeping() {
     assert!(!y.rx_arm(0), "datagrams of the message are still waiting");
     assert_eq!(y.rx_burst(0, &mut pkts, 2, &mut drops), MAX_SEGMENTS - 32);
     assert!(y.rx_arm(0), "nothing left: the worker may sleep");
+}
+
+/// F9 on a running switch: with `poll_spin = 0` (the worker sleeps as soon as a poll finds
+/// nothing new), all 64 datagrams of one coalesced message reach the inject port at once,
+/// not 32 now and the rest after the worker's longest sleep (1 s) or the next packet.
+/// Checked to fail before the fix (32 of 64 within the bound).
+#[test]
+fn a_worker_without_spin_switches_a_whole_coalesced_message() {
+    use qswitch_sys::udp::{UdpOptions, UdpSocket as QUdp, MAX_SEGMENTS};
+    use qswitch_test_support::harness::wait_until;
+    let cpu = qswitch_sys::thread::online_cpus().unwrap()[0];
+    let options = qswitch_dp::Options {
+        poll_spin: Duration::ZERO,
+        ..Default::default()
+    };
+    let sw = qswitch_dp::Switch::start(&[cpu], &options).expect("a running switch");
+    let local = Ipv4Addr::new(127, 0, 5, 1);
+    let (sw, a, _vx, dstport) = add_vxlan_and_a(sw, local, &[], true, 41_000);
+    let one = vxlan_payload(0x08, 42, &frame_to([0xff; 6], [2, 0, 0, 0, 5, 5]));
+    let data: Vec<u8> = one.repeat(MAX_SEGMENTS);
+    let s = QUdp::bind("127.0.5.2:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+    let to = SocketAddr::new(IpAddr::V4(local), dstport);
+    assert_eq!(
+        s.send_segments(to, &data, one.len() as u16).unwrap(),
+        data.len()
+    );
+    let mut got = 0;
+    let all = wait_until(Duration::from_millis(500), || {
+        got += a.take_captured().len();
+        got == MAX_SEGMENTS
+    });
+    sw.shutdown();
+    assert!(all, "{got} of {MAX_SEGMENTS} frames within 500 ms");
 }
