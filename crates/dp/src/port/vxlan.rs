@@ -211,8 +211,10 @@ pub struct VxlanConfig {
     pub remotes: Vec<IpAddr>,
     /// The UDP destination port (4789; Linux's default is 8472).
     pub dstport: u16,
-    /// Learn remote MAC → VTEP from received frames; when off, frames from VTEPs not in the
-    /// flood list or the static/EVPN entries are dropped.
+    /// Learn remote MAC → VTEP from received frames (only a trusted VTEP's frame moves a
+    /// MAC); when off, frames from VTEPs not in the flood list or the static/EVPN entries
+    /// are dropped, and the switch learns only the sources those entries put behind the
+    /// sending VTEP.
     pub learning: bool,
     /// UDP checksum on transmit; `None`: on (over IPv4 it could be zero, but the kernel
     /// refuses `UDP_SEGMENT` without it; `Some(false)` over IPv4 sends TSO frames as one
