@@ -60,7 +60,8 @@
 //! local = "192.0.2.1"              # underlay source address (IPv4 or IPv6)
 //! remotes = ["192.0.2.2", "192.0.2.3"]  # flood list: head-end replication
 //! dstport = 4789                   # default 4789 (Linux's own default is 8472)
-//! learning = true                  # remote MAC -> VTEP from received frames
+//! learning = true                  # remote MAC -> VTEP from received frames (false: only
+//!                                  # static/EVPN MACs, from their VTEPs; docs/overlay.md)
 //! vlan = 100                       # the switch VLAN this VNI carries
 //! # udp_csum = false               # default on (UDP_SEGMENT needs it); off: zero over IPv4
 //!
@@ -552,8 +553,10 @@ pub struct VxlanConfig {
     pub remotes: Vec<IpAddr>,
     /// UDP destination port (default 4789, the IANA port; Linux's own default is 8472).
     pub dstport: u16,
-    /// Learn remote MAC → VTEP from received frames (default true). When false, frames from
-    /// VTEPs not in `remotes` (or known through EVPN) are dropped.
+    /// Learn remote MAC → VTEP from received frames (default true; only frames from `remotes`
+    /// or EVPN VTEPs move a MAC the switch knows elsewhere). When false, frames from VTEPs not
+    /// in `remotes` (or known through EVPN) are dropped, and the switch learns only MACs that
+    /// static or EVPN entries put behind the sending VTEP.
     pub learning: bool,
     /// UDP checksum on transmit; default on over both families (the kernel refuses
     /// `UDP_SEGMENT`, the batched send of TSO frames, without it). Off: zero over IPv4 (as
@@ -799,7 +802,8 @@ pub struct PortKeys {
     /// vxlan: the UDP destination port (default 4789).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dstport: Option<u16>,
-    /// vxlan: learn remote MACs (default true).
+    /// vxlan: learn remote MACs (default true; false: the switch learns only MACs that static
+    /// or EVPN entries put behind the sending VTEP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning: Option<bool>,
     /// vxlan: UDP checksum on transmit (default on; see [`VxlanConfig::udp_csum`]).

@@ -532,6 +532,26 @@ pub struct PortStats {
     /// For veth ports: what the kernel fast path forwarded (already in the totals above).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fastpath: Option<FastPathStats>,
+    /// The port's share of the MAC table and what the table refused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fdb: Option<PortFdbStats>,
+}
+
+/// A port's share of the MAC table (fdb) and the addresses refused to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortFdbStats {
+    /// Addresses learned on the port now.
+    pub entries: u32,
+    /// Most addresses it may have (`security.mac_limit`, 4096 by default).
+    pub limit: u32,
+    /// Addresses not learned because the port was at its limit.
+    pub limit_refused: u64,
+    /// Moves of an address to the port refused because it was flapping between ports.
+    pub flaps: u64,
+    /// Moves to the port refused for lack of proof (a VXLAN frame from a VTEP that is
+    /// neither configured nor EVPN's claiming an address live on another port).
+    #[serde(default)]
+    pub moves_held: u64,
 }
 
 /// A veth port's kernel fast path: frames it forwarded without the workers.
@@ -559,8 +579,24 @@ pub struct VxlanStats {
     pub vni: u32,
     /// The VNI's traffic, every VTEP together.
     pub traffic: VxlanTraffic,
-    /// Per remote VTEP.
+    /// Per remote VTEP that is configured, static or EVPN's.
     pub vteps: Vec<VtepStats>,
+    /// Every other VTEP's traffic together (learned VTEPs, unknown senders).
+    #[serde(default)]
+    pub other_vteps: VxlanTraffic,
+    /// Learned remote MACs now (at most 4096 per VNI).
+    #[serde(default)]
+    pub learned: u64,
+    /// Remote MACs not learned: the port's remote table had 4096 learned ones.
+    #[serde(default)]
+    pub learn_refused: u64,
+    /// Moves of a live learned remote MAC to another VTEP refused: the frame came from a
+    /// VTEP that is neither configured nor EVPN's.
+    #[serde(default)]
+    pub moves_held: u64,
+    /// Moves of a learned remote MAC refused because it flapped between VTEPs.
+    #[serde(default)]
+    pub flaps: u64,
     /// Drops by reason (every reason the port counts, zero or not).
     pub drops: BTreeMap<String, u64>,
     /// TSO frames segmented in software before encapsulation.

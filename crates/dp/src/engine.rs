@@ -74,7 +74,7 @@ use crate::fdb::{Fdb, REFRESH_NS};
 use crate::ids::PortId;
 use crate::packet::{Burst, BURST};
 use crate::policy::{self, Egress, Policy, StormClass};
-use crate::port::Port;
+use crate::port::{Port, RxLearn};
 use crate::stats::{DropReason, DropTally};
 use crate::table::{PortEntry, PortTable, QueueList, Shared, WorkerShared};
 
@@ -172,6 +172,10 @@ pub struct Forwarder {
     /// VLAN-aware path: each frame's VLAN, the TCI to push, and whether its buffer holds
     /// it tagged now.
     meta: [FrameVlan; BURST],
+    /// What the ingress lets the switch learn from this burst's frames (see
+    /// [`Port::rx_learn`]), and which frames reached learning (bit per frame).
+    rx_learn: RxLearn,
+    accepted: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -191,6 +195,8 @@ impl Forwarder {
             touched: Vec::with_capacity(BURST),
             cache: FdbCache::default(),
             meta: [FrameVlan::default(); BURST],
+            rx_learn: RxLearn::ALL,
+            accepted: 0,
         }
     }
 
@@ -223,7 +229,14 @@ impl Forwarder {
         if entry.capture.on() {
             entry.capture.rx(queue, &self.burst.pkts[..n], now);
         }
+        // Learning permissions: all, except from ports whose frames need proof (VXLAN).
+        self.rx_learn = entry.dev.rx_learn(queue);
         self.switch_burst(view, fdb, entry, queue, n, now, drops);
+        if self.rx_learn.report {
+            entry.dev.rx_accepted(queue, self.accepted);
+        }
+        self.rx_learn = RxLearn::ALL;
+        self.accepted = 0;
         n
     }
 
@@ -289,7 +302,7 @@ impl Forwarder {
                 drops.count(DropReason::VlanTagged);
                 continue;
             }
-            self.learn(fdb, l2.src, vlan, id, now);
+            self.learn(fdb, l2.src, vlan, id, now, i);
             let dst = if l2.dst.is_multicast() {
                 None
             } else {
@@ -347,7 +360,7 @@ impl Forwarder {
                 }
             }
             self.meta[i] = FrameVlan { vlan, tci, tagged };
-            self.learn(fdb, l2.src, vlan, id, now);
+            self.learn(fdb, l2.src, vlan, id, now, i);
             let dst = if l2.dst.is_multicast() {
                 None
             } else {
@@ -484,15 +497,28 @@ impl Forwarder {
         sel.push(i as u8);
     }
 
+    /// Learns the source of frame `i`, as far as the ingress allows ([`Port::rx_learn`]).
     #[inline]
-    fn learn(&mut self, fdb: &Fdb, mac: MacAddr, vlan: u16, port: PortId, now: u64) {
+    fn learn(&mut self, fdb: &Fdb, mac: MacAddr, vlan: u16, port: PortId, now: u64, i: usize) {
+        let bit = 1u32 << i;
+        if self.rx_learn.learn & bit == 0 {
+            return;
+        }
         if let Some((m, v, p, t)) = self.cache.learned {
             if m == mac && v == vlan && p == port && now.saturating_sub(t) < REFRESH_NS {
+                self.accepted |= bit;
                 return;
             }
         }
-        fdb.learn(mac, vlan, port, now);
-        self.cache.learned = Some((mac, vlan, port, now));
+        let learned = if self.rx_learn.moves & bit != 0 {
+            fdb.learn(mac, vlan, port, now)
+        } else {
+            fdb.learn_unproven(mac, vlan, port, now)
+        };
+        if learned != crate::fdb::Learn::Held {
+            self.cache.learned = Some((mac, vlan, port, now));
+            self.accepted |= bit;
+        }
     }
 
     #[inline]

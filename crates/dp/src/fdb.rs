@@ -23,6 +23,12 @@
 //! and counted as flaps on the port that claimed it, so a spoofer cannot keep stealing an
 //! address back and forth. A single move (a VM that migrated, a cable moved) is learned at
 //! once.
+//!
+//! A frame that proves nothing about where its source lives ([`Fdb::learn_unproven`]: a
+//! VXLAN frame from a VTEP that is neither configured nor EVPN's) may add a new address or
+//! refresh one already on its port, but never moves an address live on another port: one
+//! datagram from the underlay cannot take a local VM's MAC. Such refusals are counted on the
+//! port that claimed the address (`moves_held`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -78,6 +84,9 @@ pub enum Learn {
     TableFull,
     /// Not moved: the address is flapping between ports.
     Flap,
+    /// Not moved: the address is live on another port and the frame brings no proof that it
+    /// moved (a VXLAN frame from a VTEP that is neither configured nor EVPN's).
+    Held,
 }
 
 /// Per-port MAC-table figures.
@@ -91,6 +100,8 @@ pub struct PortFdbStats {
     pub limit_refused: u64,
     /// Moves to the port refused because the address was flapping.
     pub flaps: u64,
+    /// Moves to the port refused for lack of proof ([`Learn::Held`]).
+    pub moves_held: u64,
 }
 
 #[derive(Debug)]
@@ -99,6 +110,7 @@ struct PortSlot {
     limit: AtomicU32,
     limit_refused: AtomicU64,
     flaps: AtomicU64,
+    moves_held: AtomicU64,
 }
 
 /// The forwarding database.
@@ -127,6 +139,7 @@ impl Fdb {
                     limit: AtomicU32::new(DEFAULT_PORT_LIMIT),
                     limit_refused: AtomicU64::new(0),
                     flaps: AtomicU64::new(0),
+                    moves_held: AtomicU64::new(0),
                 })
                 .collect(),
             aging_ns,
@@ -156,6 +169,7 @@ impl Fdb {
                 limit: s.limit.load(Ordering::Relaxed),
                 limit_refused: s.limit_refused.load(Ordering::Relaxed),
                 flaps: s.flaps.load(Ordering::Relaxed),
+                moves_held: s.moves_held.load(Ordering::Relaxed),
             })
     }
 
@@ -171,6 +185,18 @@ impl Fdb {
 
     /// Records that `mac` in `vlan` was seen on `port` at `now`.
     pub fn learn(&self, mac: MacAddr, vlan: u16, port: PortId, now: u64) -> Learn {
+        self.learn_as(mac, vlan, port, now, true)
+    }
+
+    /// Records that `mac` in `vlan` was seen on `port` at `now`, from a frame that proves
+    /// nothing about where the address lives: a new address is learned and a known one
+    /// refreshed, but an address live on another port stays there ([`Learn::Held`],
+    /// counted on `port`). An entry that aged out may be taken over.
+    pub fn learn_unproven(&self, mac: MacAddr, vlan: u16, port: PortId, now: u64) -> Learn {
+        self.learn_as(mac, vlan, port, now, false)
+    }
+
+    fn learn_as(&self, mac: MacAddr, vlan: u16, port: PortId, now: u64, may_move: bool) -> Learn {
         let known = {
             let map = self.map.read();
             match map.get(&(mac, vlan)) {
@@ -204,6 +230,13 @@ impl Fdb {
                 let from = PortId(e.port.load(Ordering::Relaxed));
                 if from == port {
                     return Learn::Known;
+                }
+                if !may_move && now.saturating_sub(e.seen.load(Ordering::Relaxed)) <= self.aging_ns
+                {
+                    if let Some(s) = slot {
+                        s.moves_held.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Learn::Held;
                 }
                 if now.saturating_sub(e.move_window) >= SEC {
                     e.move_window = now;
@@ -272,6 +305,7 @@ impl Fdb {
             s.limit.store(DEFAULT_PORT_LIMIT, Ordering::Relaxed);
             s.limit_refused.store(0, Ordering::Relaxed);
             s.flaps.store(0, Ordering::Relaxed);
+            s.moves_held.store(0, Ordering::Relaxed);
         }
         n
     }
@@ -463,6 +497,28 @@ mod tests {
                 limit: DEFAULT_PORT_LIMIT,
                 ..PortFdbStats::default()
             }
+        );
+    }
+
+    #[test]
+    fn unproven_frames_never_move_a_live_address() {
+        // F3 (audit of issue 27): a frame without proof learns new addresses but cannot
+        // take one that is live on another port; once that entry aged out it can.
+        let f = Fdb::new(10 * SEC);
+        assert_eq!(f.learn(A, 0, PortId(1), 0), Learn::Added);
+        assert_eq!(f.learn_unproven(A, 0, PortId(2), SEC), Learn::Held);
+        assert_eq!(f.lookup(A, 0, SEC), Some(PortId(1)));
+        assert_eq!(f.port_stats(PortId(2)).moves_held, 1);
+        assert_eq!(f.learn_unproven(B, 0, PortId(2), SEC), Learn::Added);
+        assert_eq!(f.learn_unproven(B, 0, PortId(2), 2 * SEC), Learn::Known);
+        assert_eq!(
+            f.learn_unproven(A, 0, PortId(2), 11 * SEC),
+            Learn::Moved { from: PortId(1) }
+        );
+        // A proven frame moves at once.
+        assert_eq!(
+            f.learn(A, 0, PortId(1), 12 * SEC),
+            Learn::Moved { from: PortId(2) }
         );
     }
 

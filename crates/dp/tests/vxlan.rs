@@ -306,6 +306,8 @@ fn pump(vx: &VxlanPort, tap: &TapPort, stop: &AtomicBool) {
         }
         let m = vx.rx_burst(0, &mut pkts, now, &mut drops);
         if m > 0 {
+            // A switch that accepts every frame (the remote table learns from those).
+            vx.rx_accepted(0, u32::MAX);
             tap.tx_burst(0, &mut pkts, &all[..m], &mut drops);
         }
         if n == 0 && m == 0 {
@@ -612,6 +614,8 @@ fn receive_for(port: &VxlanPort, want: usize, timeout: Duration) -> Vec<Vec<u8>>
             start.elapsed().as_nanos() as u64 + 1,
             &mut drops,
         );
+        // As a switch that accepts every frame: the remote table learns from them.
+        port.rx_accepted(0, u32::MAX);
         got.extend(pkts[..n].iter().map(|p| p.frame().to_vec()));
         if n == 0 {
             std::thread::sleep(Duration::from_millis(1));
@@ -1080,6 +1084,7 @@ fn receive_with_hdr(
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.len() < want && Instant::now() < deadline {
         let n = port.rx_burst(0, &mut pkts, 1, &mut drops);
+        port.rx_accepted(0, u32::MAX);
         got.extend(pkts[..n].iter().map(|p| (p.frame().to_vec(), p.hdr)));
         if n == 0 {
             std::thread::sleep(Duration::from_millis(1));
@@ -1239,4 +1244,369 @@ fn bad_datagrams_in_a_gro_message_are_counted_one_by_one() {
         assert_eq!(st.drop_count(reason), n, "{reason:?}: {st:?}");
     }
     assert_eq!((st.gro_frames, st.gro_segments), (1, 2));
+}
+
+// ---------------------------------------------------------------------------------------
+// The underlay as an attacker (issue 27: F3, F4, F9, F11)
+// ---------------------------------------------------------------------------------------
+
+/// A manual switch with inject port `a` and a VXLAN port `vx` (VNI 42) listening on
+/// `local`, flooding to `remotes`, with `learning`. Returns the switch, the port and its
+/// UDP port.
+fn switch_with_vxlan(
+    local: Ipv4Addr,
+    remotes: &[Ipv4Addr],
+    learning: bool,
+    base: u16,
+) -> (
+    qswitch_dp::Switch,
+    Arc<qswitch_dp::port::inject::InjectPort>,
+    Arc<VxlanPort>,
+    u16,
+) {
+    let options = qswitch_dp::Options {
+        topology: Some(qswitch_dp::placement::Topology::synthetic(1, 4, 1)),
+        ..Default::default()
+    };
+    let sw = qswitch_dp::Switch::manual(&[0], &options).expect("manual switch");
+    add_vxlan_and_a(sw, local, remotes, learning, base)
+}
+
+/// Adds `vx` and `a` (see [`switch_with_vxlan`]) to `sw`.
+fn add_vxlan_and_a(
+    sw: qswitch_dp::Switch,
+    local: Ipv4Addr,
+    remotes: &[Ipv4Addr],
+    learning: bool,
+    base: u16,
+) -> (
+    qswitch_dp::Switch,
+    Arc<qswitch_dp::port::inject::InjectPort>,
+    Arc<VxlanPort>,
+    u16,
+) {
+    use qswitch_api::{PortConfig, PortKind};
+    let mut dstport = None;
+    for attempt in 0..20u16 {
+        let port = base + ((std::process::id() as u16).wrapping_add(attempt * 79) % 5_000);
+        let config = PortConfig::new(
+            "vx",
+            PortKind::Vxlan(qswitch_api::VxlanConfig {
+                vni: 42,
+                local: IpAddr::V4(local),
+                remotes: remotes.iter().map(|&r| IpAddr::V4(r)).collect(),
+                dstport: port,
+                learning,
+                udp_csum: None,
+            }),
+        );
+        if sw.add_port(&config).is_ok() {
+            dstport = Some(port);
+            break;
+        }
+    }
+    let dstport = dstport.expect("a VXLAN port in the switch");
+    let a = sw.add_inject_port("a", None).unwrap();
+    let vx = sw.vxlan_ports().remove(0).2;
+    (sw, a, vx, dstport)
+}
+
+/// Sends one VXLAN datagram (VNI 42) from `from` (any loopback address) to `to`.
+fn send_from(from: Ipv4Addr, to: SocketAddr, inner: &[u8]) {
+    let s = UdpSocket::bind(SocketAddr::new(IpAddr::V4(from), 0)).unwrap();
+    s.send_to(&vxlan_payload(0x08, 42, inner), to).unwrap();
+}
+
+/// Polls the switch until the VXLAN port has received `frames` datagrams in all (switched
+/// or dropped), or 5 s passed; returns the clock it got to.
+fn poll_until_received(sw: &qswitch_dp::Switch, vx: &VxlanPort, frames: u64, mut now: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        now += 1_000;
+        sw.poll_once(now);
+        let st = vx.stats();
+        let dropped: u64 = st.drops.iter().map(|(_, n)| n).sum();
+        if st.traffic.rx_frames + dropped >= frames || Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The port the switch's fdb has `mac` on (`fdb` lists the switch's entries first, then
+/// remote-table rows the switch has not learned).
+fn fdb_port_of(sw: &qswitch_dp::Switch, mac: MacAddr) -> Option<String> {
+    sw.fdb()
+        .into_iter()
+        .find(|e| e.mac == mac.to_string())
+        .map(|e| e.port)
+}
+
+/// Frame `src` → `dst`, untagged, EtherType 0x88b5.
+fn frame_to(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    let mut f = inner_frame(src, 60);
+    f[..6].copy_from_slice(&dst);
+    f
+}
+
+/// F3: one datagram from an underlay address that is no configured remote, carrying a
+/// local VM's MAC as inner source, does not move that MAC onto the VXLAN port: unicast to
+/// the VM still reaches it. A frame from a configured remote (proof: the operator's or
+/// EVPN's VTEP) still moves it, as a migration must. Checked to fail before the fix (the
+/// MAC moved to `vx` and the ping went to the attacker).
+#[test]
+fn an_unknown_vtep_cannot_take_a_local_mac() {
+    let (local, remote, attacker) = (
+        Ipv4Addr::new(127, 0, 1, 1),
+        Ipv4Addr::new(127, 0, 1, 2),
+        Ipv4Addr::new(127, 0, 1, 66),
+    );
+    let (sw, a, vx, dstport) = switch_with_vxlan(local, &[remote], true, 21_000);
+    let b = sw.add_inject_port("b", None).unwrap();
+    let to = SocketAddr::new(IpAddr::V4(local), dstport);
+    let (vm, peer) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
+    // The VM speaks: learned on a.
+    a.inject(&frame_to([0xff; 6], vm));
+    let mut now = 1_000;
+    sw.poll_once(now);
+    assert_eq!(fdb_port_of(&sw, MacAddr(vm)).as_deref(), Some("a"));
+    // The attacker claims the VM's MAC from the underlay.
+    send_from(attacker, to, &frame_to([0xff; 6], vm));
+    now = poll_until_received(&sw, &vx, 1, now);
+    assert_eq!(
+        fdb_port_of(&sw, MacAddr(vm)).as_deref(),
+        Some("a"),
+        "{:?}",
+        sw.fdb()
+    );
+    let st = sw.stats();
+    let vxs = st.ports.iter().find(|p| p.name == "vx").unwrap();
+    assert_eq!(vxs.fdb.unwrap().moves_held, 1, "{vxs:?}");
+    // Unicast to the VM still goes to the VM, not into the tunnel.
+    a.take_captured();
+    b.inject(&frame_to(vm, peer));
+    now += 1_000;
+    sw.poll_once(now);
+    assert_eq!(a.take_captured(), vec![frame_to(vm, peer)]);
+    // A frame from the configured remote is proof enough: the MAC moves (a migration).
+    send_from(remote, to, &frame_to([0xff; 6], vm));
+    poll_until_received(&sw, &vx, 2, now);
+    assert_eq!(fdb_port_of(&sw, MacAddr(vm)).as_deref(), Some("vx"));
+}
+
+/// F3: with `learning = false` the switch's fdb learns nothing from the VXLAN port's
+/// frames but the sources the control plane put behind their VTEP (static or EVPN
+/// entries). Checked to fail before the fix (the fdb learned every source).
+#[test]
+fn with_learning_off_the_switch_learns_only_vouched_macs() {
+    let (local, remote) = (Ipv4Addr::new(127, 0, 2, 1), Ipv4Addr::new(127, 0, 2, 2));
+    let (sw, a, vx, dstport) = switch_with_vxlan(local, &[remote], false, 26_000);
+    let to = SocketAddr::new(IpAddr::V4(local), dstport);
+    let (stranger, known) = ([2, 0, 0, 0, 2, 1], [2, 0, 0, 0, 2, 2]);
+    assert!(vx.add_mac(MacAddr(known), IpAddr::V4(remote), Origin::Static));
+    send_from(remote, to, &frame_to([0xff; 6], stranger));
+    send_from(remote, to, &frame_to([0xff; 6], known));
+    poll_until_received(&sw, &vx, 2, 0);
+    assert_eq!(a.take_captured().len(), 2, "both frames are switched");
+    let fdb = sw.fdb();
+    assert!(
+        !fdb.iter().any(|e| e.mac == MacAddr(stranger).to_string()),
+        "{fdb:?}"
+    );
+    assert!(
+        fdb.iter()
+            .any(|e| e.mac == MacAddr(known).to_string() && e.port == "vx"),
+        "{fdb:?}"
+    );
+    assert!(vx.entries().iter().all(|e| e.origin == Origin::Static));
+    // The vouched MAC is in the switch's own table (replies to it do not flood).
+    assert_eq!(
+        sw.stats()
+            .ports
+            .iter()
+            .find(|p| p.name == "vx")
+            .unwrap()
+            .fdb
+            .unwrap()
+            .entries,
+        1
+    );
+}
+
+/// F4: the remote table learns only from frames the switch accepts (an inner-tagged frame
+/// on the VXLAN port, dropped as `vlan_tagged`, re-points nothing), an unknown VTEP cannot
+/// re-point a remote MAC, and a MAC flapping between two configured VTEPs stops moving
+/// after [`MOVES_PER_SEC`] moves. Checked to fail before the fix (the tagged frame moved the
+/// MAC to the attacker).
+#[test]
+fn the_remote_table_learns_only_what_the_switch_accepts() {
+    let (local, r1, r2, attacker) = (
+        Ipv4Addr::new(127, 0, 3, 1),
+        Ipv4Addr::new(127, 0, 3, 2),
+        Ipv4Addr::new(127, 0, 3, 3),
+        Ipv4Addr::new(127, 0, 3, 66),
+    );
+    let (sw, _a, vx, dstport) = switch_with_vxlan(local, &[r1, r2], true, 31_000);
+    let to = SocketAddr::new(IpAddr::V4(local), dstport);
+    let rvm = [2, 0, 0, 0, 3, 1];
+    send_from(r1, to, &frame_to([0xff; 6], rvm));
+    let mut now = poll_until_received(&sw, &vx, 1, 0);
+    assert_eq!(vx.lookup(MacAddr(rvm)), Some(IpAddr::V4(r1)));
+    // An inner-tagged frame from the attacker: dropped by the switch, learns nothing.
+    let mut tagged = frame_to([0xff; 6], rvm);
+    tagged.splice(12..12, [0x81, 0x00, 0x00, 0x0a]);
+    send_from(attacker, to, &tagged);
+    now = poll_until_received(&sw, &vx, 2, now);
+    let st = sw.stats();
+    let p = st.ports.iter().find(|p| p.name == "vx").unwrap();
+    assert_eq!(p.drops.get("vlan_tagged"), Some(&1), "{p:?}");
+    assert_eq!(vx.lookup(MacAddr(rvm)), Some(IpAddr::V4(r1)));
+    // Untagged from the attacker: accepted, but no proof to move the MAC.
+    send_from(attacker, to, &frame_to([0xff; 6], rvm));
+    now = poll_until_received(&sw, &vx, 3, now);
+    assert_eq!(vx.lookup(MacAddr(rvm)), Some(IpAddr::V4(r1)));
+    assert_eq!(vx.stats().moves_held, 1);
+    // Between configured VTEPs it moves, but not endlessly within a second.
+    for i in 0..10u64 {
+        let from = if i % 2 == 0 { r2 } else { r1 };
+        send_from(from, to, &frame_to([0xff; 6], rvm));
+        now = poll_until_received(&sw, &vx, 4 + i, now);
+    }
+    let st = vx.stats();
+    assert!(st.flaps > 0, "{st:?}");
+}
+
+/// F11: spoofed underlay sources and sprayed inner MACs are bounded: one counter (and one
+/// metric series) for every VTEP that is not configured, the remote table held at
+/// [`MAX_LEARNED`] learned MACs per VNI, and the switch's refusals counted per port in
+/// `stats`. Checked to fail before the fix (a counter per source, 5000 learned MACs, no
+/// refusal counter).
+#[test]
+fn spoofed_sources_and_sprayed_macs_are_bounded_and_counted() {
+    use qswitch_dp::port::vxlan::MAX_LEARNED;
+    let (local, remote) = (Ipv4Addr::new(127, 0, 4, 1), Ipv4Addr::new(127, 0, 4, 2));
+    let (sw, _a, vx, dstport) = switch_with_vxlan(local, &[remote], true, 36_000);
+    let to = SocketAddr::new(IpAddr::V4(local), dstport);
+    // 200 spoofed sources, one frame each.
+    for i in 0..200u32 {
+        let from = Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250) as u8 + 1);
+        let b = i.to_be_bytes();
+        send_from(
+            from,
+            to,
+            &frame_to([0xff; 6], [2, 9, b[0], b[1], b[2], b[3]]),
+        );
+    }
+    let now = poll_until_received(&sw, &vx, 200, 0);
+    let st = vx.stats();
+    assert_eq!(st.traffic.rx_frames, 200, "{st:?}");
+    assert!(st.vteps.is_empty(), "{:?}", st.vteps);
+    assert_eq!(st.other_vteps.rx_frames, 200);
+    // 5000 inner MACs from one sender, in batches the socket buffer holds.
+    let s = UdpSocket::bind("127.0.4.9:0").unwrap();
+    let spray = 5_000u32;
+    let mut now = now;
+    let mut sent = 0u32;
+    while sent < spray {
+        for i in sent..(sent + 500).min(spray) {
+            let b = i.to_be_bytes();
+            s.send_to(
+                &vxlan_payload(
+                    0x08,
+                    42,
+                    &frame_to([0xff; 6], [2, 8, b[0], b[1], b[2], b[3]]),
+                ),
+                to,
+            )
+            .unwrap();
+        }
+        sent = (sent + 500).min(spray);
+        now = poll_until_received(&sw, &vx, 200 + u64::from(sent), now);
+    }
+    let st = vx.stats();
+    assert_eq!(st.traffic.rx_frames, 200 + u64::from(spray), "{st:?}");
+    assert_eq!(st.learned as usize, MAX_LEARNED, "{st:?}");
+    assert_eq!(
+        st.learn_refused,
+        200 + u64::from(spray) - MAX_LEARNED as u64
+    );
+    let sst = sw.stats();
+    let f = sst
+        .ports
+        .iter()
+        .find(|p| p.name == "vx")
+        .unwrap()
+        .fdb
+        .unwrap();
+    assert_eq!(f.entries, f.limit);
+    assert_eq!(
+        f.limit_refused,
+        200 + u64::from(spray) - u64::from(f.limit),
+        "{f:?}"
+    );
+}
+
+/// F9: a coalesced `UDP_GRO` message larger than a burst keeps the port "busy": after the
+/// first burst took 32 of its 64 datagrams, `rx_arm` says sleeping is not safe (the socket
+/// is empty, so epoll would not wake the worker for the rest). Checked to fail before the
+/// fix (`rx_arm` said true and the other 32 waited for the next packet).
+#[test]
+fn a_coalesced_message_is_switched_completely_before_sleeping() {
+    use qswitch_sys::udp::{UdpOptions, UdpSocket as QUdp, MAX_SEGMENTS};
+    let (_x, y, dstport) = loopback_pair(true).expect("two loopback ports");
+    let inner = inner_frame([2, 0, 0, 0, 9, 9], 60);
+    let one = vxlan_payload(0x08, VNI, &inner);
+    let data: Vec<u8> = one.repeat(MAX_SEGMENTS);
+    let s = QUdp::bind("127.0.0.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+    let to = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), dstport);
+    assert_eq!(
+        s.send_segments(to, &data, one.len() as u16).unwrap(),
+        data.len()
+    );
+    let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
+    let mut drops = DropTally::default();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = 0;
+    while got == 0 && Instant::now() < deadline {
+        got = y.rx_burst(0, &mut pkts, 1, &mut drops);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(got, 32);
+    assert_eq!(y.stats().udp_gro, 1, "one coalesced message");
+    assert!(!y.rx_arm(0), "datagrams of the message are still waiting");
+    assert_eq!(y.rx_burst(0, &mut pkts, 2, &mut drops), MAX_SEGMENTS - 32);
+    assert!(y.rx_arm(0), "nothing left: the worker may sleep");
+}
+
+/// F9 on a running switch: with `poll_spin = 0` (the worker sleeps as soon as a poll finds
+/// nothing new), all 64 datagrams of one coalesced message reach the inject port at once,
+/// not 32 now and the rest after the worker's longest sleep (1 s) or the next packet.
+/// Checked to fail before the fix (32 of 64 within the bound).
+#[test]
+fn a_worker_without_spin_switches_a_whole_coalesced_message() {
+    use qswitch_sys::udp::{UdpOptions, UdpSocket as QUdp, MAX_SEGMENTS};
+    use qswitch_test_support::harness::wait_until;
+    let cpu = qswitch_sys::thread::online_cpus().unwrap()[0];
+    let options = qswitch_dp::Options {
+        poll_spin: Duration::ZERO,
+        ..Default::default()
+    };
+    let sw = qswitch_dp::Switch::start(&[cpu], &options).expect("a running switch");
+    let local = Ipv4Addr::new(127, 0, 5, 1);
+    let (sw, a, _vx, dstport) = add_vxlan_and_a(sw, local, &[], true, 41_000);
+    let one = vxlan_payload(0x08, 42, &frame_to([0xff; 6], [2, 0, 0, 0, 5, 5]));
+    let data: Vec<u8> = one.repeat(MAX_SEGMENTS);
+    let s = QUdp::bind("127.0.5.2:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+    let to = SocketAddr::new(IpAddr::V4(local), dstport);
+    assert_eq!(
+        s.send_segments(to, &data, one.len() as u16).unwrap(),
+        data.len()
+    );
+    let mut got = 0;
+    let all = wait_until(Duration::from_millis(500), || {
+        got += a.take_captured().len();
+        got == MAX_SEGMENTS
+    });
+    sw.shutdown();
+    assert!(all, "{got} of {MAX_SEGMENTS} frames within 500 ms");
 }

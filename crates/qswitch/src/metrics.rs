@@ -52,6 +52,18 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Frames dropped on receive, per port, rx queue and reason (part of qswitch_port_drops_total).",
     ),
     (
+        "qswitch_port_fdb_entries",
+        "gauge",
+        "Addresses the MAC table has learned on the port.",
+    ),
+    (
+        "qswitch_port_fdb_refused_total",
+        "counter",
+        "Addresses the MAC table refused to learn on the port, per reason: limit (the port was \
+         at its MAC limit), flap (the address moved between ports too often), held (a VXLAN \
+         frame from an unknown VTEP claimed an address live on another port).",
+    ),
+    (
         "qswitch_port_info",
         "gauge",
         "1 per port, labelled with its type and, for afxdp ports, the data path in use (xdp_mode).",
@@ -76,22 +88,38 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     (
         "qswitch_vxlan_rx_packets_total",
         "counter",
-        "Inner frames a VXLAN port decapsulated, per port, VNI and remote VTEP.",
+        "Inner frames a VXLAN port decapsulated, per port, VNI and remote VTEP (vtep=\"other\": \
+         every VTEP that is not configured, static or EVPN's).",
     ),
     (
         "qswitch_vxlan_tx_packets_total",
         "counter",
-        "Inner frames a VXLAN port encapsulated, per port, VNI and remote VTEP.",
+        "Inner frames a VXLAN port encapsulated, per port, VNI and remote VTEP (vtep=\"other\": \
+         every VTEP that is not configured, static or EVPN's).",
     ),
     (
         "qswitch_vxlan_rx_bytes_total",
         "counter",
-        "Inner bytes a VXLAN port decapsulated, per port, VNI and remote VTEP.",
+        "Inner bytes a VXLAN port decapsulated, per port, VNI and remote VTEP (vtep=\"other\": \
+         every VTEP that is not configured, static or EVPN's).",
     ),
     (
         "qswitch_vxlan_tx_bytes_total",
         "counter",
-        "Inner bytes a VXLAN port encapsulated, per port, VNI and remote VTEP.",
+        "Inner bytes a VXLAN port encapsulated, per port, VNI and remote VTEP (vtep=\"other\": \
+         every VTEP that is not configured, static or EVPN's).",
+    ),
+    (
+        "qswitch_vxlan_learned_entries",
+        "gauge",
+        "Remote MACs a VXLAN port has learned (at most 4096 per VNI).",
+    ),
+    (
+        "qswitch_vxlan_learn_refused_total",
+        "counter",
+        "Remote MACs a VXLAN port refused to learn or move, per reason: limit (4096 learned), \
+         flap (moved between VTEPs too often), held (a frame from an unknown VTEP claimed a MAC \
+         live behind another).",
     ),
     (
         "qswitch_vxlan_drops_total",
@@ -310,6 +338,28 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
             }
         }
     }
+    o.family("qswitch_port_fdb_entries");
+    for p in &s.ports {
+        if let Some(f) = &p.fdb {
+            o.sample("qswitch_port_fdb_entries", &[("port", &p.name)], f.entries);
+        }
+    }
+    o.family("qswitch_port_fdb_refused_total");
+    for p in &s.ports {
+        if let Some(f) = &p.fdb {
+            for (reason, n) in [
+                ("limit", f.limit_refused),
+                ("flap", f.flaps),
+                ("held", f.moves_held),
+            ] {
+                o.sample(
+                    "qswitch_port_fdb_refused_total",
+                    &[("port", &p.name), ("reason", reason)],
+                    n,
+                );
+            }
+        }
+    }
     o.family("qswitch_port_info");
     for p in ports {
         let mut labels = vec![("port", p.name.as_str()), ("kind", p.kind.as_str())];
@@ -353,15 +403,38 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
         o.family(name);
         for (port, v) in &vx {
             let vni = v.vni.to_string();
+            let field = |t: &qswitch_api::request::VxlanTraffic| {
+                [t.rx_packets, t.tx_packets, t.rx_bytes, t.tx_bytes][f]
+            };
             for t in &v.vteps {
-                let n = [
-                    t.traffic.rx_packets,
-                    t.traffic.tx_packets,
-                    t.traffic.rx_bytes,
-                    t.traffic.tx_bytes,
-                ][f];
+                let n = field(&t.traffic);
                 o.sample(name, &[("port", port), ("vni", &vni), ("vtep", &t.vtep)], n);
             }
+            // Unknown senders share one series: spoofed sources cannot add series.
+            let n = field(&v.other_vteps);
+            o.sample(name, &[("port", port), ("vni", &vni), ("vtep", "other")], n);
+        }
+    }
+    o.family("qswitch_vxlan_learned_entries");
+    for (port, v) in &vx {
+        o.sample(
+            "qswitch_vxlan_learned_entries",
+            &[("port", port)],
+            v.learned,
+        );
+    }
+    o.family("qswitch_vxlan_learn_refused_total");
+    for (port, v) in &vx {
+        for (reason, n) in [
+            ("limit", v.learn_refused),
+            ("flap", v.flaps),
+            ("held", v.moves_held),
+        ] {
+            o.sample(
+                "qswitch_vxlan_learn_refused_total",
+                &[("port", port), ("reason", reason)],
+                n,
+            );
         }
     }
     o.family("qswitch_vxlan_drops_total");
@@ -568,6 +641,30 @@ mod tests {
                         rx_bytes: 320,
                         ..Default::default()
                     }],
+                    fdb: Some(qswitch_api::request::PortFdbStats {
+                        entries: 4096,
+                        limit: 4096,
+                        limit_refused: 15_904,
+                        flaps: 0,
+                        moves_held: 2,
+                    }),
+                    vxlan: Some(qswitch_api::request::VxlanStats {
+                        vni: 100,
+                        vteps: vec![qswitch_api::request::VtepStats {
+                            vtep: "192.0.2.2".into(),
+                            traffic: qswitch_api::request::VxlanTraffic {
+                                rx_packets: 1,
+                                ..Default::default()
+                            },
+                        }],
+                        other_vteps: qswitch_api::request::VxlanTraffic {
+                            rx_packets: 6000,
+                            ..Default::default()
+                        },
+                        learned: 4096,
+                        learn_refused: 15_904,
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 },
                 PortStats {
@@ -685,6 +782,21 @@ mod tests {
         assert!(t.contains("qswitch_vxlan_inner_mtu_bytes{port=\"vx\"} 1450\n"));
         assert!(!t.contains("qswitch_vxlan_inner_mtu_bytes{port=\"up\"}"));
         assert!(t.contains("qswitch_placement_warnings 1\n"));
+        // F11 (issue 27): fdb refusals per port; unknown VTEPs under one label.
+        assert!(
+            t.contains("qswitch_port_fdb_refused_total{port=\"a\\\"b\",reason=\"limit\"} 15904\n")
+        );
+        assert!(t.contains("qswitch_port_fdb_refused_total{port=\"a\\\"b\",reason=\"held\"} 2\n"));
+        assert!(t.contains("qswitch_port_fdb_entries{port=\"a\\\"b\"} 4096\n"));
+        assert!(t.contains(
+            "qswitch_vxlan_rx_packets_total{port=\"a\\\"b\",vni=\"100\",vtep=\"other\"} 6000\n"
+        ));
+        assert!(t.contains(
+            "qswitch_vxlan_rx_packets_total{port=\"a\\\"b\",vni=\"100\",vtep=\"192.0.2.2\"} 1\n"
+        ));
+        assert!(t.contains(
+            "qswitch_vxlan_learn_refused_total{port=\"a\\\"b\",reason=\"limit\"} 15904\n"
+        ));
         assert!(t
             .lines()
             .all(|l| l.starts_with('#') || l.starts_with("qswitch_")));

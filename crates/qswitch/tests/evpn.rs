@@ -364,3 +364,80 @@ fn three_hosts_exchange_macs_through_frr() {
     drop(hosts);
     drop(fabric);
 }
+
+/// F5 (issue 27): the shadow's MACs go over rtnetlink, one by one: a zero and a group MAC
+/// are refused and reported, the valid MACs around them are installed all the same (before,
+/// `bridge fdb replace 00:00:00:00:00:00` failed and aborted the round, so nothing after
+/// it was ever advertised), withdrawn ones go, and what zebra would install on the vxlan
+/// device (remote MACs, the flood list) is read back. Checked to fail before the fix.
+#[test]
+fn kernel_shadow_applies_each_mac_on_its_own() {
+    use qswitch::evpn::{KernelShadow, Shadow};
+    use qswitch_wire::MacAddr;
+    use std::collections::BTreeSet;
+    if !root_or_skip() {
+        return;
+    }
+    let ns = Netns::new(&format!("qsevk{}", std::process::id() % 100_000));
+    let path = PathBuf::from(format!("/run/netns/{}", ns.name));
+    let mac = |s: &str| s.parse::<MacAddr>().unwrap();
+    let (zero, group) = (mac("00:00:00:00:00:00"), mac("01:00:5e:00:00:01"));
+    let (a, b, c) = (
+        mac("02:00:00:00:00:0a"),
+        mac("02:00:00:00:00:0b"),
+        mac("02:00:00:00:00:0c"),
+    );
+    let (failed, after, remote) = std::thread::spawn(move || {
+        qswitch_sys::netns::enter(&path).expect("enter the namespace");
+        let mut shadow =
+            KernelShadow::create(100, "10.77.9.1".parse().unwrap(), 4789).expect("shadow");
+        let failed: Vec<MacAddr> = shadow
+            .set_local_macs(&BTreeSet::from([zero, group, a, b, c]))
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect();
+        // b withdrawn, the bad ones still asked for: they fail again, nothing else does.
+        let again = shadow.set_local_macs(&BTreeSet::from([zero, a, c]));
+        assert_eq!(again.len(), 1, "{again:?}");
+        let after = bridge_macs("qsdum100");
+        // What zebra installs: a remote MAC and a flood-list VTEP on the vxlan device.
+        for args in [
+            "fdb append 00:00:00:00:00:00 dev qsvx100 dst 10.77.9.2",
+            "fdb add 02:00:00:00:00:b2 dev qsvx100 dst 10.77.9.3",
+        ] {
+            let st = Command::new("bridge")
+                .args(args.split(' '))
+                .status()
+                .unwrap();
+            assert!(st.success(), "bridge {args}");
+        }
+        let remote = shadow.remote().expect("remote over netlink");
+        shadow.remove();
+        (failed, after, remote)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(failed, vec![zero, group]);
+    assert_eq!(after, BTreeSet::from([a, c]));
+    assert_eq!(remote.flood, BTreeSet::from(["10.77.9.2".parse().unwrap()]));
+    assert_eq!(
+        remote.macs.get(&mac("02:00:00:00:00:b2")),
+        Some(&"10.77.9.3".parse().unwrap())
+    );
+    drop(ns);
+}
+
+/// The static entries qswitch put on `dev` (`bridge -j fdb show dev DEV`).
+fn bridge_macs(dev: &str) -> std::collections::BTreeSet<qswitch_wire::MacAddr> {
+    let out = Command::new("bridge")
+        .args(["-j", "fdb", "show", "dev", dev])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e.get("state").and_then(|s| s.as_str()) == Some("static"))
+        .filter_map(|e| e.get("mac")?.as_str()?.parse().ok())
+        .collect()
+}

@@ -133,6 +133,17 @@ const NEVER_COUNTED: &[(&str, &str)] = &[
         "vxlan ports only; counted by crates/dp/tests/vxlan.rs (tso_frames_cross_as_one_gso_send_and_come_out_whole)",
     ),
     (
+        "qswitch_vxlan_learn_refused",
+        "vxlan ports under attack only; counted by crates/dp/tests/vxlan.rs \
+         (spoofed_sources_and_sprayed_macs_are_bounded_and_counted and the F3/F4 tests)",
+    ),
+    (
+        "qswitch_port_fdb_refused",
+        "needs a port over its MAC limit, a flapping or a held MAC; counted by \
+         crates/dp/tests/vxlan.rs (spoofed_sources_and_sprayed_macs_are_bounded_and_counted) \
+         and the metrics unit test",
+    ),
+    (
         "qswitch_tap_offload",
         "TAP ports only; counted by crates/dp/tests/tap_gro.rs and tests/uplink.rs (namespaces)",
     ),

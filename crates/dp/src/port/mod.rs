@@ -34,6 +34,29 @@ pub struct TxDone {
     pub bytes: u64,
 }
 
+/// What the switch may learn from the frames of a port's last rx burst, frame `i` at bit
+/// `i`: whether its source MAC may be learned at all, and whether it may move an address
+/// that is live on another port. Every port but VXLAN says [`RxLearn::ALL`]; a VXLAN port
+/// says what its underlay proves (see [`vxlan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxLearn {
+    pub learn: u32,
+    pub moves: u32,
+    /// Whether the port wants [`Port::rx_accepted`] after the burst.
+    pub report: bool,
+}
+
+const _: () = assert!(crate::packet::BURST <= 32, "one bit per frame of a burst");
+
+impl RxLearn {
+    /// Every frame may be learned and may move an address.
+    pub const ALL: RxLearn = RxLearn {
+        learn: u32::MAX,
+        moves: u32::MAX,
+        report: false,
+    };
+}
+
 /// A port's data path. Implementations are shared between workers (`&self`); an rx queue is
 /// only ever polled by its one owner, so per-queue rx state needs no contention handling.
 pub trait Port: Send + Sync {
@@ -61,6 +84,20 @@ pub trait Port: Send + Sync {
     fn rx_arm(&self, _queue: u16) -> bool {
         true
     }
+
+    /// What the switch may learn from the frames the last [`Port::rx_burst`] of `queue`
+    /// returned.
+    #[inline]
+    fn rx_learn(&self, _queue: u16) -> RxLearn {
+        RxLearn::ALL
+    }
+
+    /// After the switch took the last burst of `queue`, when [`Port::rx_learn`] asked for it
+    /// (`report`): `accepted` has bit `i` set for each frame the switch accepted (classified,
+    /// allowed into a VLAN, passed port security) and learned the source of (not
+    /// [`crate::fdb::Learn::Held`]). A port that learns from frames (VXLAN's remote table)
+    /// learns from those only.
+    fn rx_accepted(&self, _queue: u16, _accepted: u32) {}
 
     /// Whether `queue` has failed for good (its fd must no longer be polled).
     fn rx_dead(&self, _queue: u16) -> bool {
@@ -131,6 +168,13 @@ impl Port for Device {
     }
     fn rx_dead(&self, queue: u16) -> bool {
         each_device!(self, d => d.rx_dead(queue))
+    }
+    #[inline]
+    fn rx_learn(&self, queue: u16) -> RxLearn {
+        each_device!(self, d => d.rx_learn(queue))
+    }
+    fn rx_accepted(&self, queue: u16, accepted: u32) {
+        each_device!(self, d => d.rx_accepted(queue, accepted))
     }
     fn rx_due_in(&self, queue: u16, now: u64) -> Option<u64> {
         each_device!(self, d => d.rx_due_in(queue, now))

@@ -21,7 +21,10 @@
 //!      message = one datagram, or several of one size back to back (UDP_GRO cmsg)
 //!      each datagram [VXLAN hdr][inner]  →  drop+count: short / I clear / other VNI /
 //!      VTEP unknown (learning off) / inner too short / truncated;
-//!      learn inner src MAC → outer src IP (learning on);
+//!      per frame: what the switch may learn from it (rx_learn: any source, but only a
+//!      trusted VTEP's frame moves a MAC; learning off: only MACs the control plane put
+//!      behind that VTEP); after the switch took the burst, learn inner src MAC → outer
+//!      src IP from the frames it accepted (rx_accepted, learning on);
 //!      in-order TCP segments of one flow → one TSO super-frame (wire::gro), else one frame
 //!
 //!   remote table (MAC → VTEP)                          flood list (VTEP, origins)
@@ -39,6 +42,18 @@
 //! [`VxlanPort::add_flood`], [`VxlanPort::remove_flood`], and the `*_by_origin` variants for a
 //! withdrawn session). With learning off, frames from a VTEP that is neither in the flood
 //! list nor behind a static or EVPN entry are dropped and counted (`unknown_vtep`).
+//!
+//! # The underlay as an attacker
+//! Those VTEPs (flood list, static and EVPN entries) are *trusted*: only their frames may
+//! move a MAC, in the switch's fdb away from a local port ([`crate::fdb::Fdb::learn_unproven`]
+//! for the others) or in the remote table to another VTEP (at most [`MOVES_PER_SEC`] a
+//! second); a live entry stays where it is otherwise (`moves_held`). With learning on, any
+//! VTEP's frames may still add new MACs, at most [`MAX_LEARNED`] learned ones per port
+//! (`learn_refused`). The remote table learns only from frames the switch accepted
+//! ([`Port::rx_accepted`]). Only trusted VTEPs get counters of their own; the others share
+//! one (`other_vteps`), so spoofed sources cannot grow the counters or the metrics. A
+//! coalesced message not yet turned into frames cancels the worker's sleep
+//! ([`Port::rx_arm`]). docs/overlay.md argues the choices.
 //!
 //! # The underlay: the kernel's UDP stack
 //! The host routes the underlay (routes, ECMP, neighbours, VRFs, firewall, IPv4 and IPv6) as it
@@ -155,16 +170,22 @@ use qswitch_wire::virtio_net_hdr::{VirtioNetHdr, FLAG_NEEDS_CSUM, GSO_NONE};
 use qswitch_wire::vxlan::{self, Header, Vni};
 use qswitch_wire::{ethernet, flow, ipv4, ipv6, l2, MacAddr};
 
-use super::{Port, TxDone};
+use super::{Port, RxLearn, TxDone};
 use crate::packet::Pkt;
 use crate::stats::{DropReason, DropTally};
 
 /// Sending sockets (and so distinct UDP source ports) per port.
 pub const SRC_PORTS: usize = 16;
-/// Most learned remote addresses; further ones are not learned (their replies flood).
-pub const MAX_LEARNED: usize = 65_536;
-/// Most VTEPs with their own counters.
+/// Most learned remote addresses per port (one VNI), as many as the switch's fdb learns
+/// behind one port by default; further ones are not learned (their replies flood) and are
+/// counted (`learn_refused`). Static and EVPN entries do not count.
+pub const MAX_LEARNED: usize = crate::fdb::DEFAULT_PORT_LIMIT as usize;
+/// Most VTEPs with their own counters (only configured, static and EVPN VTEPs get them; the
+/// others share one, `other`).
 pub const MAX_VTEPS: usize = 4096;
+/// Moves of one learned remote MAC between VTEPs allowed per second before it counts as
+/// flapping (as the switch's fdb, [`crate::fdb::MOVES_PER_SEC`]).
+pub const MOVES_PER_SEC: u32 = crate::fdb::MOVES_PER_SEC;
 /// The underlay MTU assumed when there is no remote to ask the kernel about.
 pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
 /// Bytes of UDP and VXLAN header.
@@ -190,8 +211,10 @@ pub struct VxlanConfig {
     pub remotes: Vec<IpAddr>,
     /// The UDP destination port (4789; Linux's default is 8472).
     pub dstport: u16,
-    /// Learn remote MAC → VTEP from received frames; when off, frames from VTEPs not in the
-    /// flood list or the static/EVPN entries are dropped.
+    /// Learn remote MAC → VTEP from received frames (only a trusted VTEP's frame moves a
+    /// MAC); when off, frames from VTEPs not in the flood list or the static/EVPN entries
+    /// are dropped, and the switch learns only the sources those entries put behind the
+    /// sending VTEP.
     pub learning: bool,
     /// UDP checksum on transmit; `None`: on (over IPv4 it could be zero, but the kernel
     /// refuses `UDP_SEGMENT` without it; `Some(false)` over IPv4 sends TSO frames as one
@@ -283,6 +306,21 @@ struct MacEntry {
     vtep: IpAddr,
     origin: Origin,
     seen: AtomicU64,
+    /// Start of the current one-second move window, and moves in it (write lock only).
+    move_window: u64,
+    moves: u32,
+}
+
+impl MacEntry {
+    fn new(vtep: IpAddr, origin: Origin, now: u64) -> MacEntry {
+        MacEntry {
+            vtep,
+            origin,
+            seen: AtomicU64::new(now),
+            move_window: now,
+            moves: 0,
+        }
+    }
 }
 
 macro_rules! vxlan_drops {
@@ -370,8 +408,19 @@ pub struct VxlanStats {
     pub vni: u32,
     /// The VNI's traffic (every VTEP).
     pub traffic: TrafficStats,
-    /// Per VTEP, sorted by address.
+    /// Per VTEP (configured, static and EVPN ones), sorted by address.
     pub vteps: Vec<(IpAddr, TrafficStats)>,
+    /// Every other VTEP's (learned ones, unknown senders), together.
+    pub other_vteps: TrafficStats,
+    /// Learned remote MACs now.
+    pub learned: u64,
+    /// Remote MACs not learned: the port had [`MAX_LEARNED`] learned ones.
+    pub learn_refused: u64,
+    /// Moves of a live learned MAC to another VTEP refused for lack of proof (the frame came
+    /// from a VTEP that is neither configured nor EVPN's).
+    pub moves_held: u64,
+    /// Moves of a learned MAC refused because it was flapping between VTEPs.
+    pub flaps: u64,
     /// Drops by reason, every reason listed.
     pub drops: Vec<(&'static str, u64)>,
     /// TSO frames segmented in software before encapsulation.
@@ -444,6 +493,13 @@ pub struct VxlanPort {
     allowed: ArcSwap<HashSet<IpAddr>>,
     traffic: Traffic,
     vteps: RwLock<HashMap<IpAddr, Arc<Traffic>>>,
+    /// The traffic of VTEPs without counters of their own.
+    other: Arc<Traffic>,
+    /// Learned entries in `macs` (changed under its write lock).
+    n_learned: std::sync::atomic::AtomicUsize,
+    learn_refused: AtomicU64,
+    moves_held: AtomicU64,
+    flaps: AtomicU64,
     drops: [AtomicU64; VxlanDrop::COUNT],
     segmented: AtomicU64,
     gso_sent: AtomicU64,
@@ -540,6 +596,11 @@ impl VxlanPort {
             allowed: ArcSwap::from_pointee(HashSet::new()),
             traffic: Traffic::default(),
             vteps: RwLock::new(HashMap::new()),
+            other: Arc::default(),
+            n_learned: Default::default(),
+            learn_refused: AtomicU64::new(0),
+            moves_held: AtomicU64::new(0),
+            flaps: AtomicU64::new(0),
             drops: Default::default(),
             segmented: AtomicU64::new(0),
             gso_sent: AtomicU64::new(0),
@@ -634,14 +695,9 @@ impl VxlanPort {
                     false
                 }
                 _ => {
-                    macs.insert(
-                        mac,
-                        MacEntry {
-                            vtep,
-                            origin,
-                            seen: AtomicU64::new(now),
-                        },
-                    );
+                    let old = macs.insert(mac, MacEntry::new(vtep, origin, now));
+                    let was = old.is_some_and(|e| e.origin == Origin::Learned);
+                    self.count_learned(was, origin == Origin::Learned);
                     true
                 }
             }
@@ -658,7 +714,10 @@ impl VxlanPort {
         let removed = {
             let mut macs = self.macs.write();
             match macs.get(&mac) {
-                Some(e) if e.origin == origin => macs.remove(&mac).is_some(),
+                Some(e) if e.origin == origin => {
+                    self.count_learned(origin == Origin::Learned, false);
+                    macs.remove(&mac).is_some()
+                }
                 _ => false,
             }
         };
@@ -674,7 +733,11 @@ impl VxlanPort {
             let mut macs = self.macs.write();
             let before = macs.len();
             macs.retain(|_, e| e.origin != origin);
-            before - macs.len()
+            let n = before - macs.len();
+            if origin == Origin::Learned {
+                self.n_learned.fetch_sub(n, Ordering::Relaxed);
+            }
+            n
         };
         if n > 0 {
             self.publish();
@@ -786,8 +849,25 @@ impl VxlanPort {
             || now.saturating_sub(e.seen.load(Ordering::Relaxed)) <= self.aging_ns
     }
 
-    /// Learns `mac` behind `vtep` from a received frame.
-    fn learn(&self, mac: MacAddr, vtep: IpAddr, now: u64) {
+    /// Keeps [`VxlanPort::n_learned`] (under the write lock of `macs`): an entry that was
+    /// learned (`was`) replaced by one that is (`is`).
+    fn count_learned(&self, was: bool, is: bool) {
+        match (was, is) {
+            (false, true) => {
+                self.n_learned.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.n_learned.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// Learns `mac` behind `vtep` from a frame the switch accepted; `trusted`: `vtep` is
+    /// configured or EVPN's. A new MAC is learned (up to [`MAX_LEARNED`]); a live learned
+    /// one moves to another VTEP only on a trusted frame and at most [`MOVES_PER_SEC`] times
+    /// a second; static and EVPN entries never move.
+    fn learn(&self, mac: MacAddr, vtep: IpAddr, trusted: bool, now: u64) {
         {
             let macs = self.macs.read();
             if let Some(e) = macs.get(&mac) {
@@ -800,11 +880,55 @@ impl VxlanPort {
                     }
                     return;
                 }
-            } else if macs.len() >= MAX_LEARNED {
+                if !trusted && self.live(e, now) {
+                    self.moves_held.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            } else if self.n_learned.load(Ordering::Relaxed) >= MAX_LEARNED {
+                self.learn_refused.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         }
-        self.add_mac(mac, vtep, Origin::Learned);
+        let mut macs = self.macs.write();
+        match macs.get_mut(&mac) {
+            Some(e) if e.origin != Origin::Learned || e.vtep == vtep => {}
+            Some(e) => {
+                if self.live(e, now) {
+                    if !trusted {
+                        self.moves_held.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    if now.saturating_sub(e.move_window) >= SEC {
+                        e.move_window = now;
+                        e.moves = 0;
+                    }
+                    if e.moves >= MOVES_PER_SEC {
+                        self.flaps.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    e.moves += 1;
+                }
+                e.vtep = vtep;
+                e.seen.store(now, Ordering::Relaxed);
+            }
+            None => {
+                if self.n_learned.load(Ordering::Relaxed) >= MAX_LEARNED {
+                    self.learn_refused.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                macs.insert(mac, MacEntry::new(vtep, Origin::Learned, now));
+                self.count_learned(false, true);
+            }
+        }
+    }
+
+    /// Whether `mac` has a static or EVPN entry behind `vtep`: the control plane vouches
+    /// for where it lives.
+    fn vouched(&self, mac: MacAddr, vtep: IpAddr) -> bool {
+        self.macs
+            .read()
+            .get(&mac)
+            .is_some_and(|e| e.origin != Origin::Learned && e.vtep == vtep)
     }
 
     /// Drops learned entries older than the aging time, at most once a second.
@@ -816,7 +940,12 @@ impl VxlanPort {
         self.last_expire.store(now, Ordering::Relaxed);
         let stale = self.macs.read().values().any(|e| !self.live(e, now));
         if stale {
-            self.macs.write().retain(|_, e| self.live(e, now));
+            let mut macs = self.macs.write();
+            let before = macs.len();
+            macs.retain(|_, e| self.live(e, now));
+            // Only learned entries age.
+            self.n_learned
+                .fetch_sub(before - macs.len(), Ordering::Relaxed);
         }
     }
 
@@ -826,15 +955,21 @@ impl VxlanPort {
         self.drops[reason as usize].fetch_add(n, Ordering::Relaxed);
     }
 
-    fn vtep_traffic(&self, vtep: IpAddr) -> Option<Arc<Traffic>> {
+    /// The counters of `vtep`: its own when it is configured, static or EVPN's (the
+    /// VTEPs an operator knows), else the shared `other` ones, so that spoofed underlay
+    /// sources cannot create counters and metric series.
+    fn vtep_traffic(&self, vtep: IpAddr) -> Arc<Traffic> {
         if let Some(t) = self.vteps.read().get(&vtep) {
-            return Some(t.clone());
+            return t.clone();
+        }
+        if !self.allowed.load().contains(&vtep) {
+            return self.other.clone();
         }
         let mut vteps = self.vteps.write();
         if vteps.len() >= MAX_VTEPS {
-            return vteps.get(&vtep).cloned();
+            return vteps.get(&vtep).unwrap_or(&self.other).clone();
         }
-        Some(vteps.entry(vtep).or_default().clone())
+        vteps.entry(vtep).or_default().clone()
     }
 
     /// The port's counters: the VNI's traffic, each VTEP's, drops by reason.
@@ -850,6 +985,11 @@ impl VxlanPort {
             vni: self.vni.get(),
             traffic: self.traffic.snapshot(),
             vteps,
+            other_vteps: self.other.snapshot(),
+            learned: self.n_learned.load(Ordering::Relaxed) as u64,
+            learn_refused: self.learn_refused.load(Ordering::Relaxed),
+            moves_held: self.moves_held.load(Ordering::Relaxed),
+            flaps: self.flaps.load(Ordering::Relaxed),
             drops: VxlanDrop::ALL
                 .iter()
                 .map(|&r| (r.name(), self.drops[r as usize].load(Ordering::Relaxed)))
@@ -1186,6 +1326,11 @@ struct RxScratch {
     off: usize,
     /// Whether these messages may include coalesced ones without their segment size.
     leftovers: bool,
+    /// Per frame of the last burst: its source MAC, VTEP, and whether the VTEP is trusted.
+    srcs: Vec<(MacAddr, IpAddr, bool)>,
+    /// What the switch may learn from the last burst ([`Port::rx_learn`]).
+    learn_bits: u32,
+    move_bits: u32,
 }
 
 impl std::fmt::Debug for RxScratch {
@@ -1259,11 +1404,10 @@ impl<'a> VtepTally<'a> {
     fn flush_vtep(&mut self) {
         if let Some(vtep) = self.vtep {
             if self.frames > 0 {
-                if let Some(t) = self.port.vtep_traffic(vtep) {
-                    match self.dir {
-                        Direction::Rx => t.rx(self.frames, self.bytes),
-                        Direction::Tx => t.tx(self.frames, self.bytes),
-                    }
+                let t = self.port.vtep_traffic(vtep);
+                match self.dir {
+                    Direction::Rx => t.rx(self.frames, self.bytes),
+                    Direction::Tx => t.tx(self.frames, self.bytes),
                 }
             }
         }
@@ -1515,6 +1659,9 @@ impl Port for VxlanPort {
             msg,
             off,
             leftovers,
+            srcs,
+            learn_bits,
+            move_bits,
         } = &mut *guard;
         if *msg >= *got {
             if bufs.is_empty() {
@@ -1542,12 +1689,21 @@ impl Port for VxlanPort {
             *msg = 0;
             *off = 0;
         }
-        let allowed = (!self.learning).then(|| self.allowed.load());
-        let allowed = allowed.as_deref().map(|a| &**a);
+        // The VTEPs whose frames prove where a MAC lives (configured, static, EVPN): with
+        // learning off the only ones accepted; with learning on the only ones whose frames
+        // may move a MAC the switch knows elsewhere.
+        let trusted_vteps = self.allowed.load();
+        let allowed = (!self.learning).then_some(&**trusted_vteps);
         let mut out = 0;
         let mut gro = Gro::new();
         let mut merged = 0u64;
-        let mut learned: Option<(MacAddr, IpAddr)> = None;
+        // The last VTEP looked up in `trusted_vteps`, and the last source checked against
+        // the control plane's entries (learning off): one lookup per run, not per frame.
+        let mut trust: Option<(IpAddr, bool)> = None;
+        let mut vouched: Option<(MacAddr, IpAddr, bool)> = None;
+        srcs.clear();
+        *learn_bits = 0;
+        *move_bits = 0;
         let mut tally = VtepTally::new(self, Direction::Rx);
         'msgs: while *msg < *got {
             let m = meta[*msg];
@@ -1616,10 +1772,45 @@ impl Port for VxlanPort {
                         }
                     }
                 }
-                let src = MacAddr(inner[6..12].try_into().unwrap_or_default());
-                if self.learning && src.is_unicast() && learned != Some((src, vtep)) {
-                    self.learn(src, vtep, now);
-                    learned = Some((src, vtep));
+                if !joined {
+                    // What the switch may learn from frame `out - 1` (F3): with learning on,
+                    // any source, but only a trusted VTEP's frame moves a MAC; with learning
+                    // off, only a source the control plane put behind this VTEP.
+                    let src = MacAddr(inner[6..12].try_into().unwrap_or_default());
+                    let trusted = match trust {
+                        Some((v, t)) if v == vtep => t,
+                        _ => {
+                            let t = trusted_vteps.contains(&vtep);
+                            trust = Some((vtep, t));
+                            t
+                        }
+                    };
+                    let bit = 1u32 << (out - 1);
+                    if self.learning {
+                        *learn_bits |= bit;
+                        if trusted {
+                            *move_bits |= bit;
+                        }
+                    } else {
+                        let ok = match vouched {
+                            Some((m, v, ok)) if m == src && v == vtep => ok,
+                            _ => {
+                                let ok = self.vouched(src, vtep);
+                                vouched = Some((src, vtep, ok));
+                                ok
+                            }
+                        };
+                        if ok {
+                            *learn_bits |= bit;
+                            *move_bits |= bit;
+                        }
+                    }
+                    srcs.push((src, vtep, trusted));
+                } else if srcs.last().is_some_and(|&(_, v, _)| v != vtep) {
+                    // A super-frame of datagrams from two VTEPs proves nothing.
+                    let bit = 1u32 << (out - 1);
+                    *learn_bits &= !bit;
+                    *move_bits &= !bit;
                 }
                 tally.add(vtep, inner.len() as u64);
                 *off = end;
@@ -1726,6 +1917,38 @@ impl Port for VxlanPort {
 
     fn rx_fd(&self, _queue: u16) -> Option<RawFd> {
         Some(self.rx().as_raw_fd())
+    }
+
+    /// A coalesced message not yet turned into frames keeps the worker awake: the socket
+    /// is no longer readable, so epoll would not wake it for them (F9).
+    fn rx_arm(&self, _queue: u16) -> bool {
+        let s = self.rx_scratch.lock();
+        s.msg >= s.got
+    }
+
+    fn rx_learn(&self, _queue: u16) -> RxLearn {
+        let s = self.rx_scratch.lock();
+        RxLearn {
+            learn: s.learn_bits,
+            moves: s.move_bits,
+            report: self.learning,
+        }
+    }
+
+    /// Learns the remote table from the frames the switch accepted (F4).
+    fn rx_accepted(&self, _queue: u16, accepted: u32) {
+        if !self.learning {
+            return;
+        }
+        let now = self.now.load(Ordering::Relaxed);
+        let s = self.rx_scratch.lock();
+        let mut last: Option<(MacAddr, IpAddr)> = None;
+        for (i, &(src, vtep, trusted)) in s.srcs.iter().enumerate() {
+            if accepted & (1 << i) != 0 && last != Some((src, vtep)) {
+                self.learn(src, vtep, trusted, now);
+                last = Some((src, vtep));
+            }
+        }
     }
 }
 

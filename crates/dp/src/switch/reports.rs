@@ -188,7 +188,7 @@ impl Switch {
         let ports = table
             .iter()
             .flatten()
-            .map(|p| port_stats(p, fast.as_deref()))
+            .map(|p| port_stats(p, fast.as_deref(), &self.shared.fdb))
             .collect();
         let workers = self
             .workers
@@ -333,7 +333,19 @@ fn drop_map(
     m
 }
 
-fn port_stats(p: &PortEntry, fast: Option<&crate::port::veth::FastPath>) -> PortStats {
+fn port_stats(
+    p: &PortEntry,
+    fast: Option<&crate::port::veth::FastPath>,
+    fdb: &crate::fdb::Fdb,
+) -> PortStats {
+    let f = fdb.port_stats(p.id);
+    let fdb = Some(qswitch_api::request::PortFdbStats {
+        entries: f.entries,
+        limit: f.limit,
+        limit_refused: f.limit_refused,
+        flaps: f.flaps,
+        moves_held: f.moves_held,
+    });
     let c = &p.counters;
     let queues: Vec<QueueStats> =
         c.rx.iter()
@@ -396,6 +408,7 @@ fn port_stats(p: &PortEntry, fast: Option<&crate::port::veth::FastPath>) -> Port
         announces,
         vxlan,
         tap,
+        fdb,
     }
 }
 
@@ -420,6 +433,11 @@ fn vxlan_stats(s: &crate::port::vxlan::VxlanStats) -> VxlanStats {
                 traffic: traffic(t),
             })
             .collect(),
+        other_vteps: traffic(&s.other_vteps),
+        learned: s.learned,
+        learn_refused: s.learn_refused,
+        moves_held: s.moves_held,
+        flaps: s.flaps,
         drops: s.drops.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
         segmented: s.segmented,
         gso_sent: s.gso_sent,
