@@ -45,6 +45,7 @@ mod runtime;
 pub(crate) mod start;
 
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -53,6 +54,7 @@ use qswitch_api::PlacementMode;
 use crate::placement::Topology;
 use crate::port::tap::TapError;
 use crate::port::vhost_user::VhostUserError;
+use crate::ids::CpuId;
 use crate::table::{Shared, WorkerShared};
 use crate::worker;
 
@@ -216,4 +218,28 @@ impl Switch {
             let _ = w.wake.notify();
         }
     }
+}
+
+/// Every thread the switch starts goes through here: named `name`, confined to `cpus` (none:
+/// where the daemon may run), and a panic in `f` stops the switch with a message naming the
+/// thread ([`Switch::failed`]). `f` learns whether the confinement worked. Threads a port
+/// needs (a vhost-user reactor, say) should be started here too, so their panics are not
+/// lost.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    name: String,
+    cpus: &[CpuId],
+    f: impl FnOnce(std::io::Result<()>) + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    let cpus: Vec<usize> = cpus.iter().map(|c| c.0).collect();
+    let s = shared.clone();
+    qswitch_sys::thread::spawn(
+        name,
+        &cpus,
+        move |why| {
+            tracing::error!("{why}; the switch stops");
+            s.fail(why);
+        },
+        f,
+    )
 }

@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -13,7 +12,7 @@ use parking_lot::Mutex;
 use qswitch_sys::eventfd::EventFd;
 
 use super::runtime::Control;
-use super::{Core, Options, Switch, SwitchError};
+use super::{spawn, Core, Options, Switch, SwitchError};
 use crate::balance::Balancer;
 use crate::engine::ManualWorker;
 use crate::fdb::Fdb;
@@ -213,28 +212,4 @@ impl Drop for Switch {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Every thread the switch starts goes through here: named `name`, confined to `cpus` (none:
-/// where the daemon may run), and a panic in `f` stops the switch with a message naming the
-/// thread ([`Switch::failed`]). `f` learns whether the confinement worked. Threads a port
-/// needs (a vhost-user reactor, say) should be started here too, so their panics are not
-/// lost.
-pub(crate) fn spawn(
-    shared: &Arc<Shared>,
-    name: String,
-    cpus: &[CpuId],
-    f: impl FnOnce(std::io::Result<()>) + Send + 'static,
-) -> std::io::Result<JoinHandle<()>> {
-    let cpus: Vec<usize> = cpus.iter().map(|c| c.0).collect();
-    let s = shared.clone();
-    qswitch_sys::thread::spawn(
-        name,
-        &cpus,
-        move |why| {
-            tracing::error!("{why}; the switch stops");
-            s.fail(why);
-        },
-        f,
-    )
 }
