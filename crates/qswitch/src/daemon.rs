@@ -205,6 +205,13 @@ fn serve(
         Some(addr) => Some((addr, crate::http::bind(addr, &config.switch.http_hosts)?)),
         None => None,
     };
+    let vhost_group = match &config.switch.vhost_group {
+        Some(group) => Some(
+            qswitch_sys::thread::group_id(group)
+                .with_context(|| format!("[switch] vhost_group = \"{group}\""))?,
+        ),
+        None => None,
+    };
     let options = qswitch_dp::Options {
         fdb_aging: Duration::from_secs(config.switch.fdb_aging.get()),
         poll_spin: Duration::from_micros(config.switch.poll_spin_us.get()),
@@ -212,12 +219,9 @@ fn serve(
         placement: config.switch.placement,
         topology: None,
         reservable: config.switch.reservable.get(),
+        vhost_group,
+        ..qswitch_dp::Options::default()
     };
-    if let Some(group) = &config.switch.vhost_group {
-        let gid = qswitch_sys::thread::group_id(group)
-            .with_context(|| format!("[switch] vhost_group = \"{group}\""))?;
-        qswitch_dp::port::vhost_user::set_socket_group(Some(gid));
-    }
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.
     switch.add_ports(&config.ports)?;

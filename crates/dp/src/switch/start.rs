@@ -180,12 +180,25 @@ impl Switch {
             topology,
             reserved: options.reserved.clone(),
             manual: None,
-            fastpath: Mutex::new(None),
+            drivers: super::drivers::Drivers::new(options),
         });
         Ok(Switch {
             core,
             threads: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The names of the threads the switch runs: its workers, the QoS allocator,
+    /// housekeeping, and its drivers' threads (`qs-vhost` once a vhost-user port was added).
+    pub fn thread_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .threads
+            .lock()
+            .iter()
+            .filter_map(|t| t.thread().name().map(str::to_string))
+            .collect();
+        names.extend(self.drivers.thread_names());
+        names
     }
 
     /// Stops the workers and the housekeeping thread, and closes every port (TAPs qswitch
@@ -205,6 +218,7 @@ impl Switch {
             }
         }
         self.shared.ports.store(Arc::new(Vec::new()));
+        self.drivers.stop();
     }
 }
 
