@@ -245,17 +245,18 @@ fn serve(
     });
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());
-        std::thread::Builder::new()
-            .name("qs-control".into())
-            .spawn(move || control::serve(socket, &daemon, &term))
+        let d = daemon.clone();
+        d.switch
+            .spawn("qs-control", move || control::serve(socket, &daemon, &term))
             .context("cannot start the control thread")?
     };
     let http_server = match http {
         Some((addr, listener)) => {
             let (daemon, term) = (daemon.clone(), term.clone());
-            let t = std::thread::Builder::new()
-                .name("qs-http".into())
-                .spawn(move || crate::http::serve(listener, &daemon, &term))
+            let d = daemon.clone();
+            let t = d
+                .switch
+                .spawn("qs-http", move || crate::http::serve(listener, &daemon, &term))
                 .context("cannot start the http thread")?;
             tracing::info!(
                 "http on http://{addr}/ (/metrics, /api/series, /api/stats, /api/ports, /api/placement)"
@@ -267,9 +268,10 @@ fn serve(
     // EVPN: a control-plane thread mirrors the VXLAN ports into FRR's kernel view.
     let evpn = if config.switch.evpn {
         let (daemon, term) = (daemon.clone(), term.clone());
-        let t = std::thread::Builder::new()
-            .name("qs-evpn".into())
-            .spawn(move || {
+        let d = daemon.clone();
+        let t = d
+            .switch
+            .spawn("qs-evpn", move || {
                 let mut evpn = crate::evpn::Evpn::default();
                 while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
                     evpn.tick(&daemon.switch);

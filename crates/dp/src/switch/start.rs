@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -186,6 +187,18 @@ impl Switch {
             core,
             threads: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Starts a thread beside the switch's own (the daemon's control, HTTP and capture
+    /// threads) the way the switch starts its own: named `name`, through the one spawn
+    /// helper, and a panic in `f` stops the switch with a message naming the thread
+    /// ([`Switch::failed`]), which the daemon reports before exiting non-zero.
+    pub fn spawn(
+        &self,
+        name: &str,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<JoinHandle<()>> {
+        spawn(&self.shared, name.to_string(), &[], move |_| f())
     }
 
     /// The names of the threads the switch runs: its workers, the QoS allocator,
