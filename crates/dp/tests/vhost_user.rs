@@ -2277,7 +2277,10 @@ fn vhost_threads() -> usize {
 fn idle_ports_share_one_thread() {
     let dir = TestDir::new("idle_ports");
     let sw = switch(1);
-    assert!(!sw.thread_names().iter().any(|n| n == "qs-vhost"), "started on first use");
+    assert!(
+        !sw.thread_names().iter().any(|n| n == "qs-vhost"),
+        "started on first use"
+    );
     for i in 0..200 {
         let name = format!("i{i}");
         let mode = if i % 2 == 0 {
@@ -2290,8 +2293,15 @@ fn idle_ports_share_one_thread() {
     }
     let names = sw.thread_names();
     let n = names.iter().filter(|n| *n == "qs-vhost").count();
-    assert_eq!(n, 1, "{n} vhost-user control threads for 200 ports: {names:?}");
-    assert_eq!(names.len(), 4, "worker, QoS, housekeeping, vhost-user: {names:?}");
+    assert_eq!(
+        n, 1,
+        "{n} vhost-user control threads for 200 ports: {names:?}"
+    );
+    assert_eq!(
+        names.len(),
+        4,
+        "worker, QoS, housekeeping, vhost-user: {names:?}"
+    );
     // The ports still work.
     let sa = dir.sock("i0");
     let sb = dir.sock("i2");
@@ -2373,10 +2383,16 @@ fn two_switches_share_no_event_loop() {
     let (sb, sc) = (add_server(&sw2, &dir, "b"), add_server(&sw2, &dir, "c"));
     for sw in [&sw1, &sw2] {
         let names = sw.thread_names();
-        assert_eq!(names.iter().filter(|n| *n == "qs-vhost").count(), 1, "{names:?}");
+        assert_eq!(
+            names.iter().filter(|n| *n == "qs-vhost").count(),
+            1,
+            "{names:?}"
+        );
     }
     let a = connect(&s1, opts());
-    wait_until("a connected", || port_info(&sw1, "a").connected == Some(true));
+    wait_until("a connected", || {
+        port_info(&sw1, "a").connected == Some(true)
+    });
     sw1.shutdown();
     assert!(sw1.thread_names().is_empty(), "{:?}", sw1.thread_names());
     a.close();

@@ -256,7 +256,9 @@ fn serve(
             let d = daemon.clone();
             let t = d
                 .switch
-                .spawn("qs-http", move || crate::http::serve(listener, &daemon, &term))
+                .spawn("qs-http", move || {
+                    crate::http::serve(listener, &daemon, &term)
+                })
                 .context("cannot start the http thread")?;
             tracing::info!(
                 "http on http://{addr}/ (/metrics, /api/series, /api/stats, /api/ports, /api/placement)"

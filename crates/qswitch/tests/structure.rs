@@ -137,7 +137,11 @@ fn dp_has_no_static_items() {
             }
         }
     }
-    assert!(found.is_empty(), "statics in qswitch-dp:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "statics in qswitch-dp:\n{}",
+        found.join("\n")
+    );
 }
 
 /// The module graph of a crate's `src`: module path (`port::veth`) → the modules it names
@@ -146,10 +150,7 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut mods = BTreeMap::new();
     for f in rust_files(src) {
         let r = f.strip_prefix(src).expect("under src").with_extension("");
-        let mut parts: Vec<String> = r
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .collect();
+        let mut parts: Vec<String> = r.iter().map(|p| p.to_string_lossy().into_owned()).collect();
         if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
             parts.pop();
         }
@@ -207,7 +208,11 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 format!("{base}::{path}")
             }));
         }
-        let depth = if m.is_empty() { 0 } else { m.split("::").count() };
+        let depth = if m.is_empty() {
+            0
+        } else {
+            m.split("::").count()
+        };
         for child in mods.keys() {
             let is_child = (m.is_empty() || child.starts_with(&format!("{m}::")))
                 && !child.is_empty()
@@ -397,5 +402,8 @@ fn a_panic_in_the_vhost_user_thread_stops_the_daemon() {
         log.contains("qswitch: thread 'qs-vhost' panicked: QSWITCH_TEST_PANIC"),
         "{log}"
     );
-    assert!(took < Duration::from_secs(1), "exited {took:?} after the panic: {log}");
+    assert!(
+        took < Duration::from_secs(1),
+        "exited {took:?} after the panic: {log}"
+    );
 }

@@ -154,7 +154,8 @@ impl Port for Members {
     }
 
     fn rx_due_in(&self, queue: u16, now: u64) -> Option<u64> {
-        self.member(queue).and_then(|(m, q)| m.dev.rx_due_in(q, now))
+        self.member(queue)
+            .and_then(|(m, q)| m.dev.rx_due_in(q, now))
     }
 
     /// What every member offers: transmits may move to any of them.

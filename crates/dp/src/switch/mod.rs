@@ -53,10 +53,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use qswitch_api::PlacementMode;
 
+use crate::ids::CpuId;
 use crate::placement::Topology;
 use crate::port::tap::TapError;
 use crate::port::vhost_user::VhostUserError;
-use crate::ids::CpuId;
 use crate::table::{Shared, WorkerShared};
 use crate::worker;
 

@@ -190,14 +190,19 @@ impl Switch {
             }
             PortKind::Veth(v) => {
                 let fp = if v.fastpath {
-                    Some(self.drivers.veth.fastpath().map_err(|source| SwitchError::Veth {
-                        port: config.name.clone(),
-                        error: VethError::Setup {
-                            what: "creating the fast path's maps",
-                            ifname: v.ifname.to_string(),
-                            source,
-                        },
-                    })?)
+                    Some(
+                        self.drivers
+                            .veth
+                            .fastpath()
+                            .map_err(|source| SwitchError::Veth {
+                                port: config.name.clone(),
+                                error: VethError::Setup {
+                                    what: "creating the fast path's maps",
+                                    ifname: v.ifname.to_string(),
+                                    source,
+                                },
+                            })?,
+                    )
                 } else {
                     None
                 };

@@ -20,8 +20,8 @@ use qswitch_sys::dirty_log::{DirtyLog, LOG_PAGE};
 use qswitch_sys::guestmap::MapOwner;
 
 use super::{
-    protocol_features, Device, GuestMem, Vring, FEATURES, F_PROTOCOL_FEATURES,
-    MAX_MEM_SLOTS, MAX_QUEUE_SIZE,
+    protocol_features, Device, GuestMem, Vring, FEATURES, F_PROTOCOL_FEATURES, MAX_MEM_SLOTS,
+    MAX_QUEUE_SIZE,
 };
 
 type Region = Arc<GuestRegionMmap<MapOwner>>;

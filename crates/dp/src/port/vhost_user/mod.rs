@@ -578,13 +578,16 @@ impl VhostUserPort {
         pairs: u16,
         reactor: &Reactor,
     ) -> Result<VhostUserPort, VhostUserError> {
-        let dev =
-            Arc::new(Device::new(name, pairs.clamp(1, MAX_PAIRS), reactor).map_err(VhostUserError::Setup)?);
+        let dev = Arc::new(
+            Device::new(name, pairs.clamp(1, MAX_PAIRS), reactor).map_err(VhostUserError::Setup)?,
+        );
         let listener = match mode {
-            Mode::Server => Some(listen(socket, reactor.settings().socket_group).map_err(|source| VhostUserError::Listen {
-                path: socket.display().to_string(),
-                source,
-            })?),
+            Mode::Server => Some(listen(socket, reactor.settings().socket_group).map_err(
+                |source| VhostUserError::Listen {
+                    path: socket.display().to_string(),
+                    source,
+                },
+            )?),
             Mode::Client => None,
         };
         let id = reactor.next_id();

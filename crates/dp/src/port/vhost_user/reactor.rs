@@ -38,6 +38,7 @@
 //!   [`super::KICK_STORM`] times a second has its kick fd taken out of the worker's epoll
 //!   (`rings::arm`); the watchdog tick puts it back.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
@@ -45,9 +46,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::cell::RefCell;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -754,7 +754,10 @@ thread_local! {
 pub(crate) fn signal_call(calls: &Arc<CallSlots>, call: &File) -> bool {
     CALL_SLOT.with(|(s, joined)| {
         let mut joined = joined.borrow_mut();
-        if !joined.iter().any(|j| std::ptr::eq(j.as_ptr(), Arc::as_ptr(calls))) {
+        if !joined
+            .iter()
+            .any(|j| std::ptr::eq(j.as_ptr(), Arc::as_ptr(calls)))
+        {
             joined.retain(|j| j.strong_count() > 0);
             joined.push(Arc::downgrade(calls));
             calls.lock().push(Arc::downgrade(s));
