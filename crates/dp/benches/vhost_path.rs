@@ -36,8 +36,10 @@ fn bench(c: &mut Criterion) {
     let dir = Dir(std::env::temp_dir().join(format!("qswitch-bench-vhost-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let (sa, sb) = (dir.0.join("a.sock"), dir.0.join("b.sock"));
-    let a = VhostUserPort::new("a", &sa, Mode::Server, 1, &Reactor::shared().unwrap()).unwrap();
-    let b = VhostUserPort::new("b", &sb, Mode::Server, 1, &Reactor::shared().unwrap()).unwrap();
+    let (reactor, event_loop) = Reactor::new(Default::default()).unwrap();
+    std::thread::spawn(move || event_loop.run());
+    let a = VhostUserPort::new("a", &sa, Mode::Server, 1, &reactor).unwrap();
+    let b = VhostUserPort::new("b", &sb, Mode::Server, 1, &reactor).unwrap();
     let opts = DriverOptions {
         mem_size: 16 << 20,
         request_calls: false,

@@ -2267,11 +2267,17 @@ fn vhost_threads() -> usize {
         .count()
 }
 
-/// 200 idle vhost-user ports (server and client mode) share the one event loop thread.
+/// 200 idle vhost-user ports (server and client mode) share the switch's one event loop
+/// thread. (Counted among the switch's own threads: other tests' switches run in this
+/// process too, each with its own loop.)
 #[test]
 fn idle_ports_share_one_thread() {
     let dir = TestDir::new("idle_ports");
     let sw = switch(1);
+    assert!(
+        !sw.thread_names().iter().any(|n| n == "qs-vhost"),
+        "started on first use"
+    );
     for i in 0..200 {
         let name = format!("i{i}");
         let mode = if i % 2 == 0 {
@@ -2282,8 +2288,17 @@ fn idle_ports_share_one_thread() {
         sw.add_port(&vhost_port(&name, &dir.sock(&name), mode, 1))
             .unwrap();
     }
-    let n = vhost_threads();
-    assert_eq!(n, 1, "{n} vhost-user control threads for 200 ports");
+    let names = sw.thread_names();
+    let n = names.iter().filter(|n| *n == "qs-vhost").count();
+    assert_eq!(
+        n, 1,
+        "{n} vhost-user control threads for 200 ports: {names:?}"
+    );
+    assert_eq!(
+        names.len(),
+        4,
+        "worker, QoS, housekeeping, vhost-user: {names:?}"
+    );
     // The ports still work.
     let sa = dir.sock("i0");
     let sb = dir.sock("i2");
@@ -2352,4 +2367,36 @@ fn idle_port_cost() {
         );
         sw.shutdown();
     }
+}
+
+/// Two switches in one process share no vhost-user machinery: each runs its own event loop,
+/// and shutting one down (its loop stopped, its frontends disconnected) leaves the other's
+/// ports serving.
+#[test]
+fn two_switches_share_no_event_loop() {
+    let dir = TestDir::new("two_switches");
+    let (sw1, sw2) = (switch(1), switch(1));
+    let s1 = add_server(&sw1, &dir, "a");
+    let (sb, sc) = (add_server(&sw2, &dir, "b"), add_server(&sw2, &dir, "c"));
+    for sw in [&sw1, &sw2] {
+        let names = sw.thread_names();
+        assert_eq!(
+            names.iter().filter(|n| *n == "qs-vhost").count(),
+            1,
+            "{names:?}"
+        );
+    }
+    let a = connect(&s1, opts());
+    wait_until("a connected", || {
+        port_info(&sw1, "a").connected == Some(true)
+    });
+    sw1.shutdown();
+    assert!(sw1.thread_names().is_empty(), "{:?}", sw1.thread_names());
+    a.close();
+    let mut b = connect(&sb, opts());
+    let mut c = connect(&sc, opts());
+    roundtrip(&mut b, &mut c, mac(0xb), mac(0xc), 5);
+    b.close();
+    c.close();
+    sw2.shutdown();
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use qswitch_dp::packet::Pkt;
 use qswitch_dp::port::tap::TapPort;
-use qswitch_dp::port::vxlan::{Origin, VxlanConfig, VxlanDrop, VxlanPort};
+use qswitch_dp::port::vxlan::{Origin, VxlanConfig, VxlanDrop, VxlanGroups, VxlanPort};
 use qswitch_dp::port::Port;
 use qswitch_dp::stats::DropTally;
 use qswitch_test_support::skip;
@@ -45,6 +45,13 @@ const VNI: u32 = 100;
 
 /// Whether the test can run: root and the tools it needs. Otherwise skips (prints
 /// "skipped: ...", or fails under QSWITCH_REQUIRE_PRIVILEGED=1).
+/// The socket groups of the ports these tests open outside a switch: one for the whole
+/// test process, as a switch's vxlan driver keeps one for all its ports.
+fn groups() -> &'static VxlanGroups {
+    static GROUPS: std::sync::OnceLock<VxlanGroups> = std::sync::OnceLock::new();
+    GROUPS.get_or_init(VxlanGroups::default)
+}
+
 fn can_run(tools: &[&str]) -> bool {
     if !skip::root_or_skip() {
         return false;
@@ -246,7 +253,7 @@ impl QswitchHost {
         let path = ns_path(host);
         let thread = std::thread::spawn(move || {
             qswitch_sys::netns::enter(&path).expect("enter the host namespace");
-            let opened = VxlanPort::open("vx", &cfg)
+            let opened = VxlanPort::open("vx", &cfg, groups())
                 .map_err(|e| format!("{e:#}"))
                 .and_then(|p| {
                     TapPort::open("qsvm", 1)
@@ -664,7 +671,7 @@ fn bad_input_is_counted_and_forwarding_goes_on() {
     let mut config = cfg(fam, 0, &[1]);
     config.learning = false;
     let port = in_ns(&hosts[0], move || {
-        VxlanPort::open("vx", &config).expect("open")
+        VxlanPort::open("vx", &config, groups()).expect("open")
     });
     let to_a = SocketAddr::new(a, 4789);
     let good = inner_frame([2, 0, 0, 0, 0, 0xb], 60);
@@ -780,7 +787,7 @@ fn loopback_pair_with(
             c.dstport = dstport;
             c.learning = learning;
             c.udp_csum = udp_csum;
-            VxlanPort::open("vx", &c)
+            VxlanPort::open("vx", &c, groups())
         };
         if let (Ok(x), Ok(y)) = (
             mk([127, 0, 0, 1], [127, 0, 0, 2]),
@@ -879,7 +886,7 @@ fn vnis_share_one_udp_port() {
         let mk = |vni| {
             let mut c = VxlanConfig::new(vni, lo);
             c.dstport = dstport;
-            VxlanPort::open("vx", &c)
+            VxlanPort::open("vx", &c, groups())
         };
         if let (Ok(a), Ok(b), Ok(c)) = (mk(100), mk(200), mk(300)) {
             opened = Some((a, b, c, dstport, mk(200)));
@@ -954,7 +961,7 @@ fn config_port_in_a_switch() {
         let mut c = VxlanConfig::new(42, l5);
         c.remotes = vec![l4];
         c.dstport = dstport;
-        if let (Ok(remote), Ok(_)) = (VxlanPort::open("remote", &c), sw.add_port(&port)) {
+        if let (Ok(remote), Ok(_)) = (VxlanPort::open("remote", &c, groups()), sw.add_port(&port)) {
             added = Some(remote);
             break;
         }
@@ -1161,7 +1168,7 @@ fn a_coalesced_message_read_after_udp_gro_went_off_is_split() {
     std::thread::sleep(Duration::from_millis(50));
     let mut c = VxlanConfig::new(VNI + 1, IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
     c.dstport = dstport;
-    let _second = VxlanPort::open("vx2", &c).expect("a second VNI on the address");
+    let _second = VxlanPort::open("vx2", &c, groups()).expect("a second VNI on the address");
     let got = receive_with_hdr(&y, 1);
     assert_eq!(got.len(), 1, "one super-frame again");
     let (frame, h) = &got[0];

@@ -239,13 +239,12 @@ impl Conns {
                     if let Some(c) = self.slots[i].take() {
                         let daemon = daemon.clone();
                         let _ = c.stream.set_nonblocking(false);
-                        let started = std::thread::Builder::new().name("qs-capture".into()).spawn(
-                            move || {
-                                if let Err(e) = crate::capture::serve(&c.stream, &daemon, req) {
-                                    tracing::debug!(error = %e, "capture client went away");
-                                }
-                            },
-                        );
+                        let d = daemon.clone();
+                        let started = d.switch.spawn("qs-capture", move || {
+                            if let Err(e) = crate::capture::serve(&c.stream, &daemon, req) {
+                                tracing::debug!(error = %e, "capture client went away");
+                            }
+                        });
                         if let Err(e) = started {
                             tracing::warn!(error = %e, "cannot start a capture thread");
                         }

@@ -205,6 +205,13 @@ fn serve(
         Some(addr) => Some((addr, crate::http::bind(addr, &config.switch.http_hosts)?)),
         None => None,
     };
+    let vhost_group = match &config.switch.vhost_group {
+        Some(group) => Some(
+            qswitch_sys::thread::group_id(group)
+                .with_context(|| format!("[switch] vhost_group = \"{group}\""))?,
+        ),
+        None => None,
+    };
     let options = qswitch_dp::Options {
         fdb_aging: Duration::from_secs(config.switch.fdb_aging.get()),
         poll_spin: Duration::from_micros(config.switch.poll_spin_us.get()),
@@ -212,12 +219,9 @@ fn serve(
         placement: config.switch.placement,
         topology: None,
         reservable: config.switch.reservable.get(),
+        vhost_group,
+        ..qswitch_dp::Options::default()
     };
-    if let Some(group) = &config.switch.vhost_group {
-        let gid = qswitch_sys::thread::group_id(group)
-            .with_context(|| format!("[switch] vhost_group = \"{group}\""))?;
-        qswitch_dp::port::vhost_user::set_socket_group(Some(gid));
-    }
     let switch = Switch::start(cpus, &options)?;
     // All at once: no frame is switched before every configured port is there.
     switch.add_ports(&config.ports)?;
@@ -241,17 +245,20 @@ fn serve(
     });
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());
-        std::thread::Builder::new()
-            .name("qs-control".into())
-            .spawn(move || control::serve(socket, &daemon, &term))
+        let d = daemon.clone();
+        d.switch
+            .spawn("qs-control", move || control::serve(socket, &daemon, &term))
             .context("cannot start the control thread")?
     };
     let http_server = match http {
         Some((addr, listener)) => {
             let (daemon, term) = (daemon.clone(), term.clone());
-            let t = std::thread::Builder::new()
-                .name("qs-http".into())
-                .spawn(move || crate::http::serve(listener, &daemon, &term))
+            let d = daemon.clone();
+            let t = d
+                .switch
+                .spawn("qs-http", move || {
+                    crate::http::serve(listener, &daemon, &term)
+                })
                 .context("cannot start the http thread")?;
             tracing::info!(
                 "http on http://{addr}/ (/metrics, /api/series, /api/stats, /api/ports, /api/placement)"
@@ -263,9 +270,10 @@ fn serve(
     // EVPN: a control-plane thread mirrors the VXLAN ports into FRR's kernel view.
     let evpn = if config.switch.evpn {
         let (daemon, term) = (daemon.clone(), term.clone());
-        let t = std::thread::Builder::new()
-            .name("qs-evpn".into())
-            .spawn(move || {
+        let d = daemon.clone();
+        let t = d
+            .switch
+            .spawn("qs-evpn", move || {
                 let mut evpn = crate::evpn::Evpn::default();
                 while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
                     evpn.tick(&daemon.switch);

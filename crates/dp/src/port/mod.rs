@@ -12,11 +12,15 @@
 //! | AF_XDP uplink | [`afxdp`] | one AF_XDP socket per NIC queue (copy out of the UMEM); AF_PACKET ring as fallback | TSO segmented, checksums completed, into the socket of queue `worker % n` (or `sendmmsg`) |
 //! | veth | [`veth`] | what the kernel fast path does not forward itself, from a slow path TAP | into the slow path TAP, which sends it into the namespace |
 //! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
+//!
+//! A port made of ports (a bond) is [`members::Members`]: member devices, each with its own
+//! link state, behind one port.
 
 pub mod afxdp;
 pub mod gen;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod inject;
+pub mod members;
 pub mod tap;
 pub mod veth;
 pub mod vhost_user;

@@ -67,7 +67,6 @@ use crate::fdb::Fdb;
 use crate::ids::PortId;
 use crate::packet::Pkt;
 use crate::stats::DropTally;
-use crate::table::{PortEntry, PortTable};
 
 /// Addresses the fast path map holds at most.
 const FDB_ENTRIES: u32 = 16_384;
@@ -114,8 +113,8 @@ struct SyncState {
     /// key → (destination ifindex, port).
     entries: HashMap<u64, (u32, u16)>,
     fdb_generation: Option<u64>,
-    /// Which ports were in, and with which ifindex, at the last sync.
-    ports: HashMap<u16, u32>,
+    /// Which ports were in, with which ifindex and access VLAN, at the last sync.
+    ports: HashMap<u16, (u32, u16)>,
     last_refresh: u64,
 }
 
@@ -130,16 +129,11 @@ fn key(mac: MacAddr, vlan: u16) -> u64 {
 }
 
 impl FastPath {
-    /// Creates the maps (needs `CAP_BPF`).
-    pub fn new() -> io::Result<FastPath> {
+    /// Creates the maps (needs `CAP_BPF`), with counters for port ids below `max_ports`.
+    pub fn new(max_ports: u32) -> io::Result<FastPath> {
         Ok(FastPath {
             fdb: Map::new(MapKind::Hash, 8, VALUE as u32, FDB_ENTRIES)?,
-            counters: Map::new(
-                MapKind::PercpuArray,
-                4,
-                COUNTER as u32,
-                crate::switch::MAX_PORTS as u32,
-            )?,
+            counters: Map::new(MapKind::PercpuArray, 4, COUNTER as u32, max_ports)?,
             state: Mutex::new(SyncState::default()),
         })
     }
@@ -175,28 +169,20 @@ impl FastPath {
             .update_percpu(&u32::from(port.0).to_ne_bytes(), &zero)
     }
 
-    /// Mirrors the fdb into the map: the addresses learnt on ports whose fast path is on
-    /// ([`eligible`]), in their access VLAN; and, every second, refreshes the fdb entries
-    /// the fast path has seen frames from. Called by the switch's housekeeping (every
-    /// 100 ms); cheap when nothing changed.
-    pub fn sync(&self, table: &PortTable, fdb: &Fdb, now: u64) {
+    /// Mirrors the fdb into the map: the addresses learnt on `ports` (port id → (veth
+    /// ifindex, access VLAN): the ports whose fast path is on, chosen by the switch), in
+    /// their access VLAN; and, every second, refreshes the fdb entries the fast path has
+    /// seen frames from. Called by the switch's housekeeping (every 100 ms); cheap when
+    /// nothing changed.
+    pub fn sync(&self, ports: HashMap<u16, (u32, u16)>, fdb: &Fdb, now: u64) {
         let mut st = self.state.lock();
-        let ports: HashMap<u16, u32> = table
-            .iter()
-            .flatten()
-            .filter_map(|p| eligible(p).map(|ifindex| (p.id.0, ifindex)))
-            .collect();
         let generation = fdb.generation();
         if st.fdb_generation != Some(generation) || st.ports != ports {
             let mut want: HashMap<u64, (u32, u16)> = HashMap::new();
             for l in fdb.entries(now) {
-                let Some(&ifindex) = ports.get(&l.port.0) else {
+                let Some(&(ifindex, vlan)) = ports.get(&l.port.0) else {
                     continue;
                 };
-                let vlan = table
-                    .get(usize::from(l.port.0))
-                    .and_then(Option::as_ref)
-                    .map_or(0, |p| p.vlan);
                 if l.vlan == vlan {
                     want.insert(key(l.mac, l.vlan), (ifindex, l.port.0));
                 }
@@ -250,25 +236,6 @@ impl FastPath {
             "qs_veth_fast",
         )
     }
-}
-
-/// The veth ifindex of a port whose fast path is on, `None` for every other port: see the
-/// module docs for what keeps a port out.
-pub(crate) fn eligible(p: &PortEntry) -> Option<u32> {
-    let super::Device::Veth(v) = &p.dev else {
-        return None;
-    };
-    let policy = p.policy.load();
-    let qos = p.qos.settings();
-    // Storm control needs nothing here: broadcast, multicast and unknown unicast always
-    // take the slow path.
-    let plain = policy.settings.vlans.is_empty()
-        && !policy.settings.security.checks_frames()
-        && p.config.capacity.is_none()
-        && qos.min.is_none()
-        && qos.max.is_none()
-        && !p.capture.on();
-    (v.fast && plain).then_some(v.ifindex)
 }
 
 /// A forward jump to a label, resolved by [`Asm::finish`].
@@ -471,7 +438,7 @@ pub struct VethPort {
     /// The slow path.
     tap: TapPort,
     /// Whether the fast path was asked for (`fastpath`); whether it is on right now also
-    /// depends on the port's policy ([`FastPath::sync`]).
+    /// depends on the port's policy (the switch's veth driver).
     fast: bool,
     _links: Vec<Link>,
 }
@@ -580,6 +547,11 @@ impl VethPort {
     pub fn fastpath(&self) -> bool {
         self.fast
     }
+
+    /// The veth end's ifindex.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
 }
 
 impl Port for VethPort {
@@ -637,7 +609,7 @@ mod tests {
         if !root_or_skip() {
             return;
         }
-        let fp = FastPath::new().unwrap();
+        let fp = FastPath::new(4096).unwrap();
         for vlan in [0, 10, 4094] {
             let p = fp.ingress_program(PortId(7), vlan, 3);
             assert!(p.is_ok(), "{p:?}");

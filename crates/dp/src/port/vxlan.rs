@@ -514,6 +514,8 @@ pub struct VxlanPort {
     /// before may still be queued, without their segment size (`coalesced_size`). Cleared
     /// by the first receive that empties the queue.
     gro_leftovers: Arc<std::sync::atomic::AtomicBool>,
+    /// The groups the receive socket joined (left on drop).
+    groups: VxlanGroups,
     /// The switch clock as last seen by rx (tx gets no clock).
     now: AtomicU64,
     last_expire: AtomicU64,
@@ -522,9 +524,14 @@ pub struct VxlanPort {
 }
 
 impl VxlanPort {
-    /// Opens the port: listens on (`local`, `dstport`), binds [`SRC_PORTS`] sending sockets
-    /// and puts `remotes` in the flood list with origin `static`.
-    pub fn open(name: &str, config: &VxlanConfig) -> Result<VxlanPort, VxlanError> {
+    /// Opens the port: listens on (`local`, `dstport`), joining the port to `groups`,
+    /// binds [`SRC_PORTS`] sending sockets and puts `remotes` in the flood list with origin
+    /// `static`.
+    pub fn open(
+        name: &str,
+        config: &VxlanConfig,
+        groups: &VxlanGroups,
+    ) -> Result<VxlanPort, VxlanError> {
         let vni = Vni::new(config.vni).ok_or(VxlanError::BadVni(config.vni))?;
         for &remote in &config.remotes {
             if remote.is_ipv4() != config.local.is_ipv4() {
@@ -545,7 +552,8 @@ impl VxlanPort {
         let addr = SocketAddr::new(config.local, config.dstport);
         // Held until the port has joined its group, so the kernel's socket order and the
         // group's stay the same.
-        let mut groups = lock_groups();
+        let group_list = groups.clone();
+        let mut groups = groups.lock();
         let netns = current_netns();
         let group = groups.iter().find(|g| g.netns == netns && g.addr == addr);
         if group.is_some_and(|g| g.members.iter().any(|m| m.vni == vni)) {
@@ -610,6 +618,7 @@ impl VxlanPort {
             gso: std::sync::atomic::AtomicBool::new(tx_checksum),
             rx_scratch: Mutex::new(RxScratch::default()),
             gro_leftovers,
+            groups: group_list,
             now: AtomicU64::new(0),
             last_expire: AtomicU64::new(0),
             scratch: (0..8).map(|_| Mutex::new(Scratch::default())).collect(),
@@ -1459,7 +1468,23 @@ struct Member {
     leftovers: std::sync::Weak<std::sync::atomic::AtomicBool>,
 }
 
-static GROUPS: std::sync::Mutex<Vec<Group>> = std::sync::Mutex::new(Vec::new());
+/// The `SO_REUSEPORT` groups of a switch's VXLAN ports (the switch's vxlan driver). Ports
+/// opened with different `VxlanGroups` on one address would join one kernel group without
+/// knowing of each other: a switch keeps one for all its ports.
+#[derive(Default, Clone)]
+pub struct VxlanGroups(Arc<std::sync::Mutex<Vec<Group>>>);
+
+impl std::fmt::Debug for VxlanGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("VxlanGroups")
+    }
+}
+
+impl VxlanGroups {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Group>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// The calling thread's network namespace, as `net:[inode]` (sockets belong to the
 /// namespace of the thread that created them).
@@ -1467,10 +1492,6 @@ fn current_netns() -> String {
     std::fs::read_link("/proc/thread-self/ns/net")
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-fn lock_groups() -> std::sync::MutexGuard<'static, Vec<Group>> {
-    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Adds the socket just bound (the kernel put it last in the group) and steers again.
@@ -1556,7 +1577,7 @@ fn steering(members: &[Member]) -> Vec<udp::BpfInsn> {
 
 impl Drop for VxlanPort {
     fn drop(&mut self) {
-        let mut groups = lock_groups();
+        let mut groups = self.groups.lock();
         let Some(at) = groups
             .iter()
             .position(|g| g.netns == self.netns && g.addr == self.rx_addr)

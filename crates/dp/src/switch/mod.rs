@@ -6,6 +6,7 @@
 //! | [`runtime`] | the queue-placement runtime: plan, publish, hand-off, rebalance, pins |
 //! | [`reports`] | `port list`, `fdb`, `stats`, `placement`, `qos show` |
 //! | [`start`] | start-up and shutdown: worker, QoS and housekeeping threads, or none |
+//! | [`drivers`] | the port kinds' shared machinery (vhost-user event loop, veth fast path, VXLAN socket groups) |
 //!
 //! # One place for every change
 //! Every control operation that changes the switch (add or remove a port, change a port's
@@ -38,6 +39,7 @@
 //! in both modes (a manual worker picks up a published change at once, as a worker thread
 //! would between bursts).
 
+pub(crate) mod drivers;
 mod inspect;
 mod ports;
 mod reports;
@@ -45,11 +47,13 @@ mod runtime;
 pub(crate) mod start;
 
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use qswitch_api::PlacementMode;
 
+use crate::ids::CpuId;
 use crate::placement::Topology;
 use crate::port::tap::TapError;
 use crate::port::vhost_user::VhostUserError;
@@ -136,6 +140,12 @@ pub struct Options {
     pub topology: Option<Topology>,
     /// Share of an uplink's capacity that guarantees may reserve (QoS admission control).
     pub reservable: f64,
+    /// vhost-user: the group given the sockets of server-mode ports (`None`: the daemon's
+    /// own). The sockets are mode 0660 either way.
+    pub vhost_group: Option<u32>,
+    /// vhost-user: the most guest memory one port may map, in bytes (the sum of its
+    /// SET_MEM_TABLE regions).
+    pub vhost_max_guest_memory: u64,
 }
 
 impl Default for Options {
@@ -147,6 +157,8 @@ impl Default for Options {
             placement: PlacementMode::Dynamic,
             topology: None,
             reservable: qswitch_api::config::DEFAULT_RESERVABLE,
+            vhost_group: None,
+            vhost_max_guest_memory: crate::port::vhost_user::DEFAULT_MAX_GUEST_MEMORY,
         }
     }
 }
@@ -161,8 +173,8 @@ pub struct Core {
     reserved: Vec<usize>,
     /// Without threads: the workers' engines and the QoS allocator, driven by `poll_once`.
     manual: Option<Mutex<start::Manual>>,
-    /// The kernel fast path of veth ports: its maps, made with the first such port.
-    fastpath: Mutex<Option<Arc<crate::port::veth::FastPath>>>,
+    /// The port kinds' shared machinery.
+    drivers: drivers::Drivers,
 }
 
 /// A running switch.
@@ -216,4 +228,28 @@ impl Switch {
             let _ = w.wake.notify();
         }
     }
+}
+
+/// Every thread the switch starts goes through here: named `name`, confined to `cpus` (none:
+/// where the daemon may run), and a panic in `f` stops the switch with a message naming the
+/// thread ([`Switch::failed`]). `f` learns whether the confinement worked. The drivers'
+/// threads ([`drivers`]) and the daemon's ([`Switch::spawn`]) start here too, so no
+/// panic is lost.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    name: String,
+    cpus: &[CpuId],
+    f: impl FnOnce(std::io::Result<()>) + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    let cpus: Vec<usize> = cpus.iter().map(|c| c.0).collect();
+    let s = shared.clone();
+    qswitch_sys::thread::spawn(
+        name,
+        &cpus,
+        move |why| {
+            tracing::error!("{why}; the switch stops");
+            s.fail(why);
+        },
+        f,
+    )
 }

@@ -14,8 +14,8 @@ use crate::policy::{Policy, PortPolicy};
 use crate::port::afxdp::{self, AfXdpPort};
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
-use crate::port::veth::{FastPath, VethError, VethPort};
-use crate::port::vhost_user::{Mode, Reactor, VhostUserError, VhostUserPort};
+use crate::port::veth::{VethError, VethPort};
+use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
 use crate::port::vxlan::{VxlanConfig, VxlanPort};
 use crate::port::Device;
 use crate::qos;
@@ -153,7 +153,11 @@ impl Switch {
                     v.socket.as_path(),
                     mode,
                     config.queues,
-                    &Reactor::shared().map_err(VhostUserError::Setup)?,
+                    &self
+                        .drivers
+                        .vhost
+                        .reactor(&self.shared)
+                        .map_err(VhostUserError::Setup)?,
                 )?)
             }
             PortKind::Vxlan(v) => {
@@ -162,7 +166,11 @@ impl Switch {
                 c.dstport = v.dstport;
                 c.learning = v.learning;
                 c.udp_csum = v.udp_csum;
-                Device::Vxlan(Arc::new(VxlanPort::open(&config.name, &c)?))
+                Device::Vxlan(Arc::new(VxlanPort::open(
+                    &config.name,
+                    &c,
+                    &self.drivers.vxlan,
+                )?))
             }
             PortKind::AfXdp(a) => {
                 let mode = match a.mode {
@@ -182,14 +190,19 @@ impl Switch {
             }
             PortKind::Veth(v) => {
                 let fp = if v.fastpath {
-                    Some(self.fastpath().map_err(|source| SwitchError::Veth {
-                        port: config.name.clone(),
-                        error: VethError::Setup {
-                            what: "creating the fast path's maps",
-                            ifname: v.ifname.to_string(),
-                            source,
-                        },
-                    })?)
+                    Some(
+                        self.drivers
+                            .veth
+                            .fastpath()
+                            .map_err(|source| SwitchError::Veth {
+                                port: config.name.clone(),
+                                error: VethError::Setup {
+                                    what: "creating the fast path's maps",
+                                    ifname: v.ifname.to_string(),
+                                    source,
+                                },
+                            })?,
+                    )
                 } else {
                     None
                 };
@@ -216,17 +229,6 @@ impl Switch {
                 self.workers.len(),
             )),
         })
-    }
-
-    /// The veth ports' fast path maps, made on first use.
-    fn fastpath(&self) -> std::io::Result<Arc<FastPath>> {
-        let mut fp = self.fastpath.lock();
-        if let Some(f) = fp.as_ref() {
-            return Ok(f.clone());
-        }
-        let f = Arc::new(FastPath::new()?);
-        *fp = Some(f.clone());
-        Ok(f)
     }
 
     fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {

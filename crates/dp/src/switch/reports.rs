@@ -93,7 +93,7 @@ impl Switch {
                     },
                     kernel,
                     fastpath: match &p.dev {
-                        Device::Veth(_) => Some(crate::port::veth::eligible(p).is_some()),
+                        Device::Veth(_) => Some(super::drivers::eligible(p).is_some()),
                         _ => None,
                     },
                 }
@@ -184,7 +184,7 @@ impl Switch {
                 owners.insert((e.id, *q), w.id);
             }
         }
-        let fast = self.fastpath.lock().clone();
+        let fast = self.drivers.veth.current();
         let ports = table
             .iter()
             .flatten()

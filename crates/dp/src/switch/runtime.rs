@@ -502,10 +502,9 @@ impl Core {
     /// [`crate::port::veth`]): every housekeeping tick, and at once after a port is added or
     /// removed (policy, QoS and capture changes take effect at the next tick).
     pub(super) fn sync_fastpath(&self, now: u64) {
-        let fp = self.fastpath.lock().clone();
-        if let Some(fp) = fp {
-            fp.sync(&self.shared.ports.load(), &self.shared.fdb, now);
-        }
+        self.drivers
+            .veth
+            .sync(&self.shared.ports.load(), &self.shared.fdb, now);
     }
 
     /// Measures every queue's and worker's load since the last evaluation and, in dynamic

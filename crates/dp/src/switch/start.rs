@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use qswitch_sys::eventfd::EventFd;
 
 use super::runtime::Control;
-use super::{Core, Options, Switch, SwitchError};
+use super::{spawn, Core, Options, Switch, SwitchError};
 use crate::balance::Balancer;
 use crate::engine::ManualWorker;
 use crate::fdb::Fdb;
@@ -181,12 +181,37 @@ impl Switch {
             topology,
             reserved: options.reserved.clone(),
             manual: None,
-            fastpath: Mutex::new(None),
+            drivers: super::drivers::Drivers::new(options),
         });
         Ok(Switch {
             core,
             threads: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Starts a thread beside the switch's own (the daemon's control, HTTP and capture
+    /// threads) the way the switch starts its own: named `name`, through the one spawn
+    /// helper, and a panic in `f` stops the switch with a message naming the thread
+    /// ([`Switch::failed`]), which the daemon reports before exiting non-zero.
+    pub fn spawn(
+        &self,
+        name: &str,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<JoinHandle<()>> {
+        spawn(&self.shared, name.to_string(), &[], move |_| f())
+    }
+
+    /// The names of the threads the switch runs: its workers, the QoS allocator,
+    /// housekeeping, and its drivers' threads (`qs-vhost` once a vhost-user port was added).
+    pub fn thread_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .threads
+            .lock()
+            .iter()
+            .filter_map(|t| t.thread().name().map(str::to_string))
+            .collect();
+        names.extend(self.drivers.thread_names());
+        names
     }
 
     /// Stops the workers and the housekeeping thread, and closes every port (TAPs qswitch
@@ -206,6 +231,7 @@ impl Switch {
             }
         }
         self.shared.ports.store(Arc::new(Vec::new()));
+        self.drivers.stop();
     }
 }
 
@@ -213,28 +239,4 @@ impl Drop for Switch {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Every thread the switch starts goes through here: named `name`, confined to `cpus` (none:
-/// where the daemon may run), and a panic in `f` stops the switch with a message naming the
-/// thread ([`Switch::failed`]). `f` learns whether the confinement worked. Threads a port
-/// needs (a vhost-user reactor, say) should be started here too, so their panics are not
-/// lost.
-pub(crate) fn spawn(
-    shared: &Arc<Shared>,
-    name: String,
-    cpus: &[CpuId],
-    f: impl FnOnce(std::io::Result<()>) + Send + 'static,
-) -> std::io::Result<JoinHandle<()>> {
-    let cpus: Vec<usize> = cpus.iter().map(|c| c.0).collect();
-    let s = shared.clone();
-    qswitch_sys::thread::spawn(
-        name,
-        &cpus,
-        move |why| {
-            tracing::error!("{why}; the switch stops");
-            s.fail(why);
-        },
-        f,
-    )
 }

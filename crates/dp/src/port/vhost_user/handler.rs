@@ -20,8 +20,8 @@ use qswitch_sys::dirty_log::{DirtyLog, LOG_PAGE};
 use qswitch_sys::guestmap::MapOwner;
 
 use super::{
-    max_guest_memory, protocol_features, Device, GuestMem, Vring, FEATURES, F_PROTOCOL_FEATURES,
-    MAX_MEM_SLOTS, MAX_QUEUE_SIZE,
+    protocol_features, Device, GuestMem, Vring, FEATURES, F_PROTOCOL_FEATURES, MAX_MEM_SLOTS,
+    MAX_QUEUE_SIZE,
 };
 
 type Region = Arc<GuestRegionMmap<MapOwner>>;
@@ -254,8 +254,8 @@ impl VhostUserBackendReqHandlerMut for Handler {
         let total = ctx
             .iter()
             .try_fold(0u64, |t, r| t.checked_add(r.memory_size));
-        if total.is_none_or(|t| t > max_guest_memory()) {
-            tracing::warn!(port = %self.dev.name, total = ?total, cap = max_guest_memory(),
+        if total.is_none_or(|t| t > self.dev.max_guest_memory) {
+            tracing::warn!(port = %self.dev.name, total = ?total, cap = self.dev.max_guest_memory,
                 "guest memory larger than the per-port cap; refused");
             return Err(Error::InvalidParam);
         }
@@ -485,8 +485,8 @@ impl VhostUserBackendReqHandlerMut for Handler {
             .regions
             .iter()
             .try_fold(region.memory_size, |t, (m, _)| t.checked_add(m.size));
-        if total.is_none_or(|t| t > max_guest_memory()) {
-            tracing::warn!(port = %self.dev.name, total = ?total, cap = max_guest_memory(),
+        if total.is_none_or(|t| t > self.dev.max_guest_memory) {
+            tracing::warn!(port = %self.dev.name, total = ?total, cap = self.dev.max_guest_memory,
                 "guest memory larger than the per-port cap; refused");
             return Err(Error::InvalidParam);
         }

@@ -42,7 +42,7 @@
 //!   pages and a stopped port). Why both: sealing is exact but only memfds created with
 //!   `MFD_ALLOW_SEALING` support it, and refusing the rest would refuse hugetlbfs-backed
 //!   QEMU and DPDK frontends; the handler covers everything but needs the port to be
-//!   stopped afterwards. At most [`max_guest_memory`] per port; unmapped on disconnect.
+//!   stopped afterwards. At most [`Settings::max_guest_memory`] per port; unmapped on disconnect.
 //! - Kick and call fds must be eventfds. Kicks are drained with `preadv2(RWF_NOWAIT)` (the
 //!   frontend shares, and may clear, `O_NONBLOCK`); kicks that bring no frames faster than
 //!   [`KICK_STORM`] a second stop waking the worker until the next watchdog tick. A call write the frontend made blocking
@@ -91,7 +91,7 @@ use crate::rss::{Reta, Toeplitz};
 use crate::stats::DropTally;
 
 pub use handler::Handler;
-pub use reactor::{Reactor, HANDSHAKE_DEADLINE, MESSAGE_DEADLINE, WATCHDOG};
+pub use reactor::{EventLoop, Reactor, HANDSHAKE_DEADLINE, MESSAGE_DEADLINE, WATCHDOG};
 
 /// Guest memory as a port maps it: regions whose mappings are registered for `SIGBUS`
 /// recovery ([`qswitch_sys::guestmap`]).
@@ -106,20 +106,27 @@ pub const MAX_QUEUE_SIZE: u16 = 4096;
 /// process's 128 TiB of user address space then needs more than a hundred hostile ports
 /// to exhaust (a single frontend once mapped 128 TiB of sparse memfds, after which the
 /// daemon could not even start threads). Mappings are `MAP_NORESERVE`: the cap bounds
-/// address space, not memory. Change it with [`set_max_guest_memory`].
+/// address space, not memory. The switch's options change it ([`Settings`]).
 pub const DEFAULT_MAX_GUEST_MEMORY: u64 = 1 << 40;
 
-static MAX_GUEST_MEMORY: AtomicU64 = AtomicU64::new(DEFAULT_MAX_GUEST_MEMORY);
-
-/// Sets the cap on the guest memory one port may map (bytes); applies to later
-/// SET_MEM_TABLE messages.
-pub fn set_max_guest_memory(bytes: u64) {
-    MAX_GUEST_MEMORY.store(bytes, Ordering::Relaxed);
+/// What the switch's options set for its vhost-user ports (held by their [`Reactor`]).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The group given the sockets of server-mode ports (`None`: the daemon's own). The
+    /// sockets are mode 0660 either way.
+    pub socket_group: Option<u32>,
+    /// The most guest memory one port may map (bytes); applies to SET_MEM_TABLE and
+    /// ADD_MEM_REG.
+    pub max_guest_memory: u64,
 }
 
-/// The current cap on the guest memory one port may map.
-pub fn max_guest_memory() -> u64 {
-    MAX_GUEST_MEMORY.load(Ordering::Relaxed)
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            socket_group: None,
+            max_guest_memory: DEFAULT_MAX_GUEST_MEMORY,
+        }
+    }
 }
 /// `VHOST_USER_F_PROTOCOL_FEATURES`.
 pub const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
@@ -131,7 +138,7 @@ pub const F_LOG_ALL: u64 = VhostUserVirtioFeatures::LOG_ALL.bits();
 /// hot-plugged DIMM (its own default `slots=` limit for a pc machine is far lower than 32 in
 /// practice), DPDK one per hugepage segment list; the data path resolves the first
 /// [`mem::MAX_FAST_REGIONS`] regions up front and scans the rest, so a small table keeps
-/// that scan short. The per-port cap on guest memory ([`max_guest_memory`]) applies to the
+/// that scan short. The per-port cap on guest memory ([`Settings::max_guest_memory`]) applies to the
 /// sum of all slots either way.
 pub const MAX_MEM_SLOTS: usize = 32;
 
@@ -270,9 +277,9 @@ impl Vring {
     /// Signals the guest (call eventfd). False if the write blocked (the frontend
     /// saturated the counter and cleared O_NONBLOCK) and was interrupted by the watchdog:
     /// the call fd is then dropped.
-    pub(crate) fn signal(&mut self) -> bool {
+    pub(crate) fn signal(&mut self, calls: &Arc<reactor::CallSlots>) -> bool {
         if let Some(call) = &self.call {
-            if !reactor::signal_call(call) {
+            if !reactor::signal_call(calls, call) {
                 self.call = None;
                 return false;
             }
@@ -323,10 +330,14 @@ pub(crate) struct Device {
     pub(crate) inject_pending: AtomicBool,
     /// In pair 0's kick epoll: wakes the worker polling queue 0 for an injected frame.
     pub(crate) inject_wake: EventFd,
+    /// The most guest memory the frontend may map ([`Settings::max_guest_memory`]).
+    pub(crate) max_guest_memory: u64,
+    /// Where the workers announce their call writes to the event loop's watchdog.
+    pub(crate) calls: Arc<reactor::CallSlots>,
 }
 
 impl Device {
-    fn new(name: &str, pairs: u16) -> std::io::Result<Device> {
+    fn new(name: &str, pairs: u16, reactor: &Reactor) -> std::io::Result<Device> {
         let kick_polls: Box<[Epoll]> = (0..pairs)
             .map(|_| Epoll::new())
             .collect::<std::io::Result<_>>()?;
@@ -353,6 +364,8 @@ impl Device {
             inject: Mutex::new(Vec::new()),
             inject_pending: AtomicBool::new(false),
             inject_wake,
+            max_guest_memory: reactor.settings().max_guest_memory,
+            calls: reactor.calls(),
         })
     }
 
@@ -565,13 +578,16 @@ impl VhostUserPort {
         pairs: u16,
         reactor: &Reactor,
     ) -> Result<VhostUserPort, VhostUserError> {
-        let dev =
-            Arc::new(Device::new(name, pairs.clamp(1, MAX_PAIRS)).map_err(VhostUserError::Setup)?);
+        let dev = Arc::new(
+            Device::new(name, pairs.clamp(1, MAX_PAIRS), reactor).map_err(VhostUserError::Setup)?,
+        );
         let listener = match mode {
-            Mode::Server => Some(listen(socket).map_err(|source| VhostUserError::Listen {
-                path: socket.display().to_string(),
-                source,
-            })?),
+            Mode::Server => Some(listen(socket, reactor.settings().socket_group).map_err(
+                |source| VhostUserError::Listen {
+                    path: socket.display().to_string(),
+                    source,
+                },
+            )?),
             Mode::Client => None,
         };
         let id = reactor.next_id();
@@ -635,20 +651,10 @@ impl VhostUserPort {
     }
 }
 
-/// No group set for the sockets.
-const NO_GROUP: u32 = u32::MAX;
-static SOCKET_GROUP: AtomicU32 = AtomicU32::new(NO_GROUP);
-
-/// Sets the group given the vhost-user sockets created from now on (`None`: the daemon's
-/// own). The sockets are mode 0660 either way.
-pub fn set_socket_group(gid: Option<u32>) {
-    SOCKET_GROUP.store(gid.unwrap_or(NO_GROUP), Ordering::Relaxed);
-}
-
 /// Binds a non-blocking listener on `socket`, replacing a stale socket file. The socket is
 /// mode 0660 whatever the umask (created under a 0177 umask, so never more open than 0600
-/// before the chmod), in the group set by [`set_socket_group`].
-fn listen(socket: &Path) -> std::io::Result<UnixListener> {
+/// before the chmod), in group `gid` if given ([`Settings::socket_group`]).
+fn listen(socket: &Path, gid: Option<u32>) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)?;
@@ -660,9 +666,8 @@ fn listen(socket: &Path) -> std::io::Result<UnixListener> {
     let bound = UnixListener::bind(socket);
     qswitch_sys::thread::set_umask(old);
     let l = bound?;
-    let gid = SOCKET_GROUP.load(Ordering::Relaxed);
     let placed = (|| {
-        if gid != NO_GROUP {
+        if let Some(gid) = gid {
             std::os::unix::fs::chown(socket, None, Some(gid))?;
         }
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))

@@ -1,4 +1,6 @@
-//! One event loop (`qs-vhost`) for the control plane of every vhost-user port.
+//! One event loop (`qs-vhost`) for the control plane of every vhost-user port of a switch.
+//! The switch's vhost-user driver makes it ([`Reactor::new`]), runs [`EventLoop::run`] on a
+//! thread of its own spawn helper and ends it with [`Reactor::stop`].
 //!
 //! It owns every listening socket (server mode) and every frontend connection, and a
 //! timer heap; it sleeps in `epoll_wait` until a socket is readable, a timer is due, a port
@@ -20,11 +22,14 @@
 //!   arrived ends the connection. Connected sockets are non-blocking: a frontend that does
 //!   not read its replies loses them, it cannot stall the loop.
 //! - **Faulted guest memory**: the port is stopped (rings marked broken, connection
-//!   closed, memory unmapped); the frontend may reconnect.
+//!   closed, memory unmapped); the frontend may reconnect. The fault eventfd is the
+//!   process's, so the ports are also looked at on every watchdog tick (another switch's
+//!   loop may have drained the event).
 //! - **Call watchdog**: a worker signals a guest with one `write` on the frontend's call
 //!   eventfd, which blocks if the frontend saturated the counter and cleared `O_NONBLOCK`
 //!   (there is no non-blocking write the peer cannot turn off). Each worker announces a
-//!   call write in a per-thread slot (two relaxed stores per call, none per frame); every
+//!   call write in a per-thread slot (two relaxed stores per call, none per frame), listed
+//!   in the loop's [`CallSlots`] the first time the thread signals one of its ports; every
 //!   [`WATCHDOG`] the loop interrupts a thread seen in the same write twice
 //!   ([`qswitch_sys::interrupt`]); the write fails with `EINTR` and the ring's call fd is
 //!   dropped. So a worker waits at most two watchdog periods, and ring locks are never held
@@ -33,6 +38,7 @@
 //!   [`super::KICK_STORM`] times a second has its kick fd taken out of the worker's epoll
 //!   (`rings::arm`); the watchdog tick puts it back.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
@@ -40,8 +46,9 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::sync::{mpsc, Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant};
 
 use qswitch_sys::epoll::{Epoll, Event};
@@ -49,7 +56,7 @@ use qswitch_sys::eventfd::EventFd;
 use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 
-use super::{peek_send_rarp, peek_vring_enable, Device, Handler};
+use super::{peek_send_rarp, peek_vring_enable, Device, Handler, Settings};
 
 /// A frontend must send `SET_OWNER` within this long after connecting.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -73,6 +80,11 @@ const FAULTS: u64 = u64::MAX - 1;
 const LISTENER: u64 = 0;
 const CONN: u64 = 1;
 
+/// Tests only: `QSWITCH_TEST_PANIC=qs-vhost` in the environment of the process when the
+/// loop starts makes it panic at its first frontend connection (the daemon's test that a
+/// panicking thread stops it).
+pub const TEST_PANIC_ENV: &str = "QSWITCH_TEST_PANIC";
+
 /// A handle on the vhost-user event loop.
 #[derive(Debug, Clone)]
 pub struct Reactor {
@@ -81,9 +93,13 @@ pub struct Reactor {
 
 #[derive(Debug)]
 struct Shared {
-    cmds: StdMutex<Vec<Cmd>>,
+    /// Commands for the loop; `None` once the loop has ended (commands are then refused).
+    cmds: StdMutex<Option<Vec<Cmd>>>,
     wake: EventFd,
     next_id: AtomicU64,
+    stop: AtomicBool,
+    settings: Settings,
+    calls: Arc<CallSlots>,
 }
 
 #[derive(Debug)]
@@ -102,35 +118,37 @@ pub(crate) struct PortSetup {
     pub(crate) listener: Option<UnixListener>,
 }
 
-impl Reactor {
-    /// The process's event loop, started on first use (thread `qs-vhost`). It runs for
-    /// the life of the process; a panic in it aborts the process (every vhost-user port
-    /// would otherwise stop answering silently).
-    pub fn shared() -> io::Result<Reactor> {
-        static SHARED: OnceLock<Reactor> = OnceLock::new();
-        static START: StdMutex<()> = StdMutex::new(());
-        if let Some(r) = SHARED.get() {
-            return Ok(r.clone());
-        }
-        let _g = START.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = SHARED.get() {
-            return Ok(r.clone());
-        }
-        let r = Reactor::start()?;
-        Ok(SHARED.get_or_init(|| r).clone())
-    }
+/// The event loop itself, to run on a thread of its own ([`EventLoop::run`]).
+pub struct EventLoop(Loop);
 
-    fn start() -> io::Result<Reactor> {
+impl EventLoop {
+    /// Serves the ports until [`Reactor::stop`]. Every port still served is then
+    /// disconnected, and later commands are refused.
+    pub fn run(mut self) {
+        if std::env::var_os(TEST_PANIC_ENV).is_some_and(|v| v == "qs-vhost") {
+            self.0.test_panic = true;
+        }
+        self.0.run();
+    }
+}
+
+impl Reactor {
+    /// A new event loop with `settings` for its ports, and its handle. Nothing runs until
+    /// [`EventLoop::run`] is called.
+    pub fn new(settings: Settings) -> io::Result<(Reactor, EventLoop)> {
         qswitch_sys::interrupt::install();
         let shared = Arc::new(Shared {
-            cmds: StdMutex::new(Vec::new()),
+            cmds: StdMutex::new(Some(Vec::new())),
             wake: EventFd::new()?,
             next_id: AtomicU64::new(1),
+            stop: AtomicBool::new(false),
+            settings,
+            calls: Arc::new(CallSlots::default()),
         });
         let epoll = Epoll::new()?;
         epoll.add(shared.wake.as_raw_fd(), WAKE)?;
         epoll.add(qswitch_sys::guestmap::fault_events()?.as_raw_fd(), FAULTS)?;
-        let mut l = Loop {
+        let l = Loop {
             shared: shared.clone(),
             epoll,
             ports: HashMap::new(),
@@ -138,28 +156,42 @@ impl Reactor {
             gen: 0,
             watchdog: HashMap::new(),
             watchdog_armed: false,
+            test_panic: false,
         };
-        std::thread::Builder::new()
-            .name("qs-vhost".into())
-            .spawn(move || {
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.run())).is_err() {
-                    tracing::error!("the vhost-user event loop panicked; aborting");
-                    std::process::abort();
-                }
-            })?;
-        Ok(Reactor { shared })
+        Ok((Reactor { shared }, EventLoop(l)))
+    }
+
+    /// The settings of the loop's ports.
+    pub fn settings(&self) -> &Settings {
+        &self.shared.settings
+    }
+
+    /// Where the workers announce their call writes to this loop's watchdog.
+    pub(crate) fn calls(&self) -> Arc<CallSlots> {
+        self.shared.calls.clone()
+    }
+
+    /// Asks the loop to end (it returns from [`EventLoop::run`] at once).
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        let _ = self.shared.wake.notify();
     }
 
     pub(crate) fn next_id(&self) -> u64 {
         self.shared.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Queues `cmd`; dropped (its sender with it) once the loop has ended.
     fn send(&self, cmd: Cmd) {
-        self.shared
+        if let Some(cmds) = self
+            .shared
             .cmds
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(cmd);
+            .as_mut()
+        {
+            cmds.push(cmd);
+        }
         let _ = self.shared.wake.notify();
     }
 
@@ -169,7 +201,7 @@ impl Reactor {
     }
 
     /// Takes a port out of the loop (its connection closed, its listener dropped) and
-    /// waits until that is done.
+    /// waits until that is done (at once if the loop has ended).
     pub(crate) fn remove(&self, id: u64) {
         let (tx, rx) = mpsc::channel();
         self.send(Cmd::Remove(id, tx));
@@ -213,6 +245,28 @@ struct Loop {
     /// Call watchdog: the sequence number each thread showed at the last look.
     watchdog: HashMap<i32, u32>,
     watchdog_armed: bool,
+    /// Panic at the next connection ([`TEST_PANIC_ENV`]).
+    test_panic: bool,
+}
+
+/// The loop's end, by [`Reactor::stop`] or a panic: later commands are refused (a waiting
+/// `remove` returns), the pending ones dropped, every port disconnected.
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let pending = self
+            .shared
+            .cmds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(pending);
+        let ids: Vec<u64> = self.ports.keys().copied().collect();
+        for id in ids {
+            if let Some(mut p) = self.ports.remove(&id) {
+                self.drop_conn(&mut p, None);
+            }
+        }
+    }
 }
 
 enum Pending {
@@ -252,7 +306,7 @@ fn token(id: u64, kind: u64) -> u64 {
 impl Loop {
     fn run(&mut self) {
         let mut events = [Event::EMPTY; 64];
-        loop {
+        while !self.shared.stop.load(Ordering::Relaxed) {
             let timeout = match self.timers.peek() {
                 Some(Reverse((at, _))) => {
                     let d = at.saturating_duration_since(Instant::now());
@@ -282,7 +336,13 @@ impl Loop {
 
     fn commands(&mut self) {
         let _ = self.shared.wake.drain();
-        let cmds = std::mem::take(&mut *self.shared.cmds.lock().unwrap_or_else(|e| e.into_inner()));
+        let cmds = std::mem::take(
+            self.shared
+                .cmds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(Vec::new),
+        );
         for c in cmds {
             match c {
                 Cmd::Add(s) => {
@@ -400,6 +460,9 @@ impl Loop {
             return;
         };
         tracing::info!(port = %p.dev.name, "frontend connected");
+        if self.test_panic {
+            panic!("{TEST_PANIC_ENV}=qs-vhost: a panic injected at a frontend connection");
+        }
         p.dev.connected.store(true, Ordering::Relaxed);
         self.gen += 1;
         let handler = Arc::new(StdMutex::new(Handler::new(p.dev.clone())));
@@ -494,6 +557,13 @@ impl Loop {
         if let Ok(events) = qswitch_sys::guestmap::fault_events() {
             let _ = events.drain();
         }
+        self.stop_faulted();
+    }
+
+    /// Stops the ports whose guest memory faulted. On a fault event, and on every watchdog
+    /// tick: the fault eventfd is the process's (the `SIGBUS` handler's), and the loop of
+    /// another switch in the process may have drained it first.
+    fn stop_faulted(&mut self) {
         let faulted: Vec<u64> = self
             .ports
             .iter()
@@ -512,7 +582,7 @@ impl Loop {
 
     fn timers_due(&mut self) {
         let now = Instant::now();
-        if !self.watchdog_armed && (calls_seen() || !self.ports.is_empty()) {
+        if !self.watchdog_armed && (self.shared.calls.seen() || !self.ports.is_empty()) {
             self.watchdog_armed = true;
             self.timers.push(Reverse((now + WATCHDOG, Timer::Watchdog)));
         }
@@ -524,6 +594,7 @@ impl Loop {
             match t {
                 Timer::Watchdog => {
                     self.call_watchdog();
+                    self.stop_faulted();
                     for p in self.ports.values() {
                         if p.dev.kicks_muted.load(Ordering::Acquire) != 0 {
                             p.dev.unmute_kicks();
@@ -564,7 +635,7 @@ impl Loop {
     }
 
     fn call_watchdog(&mut self) {
-        let mut slots = CALL_SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.shared.calls.lock();
         slots.retain(|w| w.strong_count() > 0);
         let mut seen = HashMap::with_capacity(slots.len());
         for s in slots.iter().filter_map(Weak::upgrade) {
@@ -648,34 +719,50 @@ struct CallSlot {
     interrupted: AtomicU32,
 }
 
-static CALL_SLOTS: StdMutex<Vec<Weak<CallSlot>>> = StdMutex::new(Vec::new());
+/// The call slots of the threads that signal this loop's guests (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct CallSlots(StdMutex<Vec<Weak<CallSlot>>>);
 
-fn calls_seen() -> bool {
-    !CALL_SLOTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .is_empty()
+impl CallSlots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<CallSlot>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn seen(&self) -> bool {
+        !self.lock().is_empty()
+    }
 }
 
 thread_local! {
-    static CALL_SLOT: Arc<CallSlot> = {
-        let s = Arc::new(CallSlot {
+    /// The calling thread's slot (per-thread state only: its id and its call-write
+    /// sequence), and the lists it is in. Each switch's loop keeps its own list
+    /// ([`CallSlots`]); a thread that signals the guests of two switches is in both. The
+    /// `Weak`s keep the lists' allocations, so a list is never mistaken for a new one at
+    /// the same address.
+    static CALL_SLOT: (Arc<CallSlot>, RefCell<Vec<Weak<CallSlots>>>) = (
+        Arc::new(CallSlot {
             tid: qswitch_sys::thread::gettid(),
             seq: AtomicU32::new(0),
             interrupted: AtomicU32::new(0),
-        });
-        CALL_SLOTS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(&s));
-        s
-    };
+        }),
+        RefCell::new(Vec::new()),
+    );
 }
 
 /// Signals a guest through its call eventfd. False if the write blocked and the watchdog
 /// interrupted it: the caller must stop using this fd.
-pub(crate) fn signal_call(call: &File) -> bool {
-    CALL_SLOT.with(|s| {
+pub(crate) fn signal_call(calls: &Arc<CallSlots>, call: &File) -> bool {
+    CALL_SLOT.with(|(s, joined)| {
+        let mut joined = joined.borrow_mut();
+        if !joined
+            .iter()
+            .any(|j| std::ptr::eq(j.as_ptr(), Arc::as_ptr(calls)))
+        {
+            joined.retain(|j| j.strong_count() > 0);
+            joined.push(Arc::downgrade(calls));
+            calls.lock().push(Arc::downgrade(s));
+        }
+        drop(joined);
         let seq = s.seq.load(Ordering::Relaxed);
         let kicked = s.interrupted.load(Ordering::Relaxed);
         s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);

@@ -258,7 +258,7 @@ fn notify(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
     } else {
         !avail_no_interrupt(v, mem)
     };
-    if wants && !v.signal() {
+    if wants && !v.signal(&dev.calls) {
         dev.guest_error(
             "call eventfd blocked (counter saturated, O_NONBLOCK cleared); calls stopped",
             vi,
