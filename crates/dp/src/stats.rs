@@ -98,6 +98,27 @@ drop_reasons! {
     StormMulticast => "storm_multicast",
     /// Storm control: unknown-unicast (flooded) frames beyond the port's limit.
     StormUnknownUnicast => "storm_unknown_unicast",
+    /// Link-local: an STP BPDU (to 01:80:C2:00:00:00), never relayed unless the port's
+    /// `link_local_forward` has `stp`.
+    Bpdu => "bpdu",
+    /// Link-local: a PAUSE frame (to 01:80:C2:00:00:01), never relayed.
+    Pause => "pause",
+    /// Link-local: a slow-protocols frame (LACP, marker; to 01:80:C2:00:00:02), never relayed.
+    SlowProtocols => "slow_protocols",
+    /// Link-local: an 802.1X EAPOL frame (to 01:80:C2:00:00:03), never relayed unless the
+    /// port's `link_local_forward` has `eapol`.
+    Eapol => "eapol",
+    /// Link-local: an LLDP frame (to 01:80:C2:00:00:0E), never relayed unless the port's
+    /// `link_local_forward` has `lldp`.
+    Lldp => "lldp",
+    /// Link-local: a frame to another of 01:80:C2:00:00:04-0D, 0F, never relayed unless the
+    /// port's `link_local_forward` has its group.
+    LinkLocal => "link_local",
+    /// A BPDU from a port with `bpdu_guard`: the port is disabled.
+    BpduGuard => "bpdu_guard",
+    /// The port is disabled (BPDU guard) until `qswitch port enable`: nothing is received
+    /// from it or sent to it.
+    PortDisabled => "port_disabled",
     /// The destination MAC was learned on the ingress port.
     SamePort => "same_port",
     /// A flood found no other port in the ingress port's VLAN.
