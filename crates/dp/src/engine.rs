@@ -227,13 +227,14 @@ impl Forwarder {
         if entry.capture.on() {
             entry.capture.rx(queue, &self.burst.pkts[..n], now);
         }
-        self.switch_burst(view, fdb, entry, queue, n, now, drops);
+        self.switch_burst(view, fdb, entry, queue, n, now, &mut drops);
         n
     }
 
     /// Switches the first `n` frames of the burst, received on `queue` of `ingress`: learn,
     /// look up, flood within the VLAN, transmit once per destination, count. `drops` holds
-    /// what the port already dropped during rx.
+    /// what the port already dropped during rx (by reference: a tally is larger than what
+    /// the compiler copies inline).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn switch_burst(
@@ -244,7 +245,7 @@ impl Forwarder {
         queue: u16,
         n: usize,
         now: u64,
-        mut drops: DropTally,
+        drops: &mut DropTally,
     ) {
         let qc = &ingress.counters.rx[usize::from(queue)];
         if n == 0 {
@@ -260,8 +261,8 @@ impl Forwarder {
             .policy(ingress.id)
             .filter(|p| view.vlan_aware || p.active());
         let rx_bytes = match pol {
-            None => self.decide(view, fdb, ingress, n, now, &mut drops),
-            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, &mut drops),
+            None => self.decide(view, fdb, ingress, n, now, drops),
+            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops),
         };
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(rx_bytes);
@@ -297,7 +298,8 @@ impl Forwarder {
                 drops.count(DropReason::VlanTagged);
                 continue;
             }
-            if l2.dst.is_multicast() {
+            // Learning after the link-local test, which only multicast frames pay.
+            let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
                     match link_local_step(view.policy(id), ingress, g, drops) {
                         Step::Relay => {}
@@ -308,11 +310,10 @@ impl Forwarder {
                         }
                     }
                 }
-            }
-            self.learn(fdb, l2.src, vlan, id, now);
-            let dst = if l2.dst.is_multicast() {
+                self.learn(fdb, l2.src, vlan, id, now);
                 None
             } else {
+                self.learn(fdb, l2.src, vlan, id, now);
                 self.lookup(fdb, l2.dst, vlan, now)
             };
             match dst {
@@ -367,7 +368,7 @@ impl Forwarder {
                     continue;
                 }
             }
-            if l2.dst.is_multicast() {
+            let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
                     match link_local_step(Some(pol), ingress, g, drops) {
                         Step::Relay => {}
@@ -378,12 +379,12 @@ impl Forwarder {
                         }
                     }
                 }
-            }
-            self.meta[i] = FrameVlan { vlan, tci, tagged };
-            self.learn(fdb, l2.src, vlan, id, now);
-            let dst = if l2.dst.is_multicast() {
+                self.meta[i] = FrameVlan { vlan, tci, tagged };
+                self.learn(fdb, l2.src, vlan, id, now);
                 None
             } else {
+                self.meta[i] = FrameVlan { vlan, tci, tagged };
+                self.learn(fdb, l2.src, vlan, id, now);
                 self.lookup(fdb, l2.dst, vlan, now)
             };
             match dst {
@@ -521,9 +522,9 @@ impl Forwarder {
     /// A burst from a port that BPDU guard disabled: counted as received and dropped.
     #[cold]
     #[inline(never)]
-    fn drain_disabled(&mut self, ingress: &PortEntry, queue: u16, n: usize, mut drops: DropTally) {
+    fn drain_disabled(&mut self, ingress: &PortEntry, queue: u16, n: usize, drops: &mut DropTally) {
         let qc = &ingress.counters.rx[usize::from(queue)];
-        let bytes = self.drop_rest(0, n, &mut drops);
+        let bytes = self.drop_rest(0, n, drops);
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(bytes);
         drops.flush(&qc.drops);
