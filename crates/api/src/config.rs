@@ -51,6 +51,8 @@
 //! vlans = "20,30,100-200"          # carried tagged (802.1Q)
 //! security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "fe80::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
 //! storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 1000 }   # frames/s
+//! link_local_forward = "stp"       # 01:80:C2:00:00:0X groups relayed from the port (never 1, 2)
+//! bpdu_guard = true                # a BPDU from the port disables it until `port enable`
 //!
 //! # VXLAN (RFC 7348; see `qswitch_dp::port::vxlan`)
 //! [[port]]
@@ -96,7 +98,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::cpulist::CpuList;
-pub use crate::policy::{IpPrefix, SecurityConfig, StormConfig, VlanSet};
+pub use crate::policy::{IpPrefix, LinkLocalGroups, SecurityConfig, StormConfig, VlanSet};
 pub use crate::value::{
     format_rate, FdbAging, HttpAddr, IfName, MacAddress, PollSpinUs, PortName, Rate, Reservable,
     SocketPath, UnicastMac, VlanId, Weight, MAX_IFNAME,
@@ -482,6 +484,11 @@ pub struct PortConfig {
     /// Who made the port, when an orchestrator did (`qswitch-cni`): shown in `port list`,
     /// kept across restarts like every other key (boxed: most ports have none).
     pub owner: Option<Box<PortOwner>>,
+    /// IEEE 802.1D link-local groups (01:80:C2:00:00:0X) relayed from the port, as Linux's
+    /// `group_fwd_mask`; the others are never relayed (`qswitch_dp::link_local`).
+    pub link_local_forward: Option<LinkLocalGroups>,
+    /// A BPDU (01:80:C2:00:00:00) from the port disables it until `qswitch port enable`.
+    pub bpdu_guard: bool,
     /// The kind of port and its own keys.
     pub kind: PortKind,
 }
@@ -827,6 +834,10 @@ pub struct PortKeys {
     /// The CNI attachment that made the port (see [`PortOwner`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<PortOwner>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_local_forward: Option<LinkLocalGroups>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpdu_guard: Option<bool>,
 }
 
 fn default_queues() -> u16 {
@@ -877,6 +888,8 @@ impl PortKeys {
             security: None,
             storm: None,
             owner: None,
+            link_local_forward: None,
+            bpdu_guard: None,
         }
     }
 }
@@ -980,6 +993,8 @@ impl TryFrom<PortKeys> for PortConfig {
             security: k.security.map(Box::new),
             storm: k.storm.map(Box::new),
             owner: k.owner.map(Box::new),
+            link_local_forward: k.link_local_forward.filter(|g| !g.is_empty()),
+            bpdu_guard: k.bpdu_guard.unwrap_or(false),
             kind,
         };
         port.validate()?;
@@ -1004,6 +1019,8 @@ impl From<PortConfig> for PortKeys {
         k.security = p.security.map(|s| *s);
         k.storm = p.storm.map(|s| *s);
         k.owner = p.owner.map(|o| *o);
+        k.link_local_forward = p.link_local_forward.filter(|g| !g.is_empty());
+        k.bpdu_guard = p.bpdu_guard.then_some(true);
         match p.kind {
             PortKind::Tap(t) => k.ifname = Some(t.ifname),
             PortKind::Veth(v) => {
@@ -1050,6 +1067,8 @@ impl PortConfig {
             security: None,
             storm: None,
             owner: None,
+            link_local_forward: None,
+            bpdu_guard: false,
             kind,
         }
     }
@@ -1546,9 +1565,13 @@ vlan = 10
 vlans = "20,30,100-200"
 security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "2001:db8::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
 storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 100 }
+link_local_forward = "stp,lldp"
+bpdu_guard = true
 "#;
         let cfg = Config::from_toml(text).unwrap();
         let p = &cfg.ports[0];
+        assert_eq!(p.link_local_forward.unwrap().mask(), (1 << 0) | (1 << 14));
+        assert!(p.bpdu_guard);
         assert_eq!(p.vlans.as_ref().unwrap().to_string(), "20,30,100-200");
         let sec = p.security.as_ref().unwrap();
         assert_eq!(sec.macs.len(), 1);
@@ -1571,6 +1594,15 @@ storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 100 }
                 "line 4: vlans: VLAN range 20-10 is empty",
             ),
             ("security = { macs = ['zz'] }", "line 4: security.macs:"),
+            (
+                "link_local_forward = 'stp,1'",
+                "line 4: link_local_forward: link-local group 1 (01:80:c2:00:00:01, PAUSE) is never relayed",
+            ),
+            (
+                "link_local_forward = 'lacp'",
+                "line 4: link_local_forward: 'lacp' is not a link-local group",
+            ),
+            ("bpdu_guard = 1", "line 4: bpdu_guard:"),
             (
                 "security = { macs = ['52:54:00:00:00:01', 'ff:ff:ff:ff:ff:ff'] }",
                 "line 4: security.macs:",
@@ -2363,6 +2395,8 @@ capacity = "10G"
                     security: None,
                     storm: None,
                     owner: None,
+                    link_local_forward: None,
+                    bpdu_guard: false,
                     kind,
                 })
         }

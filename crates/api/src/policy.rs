@@ -1,11 +1,14 @@
-//! Per-port policy keys: the VLANs a trunk carries (`vlans`), port security (`security`)
-//! and storm control (`storm`). Each value parses from its config form (`FromStr`, serde from
-//! a string) and prints back to a form that parses to the same value.
+//! Per-port policy keys: the VLANs a trunk carries (`vlans`), port security (`security`),
+//! storm control (`storm`) and link-local frames (`link_local_forward`, `bpdu_guard`). Each
+//! value parses from its config form (`FromStr`, serde from a string) and prints back to a
+//! form that parses to the same value.
 //!
 //! ```toml
 //! vlans = "10,20,100-200"          # carried tagged (802.1Q); `vlan` stays the native VLAN
 //! security = { macs = ["52:54:00:12:34:56"], ips = ["10.0.0.5", "fe80::/64"], mac_limit = 4, dhcp_guard = true, ra_guard = true }
 //! storm = { broadcast = 1000, multicast = 5000, unknown_unicast = 1000 }   # frames/s
+//! link_local_forward = "stp,lldp"  # 01:80:C2:00:00:0X groups relayed from the port (default none)
+//! bpdu_guard = true                # a BPDU from the port disables it until `port enable`
 //! ```
 
 use std::fmt;
@@ -307,6 +310,111 @@ pub struct StormConfig {
     pub unknown_unicast: Option<u64>,
 }
 
+/// IEEE 802.1D link-local groups relayed from a port (`link_local_forward`, as Linux's
+/// bridge `group_fwd_mask`): a set of the last nibbles of 01:80:C2:00:00:00–0F, written
+/// `"stp,lldp"` or `"0,14"`. A switch never relays the others. PAUSE (…:01) and the slow
+/// protocols (…:02: LACP, marker) can never be relayed, so the set refuses them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct LinkLocalGroups(u16);
+
+impl LinkLocalGroups {
+    /// The groups no port may relay: PAUSE (…:01) and slow protocols (…:02).
+    pub const NEVER: u16 = (1 << 1) | (1 << 2);
+    /// Names for the groups that have a well-known protocol.
+    const NAMES: [(&'static str, u8); 3] = [("stp", 0x0), ("eapol", 0x3), ("lldp", 0xe)];
+
+    /// The set as a mask: bit *n* is group 01:80:C2:00:00:0*n*.
+    #[inline]
+    pub fn mask(self) -> u16 {
+        self.0
+    }
+
+    /// Whether group `n` (0..=15) is in the set.
+    #[inline]
+    pub fn contains(self, n: u8) -> bool {
+        n < 16 && self.0 & (1 << n) != 0
+    }
+
+    /// Whether the set is empty (the default: nothing relayed).
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl FromStr for LinkLocalGroups {
+    type Err = PolicyValueError;
+    fn from_str(s: &str) -> Result<Self, PolicyValueError> {
+        let mut mask = 0u16;
+        if s.trim() == "none" {
+            return Ok(LinkLocalGroups(0));
+        }
+        for item in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let named = Self::NAMES.iter().find(|(name, _)| *name == item);
+            let n = match named {
+                Some((_, n)) => *n,
+                None => {
+                    let parsed = match item.strip_prefix("0x") {
+                        Some(hex) => u8::from_str_radix(hex, 16),
+                        None => item.parse(),
+                    };
+                    match parsed {
+                        Ok(n) if n < 16 => n,
+                        _ => {
+                            return Err(PolicyValueError(format!(
+                                "'{item}' is not a link-local group (0..15 for \
+                                 01:80:c2:00:00:00-0f, or stp, eapol, lldp)"
+                            )))
+                        }
+                    }
+                }
+            };
+            if Self::NEVER & (1 << n) != 0 {
+                let what = if n == 1 {
+                    "PAUSE"
+                } else {
+                    "slow protocols (LACP)"
+                };
+                return Err(PolicyValueError(format!(
+                    "link-local group {n} (01:80:c2:00:00:0{n:x}, {what}) is never relayed"
+                )));
+            }
+            mask |= 1 << n;
+        }
+        Ok(LinkLocalGroups(mask))
+    }
+}
+
+impl fmt::Display for LinkLocalGroups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for n in (0..16u8).filter(|&n| self.contains(n)) {
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            match Self::NAMES.iter().find(|(_, g)| *g == n) {
+                Some((name, _)) => f.write_str(name)?,
+                None => write!(f, "{n}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<String> for LinkLocalGroups {
+    type Error = PolicyValueError;
+    fn try_from(s: String) -> Result<Self, PolicyValueError> {
+        s.parse()
+    }
+}
+
+impl From<LinkLocalGroups> for String {
+    fn from(g: LinkLocalGroups) -> String {
+        g.to_string()
+    }
+}
+
 /// A live change to a port's policy (`qswitch port set`): fields left out keep their value.
 /// An empty `vlans`, `macs` or `ips` clears the setting; `Some(None)` clears a limit
 /// (serialized as `null`, distinct from leaving the field out).
@@ -331,6 +439,11 @@ pub struct PolicyUpdate {
     pub storm_multicast: Option<Option<u64>>,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "clearable")]
     pub storm_unknown_unicast: Option<Option<u64>>,
+    /// Link-local groups relayed from the port (empty: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_local_forward: Option<LinkLocalGroups>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpdu_guard: Option<bool>,
 }
 
 impl PolicyUpdate {
@@ -463,5 +576,22 @@ mod tests {
         assert_eq!(parse_or_none::<u64>("none"), Ok(None));
         assert_eq!(parse_list::<IpPrefix>("none").unwrap(), vec![]);
         assert!(parse_list::<IpPrefix>("10.0.0.1,x").is_err());
+    }
+
+    #[test]
+    fn link_local_groups_parse_print_and_refuse_pause_and_lacp() {
+        let g: LinkLocalGroups = "lldp, 0,0x3,5".parse().unwrap();
+        assert_eq!(g.mask(), (1 << 0) | (1 << 3) | (1 << 5) | (1 << 14));
+        assert_eq!(g.to_string(), "stp,eapol,5,lldp");
+        assert_eq!(g.to_string().parse::<LinkLocalGroups>(), Ok(g));
+        assert!("none".parse::<LinkLocalGroups>().unwrap().is_empty());
+        assert!("".parse::<LinkLocalGroups>().unwrap().is_empty());
+        assert_eq!(
+            "stp,1".parse::<LinkLocalGroups>().unwrap_err().to_string(),
+            "link-local group 1 (01:80:c2:00:00:01, PAUSE) is never relayed"
+        );
+        assert!("2".parse::<LinkLocalGroups>().is_err());
+        assert!("16".parse::<LinkLocalGroups>().is_err());
+        assert!("ptp".parse::<LinkLocalGroups>().is_err());
     }
 }

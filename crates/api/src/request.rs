@@ -26,6 +26,8 @@ pub enum Request {
         #[serde(default)]
         update: crate::policy::PolicyUpdate,
     },
+    /// Enable a port that BPDU guard disabled (`bpdu_guard`); a port that is enabled stays so.
+    PortEnable { name: String },
     /// The MAC learning table.
     Fdb,
     /// Counters, and rates over the last second.
@@ -445,6 +447,16 @@ pub struct PortInfo {
     /// The CNI attachment that made the port; absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<crate::config::PortOwner>,
+    /// Link-local groups relayed from the port; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_local_forward: Option<crate::policy::LinkLocalGroups>,
+    /// Whether a BPDU from the port disables it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bpdu_guard: bool,
+    /// Why the port is disabled (no frame received or sent), e.g. `bpdu_guard`, until
+    /// `qswitch port enable`; absent: enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<String>,
 }
 
 /// An afxdp port's kernel-side drop counters, summed over its queues.
@@ -723,6 +735,7 @@ mod tests {
             Request::Ping,
             Request::PortList,
             Request::PortDel { name: "a".into() },
+            Request::PortEnable { name: "a".into() },
             Request::PortAdd {
                 port: PortConfig::tap("a", "qs-a".parse().unwrap()),
             },
@@ -739,6 +752,8 @@ mod tests {
                     mac_limit: Some(None),
                     dhcp_guard: Some(true),
                     storm_multicast: Some(Some(10)),
+                    link_local_forward: Some("stp".parse().unwrap()),
+                    bpdu_guard: Some(true),
                     ..Default::default()
                 },
             },

@@ -7,7 +7,10 @@
 //!     ▼
 //!  Forwarder::switch_burst(view, fdb, ingress, queue, n, now)
 //!     │ classify L2 ── runt / oversize / bad source / VLAN not carried → counted drop
+//!     │ port disabled by BPDU guard → every frame counted as `port_disabled` (once per burst)
 //!     │ port security (ports with `security`) → counted drop
+//!     │ link-local 01:80:C2:00:00:0X (multicast branch only) → counted drop, unless the
+//!     │   port's `link_local_forward` relays it; a BPDU on a `bpdu_guard` port disables it
 //!     │ learn (MAC, VLAN) → ingress ; look up destination → port | flood (same VLAN)
 //!     │ storm control (ports with `storm`): broadcast, multicast, unknown unicast
 //!     ▼
@@ -72,6 +75,7 @@ use qswitch_wire::MacAddr;
 
 use crate::fdb::{Fdb, REFRESH_NS};
 use crate::ids::PortId;
+use crate::link_local;
 use crate::packet::{Burst, BURST};
 use crate::policy::{self, Egress, Policy, StormClass};
 use crate::port::{Port, RxLearn};
@@ -231,7 +235,7 @@ impl Forwarder {
         }
         // Learning permissions: all, except from ports whose frames need proof (VXLAN).
         self.rx_learn = entry.dev.rx_learn(queue);
-        self.switch_burst(view, fdb, entry, queue, n, now, drops);
+        self.switch_burst(view, fdb, entry, queue, n, now, &mut drops);
         if self.rx_learn.report {
             entry.dev.rx_accepted(queue, self.accepted);
         }
@@ -242,7 +246,8 @@ impl Forwarder {
 
     /// Switches the first `n` frames of the burst, received on `queue` of `ingress`: learn,
     /// look up, flood within the VLAN, transmit once per destination, count. `drops` holds
-    /// what the port already dropped during rx.
+    /// what the port already dropped during rx (by reference: a tally is larger than what
+    /// the compiler copies inline).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn switch_burst(
@@ -253,20 +258,24 @@ impl Forwarder {
         queue: u16,
         n: usize,
         now: u64,
-        mut drops: DropTally,
+        drops: &mut DropTally,
     ) {
         let qc = &ingress.counters.rx[usize::from(queue)];
         if n == 0 {
             drops.flush(&qc.drops);
             return;
         }
+        if ingress.disabled.get() {
+            // BPDU guard: drained, nothing switched.
+            return self.drain_disabled(ingress, queue, n, drops);
+        }
         // Decided once per burst: the plain path unless VLANs or the port's policy need more.
         let pol = view
             .policy(ingress.id)
             .filter(|p| view.vlan_aware || p.active());
         let rx_bytes = match pol {
-            None => self.decide(view, fdb, ingress, n, now, &mut drops),
-            Some(pol) => self.decide_policy(view, fdb, ingress.id, pol, n, now, &mut drops),
+            None => self.decide(view, fdb, ingress, n, now, drops),
+            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops),
         };
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(rx_bytes);
@@ -302,10 +311,22 @@ impl Forwarder {
                 drops.count(DropReason::VlanTagged);
                 continue;
             }
-            self.learn(fdb, l2.src, vlan, id, now, i);
+            // Learning after the link-local test, which only multicast frames pay.
             let dst = if l2.dst.is_multicast() {
+                if let Some(g) = link_local::group(l2.dst) {
+                    match link_local_step(view.policy(id), ingress, g, drops) {
+                        Step::Relay => {}
+                        Step::Dropped => continue,
+                        Step::Disabled => {
+                            rx_bytes += self.drop_rest(i + 1, n, drops);
+                            break;
+                        }
+                    }
+                }
+                self.learn(fdb, l2.src, vlan, id, now, i);
                 None
             } else {
+                self.learn(fdb, l2.src, vlan, id, now, i);
                 self.lookup(fdb, l2.dst, vlan, now)
             };
             match dst {
@@ -332,12 +353,13 @@ impl Forwarder {
         &mut self,
         view: &View,
         fdb: &Fdb,
-        id: PortId,
+        ingress: &PortEntry,
         pol: &Policy,
         n: usize,
         now: u64,
         drops: &mut DropTally,
     ) -> u64 {
+        let id = ingress.id;
         let mut rx_bytes = 0u64;
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
@@ -359,11 +381,23 @@ impl Forwarder {
                     continue;
                 }
             }
-            self.meta[i] = FrameVlan { vlan, tci, tagged };
-            self.learn(fdb, l2.src, vlan, id, now, i);
             let dst = if l2.dst.is_multicast() {
+                if let Some(g) = link_local::group(l2.dst) {
+                    match link_local_step(Some(pol), ingress, g, drops) {
+                        Step::Relay => {}
+                        Step::Dropped => continue,
+                        Step::Disabled => {
+                            rx_bytes += self.drop_rest(i + 1, n, drops);
+                            break;
+                        }
+                    }
+                }
+                self.meta[i] = FrameVlan { vlan, tci, tagged };
+                self.learn(fdb, l2.src, vlan, id, now, i);
                 None
             } else {
+                self.meta[i] = FrameVlan { vlan, tci, tagged };
+                self.learn(fdb, l2.src, vlan, id, now, i);
                 self.lookup(fdb, l2.dst, vlan, now)
             };
             match dst {
@@ -409,13 +443,17 @@ impl Forwarder {
             let sel = &mut self.out[usize::from(p.0)];
             if let Some(Some(dst)) = view.table.get(usize::from(p.0)) {
                 let mut td = DropTally::default();
-                if dst.capture.on() {
-                    dst.capture.tx(w, &self.burst.pkts, sel, now);
-                }
-                let done = dst.dev.tx_burst(w, &mut self.burst.pkts, sel, &mut td);
                 let tc = &dst.counters.tx[w];
-                tc.tx_packets.add(u64::from(done.packets));
-                tc.tx_bytes.add(done.bytes);
+                if dst.disabled.get() {
+                    td.count_n(DropReason::PortDisabled, sel.len() as u32);
+                } else {
+                    if dst.capture.on() {
+                        dst.capture.tx(w, &self.burst.pkts, sel, now);
+                    }
+                    let done = dst.dev.tx_burst(w, &mut self.burst.pkts, sel, &mut td);
+                    tc.tx_packets.add(u64::from(done.packets));
+                    tc.tx_bytes.add(done.bytes);
+                }
                 td.flush(&tc.drops);
             }
             sel.clear();
@@ -439,6 +477,12 @@ impl Forwarder {
                 let sel = &mut self.out[usize::from(p.0)];
                 if let Some(Some(dst)) = view.table.get(usize::from(p.0)) {
                     let mut td = DropTally::default();
+                    if dst.disabled.get() {
+                        td.count_n(DropReason::PortDisabled, sel.len() as u32);
+                        td.flush(&dst.counters.tx[w].drops);
+                        sel.clear();
+                        continue;
+                    }
                     let pkts = &mut self.burst.pkts;
                     let meta = &mut self.meta;
                     sel.retain(|&i| {
@@ -488,6 +532,26 @@ impl Forwarder {
         self.touched.clear();
     }
 
+    /// A burst from a port that BPDU guard disabled: counted as received and dropped.
+    #[cold]
+    #[inline(never)]
+    fn drain_disabled(&mut self, ingress: &PortEntry, queue: u16, n: usize, drops: &mut DropTally) {
+        let qc = &ingress.counters.rx[usize::from(queue)];
+        let bytes = self.drop_rest(0, n, drops);
+        qc.rx_packets.add(n as u64);
+        qc.rx_bytes.add(bytes);
+        drops.flush(&qc.drops);
+    }
+
+    /// Frames `from..n` of the burst dropped because their port was just disabled. Returns
+    /// their bytes.
+    #[cold]
+    fn drop_rest(&self, from: usize, n: usize, drops: &mut DropTally) -> u64 {
+        let rest = &self.burst.pkts[from.min(n)..n];
+        drops.count_n(DropReason::PortDisabled, rest.len() as u32);
+        rest.iter().map(|p| p.frame().len() as u64).sum()
+    }
+
     #[inline]
     fn push_out(&mut self, p: PortId, i: usize) {
         let sel = &mut self.out[usize::from(p.0)];
@@ -532,6 +596,42 @@ impl Forwarder {
         let p = fdb.lookup(mac, vlan, now);
         self.cache.looked_up = Some((mac, vlan, p, generation, now));
         p
+    }
+}
+
+/// What the link-local stage did with a frame.
+enum Step {
+    /// Relayed: the frame goes on as any multicast.
+    Relay,
+    /// Dropped and counted.
+    Dropped,
+    /// BPDU guard disabled the ingress port: the rest of the burst is dropped too.
+    Disabled,
+}
+
+/// A frame to link-local group `g` from `ingress`, whose policy is `pol` ([`crate::link_local`]):
+/// relayed only where the port's `link_local_forward` says; else counted, and a BPDU from a
+/// port with `bpdu_guard` disables it (one atomic store: the worker never blocks).
+#[cold]
+#[inline(never)]
+fn link_local_step(
+    pol: Option<&Policy>,
+    ingress: &PortEntry,
+    g: u8,
+    drops: &mut DropTally,
+) -> Step {
+    let settings = pol.map(|p| p.settings.link_local).unwrap_or_default();
+    match link_local::verdict(g, &settings) {
+        link_local::Verdict::Relay => Step::Relay,
+        link_local::Verdict::Drop(r) => {
+            drops.count(r);
+            Step::Dropped
+        }
+        link_local::Verdict::Guard => {
+            drops.count(DropReason::BpduGuard);
+            ingress.disabled.trip();
+            Step::Disabled
+        }
     }
 }
 

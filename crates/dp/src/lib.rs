@@ -43,6 +43,7 @@ pub mod capture;
 pub mod engine;
 pub mod fdb;
 pub mod ids;
+pub mod link_local;
 pub mod packet;
 pub mod placement;
 pub mod policy;

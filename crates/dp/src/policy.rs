@@ -1,4 +1,5 @@
-//! Per-port policy: VLAN trunks, port security and storm control.
+//! Per-port policy: VLAN trunks, port security, storm control and link-local frames
+//! ([`crate::link_local`]).
 //!
 //! [`PortPolicy`] is what an operator sets (config or live, [`crate::Switch::set_port_policy`]);
 //! [`Policy`] is its compiled form in the port's table entry, with the storm-control token
@@ -21,6 +22,8 @@
 //! | `security.dhcp_guard` | DHCPv4/DHCPv6 server messages are dropped (`dhcp_guard`) |
 //! | `security.ra_guard` | IPv6 router advertisements and redirects are dropped, and so is IPv6 whose header chain cannot be read (`ra_guard`, RFC 7113) |
 //! | `storm.*` | broadcast, multicast and flooded unknown-unicast frames beyond so many per second are dropped (`storm_*`) |
+//! | `link_local_forward` | frames to these 01:80:C2:00:00:0X groups are relayed; others are dropped (`bpdu`, `pause`, `slow_protocols`, `eapol`, `lldp`, `link_local`) whatever the setting |
+//! | `bpdu_guard` | a BPDU disables the port (`bpdu_guard`, then `port_disabled`) until `qswitch port enable` |
 
 use std::net::IpAddr;
 
@@ -80,6 +83,8 @@ pub struct PortPolicy {
     pub vlans: VlanSet,
     pub security: Security,
     pub storm: Storm,
+    /// Link-local groups relayed from the port, BPDU guard ([`crate::link_local`]).
+    pub link_local: crate::link_local::LinkLocal,
 }
 
 impl PortPolicy {
@@ -109,6 +114,10 @@ impl PortPolicy {
             vlans: config.vlans.clone().unwrap_or_default(),
             security,
             storm,
+            link_local: crate::link_local::LinkLocal {
+                forward: config.link_local_forward.unwrap_or_default(),
+                bpdu_guard: config.bpdu_guard,
+            },
         }
     }
 }
@@ -143,6 +152,12 @@ impl PortPolicy {
         }
         if let Some(x) = u.storm_unknown_unicast {
             self.storm.unknown_unicast = x;
+        }
+        if let Some(g) = u.link_local_forward {
+            self.link_local.forward = g;
+        }
+        if let Some(g) = u.bpdu_guard {
+            self.link_local.bpdu_guard = g;
         }
     }
 
@@ -187,6 +202,9 @@ impl PortPolicy {
         config.vlans = vlans;
         config.security = security.map(Box::new);
         config.storm = storm.map(Box::new);
+        let ll = self.link_local;
+        config.link_local_forward = (!ll.forward.is_empty()).then_some(ll.forward);
+        config.bpdu_guard = ll.bpdu_guard;
     }
 }
 
@@ -466,6 +484,8 @@ mod tests {
             mac_limit: Some(Some(3)),
             ra_guard: Some(true),
             storm_broadcast: Some(Some(9)),
+            link_local_forward: Some("lldp".parse().unwrap()),
+            bpdu_guard: Some(true),
             ..PolicyUpdate::default()
         };
         pol.update(&u);

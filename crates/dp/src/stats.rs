@@ -98,6 +98,27 @@ drop_reasons! {
     StormMulticast => "storm_multicast",
     /// Storm control: unknown-unicast (flooded) frames beyond the port's limit.
     StormUnknownUnicast => "storm_unknown_unicast",
+    /// Link-local: an STP BPDU (to 01:80:C2:00:00:00), never relayed unless the port's
+    /// `link_local_forward` has `stp`.
+    Bpdu => "bpdu",
+    /// Link-local: a PAUSE frame (to 01:80:C2:00:00:01), never relayed.
+    Pause => "pause",
+    /// Link-local: a slow-protocols frame (LACP, marker; to 01:80:C2:00:00:02), never relayed.
+    SlowProtocols => "slow_protocols",
+    /// Link-local: an 802.1X EAPOL frame (to 01:80:C2:00:00:03), never relayed unless the
+    /// port's `link_local_forward` has `eapol`.
+    Eapol => "eapol",
+    /// Link-local: an LLDP frame (to 01:80:C2:00:00:0E), never relayed unless the port's
+    /// `link_local_forward` has `lldp`.
+    Lldp => "lldp",
+    /// Link-local: a frame to another of 01:80:C2:00:00:04-0D, 0F, never relayed unless the
+    /// port's `link_local_forward` has its group.
+    LinkLocal => "link_local",
+    /// A BPDU from a port with `bpdu_guard`: the port is disabled.
+    BpduGuard => "bpdu_guard",
+    /// The port is disabled (BPDU guard) until `qswitch port enable`: nothing is received
+    /// from it or sent to it.
+    PortDisabled => "port_disabled",
     /// The destination MAC was learned on the ingress port.
     SamePort => "same_port",
     /// A flood found no other port in the ingress port's VLAN.
@@ -135,28 +156,43 @@ impl DropCounters {
     }
 }
 
-/// A burst-local tally of drops, added into [`DropCounters`] once per burst.
+/// A burst-local tally of drops, added into [`DropCounters`] once per burst. It remembers
+/// which reasons it counted, so that flushing a tally with no drops (nearly every burst) is
+/// one branch however many reasons there are.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct DropTally([u32; DropReason::COUNT]);
+pub struct DropTally {
+    counts: [u32; DropReason::COUNT],
+    /// Bit *r*: reason *r* was counted since the last flush.
+    touched: u64,
+}
+
+// `touched` has a bit per reason.
+const _: () = assert!(DropReason::COUNT <= 64);
 
 impl DropTally {
     #[inline]
     pub fn count(&mut self, reason: DropReason) {
-        self.0[reason as usize] += 1;
+        self.counts[reason as usize] += 1;
+        self.touched |= 1 << reason as u32;
     }
     #[inline]
     pub fn count_n(&mut self, reason: DropReason, n: u32) {
-        self.0[reason as usize] += n;
+        self.counts[reason as usize] += n;
+        self.touched |= 1 << reason as u32;
     }
     pub fn total(&self) -> u64 {
-        self.0.iter().map(|&n| u64::from(n)).sum()
+        self.counts.iter().map(|&n| u64::from(n)).sum()
     }
     /// Adds the tally into `into` and clears it.
+    #[inline]
     pub fn flush(&mut self, into: &DropCounters) {
-        for (i, n) in self.0.iter_mut().enumerate() {
-            if *n != 0 {
-                into.0[i].add(u64::from(*n));
-                *n = 0;
+        let mut t = std::mem::take(&mut self.touched);
+        while t != 0 {
+            let i = t.trailing_zeros() as usize;
+            t &= t - 1;
+            let n = std::mem::take(&mut self.counts[i]);
+            if n != 0 {
+                into.0[i].add(u64::from(n));
             }
         }
     }
@@ -243,11 +279,14 @@ mod tests {
         let mut t = DropTally::default();
         t.count(DropReason::Runt);
         t.count_n(DropReason::TxFull, 3);
-        assert_eq!(t.total(), 4);
+        let last = *DropReason::ALL.last().unwrap();
+        t.count(last);
+        assert_eq!(t.total(), 5);
         t.flush(&c);
         t.flush(&c);
         assert_eq!(c.get(DropReason::Runt), 1);
         assert_eq!(c.get(DropReason::TxFull), 3);
+        assert_eq!(c.get(last), 1);
         assert_eq!(t.total(), 0);
     }
 }

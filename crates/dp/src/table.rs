@@ -9,7 +9,7 @@
 //!     └──────────────────────────────▶ │ ──▶ qos (PortQos), fdb, port, stats
 //! ```
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,56 @@ pub struct PortEntry {
     pub policy: ArcSwap<Policy>,
     /// Packet capture hook (see [`crate::capture`]): off unless a capture runs.
     pub capture: crate::capture::PortCapture,
+    /// Set by BPDU guard ([`crate::link_local`]): nothing is received from or sent to the
+    /// port until it is enabled again.
+    pub disabled: Disabled,
+}
+
+/// Whether a port is disabled by BPDU guard. A worker sets it without blocking (one atomic
+/// store) when it sees a BPDU; the engine reads it once per burst; the control side notes
+/// it (logs it once) and clears it (`qswitch port enable`).
+#[derive(Debug, Default)]
+pub struct Disabled(AtomicU8);
+
+impl Disabled {
+    const ENABLED: u8 = 0;
+    /// Disabled, not logged yet.
+    const TRIPPED: u8 = 1;
+    /// Disabled and logged.
+    const NOTED: u8 = 2;
+
+    /// Whether the port is disabled.
+    #[inline(always)]
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed) != Self::ENABLED
+    }
+
+    /// Disables the port (from a worker).
+    pub fn trip(&self) {
+        let _ = self.0.compare_exchange(
+            Self::ENABLED,
+            Self::TRIPPED,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether the port was disabled since the last call (so that it is logged once).
+    pub fn take_tripped(&self) -> bool {
+        self.0
+            .compare_exchange(
+                Self::TRIPPED,
+                Self::NOTED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Enables the port. Returns whether it was disabled.
+    pub fn clear(&self) -> bool {
+        self.0.swap(Self::ENABLED, Ordering::Relaxed) != Self::ENABLED
+    }
 }
 
 impl PortEntry {

@@ -4,7 +4,8 @@
 //! It follows the engine's order ([`crate::engine`], [`crate::policy`]): classify; VLAN
 //! admission (access port, trunk with or without a native VLAN: the VLAN the frame is
 //! switched in, or `vlan_tagged` / `vlan_not_allowed`); port security (the check that
-//! refuses the frame, if one does); learning and lookup in that VLAN; storm control for a
+//! refuses the frame, if one does); link-local groups ([`crate::link_local`]: relayed,
+//! dropped by group, or BPDU guard); learning and lookup in that VLAN; storm control for a
 //! frame that would be flooded (its class, and whether the class's bucket holds a frame
 //! now); the destinations (a known one that carries the VLAN, else the VLAN's flood domain
 //! minus the ingress, in the order the engine transmits); and per destination whether the
@@ -27,6 +28,7 @@ use qswitch_wire::l2::{self, L2Error, MAX_FRAME_LEN};
 
 use crate::fdb::{Fdb, MAX_ENTRIES, MOVES_PER_SEC};
 use crate::ids::PortId;
+use crate::link_local;
 use crate::policy::{self, Egress, Policy, StormClass};
 use crate::port::Device;
 use crate::rss::Toeplitz;
@@ -105,6 +107,12 @@ pub fn trace(
             why.name()
         ));
     };
+    if ingress.disabled.get() {
+        r.steps
+            .push("port disabled by bpdu_guard (until `qswitch port enable`)".into());
+        drop(&mut r, DropReason::PortDisabled);
+        return r;
+    }
     let l2 = match l2::classify(frame) {
         Ok(l2) => l2,
         Err(e) => {
@@ -181,6 +189,38 @@ pub fn trace(
             None => {
                 r.security = Some("pass".into());
                 r.steps.push("port security: pass".into());
+            }
+        }
+    }
+
+    // Link-local groups (crate::link_local): never relayed unless the port says so.
+    if let Some(g) = l2
+        .dst
+        .is_multicast()
+        .then(|| link_local::group(l2.dst))
+        .flatten()
+    {
+        let what = format!(
+            "link-local: {} is 01:80:c2:00:00:0{g:x}, {}",
+            l2.dst,
+            link_local::protocol(g)
+        );
+        match link_local::verdict(g, &pol.settings.link_local) {
+            link_local::Verdict::Relay => {
+                r.steps
+                    .push(format!("{what}: relayed (link_local_forward)"));
+            }
+            link_local::Verdict::Drop(why) => {
+                r.steps.push(format!("{what}: not relayed"));
+                drop(&mut r, why);
+                return r;
+            }
+            link_local::Verdict::Guard => {
+                r.steps.push(format!(
+                    "{what}: bpdu_guard would disable the port (nothing more received from or sent to it until `qswitch port enable`)"
+                ));
+                drop(&mut r, DropReason::BpduGuard);
+                return r;
             }
         }
     }
@@ -331,6 +371,13 @@ pub fn trace(
         out.sort_by_key(|e| policy_of(e.id).is_some_and(|d| d.trunk));
     }
     for e in out {
+        if e.disabled.get() {
+            r.steps.push(format!(
+                "output: {}: disabled by bpdu_guard, dropped there (port_disabled, counted on its tx)",
+                e.config.name
+            ));
+            continue;
+        }
         let enc = match policy_of(e.id) {
             Some(d) if vlan_aware => d.egress(vlan),
             _ => Egress::Untagged,

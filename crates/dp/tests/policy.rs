@@ -742,3 +742,181 @@ fn trace_follows_storm_control_without_taking_tokens() {
     assert_eq!(r.storm.unwrap().tokens, Some(32));
     assert_eq!(r.verdict, "flood");
 }
+
+/// A frame to link-local group 01:80:C2:00:00:0`g` from `src`, with the group's EtherType.
+fn link_local(g: u8, src: [u8; 6]) -> Vec<u8> {
+    let mut f = frame([0x01, 0x80, 0xc2, 0, 0, g], src, 60);
+    let ether_type: u16 = match g {
+        0x1 => 0x8808,
+        0x2 => 0x8809,
+        0x3 => 0x888e,
+        0xe => 0x88cc,
+        // A BPDU is 802.3 with LLC: a length, not an EtherType.
+        _ => 39,
+    };
+    f[12..14].copy_from_slice(&ether_type.to_be_bytes());
+    f
+}
+
+#[test]
+fn link_local_frames_are_never_relayed_and_counted_by_group() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    // s takes the per-frame policy path (storm control), t a trunk's.
+    let s = sim.sw.add_inject_port("s", None).unwrap();
+    sim.sw
+        .set_port_policy(
+            "s",
+            PortPolicy {
+                storm: Storm {
+                    multicast: Some(1_000_000),
+                    ..Storm::default()
+                },
+                ..PortPolicy::default()
+            },
+        )
+        .unwrap();
+    let ports: [(&str, &InjectPort); 3] = [("a", &a), ("b", &b), ("s", &s)];
+    for ingress in ["a", "s"] {
+        for g in 0..16u8 {
+            let t = trace_then_switch(&mut sim, &ports, ingress, &link_local(g, MAC_A));
+            assert!(
+                t.egress.is_empty(),
+                "group {g} from {ingress}: {:#?}",
+                t.steps
+            );
+            assert!(
+                t.steps.iter().any(|s| s.starts_with("link-local:")),
+                "{:#?}",
+                t.steps
+            );
+        }
+        for (reason, n) in [
+            ("bpdu", 1),
+            ("pause", 1),
+            ("slow_protocols", 1),
+            ("eapol", 1),
+            ("lldp", 1),
+            ("link_local", 11),
+        ] {
+            assert_eq!(drops(&sim, ingress, reason), n, "{ingress} {reason}");
+        }
+    }
+    // Group addresses next to the range are ordinary multicast: flooded.
+    for dst in [[0x01, 0x80, 0xc2, 0, 0, 0x10], [0x01, 0x80, 0xc2, 0, 1, 0]] {
+        sim.send(&a, &[frame(dst, MAC_A, 60)]);
+        assert_eq!(b.take_captured().len(), 1);
+        assert_eq!(s.take_captured().len(), 1);
+    }
+    // On a trunk, a tagged link-local frame is not relayed either.
+    let t = sim.sw.add_inject_port("t", None).unwrap();
+    sim.sw.set_port_policy("t", trunk("10")).unwrap();
+    let u = sim.sw.add_inject_port("u", None).unwrap();
+    sim.sw.set_port_policy("u", trunk("10")).unwrap();
+    sim.send(&t, &[tag(&link_local(0xe, MAC_B), 0, 10)]);
+    assert!(u.take_captured().is_empty());
+    assert_eq!(drops(&sim, "t", "lldp"), 1);
+}
+
+#[test]
+fn link_local_forward_relays_the_groups_it_names() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    let update = qswitch_api::policy::PolicyUpdate {
+        link_local_forward: Some("stp,lldp".parse().unwrap()),
+        ..Default::default()
+    };
+    sim.sw.update_port_policy("a", &update).unwrap();
+    let ports: [(&str, &InjectPort); 2] = [("a", &a), ("b", &b)];
+    for (g, relayed) in [
+        (0x0, true),
+        (0xe, true),
+        (0x3, false),
+        (0x1, false),
+        (0x2, false),
+    ] {
+        let t = trace_then_switch(&mut sim, &ports, "a", &link_local(g, MAC_A));
+        assert_eq!(
+            t.egress.len(),
+            usize::from(relayed),
+            "group {g}: {:#?}",
+            t.steps
+        );
+    }
+    // Only from the port that names them: b's BPDUs stay.
+    let t = trace_then_switch(&mut sim, &ports, "b", &link_local(0, MAC_B));
+    assert_eq!(t.drop_reason.as_deref(), Some("bpdu"));
+    // PAUSE and slow protocols cannot be named.
+    assert!("stp,pause"
+        .parse::<qswitch_api::policy::LinkLocalGroups>()
+        .is_err());
+    assert!("2".parse::<qswitch_api::policy::LinkLocalGroups>().is_err());
+}
+
+#[test]
+fn bpdu_guard_disables_the_port_until_it_is_enabled() {
+    let mut sim = Sim::new(1);
+    let a = sim.sw.add_inject_port("a", None).unwrap();
+    let b = sim.sw.add_inject_port("b", None).unwrap();
+    let update = qswitch_api::policy::PolicyUpdate {
+        bpdu_guard: Some(true),
+        ..Default::default()
+    };
+    sim.sw.update_port_policy("a", &update).unwrap();
+    let ports: [(&str, &InjectPort); 2] = [("a", &a), ("b", &b)];
+    let is_disabled = |sim: &Sim| {
+        let p = sim.sw.ports().into_iter().find(|p| p.name == "a").unwrap();
+        assert!(p.bpdu_guard);
+        p.disabled
+    };
+    // Other link-local frames leave the port enabled.
+    trace_then_switch(&mut sim, &ports, "a", &link_local(0xe, MAC_A));
+    assert_eq!(is_disabled(&sim), None);
+    // Trace says what a BPDU would do, and does not do it.
+    let t = sim.sw.trace("a", &link_local(0, MAC_A)).unwrap();
+    assert_eq!(t.drop_reason.as_deref(), Some("bpdu_guard"));
+    assert_eq!(is_disabled(&sim), None);
+
+    // One burst: a frame before the BPDU goes through, the BPDU disables the port, and the
+    // frame after it is dropped with the port.
+    let before = frame(BCAST, MAC_A, 60);
+    sim.send(
+        &a,
+        &[
+            before.clone(),
+            link_local(0, MAC_A),
+            frame(BCAST, MAC_A, 61),
+        ],
+    );
+    assert_eq!(b.take_captured(), vec![before]);
+    assert_eq!(drops(&sim, "a", "bpdu_guard"), 1);
+    assert_eq!(drops(&sim, "a", "port_disabled"), 1);
+    assert_eq!(is_disabled(&sim).as_deref(), Some("bpdu_guard"));
+
+    // Disabled: nothing from it, nothing to it (flooded or unicast to a learned MAC).
+    sim.send(&a, &[frame(BCAST, MAC_A, 60)]);
+    sim.send(&b, &[frame(BCAST, MAC_B, 60), frame(MAC_A, MAC_B, 60)]);
+    assert!(take(&[&a, &b]).iter().all(Vec::is_empty));
+    assert_eq!(drops(&sim, "a", "port_disabled"), 4);
+    let t = sim.sw.trace("a", &frame(BCAST, MAC_A, 60)).unwrap();
+    assert_eq!(t.drop_reason.as_deref(), Some("port_disabled"));
+
+    // Enabled again: switched as before.
+    assert!(sim.sw.enable_port("a").unwrap());
+    assert!(!sim.sw.enable_port("a").unwrap(), "already enabled");
+    assert!(sim.sw.enable_port("nope").is_err());
+    assert_eq!(is_disabled(&sim), None);
+    trace_then_switch(&mut sim, &ports, "a", &frame(BCAST, MAC_A, 60));
+    trace_then_switch(&mut sim, &ports, "b", &frame(BCAST, MAC_B, 60));
+    // Without the guard, a BPDU is only counted.
+    let update = qswitch_api::policy::PolicyUpdate {
+        bpdu_guard: Some(false),
+        ..Default::default()
+    };
+    sim.sw.update_port_policy("a", &update).unwrap();
+    sim.send(&a, &[link_local(0, MAC_A)]);
+    assert_eq!(drops(&sim, "a", "bpdu"), 1);
+    assert!(sim.sw.ports().iter().all(|p| p.disabled.is_none()));
+}

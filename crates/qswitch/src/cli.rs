@@ -13,7 +13,7 @@ use qswitch_api::{
 
 use qswitch_api::client::call;
 use qswitch_api::policy::{
-    parse_list, parse_or_none, IpPrefix, PolicyUpdate, PolicyValueError, VlanSet,
+    parse_list, parse_or_none, IpPrefix, LinkLocalGroups, PolicyUpdate, PolicyValueError, VlanSet,
 };
 
 #[derive(Subcommand, Debug)]
@@ -70,8 +70,11 @@ pub enum PortCmd {
     },
     /// Remove a port from the running switch.
     Del { name: String },
-    /// Change a port's VLAN trunk, port security and storm control live (only what is
-    /// given changes; `none` clears). The access VLAN (`vlan`) is fixed when the port is added.
+    /// Enable a port that BPDU guard disabled.
+    Enable { name: String },
+    /// Change a port's VLAN trunk, port security, storm control and link-local settings live
+    /// (only what is given changes; `none` clears). The access VLAN (`vlan`) is fixed when the
+    /// port is added.
     Set {
         name: String,
         /// VLANs carried tagged ("10,20,100-200"), or none.
@@ -101,6 +104,13 @@ pub enum PortCmd {
         /// Most flooded unknown-unicast frames/s from the port, or none.
         #[arg(long, value_name = "PPS", value_parser = or_none::<u64>)]
         storm_unknown_unicast: Option<OrNone<u64>>,
+        /// Link-local groups (01:80:C2:00:00:0X) relayed from the port ("stp,lldp", "0,14";
+        /// never 1, PAUSE, or 2, LACP), or none.
+        #[arg(long, value_name = "GROUPS", value_parser = parse_link_local)]
+        link_local_forward: Option<LinkLocalGroups>,
+        /// A BPDU from the port disables it (until `qswitch port enable`).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        bpdu_guard: Option<bool>,
     },
 }
 
@@ -125,6 +135,10 @@ where
 
 fn parse_vlans(s: &str) -> Result<VlanSet, String> {
     let s = if s.trim() == "none" { "" } else { s };
+    s.parse().map_err(|e: PolicyValueError| e.to_string())
+}
+
+fn parse_link_local(s: &str) -> Result<LinkLocalGroups, String> {
     s.parse().map_err(|e: PolicyValueError| e.to_string())
 }
 
@@ -188,6 +202,12 @@ fn policy_line(p: &qswitch_api::request::PortInfo) -> Option<String> {
             }
         }
         parts.push(w.join(" "));
+    }
+    if let Some(g) = &p.link_local_forward {
+        parts.push(format!("link-local-forward {g}"));
+    }
+    if p.bpdu_guard {
+        parts.push("bpdu-guard".into());
     }
     (!parts.is_empty()).then(|| parts.join("; "))
 }
@@ -257,6 +277,12 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                         "", o.cni, o.container, o.ifname
                     );
                 }
+                if let Some(why) = &p.disabled {
+                    println!(
+                        "{:<12} DISABLED by {why}: nothing received or sent (qswitch port enable {})",
+                        "", p.name
+                    );
+                }
                 if let Some(connected) = p.connected {
                     let enabled = p.enabled_queues.unwrap_or_default();
                     let enabled: Vec<String> = enabled.iter().map(u16::to_string).collect();
@@ -316,6 +342,9 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
         PortCmd::Del { name } => {
             call(control, &Request::PortDel { name })?;
         }
+        PortCmd::Enable { name } => {
+            call(control, &Request::PortEnable { name })?;
+        }
         PortCmd::Set {
             name,
             vlans,
@@ -327,6 +356,8 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
             storm_broadcast,
             storm_multicast,
             storm_unknown_unicast,
+            link_local_forward,
+            bpdu_guard,
         } => {
             let update = PolicyUpdate {
                 vlans,
@@ -338,9 +369,11 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 storm_broadcast: storm_broadcast.map(|v| v.0),
                 storm_multicast: storm_multicast.map(|v| v.0),
                 storm_unknown_unicast: storm_unknown_unicast.map(|v| v.0),
+                link_local_forward,
+                bpdu_guard,
             };
             if update.is_empty() {
-                bail!("nothing to change: give at least one of --vlans, --macs, --ips, --mac-limit, --dhcp-guard, --ra-guard, --storm-*");
+                bail!("nothing to change: give at least one of --vlans, --macs, --ips, --mac-limit, --dhcp-guard, --ra-guard, --storm-*, --link-local-forward, --bpdu-guard");
             }
             call(control, &Request::PortSet { name, update })?;
         }

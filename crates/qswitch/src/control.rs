@@ -349,6 +349,13 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         | Request::PlacementMode { .. }
         | Request::QosSet { .. }
         | Request::PortSet { .. }) => daemon.change(change),
+        // Runtime state, not a setting: nothing to record.
+        Request::PortEnable { name } => match sw.enable_port(&name) {
+            Ok(_) => Response::Ok,
+            Err(e) => Response::Error {
+                message: error_chain(&e),
+            },
+        },
         Request::Rss { port } => match sw.reta(&port) {
             Ok(r) => Response::Rss {
                 queues: r.queues().to_vec(),

@@ -69,6 +69,12 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "1 per port, labelled with its type and, for afxdp ports, the data path in use (xdp_mode).",
     ),
     (
+        "qswitch_port_disabled",
+        "gauge",
+        "1 while a port is disabled (reason=\"bpdu_guard\": a BPDU arrived on a port with \
+         bpdu_guard) until `qswitch port enable`, else 0.",
+    ),
+    (
         "qswitch_afxdp_kernel_drops_total",
         "counter",
         "Frames an afxdp port's kernel sockets dropped before qswitch saw them (rx_dropped: no \
@@ -367,6 +373,18 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
             labels.push(("xdp_mode", m));
         }
         o.sample("qswitch_port_info", &labels, 1);
+    }
+    o.family("qswitch_port_disabled");
+    for p in ports {
+        let mut labels = vec![("port", p.name.as_str())];
+        if let Some(why) = &p.disabled {
+            labels.push(("reason", why));
+        }
+        o.sample(
+            "qswitch_port_disabled",
+            &labels,
+            u8::from(p.disabled.is_some()),
+        );
     }
     o.family("qswitch_afxdp_kernel_drops_total");
     for p in ports {
@@ -703,6 +721,9 @@ mod tests {
             vlans: None,
             security: None,
             storm: None,
+            link_local_forward: None,
+            bpdu_guard: false,
+            disabled: None,
             queues: vec![QueueInfo {
                 queue: 1,
                 worker: 0,

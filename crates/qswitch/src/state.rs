@@ -441,6 +441,8 @@ impl Persist {
                     p.vlans = now.vlans;
                     p.security = now.security;
                     p.storm = now.storm;
+                    p.link_local_forward = now.link_local_forward;
+                    p.bpdu_guard = now.bpdu_guard;
                 }
                 self.commit(next, None).inspect_err(|_| {
                     let _ = sw.set_port_policy(&name, old.clone());

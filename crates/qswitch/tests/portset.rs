@@ -1,5 +1,5 @@
-//! `qswitch port set`: live VLAN trunk, port security and storm-control changes through the
-//! control socket, end to end through the `qswitch` binary. Nothing here needs root: the
+//! `qswitch port set`: live VLAN trunk, port security, storm-control and link-local changes
+//! (and `port enable`) through the control socket, end to end through the `qswitch` binary. Nothing here needs root: the
 //! daemons use gen ports only.
 
 mod common;
@@ -126,10 +126,29 @@ fn port_set_changes_each_field_and_port_list_shows_it() {
         "{p}"
     );
 
+    let p = set(
+        &control,
+        &["--link-local-forward", "lldp,0", "--bpdu-guard", "on"],
+    );
+    assert_eq!(p["link_local_forward"], "stp,lldp", "{p}");
+    assert_eq!(p["bpdu_guard"], true, "{p}");
+    assert!(p.get("disabled").is_none(), "{p}");
+    // Recorded as config keys (what a restart applies).
+    let dump = qs(&control, &["config", "dump"]);
+    dump.assert_ok("config dump");
+    assert!(
+        dump.stdout.contains("link_local_forward = \"stp,lldp\"")
+            && dump.stdout.contains("bpdu_guard = true"),
+        "{dump:?}"
+    );
+    // Enabling a port that is enabled changes nothing.
+    qs(&control, &["port", "enable", "g1"]).assert_ok("port enable");
+
     // The table shows it compactly.
     let out = qs(&control, &["port", "list"]);
     out.assert_ok("port list");
     for needle in [
+        "link-local-forward stp,lldp; bpdu-guard",
         "trunk 10,20,100-200",
         "macs:52:54:00:12:34:56,02:00:00:00:00:01",
         "mac-limit:4",
@@ -162,6 +181,12 @@ fn port_set_changes_each_field_and_port_list_shows_it() {
     );
     let p = set(&control, &["--storm-unknown-unicast", "none"]);
     assert!(p.get("storm").is_none(), "{p}");
+    let p = set(
+        &control,
+        &["--link-local-forward", "none", "--bpdu-guard", "off"],
+    );
+    assert!(p.get("link_local_forward").is_none(), "{p}");
+    assert!(p.get("bpdu_guard").is_none(), "{p}");
     assert!(qs(&control, &["port", "list"]).stdout.lines().count() == 3);
 }
 
@@ -186,6 +211,14 @@ fn port_set_refuses_bad_values_and_unknown_ports_with_one_line() {
         (&["--mac-limit=-1"], "--mac-limit"),
         (&["--dhcp-guard", "maybe"], "'maybe' is not on or off"),
         (&["--storm-broadcast", "lots"], "--storm-broadcast"),
+        (
+            &["--link-local-forward", "stp,1"],
+            "link-local group 1 (01:80:c2:00:00:01, PAUSE) is never relayed",
+        ),
+        (
+            &["--link-local-forward", "2"],
+            "(01:80:c2:00:00:02, slow protocols (LACP)) is never relayed",
+        ),
         (&[], "nothing to change"),
     ];
     for (args, needle) in cases {
@@ -196,6 +229,10 @@ fn port_set_refuses_bad_values_and_unknown_ports_with_one_line() {
     let out = qs(&control, &["port", "set", "nope", "--dhcp-guard", "on"]);
     assert_refused(&out, "port 'nope' does not exist");
     assert_eq!(out.code, Some(1), "{out:?}");
+    assert_refused(
+        &qs(&control, &["port", "enable", "nope"]),
+        "port 'nope' does not exist",
+    );
     assert_eq!(
         qs_json(&control, &["port", "list", "--json"]),
         before,

@@ -32,9 +32,9 @@
 //! seen), which [`FastPath::sync`] mirrors from the switch's fdb: only addresses learnt on
 //! veth ports whose fast path is on, in their access VLAN. A port is left out (so its
 //! frames take the slow path both ways) while it is a trunk, an uplink, has a QoS
-//! guarantee or limit or per-frame port security checks, or is being captured. (Storm
-//! control needs nothing: what it limits, broadcast, multicast and unknown unicast, always
-//! takes the slow path.) The program counts what it forwards per port in a
+//! guarantee or limit or per-frame port security checks, is being captured, or is disabled
+//! by BPDU guard (from the next housekeeping tick). (Storm control and link-local frames
+//! need nothing: broadcast and multicast always take the slow path.) The program counts what it forwards per port in a
 //! per-CPU array; the switch adds those counters to the port's own, and every second
 //! refreshes (and clears) the fdb entries the program marked seen, so that addresses in
 //! use on the fast path do not age out.

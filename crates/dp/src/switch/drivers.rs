@@ -146,6 +146,7 @@ pub(crate) fn eligible(p: &PortEntry) -> Option<u32> {
         && p.config.capacity.is_none()
         && qos.min.is_none()
         && qos.max.is_none()
-        && !p.capture.on();
+        && !p.capture.on()
+        && !p.disabled.get();
     (v.fastpath() && plain).then_some(v.ifindex())
 }

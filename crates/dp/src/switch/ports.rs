@@ -245,6 +245,7 @@ impl Switch {
                 self.shared.now(),
             )),
             capture: Default::default(),
+            disabled: Default::default(),
         })
     }
 
@@ -307,6 +308,23 @@ impl Switch {
         self.shared.fdb.set_port_limit(id, limit);
         tracing::info!(port = %name, "port policy set");
         Ok(result)
+    }
+
+    /// Enables a port that BPDU guard disabled ([`crate::link_local`]): its frames are
+    /// switched again from the workers' next burst. Returns whether it was disabled.
+    pub fn enable_port(&self, name: &str) -> Result<bool, SwitchError> {
+        let _ctl = self.control.lock();
+        let table = self.shared.ports.load_full();
+        let entry = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        let was = entry.disabled.clear();
+        if was {
+            tracing::info!(port = %name, "port enabled");
+        }
+        Ok(was)
     }
 
     /// A port's current policy settings.

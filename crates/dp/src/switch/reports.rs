@@ -67,12 +67,17 @@ impl Switch {
                     }
                     _ => (None, None),
                 };
-                let (vlans, security, storm) = p.policy.load().settings.to_config();
+                let settings = &p.policy.load().settings;
+                let (vlans, security, storm) = settings.to_config();
+                let ll = settings.link_local;
                 PortInfo {
                     vlans,
                     security,
                     storm,
                     owner: p.config.owner.as_deref().cloned(),
+                    link_local_forward: (!ll.forward.is_empty()).then_some(ll.forward),
+                    bpdu_guard: ll.bpdu_guard,
+                    disabled: p.disabled.get().then(|| "bpdu_guard".to_string()),
                     name: p.config.name.clone(),
                     kind: p.config.kind.to_string(),
                     ifname: p.config.ifname().map(ToString::to_string),

@@ -486,6 +486,15 @@ impl Core {
             ctl.next_sweep = now + SWEEP_EVERY_NS;
             self.shared.fdb.sweep(now);
         }
+        for p in self.shared.ports.load().iter().flatten() {
+            if p.disabled.take_tripped() {
+                tracing::warn!(
+                    port = %p.config.name,
+                    "BPDU received on a port with bpdu_guard: port disabled until `qswitch port enable {}`",
+                    p.config.name
+                );
+            }
+        }
         self.sync_fastpath(now);
         let due = ctl
             .last_eval
