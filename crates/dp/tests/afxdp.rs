@@ -1,14 +1,16 @@
 //! The AF_XDP uplink port on a real veth pair between two namespaces this test creates: a
 //! "wire peer" namespace (`qa`) and the switch-side namespace (`qb`, opened as the port from a
 //! thread that entered it). The peer sends and captures raw frames with an AF_PACKET socket
-//! from a thread in its namespace. For each mode (native, skb, packet): frames from the peer
+//! from a thread in its namespace. For each mode (native, packet): frames from the peer
 //! arrive through `rx_burst` byte for byte (and wake an epoll on the rx fds), frames given to
 //! `tx_burst` arrive at the peer byte for byte, a 64 KB TSO frame leaves as MSS-sized
 //! segments with valid checksums, oversize frames are counted in both directions, and
 //! dropping the port (or killing the process with SIGKILL) leaves no program and no
 //! promiscuity behind. Jumbo frames pass up to the MTU. Bad input (no such
 //! interface, too many queues, a refused mode, a program already attached) is one clear
-//! error with nothing left attached.
+//! error with nothing left attached. Generic XDP (skb mode) is refused on a veth: it cannot
+//! see an 802.1Q tag the veth holds out of band; a frame tagged that way by the peer's tc
+//! arrives tagged in every other mode.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -548,11 +550,22 @@ fn native_mode() {
     }
 }
 
+/// Generic XDP cannot see an 802.1Q tag a veth delivers out of band (audit finding F1):
+/// refused, with the reason, leaving nothing attached.
 #[test]
-fn skb_mode() {
-    if privileged() {
-        run_mode(Mode::Skb, "g", "skb");
+fn skb_mode_is_refused_on_a_veth() {
+    if !privileged() {
+        return;
     }
+    let wire = Wire::new("g");
+    let e = wire.open("qb", None, Mode::Skb).unwrap_err();
+    assert!(
+        matches!(e, AfXdpError::ModeRefused { mode: "skb", .. }),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("802.1Q tag") && !msg.contains('\n'), "{msg}");
+    wire.assert_clean("qb");
 }
 
 #[test]
@@ -563,7 +576,7 @@ fn packet_mode() {
 }
 
 #[test]
-fn auto_picks_native_on_veth_skb_on_a_bridge() {
+fn auto_picks_native_on_veth_packet_on_a_bridge() {
     if !privileged() {
         return;
     }
@@ -572,11 +585,11 @@ fn auto_picks_native_on_veth_skb_on_a_bridge() {
     assert_eq!(port.mode_in_use(), "native-copy");
     drop(port);
     wire.assert_clean("qb");
-    // A bridge has no native XDP.
+    // A bridge has no native XDP, and generic XDP would miss tags it holds out of band.
     ip(&["-n", &wire.sw, "link", "add", "qd", "type", "bridge"]);
     ip(&["-n", &wire.sw, "link", "set", "qd", "up"]);
     let port = wire.open("qd", None, Mode::Auto).unwrap();
-    assert_eq!(port.mode_in_use(), "skb");
+    assert_eq!(port.mode_in_use(), "packet");
     drop(port);
     wire.assert_clean("qd");
     // An MTU beyond what AF_XDP takes without multi-buffer: the packet mode.
@@ -632,7 +645,7 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
     // A program already attached (here by another port): the second open fails and takes
     // nothing from the first.
     let first = wire.open("qb", Some(1), Mode::Native).unwrap();
-    for mode in [Mode::Native, Mode::Skb, Mode::Auto] {
+    for mode in [Mode::Native, Mode::Auto] {
         let e = wire.open("qb", None, mode).unwrap_err();
         assert!(
             matches!(e, AfXdpError::ProgramPresent { .. }),
@@ -868,4 +881,102 @@ fn interface_deleted_native() {
     if privileged() {
         deleted(Mode::Native, "xn");
     }
+}
+
+/// Attaches to the peer's `qa` egress a tc program that tags every frame with `vid` out of
+/// band (`bpf_skb_vlan_push`, as `tc ... action vlan push` does: the tag travels beside the
+/// frame, in `skb->vlan_tci`, and a veth hands it over like that). Detached when the link
+/// is dropped.
+fn peer_tags_out_of_band(wire: &Wire, vid: i32) -> qswitch_sys::bpf::Link {
+    use qswitch_sys::bpf::{self, Insn, ProgKind, TcHook, R0, R2, R3};
+    let path = Wire::ns_path(&wire.peer);
+    std::thread::spawn(move || {
+        qswitch_sys::netns::enter(&path).expect("enter the peer namespace");
+        let insns = [
+            Insn::mov_imm(R2, 0x0081), // htons(ETH_P_8021Q)
+            Insn::mov_imm(R3, vid),
+            Insn::call(bpf::FUNC_SKB_VLAN_PUSH),
+            Insn::mov_imm(R0, bpf::TC_ACT_OK),
+            Insn::exit(),
+        ];
+        let prog = bpf::Program::load(ProgKind::SchedCls, &insns, "qs_test_tag").unwrap();
+        let idx = qswitch_sys::xdp::ifindex("qa").unwrap();
+        bpf::tcx_attach(&prog, idx, TcHook::Egress).expect("attach the tagger")
+    })
+    .join()
+    .unwrap()
+}
+
+/// Sends `n` IPv4 UDP broadcasts from the peer's own stack (so through its tc egress).
+fn peer_broadcast(wire: &Wire, n: usize) {
+    let path = Wire::ns_path(&wire.peer);
+    std::thread::spawn(move || {
+        qswitch_sys::netns::enter(&path).unwrap();
+        let s = std::net::UdpSocket::bind("10.99.0.1:0").unwrap();
+        s.set_broadcast(true).unwrap();
+        for _ in 0..n {
+            s.send_to(b"qswitch-vlan-test", "10.99.0.255:9").unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// Audit finding F1: a frame whose 802.1Q tag the wire delivers out of band (a NIC's
+/// receive VLAN offload; a veth whose peer pushed the tag in tc) reaches the switch with
+/// its tag in every mode, or the mode is refused; never as an untagged frame.
+fn out_of_band_tag(mode: Mode, tag: &str) -> Result<(), AfXdpError> {
+    let wire = Wire::new(tag);
+    ip(&["-n", &wire.peer, "addr", "add", "10.99.0.1/24", "dev", "qa"]);
+    let _tagger = peer_tags_out_of_band(&wire, 10);
+    let port = wire.open("qb", None, mode)?;
+    let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
+    let mut drops = DropTally::default();
+    let (mut tagged, mut untagged) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while tagged < 5 && Instant::now() < deadline {
+        peer_broadcast(&wire, 1);
+        std::thread::sleep(Duration::from_millis(20));
+        for q in 0..port.queues() {
+            let n = port.rx_burst(q, &mut pkts, 0, &mut drops);
+            for p in &pkts[..n] {
+                let f = p.frame();
+                if f.len() < 18 || f[6..12] != PEER_MAC {
+                    continue;
+                }
+                match (&f[12..14], &f[14..16], &f[16..18]) {
+                    ([0x81, 0x00], [0x00, 0x0a], [0x08, 0x00]) => tagged += 1,
+                    ([0x08, 0x00], _, _) => untagged += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert_eq!(
+        untagged, 0,
+        "{mode:?}: frames tagged out of band arrived untagged"
+    );
+    assert!(
+        tagged >= 5,
+        "{mode:?}: only {tagged} frames arrived tagged (VID 10)"
+    );
+    drop(port);
+    wire.assert_clean("qb");
+    Ok(())
+}
+
+#[test]
+fn out_of_band_tags_arrive_tagged_in_every_mode() {
+    if !privileged() {
+        return;
+    }
+    out_of_band_tag(Mode::Native, "vn").expect("native mode on a veth");
+    out_of_band_tag(Mode::Packet, "vp").expect("packet mode");
+    out_of_band_tag(Mode::Auto, "va").expect("auto mode");
+    // Generic XDP runs before anything puts the tag back: refused on a veth, by name.
+    let e = out_of_band_tag(Mode::Skb, "vs").unwrap_err();
+    assert!(
+        e.to_string().contains("out of band"),
+        "skb mode on a veth: {e}"
+    );
 }

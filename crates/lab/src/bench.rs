@@ -185,7 +185,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "uplink",
-        about: "peer netns -> veth -> afxdp uplink (native, skb, packet) -> TAP netns vs Linux bridge; TCP 1 and 4 streams, 64 B Mpps",
+        about: "peer netns -> veth -> afxdp uplink (native, packet) -> TAP netns vs Linux bridge; TCP 1 and 4 streams, 64 B Mpps",
         run: uplink::run,
         only: true,
     },

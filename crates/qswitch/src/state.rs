@@ -97,6 +97,42 @@ pub struct Start {
     pub notes: Vec<String>,
 }
 
+/// Refuses a state directory that anyone but root and this daemon's user could write to
+/// (group- or world-writable, or owned by another user): a state file planted there would be
+/// applied at the next start, ports and all (audit finding F10).
+fn check_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read the state directory {}", dir.display()))?;
+    if !md.is_dir() {
+        bail!("state directory {} is not a directory", dir.display());
+    }
+    let me = qswitch_sys::thread::euid();
+    if md.uid() != 0 && md.uid() != me {
+        bail!(
+            "state directory {} is owned by uid {}, not root or this daemon's user (uid {me}): \
+             refusing state that user could plant (chown it, or set [switch] state_dir)",
+            dir.display(),
+            md.uid()
+        );
+    }
+    if md.mode() & 0o022 != 0 {
+        bail!(
+            "state directory {} is writable by {} (mode {:o}): refusing state others could \
+             plant (chmod go-w {})",
+            dir.display(),
+            if md.mode() & 0o002 != 0 {
+                "everyone"
+            } else {
+                "its group"
+            },
+            md.mode() & 0o7777,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Whether a request changes the switch (and so goes through [`Persist`]).
 pub fn is_change(req: &Request) -> bool {
     matches!(
@@ -157,6 +193,9 @@ impl Persist {
                 })
             }
         };
+        if let Some(d) = &dir {
+            check_dir(d)?;
+        }
         let fresh = Live {
             config: file.clone(),
             pins: BTreeMap::new(),
@@ -178,7 +217,12 @@ impl Persist {
             return Ok(Start { persist, notes });
         };
         let state_path = dir.join(STATE_FILE);
-        let raw = match std::fs::read(&state_path) {
+        let read = |p: &Path| -> std::io::Result<Vec<u8>> {
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut qswitch_sys::fd::open_regular(p)?, &mut raw)?;
+            Ok(raw)
+        };
+        let raw = match read(&state_path) {
             Ok(r) => r,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 notes.push(format!(

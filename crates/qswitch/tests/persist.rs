@@ -370,3 +370,74 @@ fn concurrent_changes_are_all_recorded() {
     let _d = Daemon::start(dir.path(), "c", &text, &control);
     assert_eq!(read_model(&control), before);
 }
+
+/// Starts the daemon on `config` and expects it to exit with one stderr line holding every
+/// one of `needles`, within 15 s (not hang).
+fn expect_start_refused(config: &Path, needles: &[&str]) {
+    let out = common::run_timeout(
+        std::process::Command::new(common::qswitch_bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("QSWITCH_LOG", "warn"),
+        Duration::from_secs(15),
+    );
+    out.assert_no_panic();
+    assert!(out.code.is_some(), "start-up hung: {out:?}");
+    assert!(!out.ok(), "started: {out:?}");
+    let lines = out.stderr_lines();
+    assert_eq!(lines.len(), 1, "want one stderr line: {out:?}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{n:?} not in {out:?}");
+    }
+}
+
+/// Audit finding F10: a FIFO at `state.json` made start-up hang forever without a word. The
+/// file is opened without blocking and must be a regular file.
+#[test]
+fn a_fifo_as_the_state_file_is_refused_not_a_hang() {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = TempDir::new("persist-fifo");
+    let control = dir.join("control.sock");
+    let path = dir.join("qswitch.toml");
+    std::fs::write(&path, config(&dir, &control, &worker_cpus(1))).unwrap();
+    std::fs::DirBuilder::new()
+        .mode(0o750)
+        .create(dir.join("state"))
+        .unwrap();
+    common::sh_ok(&["mkfifo", dir.join("state/state.json").to_str().unwrap()]);
+    expect_start_refused(&path, &["state.json", "FIFO", "not a regular file"]);
+    assert!(!control.exists());
+}
+
+/// Audit finding F10: a state directory others can write to is refused, so that no one but
+/// root (or the daemon's user) can plant a state file that adds ports at the next start.
+#[test]
+fn a_state_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("persist-perm");
+    let control = dir.join("control.sock");
+    let path = dir.join("qswitch.toml");
+    std::fs::write(&path, config(&dir, &control, &worker_cpus(1))).unwrap();
+    let state = dir.join("state");
+    std::fs::create_dir(&state).unwrap();
+    for (mode, who) in [
+        (0o777, "everyone"),
+        (0o1777, "everyone"),
+        (0o770, "its group"),
+    ] {
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(mode)).unwrap();
+        expect_start_refused(&path, &["state directory", "writable by", who]);
+        assert!(!control.exists());
+    }
+    if qswitch_sys::thread::is_root() {
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).unwrap();
+        common::sh_ok(&["chown", "65534", state.to_str().unwrap()]);
+        expect_start_refused(&path, &["state directory", "owned by uid 65534"]);
+        common::sh_ok(&["chown", "0", state.to_str().unwrap()]);
+    }
+    // 0750, owned by us: starts.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let text = config(&dir, &control, &worker_cpus(1));
+    let _d = Daemon::start(dir.path(), "good", &text, &control);
+    assert_eq!(port_names(&control), ["up", "g1"]);
+}

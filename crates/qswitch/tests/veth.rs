@@ -391,6 +391,8 @@ fn kill_9_hands_the_veth_back_to_the_kernel_and_a_restart_takes_it_again() {
     assert!(wait_until(Duration::from_secs(3), || !common::link_exists(
         &tap
     )));
+    // qswitch left it sealed (no ARP, no addresses: see the next test): open it by hand.
+    sh_ok(&["ip", "link", "set", "dev", &ifa, "arp", "on"]);
     sh_ok(&["ip", "addr", "add", "10.201.4.254/24", "dev", &ifa]);
     assert!(
         lab.ns('a')
@@ -511,5 +513,139 @@ fn addresses_busy_on_the_fast_path_do_not_age_out() {
     assert!(
         now.0 <= slow.0 + 4 && now.1 <= slow.1 + 4,
         "slow path moved: {slow:?} -> {now:?}"
+    );
+}
+
+/// The link-local address the kernel would give an interface with MAC `mac` (EUI-64).
+fn eui64_link_local(mac: &str) -> std::net::Ipv6Addr {
+    let m: Vec<u8> = mac
+        .trim()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    std::net::Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        u16::from_be_bytes([m[0] ^ 2, m[1]]),
+        u16::from_be_bytes([m[2], 0xff]),
+        u16::from_be_bytes([0xfe, m[3]]),
+        u16::from_be_bytes([m[4], m[5]]),
+    )
+}
+
+/// Whether a TCP connection from namespace `ns` (out of its `eth0`) to `[addr]:port` is
+/// accepted within 2 s.
+fn tenant_connects(ns: &str, addr: std::net::Ipv6Addr, port: u16) -> bool {
+    let path = std::path::PathBuf::from(format!("/run/netns/{ns}"));
+    std::thread::spawn(move || {
+        qswitch_sys::netns::enter(&path).expect("enter the tenant's namespace");
+        let scope = qswitch_sys::xdp::ifindex("eth0").expect("eth0");
+        let to = std::net::SocketAddrV6::new(addr, port, 0, scope);
+        std::net::TcpStream::connect_timeout(&to.into(), Duration::from_secs(2)).is_ok()
+    })
+    .join()
+    .expect("connect thread")
+}
+
+/// Audit finding F2: after `port del`, a stop or a `kill -9`, the tenant's namespace reached
+/// the host's own IPv6 link-local address on the veth's root end and connected to a host
+/// service listening on `[::]:PORT`. The root end now never has an address or a link-local
+/// (address generation off from the moment qswitch takes it) and is down when the port goes;
+/// after a crash it stays up but still has nothing the tenant could reach. The last step
+/// shows the door is real: with address generation back on, the same connection succeeds.
+#[test]
+fn the_root_end_of_a_veth_is_no_door_into_the_host() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut lab = Lab::new(9, &[veth('a'), veth('b')]);
+    let ifa = lab.ports[0].1.clone();
+    let ns = lab.ns('a').name.clone();
+    let ns = ns.as_str();
+    // The tenant speaks IPv6 (the lab turns it off).
+    lab.ns('a')
+        .ok(&["sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=0"]);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let a = lab
+                .ns('a')
+                .ok(&["ip", "-6", "addr", "show", "dev", "eth0"])
+                .stdout;
+            a.contains("fe80") && !a.contains("tentative")
+        }),
+        "the tenant's link-local"
+    );
+    // A host service on every address.
+    let listener = std::net::TcpListener::bind("[::]:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mac = std::fs::read_to_string(format!("/sys/class/net/{ifa}/address")).unwrap();
+    let ll = eui64_link_local(&mac);
+    let sealed = |what: &str| {
+        let link = sh_ok(&["ip", "-d", "link", "show", "dev", &ifa]).stdout;
+        assert!(link.contains("addrgenmode none"), "{what}: {link}");
+        let addrs = sh_ok(&["ip", "addr", "show", "dev", &ifa]).stdout;
+        assert!(
+            !addrs.contains("inet"),
+            "{what}: an address on the root end: {addrs}"
+        );
+        assert!(
+            !tenant_connects(ns, ll, port),
+            "{what}: the tenant reached the host"
+        );
+    };
+    let is_up = || {
+        sh_ok(&["ip", "-o", "link", "show", "dev", &ifa])
+            .stdout
+            .contains(",UP")
+    };
+    lab.assert_ping('a', 'b');
+    sealed("running");
+
+    // port del: down, and nothing to reach even if someone sets it up.
+    qs(&lab.daemon.control, &["port", "del", "a"]).assert_ok("port del");
+    assert!(!is_up(), "the root end is up after port del");
+    sealed("after port del");
+    sh_ok(&["ip", "link", "set", "dev", &ifa, "up"]);
+    sealed("after port del, set up by hand");
+
+    // A stop (SIGTERM): down.
+    qs(
+        &lab.daemon.control,
+        &["port", "add", "a", "--type", "veth", "--ifname", &ifa],
+    )
+    .assert_ok("port add");
+    lab.assert_ping('a', 'b');
+    assert!(lab.daemon.terminate(Duration::from_secs(15)).is_some());
+    assert!(!is_up(), "the root end is up after a stop");
+    sealed("after a stop");
+
+    // kill -9: left up, still nothing to reach.
+    let control = lab.dir.join("control.sock");
+    let _ = std::fs::remove_file(&control);
+    lab.daemon = Daemon::start(lab.dir.path(), "qswitch2", &lab.config, &control);
+    lab.assert_ping('a', 'b');
+    lab.daemon.kill();
+    assert!(is_up());
+    sealed("after kill -9");
+
+    // The door the seal closes: address generation on again, a link-local, a connection.
+    sh_ok(&[
+        "ip",
+        "link",
+        "set",
+        "dev",
+        &ifa,
+        "addrgenmode",
+        "eui64",
+        "arp",
+        "on",
+    ]);
+    sh_ok(&["ip", "link", "set", "dev", &ifa, "down"]);
+    sh_ok(&["ip", "link", "set", "dev", &ifa, "up"]);
+    assert!(
+        wait_until(Duration::from_secs(10), || tenant_connects(ns, ll, port)),
+        "the tenant never reached the host through an unsealed root end: the test proves nothing"
     );
 }

@@ -120,7 +120,9 @@ pub enum Jmp {
 
 /// Helper functions (`enum bpf_func_id`).
 pub const FUNC_MAP_LOOKUP_ELEM: i32 = 1;
+pub const FUNC_SKB_VLAN_PUSH: i32 = 18;
 pub const FUNC_REDIRECT: i32 = 23;
+pub const FUNC_XDP_ADJUST_HEAD: i32 = 44;
 pub const FUNC_REDIRECT_MAP: i32 = 51;
 pub const FUNC_REDIRECT_PEER: i32 = 155;
 
@@ -188,6 +190,15 @@ impl Insn {
     /// Calls helper `func` (arguments in `R1`–`R5`, result in `R0`).
     pub const fn call(func: i32) -> Insn {
         raw(0x85, 0, 0, 0, func)
+    }
+    /// Calls kernel function `btf_id` (a `BTF_KIND_FUNC` of vmlinux's BTF, [`kfunc_id`]).
+    pub const fn call_kfunc(btf_id: u32) -> Insn {
+        const PSEUDO_KFUNC_CALL: Reg = 2;
+        raw(0x85, 0, PSEUDO_KFUNC_CALL, 0, btf_id as i32)
+    }
+    /// `dst = htobe16(dst)` (`BPF_END | BPF_TO_BE`, 16 bits).
+    pub const fn to_be16(dst: Reg) -> Insn {
+        raw(0xdc, dst, 0, 0, 16)
     }
     /// `return R0`.
     pub const fn exit() -> Insn {
@@ -375,6 +386,57 @@ pub mod skb {
 pub const TC_ACT_OK: i32 = 0;
 pub const TC_ACT_SHOT: i32 = 2;
 
+/// The BTF id of kernel function `name` in vmlinux's BTF (`/sys/kernel/btf/vmlinux`), for
+/// [`Insn::call_kfunc`]; `None` when this kernel has no such function (or no BTF).
+pub fn kfunc_id(name: &str) -> Option<u32> {
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok()?;
+    btf_func_id(&btf, name)
+}
+
+/// The id of the `BTF_KIND_FUNC` named `name` in raw BTF `btf` (native byte order).
+fn btf_func_id(btf: &[u8], name: &str) -> Option<u32> {
+    const KIND_FUNC: u32 = 12;
+    let u32_at = |off: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(btf.get(off..off + 4)?.try_into().ok()?))
+    };
+    if btf.get(0..2)? != 0xeb9fu16.to_ne_bytes() {
+        return None;
+    }
+    let hdr_len = u32_at(4)? as usize;
+    let (type_off, type_len) = (u32_at(8)? as usize, u32_at(12)? as usize);
+    let (str_off, str_len) = (u32_at(16)? as usize, u32_at(20)? as usize);
+    let types = hdr_len.checked_add(type_off)?;
+    let strings = btf.get(hdr_len + str_off..hdr_len + str_off + str_len)?;
+    let name_of = |off: usize| -> Option<&[u8]> {
+        let s = strings.get(off..)?;
+        Some(&s[..s.iter().position(|&b| b == 0)?])
+    };
+    let (mut at, end) = (types, types.checked_add(type_len)?);
+    let mut id = 1u32;
+    while at + 12 <= end {
+        let (name_off, info) = (u32_at(at)? as usize, u32_at(at + 4)?);
+        let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+        if kind == KIND_FUNC && name_of(name_off)? == name.as_bytes() {
+            return Some(id);
+        }
+        // struct btf_type is 12 bytes; what follows it depends on the kind.
+        at += 12
+            + match kind {
+                1 | 14 | 17 => 4,          // int, var, decl_tag
+                3 => 12,                   // array
+                4 | 5 => 12 * vlen,        // struct, union
+                6 => 8 * vlen,             // enum
+                13 => 8 * vlen,            // func_proto
+                15 => 12 * vlen,           // datasec
+                19 => 12 * vlen,           // enum64
+                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef, volatile, const, restrict, func, float, type_tag
+                _ => return None,
+            };
+        id += 1;
+    }
+    None
+}
+
 /// A loaded program.
 #[derive(Debug)]
 pub struct Program {
@@ -385,6 +447,19 @@ impl Program {
     /// Loads `insns` as a `kind` program named `name` (at most 15 bytes shown). A verifier
     /// refusal comes back with the verifier's log in the error.
     pub fn load(kind: ProgKind, insns: &[Insn], name: &str) -> io::Result<Program> {
+        Program::load_for(kind, insns, name, None)
+    }
+
+    /// [`Program::load`], bound to interface `dev` when given (`prog_ifindex` with
+    /// `BPF_F_XDP_DEV_BOUND_ONLY`): such an XDP program may call the driver's
+    /// receive-metadata kfuncs, and attaches to that interface only, in native mode only.
+    pub fn load_for(
+        kind: ProgKind,
+        insns: &[Insn],
+        name: &str,
+        dev: Option<u32>,
+    ) -> io::Result<Program> {
+        const BPF_F_XDP_DEV_BOUND_ONLY: u32 = 1 << 6;
         let license = CString::new("GPL").expect("no NUL");
         let mut log = vec![0u8; 64 * 1024];
         let mut a = BpfAttr::new();
@@ -399,6 +474,9 @@ impl Program {
             .u64(32, log.as_mut_ptr() as u64);
         if kind == ProgKind::Xdp {
             a.u32(68, crate::xdp::BPF_XDP);
+        }
+        if let Some(ifindex) = dev {
+            a.u32(44, BPF_F_XDP_DEV_BOUND_ONLY).u32(64, ifindex);
         }
         let n = name.len().min(15);
         a.0[48..48 + n].copy_from_slice(&name.as_bytes()[..n]);
@@ -460,6 +538,16 @@ pub fn tcx_attach(prog: &Program, ifindex: u32, hook: TcHook) -> io::Result<Link
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_kernel_functions_in_btf() {
+        assert_eq!(kfunc_id("qswitch_no_such_function"), None);
+        if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+            // A function every kernel has.
+            assert!(kfunc_id("tcp_sendmsg").is_some());
+        }
+        assert_eq!(btf_func_id(b"garbage", "x"), None);
+    }
 
     use qswitch_test_support::root_or_skip;
 

@@ -100,6 +100,43 @@ pub fn connect_unix_nonblocking(
     Ok(std::os::unix::net::UnixStream::from(owned))
 }
 
+/// Opens `path` for reading without blocking (`O_NONBLOCK`, so that a FIFO or a device
+/// planted there cannot hang the caller) and without following a symlink in its last
+/// component, and checks (`fstat` on the open file) that it is a regular file: anything
+/// else is an `InvalidData` error naming what it is. The returned file blocks again.
+pub fn open_regular(path: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::new(io::ErrorKind::InvalidData, "is a symbolic link")
+            } else {
+                e
+            }
+        })?;
+    let t = f.metadata()?.file_type();
+    if !t.is_file() {
+        let what = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_dir() {
+            "a directory"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("is {what}, not a regular file"),
+        ));
+    }
+    clear_nonblocking(f.as_raw_fd())?;
+    Ok(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +178,24 @@ mod tests {
         let mut buf = [0u8; 1];
         let e = std::io::Read::read(&mut &a, &mut buf).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    fn open_regular_refuses_what_is_not_a_regular_file() {
+        let dir = std::env::temp_dir().join(format!("qsys-regular-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("f");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(open_regular(&file).is_ok());
+        let e = open_regular(&dir).unwrap_err();
+        assert_eq!(e.to_string(), "is a directory, not a regular file");
+        std::os::unix::fs::symlink(&file, dir.join("l")).unwrap();
+        let e = open_regular(&dir.join("l")).unwrap_err();
+        assert_eq!(e.to_string(), "is a symbolic link");
+        assert_eq!(
+            open_regular(&dir.join("none")).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

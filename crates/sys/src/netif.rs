@@ -39,9 +39,9 @@ pub fn is_tap(ifname: &str) -> bool {
     u32::from_str_radix(hex, 16).is_ok_and(|flags| flags & libc::IFF_TAP as u32 != 0)
 }
 
-/// Sets (`up = true`) or clears `IFF_UP` on `ifname` via `SIOCGIFFLAGS` /
-/// `SIOCSIFFLAGS`. Needs `CAP_NET_ADMIN`; `ENODEV` if there is no such interface.
-pub fn set_up(ifname: &str, up: bool) -> io::Result<()> {
+/// Sets (`on`) or clears interface flag `flag` on `ifname` via `SIOCGIFFLAGS` /
+/// `SIOCSIFFLAGS`.
+fn set_flag(ifname: &str, flag: libc::c_short, on: bool) -> io::Result<()> {
     let mut req = IfReq::new(ifname, 0)?;
     // SAFETY: socket() has no memory-safety preconditions.
     let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
@@ -56,11 +56,10 @@ pub fn set_up(ifname: &str, up: bool) -> io::Result<()> {
             std::ptr::from_mut(&mut req),
         )
     })?;
-    let iff_up = libc::IFF_UP as libc::c_short;
-    let flags = if up {
-        req.flags | iff_up
+    let flags = if on {
+        req.flags | flag
     } else {
-        req.flags & !iff_up
+        req.flags & !flag
     };
     if flags == req.flags {
         return Ok(());
@@ -75,6 +74,30 @@ pub fn set_up(ifname: &str, up: bool) -> io::Result<()> {
         )
     })?;
     Ok(())
+}
+
+/// Makes interface `ifname` no door into the host's own stack: IPv6 address generation off
+/// (no link-local, now or later: [`crate::rtnl::Rtnl::set_addr_gen_mode_none`]), every
+/// address on it deleted, and `IFF_NOARP` (the host answers no ARP through it, so a peer
+/// cannot learn its MAC to reach the host's IPv4 addresses). For an interface that only
+/// carries frames for a switch (a veth's root end). An interface without IPv6 skips that
+/// step.
+pub fn seal(ifname: &str) -> io::Result<()> {
+    let ifindex = crate::xdp::ifindex(ifname)?;
+    let mut rtnl = crate::rtnl::Rtnl::open()?;
+    match rtnl.set_addr_gen_mode_none(ifindex) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
+        Err(e) => return Err(e),
+    }
+    rtnl.flush_addresses(ifindex)?;
+    set_flag(ifname, libc::IFF_NOARP as libc::c_short, true)
+}
+
+/// Sets (`up = true`) or clears `IFF_UP` on `ifname` via `SIOCGIFFLAGS` /
+/// `SIOCSIFFLAGS`. Needs `CAP_NET_ADMIN`; `ENODEV` if there is no such interface.
+pub fn set_up(ifname: &str, up: bool) -> io::Result<()> {
+    set_flag(ifname, libc::IFF_UP as libc::c_short, up)
 }
 
 #[cfg(test)]

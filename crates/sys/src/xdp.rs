@@ -40,7 +40,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::bpf::{self, BpfAttr, Insn, Map, MapKind, ProgKind, Size, R1, R2, R3};
+use crate::bpf::{
+    self, BpfAttr, Insn, Jmp, Map, MapKind, ProgKind, Size, R0, R1, R10, R2, R3, R4, R6,
+};
 use crate::{cvt, owned};
 
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -52,9 +54,15 @@ pub const FRAME_SIZE: u32 = 2048;
 pub(crate) const BPF_XDP: u32 = 37;
 const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+const XDP_DROP: i32 = 1;
 const XDP_PASS: i32 = 2;
-/// `offsetof(struct xdp_md, rx_queue_index)`.
+/// `offsetof(struct xdp_md, data)`, `data_end`, `rx_queue_index`.
+const XDP_MD_DATA: i16 = 0;
+const XDP_MD_DATA_END: i16 = 4;
 const XDP_MD_RX_QUEUE_INDEX: i16 = 16;
+/// The receive-metadata kfunc that returns a tag the device took out of the frame (Linux
+/// 6.8): `int (const struct xdp_md *, __be16 *proto, u16 *tci)`.
+pub const KFUNC_RX_VLAN_TAG: &str = "bpf_xdp_metadata_rx_vlan_tag";
 
 /// An XSKMAP: NIC queue index → AF_XDP socket.
 #[derive(Debug)]
@@ -116,11 +124,80 @@ fn redirect_insns(map: &Map) -> [Insn; 6] {
     ]
 }
 
+/// The redirect program that first puts back into the frame an 802.1Q/802.1ad tag the
+/// device delivered out of band (`kfunc` is [`KFUNC_RX_VLAN_TAG`]'s BTF id):
+///
+/// ```text
+///   if kfunc(ctx, &proto, &tci) == 0 {          // a tag out of band
+///       if bpf_xdp_adjust_head(ctx, -4) != 0 { return XDP_DROP }   // never untagged
+///       move the two addresses 4 bytes to the front; write proto, htons(tci) after them
+///   }
+///   return bpf_redirect_map(&xskmap, ctx->rx_queue_index, XDP_PASS)
+/// ```
+fn redirect_vlan_insns(map: &Map, kfunc: u32) -> Vec<Insn> {
+    let [m0, m1] = Insn::load_map(R1, map);
+    vec![
+        Insn::mov_reg(R6, R1),
+        // proto at fp-2, tci at fp-4
+        Insn::mov_imm(R2, 0),
+        Insn::store(Size::W, R10, -4, R2),
+        Insn::mov_reg(R2, R10),
+        Insn::alu_imm(bpf::Alu::Add, R2, -2),
+        Insn::mov_reg(R3, R10),
+        Insn::alu_imm(bpf::Alu::Add, R3, -4),
+        Insn::call_kfunc(kfunc),
+        Insn::jump_imm(Jmp::Ne, R0, 0, 18), // → redirect
+        Insn::mov_reg(R1, R6),
+        Insn::mov_imm(R2, -4),
+        Insn::call(bpf::FUNC_XDP_ADJUST_HEAD),
+        Insn::jump_imm(Jmp::Ne, R0, 0, 21), // → drop
+        Insn::load(Size::W, R2, R6, XDP_MD_DATA),
+        Insn::load(Size::W, R3, R6, XDP_MD_DATA_END),
+        Insn::mov_reg(R4, R2),
+        Insn::alu_imm(bpf::Alu::Add, R4, 18),
+        Insn::jump_reg(Jmp::Gt, R4, R3, 16), // → drop
+        Insn::load(Size::DW, R4, R2, 4),
+        Insn::store(Size::DW, R2, 0, R4),
+        Insn::load(Size::W, R4, R2, 12),
+        Insn::store(Size::W, R2, 8, R4),
+        Insn::load(Size::H, R4, R10, -2),
+        Insn::store(Size::H, R2, 12, R4),
+        Insn::load(Size::H, R4, R10, -4),
+        Insn::to_be16(R4),
+        Insn::store(Size::H, R2, 14, R4),
+        // redirect:
+        Insn::mov_reg(R1, R6),
+        Insn::load(Size::W, R2, R1, XDP_MD_RX_QUEUE_INDEX),
+        m0,
+        m1,
+        Insn::mov_imm(R3, XDP_PASS),
+        Insn::call(bpf::FUNC_REDIRECT_MAP),
+        Insn::exit(),
+        // drop:
+        Insn::mov_imm(R0, XDP_DROP),
+        Insn::exit(),
+    ]
+}
+
 impl Program {
     /// Loads the redirect program for `map`. A verifier refusal comes back with the
     /// verifier's log in the error.
     pub fn redirect(map: &XskMap) -> io::Result<Program> {
         let prog = bpf::Program::load(ProgKind::Xdp, &redirect_insns(&map.map), "qs_redirect")?;
+        Ok(Program { prog })
+    }
+
+    /// The redirect program bound to interface `ifindex` (native mode only) that puts an
+    /// 802.1Q tag the device delivered out of band back into the frame first, through
+    /// kernel function `kfunc` ([`KFUNC_RX_VLAN_TAG`], [`bpf::kfunc_id`]): so that the
+    /// switch classifies every frame by its VID, however the tag arrived.
+    pub fn redirect_vlan(map: &XskMap, ifindex: u32, kfunc: u32) -> io::Result<Program> {
+        let prog = bpf::Program::load_for(
+            ProgKind::Xdp,
+            &redirect_vlan_insns(&map.map, kfunc),
+            "qs_redirect_vl",
+            Some(ifindex),
+        )?;
         Ok(Program { prog })
     }
 }
@@ -925,6 +1002,78 @@ fn ethtool_channels(name: &str) -> io::Result<EthtoolChannels> {
     let mut r = ifreq_data(name, std::ptr::addr_of_mut!(ch) as u64)?;
     ioctl_ifreq(libc::SIOCETHTOOL, &mut r)?;
     Ok(ch)
+}
+
+/// `struct ethtool_value`.
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+const ETHTOOL_GFLAGS: u32 = 0x25;
+const ETHTOOL_SFLAGS: u32 = 0x26;
+/// `ETH_FLAG_RXVLAN`: receive VLAN offload (`rx-vlan-hw-parse`, `NETIF_F_HW_VLAN_CTAG_RX`).
+const ETH_FLAG_RXVLAN: u32 = 1 << 8;
+
+fn ethtool_flags(name: &str, set: Option<u32>) -> io::Result<u32> {
+    let mut v = EthtoolValue {
+        cmd: if set.is_some() {
+            ETHTOOL_SFLAGS
+        } else {
+            ETHTOOL_GFLAGS
+        },
+        data: set.unwrap_or(0),
+    };
+    let mut r = ifreq_data(name, std::ptr::addr_of_mut!(v) as u64)?;
+    ioctl_ifreq(libc::SIOCETHTOOL, &mut r)?;
+    Ok(v.data)
+}
+
+/// Whether interface `name` has receive VLAN offload on (the device takes the 802.1Q tag
+/// out of the frame and delivers it beside it, where XDP does not see it).
+pub fn rx_vlan_offload(name: &str) -> io::Result<bool> {
+    Ok(ethtool_flags(name, None)? & ETH_FLAG_RXVLAN != 0)
+}
+
+/// Receive VLAN offload turned off on an interface while this lives; dropping it turns it
+/// back on (if this turned it off). `kill -9` leaves it off: harmless, the kernel's stack
+/// then takes the tags out in software.
+#[derive(Debug)]
+pub struct RxVlanOff {
+    ifname: String,
+    restore: bool,
+}
+
+impl RxVlanOff {
+    /// Turns receive VLAN offload off on `name` (`ETHTOOL_SFLAGS`), and checks that it is.
+    pub fn new(name: &str) -> io::Result<RxVlanOff> {
+        let flags = ethtool_flags(name, None)?;
+        if flags & ETH_FLAG_RXVLAN == 0 {
+            return Ok(RxVlanOff {
+                ifname: name.to_string(),
+                restore: false,
+            });
+        }
+        ethtool_flags(name, Some(flags & !ETH_FLAG_RXVLAN))?;
+        if rx_vlan_offload(name)? {
+            return Err(io::Error::other("the driver keeps it on"));
+        }
+        Ok(RxVlanOff {
+            ifname: name.to_string(),
+            restore: true,
+        })
+    }
+}
+
+impl Drop for RxVlanOff {
+    fn drop(&mut self) {
+        if self.restore {
+            if let Ok(flags) = ethtool_flags(&self.ifname, None) {
+                let _ = ethtool_flags(&self.ifname, Some(flags | ETH_FLAG_RXVLAN));
+            }
+        }
+    }
 }
 
 /// `struct ethtool_drvinfo` (the driver's name is all that is read).

@@ -25,12 +25,28 @@
 //!   Auto:  native zero-copy ─refused─▶ native copy ─refused─▶ generic XDP ─refused─▶ AF_PACKET
 //!          "native-zc"                 "native-copy"          "skb"                   "packet"
 //!   Native: the first two only;   Skb: generic XDP only;   Packet: AF_PACKET only.
+//!   A mode that could not see every 802.1Q tag is refused (see "VLAN tags").
 //!   An XDP program already on the interface stops the chain (never silently replaced).
 //! ```
 //!
 //! [`AfXdpPort::mode_in_use`] says which one is in use, as OVS's `xdp-mode-in-use`.
 //! The packet mode is one queue: a `TPACKET_V2` receive ring and `sendmmsg` with
 //! `PACKET_QDISC_BYPASS` (see [`qswitch_sys::packet`] for why V2).
+//!
+//! # VLAN tags
+//!
+//! Every mode hands the switch a frame with its 802.1Q tag in the bytes, however the tag
+//! arrived, so that the switch classifies it by its VID: a frame whose tag travelled out of
+//! band and reached the switch untagged would land in the trunk's native VLAN, whatever its
+//! VID (audit finding F1, VLAN hopping from the wire). Out of band means beside the frame
+//! (`skb->vlan_tci`, the descriptor): a NIC with receive VLAN offload delivers tags so, and
+//! a veth hands over a tag its peer pushed in tc that way. XDP sees neither. So
+//! ([`vlan_in_band`]): on a NIC (any driver not in [`TAGS_FROM_SENDERS`]) the XDP modes
+//! turn receive VLAN offload off while attached ([`xdp::RxVlanOff`]; refused where the
+//! driver keeps it on); on a veth, native mode loads a device-bound program that asks the
+//! driver for the tag (`bpf_xdp_metadata_rx_vlan_tag`, Linux 6.8) and writes it back into
+//! the frame, and generic XDP, which runs before anything could, is refused (on the other
+//! software interfaces too). The packet mode puts the tag back from `tp_vlan_tci`.
 //!
 //! # Attachment and cleanup
 //!
@@ -217,6 +233,8 @@ enum Backend {
         _link: Link,
         _map: XskMap,
         _prog: Program,
+        /// Receive VLAN offload held off while attached (see [`vlan_in_band`]).
+        _rx_vlan: Option<xdp::RxVlanOff>,
     },
     Packet {
         rx: Mutex<PacketRx>,
@@ -484,8 +502,13 @@ fn open_xdp(
             })
         }
     };
+    let (kfunc, rx_vlan) = vlan_in_band(ifname, attach)?;
     let map = XskMap::new(u32::from(nq)).map_err(fatal("creating the XSKMAP"))?;
-    let prog = Program::redirect(&map).map_err(fatal("loading the XDP program"))?;
+    let prog = match kfunc {
+        Some(id) => Program::redirect_vlan(&map, ifindex, id),
+        None => Program::redirect(&map),
+    }
+    .map_err(fatal("loading the XDP program"))?;
     let link = match xdp::attach(&prog, ifindex, attach) {
         Ok(l) => l,
         Err(e) if xdp::already_attached(&e) => {
@@ -533,9 +556,63 @@ fn open_xdp(
             _link: link,
             _map: map,
             _prog: prog,
+            _rx_vlan: rx_vlan,
         },
         mode,
     ))
+}
+
+/// Drivers of software interfaces that receive skbs another interface's transmit path made,
+/// which may carry their 802.1Q tag out of band (`skb->vlan_tci`: a `tc` VLAN push or
+/// `bpf_skb_vlan_push` on a veth's peer, a bridge's VLAN filtering) whatever the receiving
+/// interface's own offload settings say.
+const TAGS_FROM_SENDERS: &[&str] = &[
+    "veth",
+    "bridge",
+    "bonding",
+    "team",
+    "macvlan",
+    "ipvlan",
+    "netkit",
+    "openvswitch",
+];
+
+/// How an XDP mode on `ifname` sees every 802.1Q tag in the frame, so that the switch
+/// classifies each frame by its VID however the tag arrived (see the module docs, "VLAN
+/// tags"): on a veth in native mode, the program asks the driver for a tag it holds out of
+/// band ([`xdp::KFUNC_RX_VLAN_TAG`], Linux 6.8) and puts it back (the kfunc's BTF id is
+/// returned); on a NIC, receive VLAN offload is turned off while attached (the guard
+/// returned). Refused where neither works: generic XDP on a software interface, native XDP
+/// without the kfunc on one, a NIC that keeps the offload on.
+fn vlan_in_band(
+    ifname: &str,
+    attach: AttachMode,
+) -> Result<(Option<u32>, Option<xdp::RxVlanOff>), Attempt> {
+    let driver = xdp::driver(ifname).unwrap_or_default();
+    if TAGS_FROM_SENDERS.contains(&driver.as_str()) {
+        return match attach {
+            AttachMode::Native if driver == "veth" => {
+                match qswitch_sys::bpf::kfunc_id(xdp::KFUNC_RX_VLAN_TAG) {
+                    Some(id) => Ok((Some(id), None)),
+                    None => Err(Attempt::Refused(format!(
+                        "this kernel has no {} (Linux 6.8): an 802.1Q tag the {driver} \
+                         interface holds out of band would be lost",
+                        xdp::KFUNC_RX_VLAN_TAG
+                    ))),
+                }
+            }
+            _ => Err(Attempt::Refused(format!(
+                "XDP cannot see an 802.1Q tag that a {driver} interface delivers out of band \
+                 (the frame would be switched as untagged)"
+            ))),
+        };
+    }
+    match xdp::RxVlanOff::new(ifname) {
+        Ok(guard) => Ok((None, Some(guard))),
+        Err(e) => Err(Attempt::Refused(format!(
+            "cannot turn receive VLAN offload off ({e}): XDP would not see the 802.1Q tags"
+        ))),
+    }
 }
 
 fn open_packet(

@@ -43,6 +43,13 @@
 //! removing the port, stopping qswitch or `kill -9` detaches them, and the companion TAP
 //! goes with its last fd. The veth pair itself belongs to whoever made it.
 //!
+//! The root end is never a door into the host (audit finding F2): before it is brought up,
+//! [`qswitch_sys::netif::seal`] turns its IPv6 address generation off (no link-local, now or
+//! later; rtnetlink, so it works where `/proc/sys` is read-only), deletes any address on it
+//! and sets `IFF_NOARP`; removing the port sets it down. A `kill -9` leaves it up and sealed:
+//! with no address, no link-local and no ARP answers, the namespace has no address of the
+//! host to reach through it (docs/veth.md).
+//!
 //! # Limitations
 //! - The first frames of a flow, until the next sync (every 100 ms), take the slow path.
 //! - A MAC that moves between veth ports is forwarded to its old port by the fast path
@@ -523,6 +530,10 @@ impl VethPort {
             bpf::tcx_attach(&into, ifindex, TcHook::Ingress)
                 .map_err(bpf_err("attaching to the veth's ingress"))?,
         ];
+        // No door into the host (audit F2): no addresses, no link-local ever, no ARP answers,
+        // before it is up; and down again when the port goes ([`Drop`]).
+        qswitch_sys::netif::seal(ifname)
+            .map_err(bpf_err("taking the host's stack off the veth"))?;
         qswitch_sys::netif::set_up(ifname, true).map_err(bpf_err("bringing the veth up"))?;
         Ok(VethPort {
             ifname: ifname.to_string(),
@@ -551,6 +562,18 @@ impl VethPort {
     /// The veth end's ifindex.
     pub fn ifindex(&self) -> u32 {
         self.ifindex
+    }
+}
+
+impl Drop for VethPort {
+    /// Sets the root end down: with the programs gone, frames from the namespace would reach
+    /// the host's own stack (an interface deleted meanwhile, or renamed, is left alone).
+    fn drop(&mut self) {
+        if qswitch_sys::xdp::ifindex(&self.ifname).ok() == Some(self.ifindex) {
+            if let Err(e) = qswitch_sys::netif::set_up(&self.ifname, false) {
+                tracing::warn!(ifname = %self.ifname, error = %e, "cannot set the veth down");
+            }
+        }
     }
 }
 

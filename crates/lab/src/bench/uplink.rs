@@ -11,7 +11,8 @@
 //! checksum and segmentation offloads are off (`ethtool -K qsuP<n> tx off tso off gso off`), so
 //! the switch sees wire-size frames as from a NIC (a veth would otherwise hand the bridge 64
 //! KB super-frames), and GRO is off on the uplink end (the afxdp port docs say why).
-//! Contenders: qswitch with the uplink in each mode (native, skb, packet) and the Linux
+//! Contenders: qswitch with the uplink in each mode it takes on a veth (native, packet; skb
+//! is refused there, see `qswitch_dp::port::afxdp`) and the Linux
 //! bridge, each with 1 and 4 TCP streams (iperf3 peer → vm), interleaved. Reports Gbit/s,
 //! machine busy CPUs per Gbit/s and the idle CPU before each run (`idle_busy_cpus`), and each
 //! mode's ratios to the bridge. And 64 B frames/s ([`pps`]): a DPDK testpmd generator (AF_XDP
@@ -31,7 +32,7 @@ use crate::plot;
 mod pps;
 
 /// Modes of the qswitch contenders; the bridge is the last contender of each stream count.
-const MODES: [&str; 3] = ["native", "skb", "packet"];
+const MODES: [&str; 2] = ["native", "packet"];
 const STREAMS: [u32; 2] = [1, 4];
 
 /// Contender names: `qswitch-native-1`, ..., `linux-bridge-1`, then the same with `-4`, then

@@ -1,0 +1,263 @@
+//! rtnetlink, the few messages qswitch sends: an interface's IPv6 address generation mode,
+//! and its addresses (listed and deleted).
+//!
+//! Why by hand and not `netlink-packet-route` + `netlink-sys`: three fixed-layout messages
+//! (a header, `ifinfomsg`/`ifaddrmsg`, two nested attributes) are shorter to write and to
+//! read than the crates' type tree, and bring no dependencies; the socket needs `unsafe`
+//! (`sendto`/`recv` on raw bytes) either way, which belongs here.
+//!
+//! A [`Rtnl`] socket works in the network namespace of the thread that opened it.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::{cvt, owned};
+
+const NLMSG_HDRLEN: usize = 16;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
+const NLM_F_DUMP: u16 = 0x300;
+const RTM_SETLINK: u16 = 19;
+const RTM_GETADDR: u16 = 22;
+const RTM_DELADDR: u16 = 21;
+const IFLA_AF_SPEC: u16 = 26;
+const IFLA_INET6_ADDR_GEN_MODE: u16 = 8;
+const IN6_ADDR_GEN_MODE_NONE: u8 = 1;
+const NLA_F_NESTED: u16 = 1 << 15;
+/// `sizeof(struct ifinfomsg)`, `sizeof(struct ifaddrmsg)`.
+const IFINFOMSG_LEN: usize = 16;
+const IFADDRMSG_LEN: usize = 8;
+
+/// An rtnetlink socket.
+#[derive(Debug)]
+pub struct Rtnl {
+    fd: OwnedFd,
+    seq: u32,
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// Appends attribute `ty` with `data` to `msg` (padded to 4 bytes).
+fn attr(msg: &mut Vec<u8>, ty: u16, data: &[u8]) {
+    let len = 4 + data.len();
+    msg.extend_from_slice(&(len as u16).to_ne_bytes());
+    msg.extend_from_slice(&ty.to_ne_bytes());
+    msg.extend_from_slice(data);
+    msg.resize(align4(msg.len()), 0);
+}
+
+/// The messages in `buf`: (type, the payload after the header).
+fn messages(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if buf.len() < NLMSG_HDRLEN {
+            return None;
+        }
+        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        let ty = u16::from_ne_bytes([buf[4], buf[5]]);
+        if len < NLMSG_HDRLEN || len > buf.len() {
+            return None;
+        }
+        let payload = &buf[NLMSG_HDRLEN..len];
+        buf = &buf[align4(len).min(buf.len())..];
+        Some((ty, payload))
+    })
+}
+
+/// The error of an `NLMSG_ERROR` payload (`None`: an ACK).
+fn nlmsg_error(payload: &[u8]) -> Option<io::Error> {
+    let code = i32::from_ne_bytes(payload.get(..4)?.try_into().ok()?);
+    (code != 0).then(|| io::Error::from_raw_os_error(-code))
+}
+
+impl Rtnl {
+    /// Opens a `NETLINK_ROUTE` socket.
+    pub fn open() -> io::Result<Rtnl> {
+        // SAFETY: socket() has no memory-safety preconditions.
+        let fd = owned(cvt(unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        })?);
+        // SAFETY: an all-zero sockaddr_nl is a valid value.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        // SAFETY: `sa` is a live sockaddr_nl and the length passed is its size.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                std::ptr::addr_of!(sa).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        })?;
+        Ok(Rtnl { fd, seq: 0 })
+    }
+
+    /// A message of type `ty` with `flags`, `body` after the header.
+    fn message(&mut self, ty: u16, flags: u16, body: &[u8]) -> Vec<u8> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut m = Vec::with_capacity(NLMSG_HDRLEN + body.len());
+        m.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        m.extend_from_slice(&self.seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn send(&self, msg: &[u8]) -> io::Result<()> {
+        // SAFETY: `msg` is a live buffer of `msg.len()` bytes; no address (the kernel).
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is a live, exclusively borrowed buffer of `buf.len()` bytes.
+        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Sends a request and waits for its ACK (or error).
+    fn request(&mut self, ty: u16, body: &[u8]) -> io::Result<()> {
+        let m = self.message(ty, NLM_F_ACK, body);
+        self.send(&m)?;
+        let mut buf = vec![0u8; 16384];
+        loop {
+            let n = self.recv(&mut buf)?;
+            for (t, payload) in messages(&buf[..n]) {
+                if t == NLMSG_ERROR {
+                    return nlmsg_error(payload).map_or(Ok(()), Err);
+                }
+            }
+        }
+    }
+
+    /// Sends a dump request and collects the payloads of the answers of type `want`.
+    fn dump(&mut self, ty: u16, body: &[u8], want: u16) -> io::Result<Vec<Vec<u8>>> {
+        let m = self.message(ty, NLM_F_DUMP, body);
+        self.send(&m)?;
+        let mut buf = vec![0u8; 65536];
+        let mut out = Vec::new();
+        loop {
+            let n = self.recv(&mut buf)?;
+            for (t, payload) in messages(&buf[..n]) {
+                match t {
+                    NLMSG_DONE => return Ok(out),
+                    NLMSG_ERROR => {
+                        if let Some(e) = nlmsg_error(payload) {
+                            return Err(e);
+                        }
+                    }
+                    t if t == want => out.push(payload.to_vec()),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Sets interface `ifindex`'s IPv6 address generation mode to none
+    /// (`IFLA_INET6_ADDR_GEN_MODE` = `IN6_ADDR_GEN_MODE_NONE`, as `ip link set IF addrgenmode
+    /// none`): the kernel makes no link-local (nor any other) address on it. Works where
+    /// `/proc/sys` is read-only. `EAFNOSUPPORT` where the interface has no IPv6.
+    pub fn set_addr_gen_mode_none(&mut self, ifindex: u32) -> io::Result<()> {
+        let mut body = ifinfomsg(ifindex);
+        let mut inet6 = Vec::new();
+        attr(
+            &mut inet6,
+            IFLA_INET6_ADDR_GEN_MODE,
+            &[IN6_ADDR_GEN_MODE_NONE],
+        );
+        let mut spec = Vec::new();
+        attr(&mut spec, libc::AF_INET6 as u16 | NLA_F_NESTED, &inet6);
+        attr(&mut body, IFLA_AF_SPEC | NLA_F_NESTED, &spec);
+        self.request(RTM_SETLINK, &body)
+    }
+
+    /// Deletes every address (IPv4 and IPv6, link-local included) on interface `ifindex`;
+    /// returns how many there were.
+    pub fn flush_addresses(&mut self, ifindex: u32) -> io::Result<usize> {
+        let mut n = 0;
+        for a in self.dump(RTM_GETADDR, &[0u8; IFADDRMSG_LEN], libc::RTM_NEWADDR)? {
+            let Some(index) = a.get(4..8) else { continue };
+            if u32::from_ne_bytes(index.try_into().unwrap_or_default()) != ifindex {
+                continue;
+            }
+            // The dumped message (ifaddrmsg and its address attributes) names the address.
+            match self.request(RTM_DELADDR, &a) {
+                Ok(()) => n += 1,
+                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// A `struct ifinfomsg` for `ifindex` (family unspecified, no flag change).
+fn ifinfomsg(ifindex: u32) -> Vec<u8> {
+    let mut m = vec![0u8; IFINFOMSG_LEN];
+    m[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attributes in `buf`: (type without flags, payload).
+    fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+        std::iter::from_fn(move || {
+            if buf.len() < 4 {
+                return None;
+            }
+            let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
+            let ty = u16::from_ne_bytes([buf[2], buf[3]]) & !NLA_F_NESTED;
+            if len < 4 || len > buf.len() {
+                return None;
+            }
+            let data = &buf[4..len];
+            buf = &buf[align4(len).min(buf.len())..];
+            Some((ty, data))
+        })
+    }
+
+    #[test]
+    fn attributes_round_trip() {
+        let mut m = Vec::new();
+        attr(&mut m, IFLA_INET6_ADDR_GEN_MODE, b"qs-a\0");
+        attr(&mut m, IFLA_AF_SPEC | NLA_F_NESTED, &[1, 2, 3, 4]);
+        let got: Vec<_> = attrs(&m).collect();
+        assert_eq!(
+            got,
+            [
+                (IFLA_INET6_ADDR_GEN_MODE, &b"qs-a\0"[..]),
+                (IFLA_AF_SPEC, &[1, 2, 3, 4][..])
+            ]
+        );
+        // Truncated or nonsense lengths end the walk, never panic.
+        assert_eq!(attrs(&m[..5]).count(), 0);
+        assert_eq!(attrs(&[0xff, 0xff, 0, 0]).count(), 0);
+        assert_eq!(messages(&[0u8; 7]).count(), 0);
+    }
+
+    #[test]
+    fn an_unknown_interface_has_nothing_to_flush() {
+        if !crate::thread::is_root() {
+            return;
+        }
+        let mut r = Rtnl::open().unwrap();
+        assert_eq!(r.flush_addresses(0x7fff_fff0).unwrap(), 0);
+    }
+}
