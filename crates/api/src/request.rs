@@ -71,6 +71,66 @@ pub enum Request {
     Trace { port: String, frame: String },
 }
 
+/// What a request may do, for the control socket's privilege check: members of
+/// `[switch] control_group` may make [`Access::Read`] requests only; [`Access::Admin`]
+/// requests need root, the daemon's own user or `[switch] admin_group`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Looks, changes nothing (captures and traces included).
+    Read,
+    /// Changes the switch or its record, or names host resources (interfaces, sockets).
+    Admin,
+}
+
+impl Request {
+    /// Who may make this request. Every variant is listed (no wildcard), so a new request
+    /// does not compile until it is classified here.
+    pub fn access(&self) -> Access {
+        match self {
+            Request::Ping
+            | Request::PortList
+            | Request::Fdb
+            | Request::Stats
+            | Request::Rss { .. }
+            | Request::Placement
+            | Request::QosShow
+            | Request::ConfigDump
+            | Request::Capture(_)
+            | Request::Trace { .. } => Access::Read,
+            Request::PortAdd { .. }
+            | Request::PortDel { .. }
+            | Request::PortSet { .. }
+            | Request::PlacementPin { .. }
+            | Request::PlacementMode { .. }
+            | Request::QosSet { .. }
+            | Request::Reload => Access::Admin,
+        }
+    }
+
+    /// The request as the CLI spells it, for messages ("port add").
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Request::Ping => "ping",
+            Request::PortList => "port list",
+            Request::PortAdd { .. } => "port add",
+            Request::PortDel { .. } => "port del",
+            Request::PortSet { .. } => "port set",
+            Request::Fdb => "fdb",
+            Request::Stats => "stats",
+            Request::Rss { .. } => "rss",
+            Request::Placement => "placement",
+            Request::PlacementPin { .. } => "placement pin",
+            Request::PlacementMode { .. } => "placement mode",
+            Request::QosSet { .. } => "qos set",
+            Request::QosShow => "qos show",
+            Request::Reload => "reload",
+            Request::ConfigDump => "config dump",
+            Request::Capture(_) => "capture",
+            Request::Trace { .. } => "trace",
+        }
+    }
+}
+
 /// `qswitch capture`: what to capture and how much.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CaptureRequest {

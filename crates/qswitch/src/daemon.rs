@@ -197,8 +197,26 @@ fn serve(
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
         .context("cannot install signal handler")?;
-    let socket = control::Socket::bind(&config.switch.control)?;
-    if let Some(group) = &config.switch.control_group {
+    let admin_gid = match &config.switch.admin_group {
+        Some(group) => Some(
+            qswitch_sys::thread::group_id(group)
+                .with_context(|| format!("[switch] admin_group = \"{group}\""))?,
+        ),
+        None => None,
+    };
+    let socket = control::Socket::bind(&config.switch.control)?.with_policy(control::Policy {
+        owner: qswitch_sys::thread::euid(),
+        admin_gid,
+        socket_dirs: config.switch.socket_dir_list(),
+    });
+    // The socket's group reaches it: control_group (readers; admins must be in it too), or
+    // admin_group alone.
+    if let Some(group) = config
+        .switch
+        .control_group
+        .as_ref()
+        .or(config.switch.admin_group.as_ref())
+    {
         crate::sdnotify::share_with_group(&config.switch.control, group)?;
     }
     let http = match config.switch.http.map(qswitch_api::HttpAddr::get) {

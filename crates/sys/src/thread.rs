@@ -251,6 +251,12 @@ pub fn set_umask(mask: u32) -> u32 {
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
 }
 
+/// The effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid() has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Whether the effective user id is 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid() has no preconditions and cannot fail.
