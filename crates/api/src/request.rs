@@ -320,6 +320,9 @@ pub enum Response {
         snaplen: u32,
         /// Ring slots (the capture's bound).
         slots: usize,
+        /// Bytes of frame data the capture holds (its ring's two slot sets).
+        #[serde(default)]
+        ring_bytes: usize,
     },
     /// Captured frames, and the capture's counters so far.
     CapturePackets {

@@ -16,8 +16,13 @@
 //!
 //! # Bound
 //! The ring holds `slots` records of `snaplen` bytes each, allocated when the capture starts
-//! ([`ring_slots`]: about 8 MiB whatever the snaplen, 64 to 4096 slots), twice: the control
-//! plane swaps a full set for an empty one and copies records out of it without the lock.
+//! ([`ring_slots`]: at most [`RING_BYTES`] whatever the snaplen, 64 to 4096 slots), twice:
+//! the control plane swaps a full set for an empty one and copies records out of it without
+//! the lock. Each set's bytes are one anonymous mapping of their own
+//! ([`qswitch_sys::anon::AnonBuf`]), so they go back to the kernel when the capture ends
+//! instead of staying in the allocator's free lists (issue 27 F8: a hundred captures of
+//! 64 KiB slots left 639 MB behind). How many captures may run at once is the daemon's
+//! business (`qswitch::capture`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,10 +37,12 @@ use crate::table::PortEntry;
 
 /// Largest snaplen.
 pub const MAX_SNAPLEN: usize = 65_535;
-/// Bytes of ring a capture preallocates (approximately).
-pub const RING_BYTES: usize = 8 << 20;
+/// Most bytes of frame data one of a capture's two slot sets holds (so a capture maps at
+/// most twice this).
+pub const RING_BYTES: usize = 4 << 20;
 
-/// How many slots a ring of `snaplen`-byte records gets.
+/// How many slots a ring of `snaplen`-byte records gets: at most [`RING_BYTES`] of data
+/// (`snaplen` is at most 64 KiB, so the 64-slot floor fits too).
 pub fn ring_slots(snaplen: usize) -> usize {
     (RING_BYTES / snaplen.max(1)).clamp(64, 4096)
 }
@@ -134,17 +141,50 @@ pub struct Record {
     pub data: Vec<u8>,
 }
 
+/// A record's header; its bytes are the slot's share of [`Slots::data`].
 struct Slot {
     ts: u64,
     dir: Direction,
     queue: u16,
     orig_len: u32,
     len: u32,
-    data: Box<[u8]>,
+}
+
+/// One set of slots: headers, and `snaplen` bytes per slot in one mapping.
+struct Slots {
+    meta: Vec<Slot>,
+    data: qswitch_sys::anon::AnonBuf,
+    snaplen: usize,
+}
+
+impl Slots {
+    fn new(n: usize, snaplen: usize) -> std::io::Result<Slots> {
+        Ok(Slots {
+            meta: (0..n)
+                .map(|_| Slot {
+                    ts: 0,
+                    dir: Direction::Rx,
+                    queue: 0,
+                    orig_len: 0,
+                    len: 0,
+                })
+                .collect(),
+            data: qswitch_sys::anon::AnonBuf::new(n * snaplen)?,
+            snaplen,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.meta.len()
+    }
+
+    fn bytes(&self, i: usize) -> &[u8] {
+        &self.data[i * self.snaplen..(i + 1) * self.snaplen]
+    }
 }
 
 struct Ring {
-    slots: Vec<Slot>,
+    slots: Slots,
     head: usize,
     len: usize,
 }
@@ -163,43 +203,36 @@ pub struct Tap {
     taken: Mutex<Ring>,
     captured: AtomicU64,
     dropped: AtomicU64,
+    /// Bytes of both slot sets.
+    bytes: usize,
 }
 
 impl Tap {
-    /// A tap with its ring preallocated.
-    pub fn new(mut spec: Spec) -> Tap {
+    /// A tap with its ring preallocated (fails only when the memory cannot be mapped).
+    pub fn new(mut spec: Spec) -> std::io::Result<Tap> {
         spec.snaplen = spec.snaplen.clamp(1, MAX_SNAPLEN);
         let n = spec
             .slots
             .unwrap_or_else(|| ring_slots(spec.snaplen))
             .max(1);
-        let slots = || {
-            (0..n)
-                .map(|_| Slot {
-                    ts: 0,
-                    dir: Direction::Rx,
-                    queue: 0,
-                    orig_len: 0,
-                    len: 0,
-                    data: vec![0u8; spec.snaplen].into_boxed_slice(),
-                })
-                .collect()
+        let ring = |slots| Ring {
+            slots,
+            head: 0,
+            len: 0,
         };
-        Tap {
-            ring: Mutex::new(Ring {
-                slots: slots(),
-                head: 0,
-                len: 0,
-            }),
-            taken: Mutex::new(Ring {
-                slots: slots(),
-                head: 0,
-                len: 0,
-            }),
+        Ok(Tap {
+            ring: Mutex::new(ring(Slots::new(n, spec.snaplen)?)),
+            taken: Mutex::new(ring(Slots::new(n, spec.snaplen)?)),
+            bytes: 2 * n * spec.snaplen,
             spec,
             captured: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
-        }
+        })
+    }
+
+    /// Bytes of frame data the tap holds mapped (both slot sets).
+    pub fn ring_bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn spec(&self) -> &Spec {
@@ -241,9 +274,11 @@ impl Tap {
                 continue;
             }
             let i = (ring.head + ring.len) % cap;
-            let s = &mut ring.slots[i];
-            let len = f.len().min(s.data.len());
-            s.data[..len].copy_from_slice(&f[..len]);
+            let slots = &mut ring.slots;
+            let len = f.len().min(slots.snaplen);
+            let at = i * slots.snaplen;
+            slots.data[at..at + len].copy_from_slice(&f[..len]);
+            let s = &mut slots.meta[i];
             s.ts = now;
             s.dir = dir;
             s.queue = queue;
@@ -281,13 +316,14 @@ impl Tap {
             let n = ring.len.min(max - moved);
             let cap = ring.slots.len();
             for k in 0..n {
-                let s = &ring.slots[(ring.head + k) % cap];
+                let i = (ring.head + k) % cap;
+                let s = &ring.slots.meta[i];
                 out.push(Record {
                     ts: s.ts,
                     dir: s.dir,
                     queue: s.queue,
                     orig_len: s.orig_len,
-                    data: s.data[..s.len as usize].to_vec(),
+                    data: ring.slots.bytes(i)[..s.len as usize].to_vec(),
                 });
             }
             ring.head = (ring.head + n) % cap.max(1);
@@ -431,7 +467,9 @@ mod tests {
             slots: Some(4),
             snaplen: 20,
             ..Spec::default()
-        });
+        })
+        .unwrap();
+        assert_eq!(tap.ring_bytes(), 2 * 4 * 20);
         let frames: Vec<Vec<u8>> = (0..6).map(|i| frame(2, 4, 0x0800, 60 + i)).collect();
         tap.push(Direction::Rx, 0, frames.iter().map(Vec::as_slice), 7);
         assert_eq!((tap.captured(), tap.dropped()), (4, 2));
@@ -453,7 +491,8 @@ mod tests {
 
     #[test]
     fn busy_ring_drops_instead_of_waiting() {
-        let tap = Tap::new(Spec::default());
+        let tap = Tap::new(Spec::default()).unwrap();
+        assert!(tap.ring_bytes() <= 2 * RING_BYTES);
         let held = tap.ring.lock();
         let f = frame(2, 4, 0x0800, 60);
         tap.push(Direction::Rx, 0, std::iter::once(f.as_slice()), 0);
@@ -490,8 +529,8 @@ mod tests {
     fn one_capture_per_port() {
         let pc = PortCapture::default();
         assert!(!pc.on());
-        let a = Arc::new(Tap::new(Spec::default()));
-        let b = Arc::new(Tap::new(Spec::default()));
+        let a = Arc::new(Tap::new(Spec::default()).unwrap());
+        let b = Arc::new(Tap::new(Spec::default()).unwrap());
         assert!(pc.attach(a.clone()));
         assert!(pc.on());
         assert!(!pc.attach(b.clone()));

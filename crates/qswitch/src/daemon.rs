@@ -29,6 +29,8 @@ pub struct Daemon {
     pub history: Mutex<crate::series::History>,
     /// What runs and its record; every change goes through it (see [`crate::state`]).
     pub persist: Mutex<crate::state::Persist>,
+    /// The captures running (at most [`crate::capture::MAX_CAPTURES`]).
+    pub captures: crate::capture::Running,
 }
 
 impl Daemon {
@@ -256,6 +258,7 @@ fn serve(
         rates: Mutex::new(None),
         history: Mutex::new(crate::series::History::new()),
         persist: Mutex::new(persist),
+        captures: Default::default(),
     });
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());

@@ -335,3 +335,96 @@ fn f7_control_group_reads_and_only_admins_change() {
     drop((other, service));
     assert!(daemon.running());
 }
+
+/// The `qs-capture` threads of process `pid` (one per running capture).
+fn capture_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "qs-capture")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Starts a capture of `port` on a raw connection and returns it with the first answer.
+fn start_capture(control: &Path, port: &str) -> (UnixStream, serde_json::Value) {
+    use std::io::BufRead;
+    let s = UnixStream::connect(control).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (&s).write_all(
+        format!("{{\"request\":\"capture\",\"port\":\"{port}\",\"snaplen\":65535}}\n").as_bytes(),
+    )
+    .unwrap();
+    let mut line = Vec::new();
+    // One byte at a time: nothing past the first line is taken from the socket.
+    let mut r = std::io::BufReader::with_capacity(1, &s);
+    r.read_until(b'\n', &mut line).unwrap();
+    let v = serde_json::from_slice(&line).unwrap_or(serde_json::Value::Null);
+    (s, v)
+}
+
+/// Issue 27 F8 (captures): every capture's ring is bounded (at most 8 MiB of frame data,
+/// reported when it starts), at most 8 run at once and the next is refused in one line;
+/// clients that stop reading do not keep their captures: the one whose port is deleted
+/// ends within a couple of seconds, the others when they have taken nothing for 10 s, and
+/// then their threads are gone and captures start again.
+#[test]
+fn f8_captures_are_capped_bounded_and_end_with_their_port_or_a_stalled_client() {
+    let dir = TempDir::new("f8-capture");
+    let control = dir.join("control.sock");
+    let mut text = format!(
+        "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n",
+        first_cpu(),
+        control.display()
+    );
+    for k in 0..10 {
+        text.push_str(&format!(
+            "[[port]]\nname = \"g{k}\"\ntype = \"gen\"\nmac = \"02:00:00:00:01:{k:02x}\"\n\
+             generate = {{ dst = \"ff:ff:ff:ff:ff:ff\", size = 512, rate = 2000 }}\n"
+        ));
+    }
+    let mut daemon = Daemon::start(dir.path(), "f8c", &text, &control);
+    let pid = daemon.pid();
+    // Eight clients that take the first answer and then nothing.
+    let stalled: Vec<UnixStream> = (0..8)
+        .map(|k| {
+            let (s, v) = start_capture(&control, &format!("g{k}"));
+            assert_eq!(v["response"], "capture-started", "g{k}: {v}");
+            let bytes = v["ring_bytes"].as_u64().unwrap_or(u64::MAX);
+            assert!(bytes > 0 && bytes <= 8 << 20, "g{k}: ring of {bytes} bytes");
+            s
+        })
+        .collect();
+    let (_s, refused) = start_capture(&control, "g8");
+    assert_eq!(
+        refused["response"], "error",
+        "a ninth capture ran: {refused}"
+    );
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(message.contains("too many captures"), "{message}");
+    assert_eq!(capture_threads(pid), 8);
+
+    // g0's port goes while its client is not reading: that capture ends at once.
+    let t = Instant::now();
+    common::qs(&control, &["port", "del", "g0"]).assert_ok("port del g0");
+    assert!(
+        common::wait_until(Duration::from_secs(5), || capture_threads(pid) <= 7),
+        "the capture of a deleted port is still running ({} threads)",
+        capture_threads(pid)
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    // The rest end once their clients have taken nothing for 10 s.
+    assert!(
+        common::wait_until(Duration::from_secs(30), || capture_threads(pid) == 0),
+        "captures of clients that stopped reading are still running ({} threads)",
+        capture_threads(pid)
+    );
+    let (_s, again) = start_capture(&control, "g9");
+    assert_eq!(again["response"], "capture-started", "{again}");
+    drop(stalled);
+    assert!(daemon.running());
+}
