@@ -781,6 +781,35 @@ mod tests {
     }
 
     #[test]
+    fn reads_and_changes_are_told_apart() {
+        let read = |json: &str| serde_json::from_str::<Request>(json).unwrap().access();
+        for r in [
+            r#"{"request":"ping"}"#,
+            r#"{"request":"port-list"}"#,
+            r#"{"request":"stats"}"#,
+            r#"{"request":"qos-show"}"#,
+            r#"{"request":"placement"}"#,
+            r#"{"request":"config-dump"}"#,
+            r#"{"request":"capture","port":"a","snaplen":64}"#,
+            r#"{"request":"trace","port":"a","frame":"00"}"#,
+        ] {
+            assert_eq!(read(r), Access::Read, "{r}");
+        }
+        for r in [
+            r#"{"request":"port-add","port":{"name":"n","type":"afxdp","ifname":"eth0"}}"#,
+            r#"{"request":"port-add","port":{"name":"g","type":"gen"}}"#,
+            r#"{"request":"port-del","name":"x"}"#,
+            r#"{"request":"qos-set","port":"vm1","min":1}"#,
+            r#"{"request":"placement-mode","mode":"static"}"#,
+            r#"{"request":"reload"}"#,
+        ] {
+            assert_eq!(read(r), Access::Admin, "{r}");
+        }
+        let del: Request = serde_json::from_str(r#"{"request":"port-del","name":"x"}"#).unwrap();
+        assert_eq!(del.verb(), "port del");
+    }
+
+    #[test]
     fn wire_form_is_stable() {
         assert_eq!(
             serde_json::to_string(&Request::Ping).unwrap(),

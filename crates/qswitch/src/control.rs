@@ -506,3 +506,72 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_paths_stay_in_their_directories() {
+        let base = std::env::temp_dir().join(format!("qs-ctl-paths-{}", std::process::id()));
+        let run = base.join("run");
+        let private = base.join("private");
+        std::fs::create_dir_all(run.join("sub")).unwrap();
+        std::fs::create_dir_all(&private).unwrap();
+        std::os::unix::fs::symlink(&private, run.join("link")).unwrap();
+        std::fs::write(run.join("file"), b"").unwrap();
+        let dirs = [run.clone()];
+        let ok = |p: PathBuf| check_socket_path(&p, &dirs);
+        assert!(ok(run.join("vm.sock")).is_ok());
+        assert!(ok(run.join("sub/vm.sock")).is_ok());
+        assert!(ok(run.join("new/deeper/vm.sock")).is_ok());
+        for (p, why) in [
+            (private.join("vm.sock"), "outside"),
+            (run.clone(), "outside"),
+            (PathBuf::from("vm.sock"), "absolute"),
+            (run.join("../private/vm.sock"), "'..'"),
+            (run.join("./vm.sock"), "'..'"),
+            (run.join("link/vm.sock"), "symbolic link"),
+            (run.join("link"), "symbolic link"),
+            (run.join("file"), "not a socket"),
+            (run.join("file/vm.sock"), "not a directory"),
+        ] {
+            let e = ok(p.clone()).unwrap_err();
+            assert!(e.contains(why), "{}: {e}", p.display());
+            assert!(!e.contains('\n'));
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn only_admins_change() {
+        let policy = Policy {
+            owner: 1000,
+            admin_gid: Some(50),
+            socket_dirs: vec![PathBuf::from("/run/qswitch")],
+        };
+        let cred = |uid, gid, groups: &[u32]| PeerCred {
+            pid: 1,
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        };
+        let del = Request::PortDel { name: "a".into() };
+        let list = Request::PortList;
+        for admin in [
+            cred(0, 0, &[]),
+            cred(1000, 1000, &[]),
+            cred(7, 50, &[]),
+            cred(7, 7, &[3, 50]),
+        ] {
+            assert!(policy.check(Some(&admin), &del).is_ok(), "{admin:?}");
+        }
+        for reader in [cred(7, 7, &[3]), cred(65534, 65534, &[])] {
+            assert!(policy.check(Some(&reader), &list).is_ok());
+            let e = policy.check(Some(&reader), &del).unwrap_err();
+            assert!(e.starts_with("permission denied: 'port del'"), "{e}");
+        }
+        assert!(policy.check(None, &del).is_err());
+        assert!(policy.check(None, &list).is_ok());
+    }
+}
