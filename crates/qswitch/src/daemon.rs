@@ -206,6 +206,17 @@ fn serve(
         ),
         None => None,
     };
+    for dir in config.switch.socket_dir_list() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir).map_or(0, |m| m.permissions().mode());
+        if mode & 0o002 != 0 {
+            tracing::warn!(
+                dir = %dir.display(),
+                "a socket directory is writable by everyone: its paths can be swapped for \
+                 links between qswitch's checks and its use (set [switch] socket_dirs)"
+            );
+        }
+    }
     let socket = control::Socket::bind(&config.switch.control)?.with_policy(control::Policy {
         owner: qswitch_sys::thread::euid(),
         admin_gid,
