@@ -214,9 +214,8 @@ pub fn serve(stream: &UnixStream, daemon: &Daemon, req: CaptureRequest) -> io::R
             Err(e) => return Err(e),
         }
         let room = req.count.map_or(LINE_RECORDS as u64, |c| c - sent) as usize;
-        let fit = (LINE_BYTES / cap.tap().spec().snaplen.max(1)).clamp(1, LINE_RECORDS);
         recs.clear();
-        cap.drain(&mut recs, room.min(fit));
+        cap.drain_within(&mut recs, room.min(LINE_RECORDS), LINE_BYTES);
         if !recs.is_empty() || beat.elapsed() >= Duration::from_secs(1) {
             let packets = recs
                 .iter()
