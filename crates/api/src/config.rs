@@ -13,7 +13,9 @@
 //! placement = "dynamic"            # or "static": no moves by load
 //! reservable = 0.9                 # QoS: share of an uplink's capacity guarantees may reserve
 //! state_dir = "/var/lib/qswitch"   # live changes are recorded here (state.json)
-//! control_group = "qswitch"        # control socket 0660 owned by this group (default: 0600)
+//! control_group = "qswitch"        # control socket 0660 owned by this group (default: 0600); read only
+//! admin_group = "qswitch-admin"    # may also change the switch (default: root and qswitch's user)
+//! socket_dirs = ["/run/qswitch"]   # where live vhost-user ports' sockets may be (default: control's dir)
 //!
 //! [[port]]
 //! name = "a"
@@ -184,6 +186,18 @@ pub struct SwitchConfig {
     /// docs/overlay.md.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub evpn: bool,
+    /// A group (name or number) whose members may change the switch over the control
+    /// socket (`port add`, `qos set`, ...), as root and the daemon's own user may.
+    /// `control_group` members only read (list, stats, capture, trace). The control socket
+    /// is given this group when `control_group` is absent; with both, admins must also be
+    /// in `control_group` to reach the socket. See docs/security.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_group: Option<String>,
+    /// Directories in which a port added over the control socket may name a vhost-user
+    /// socket (absolute, no `..`); default: the control socket's directory. Ports in the
+    /// config file are not confined.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub socket_dirs: Vec<PathBuf>,
 }
 
 fn default_workers() -> CpuList {
@@ -215,11 +229,25 @@ impl Default for SwitchConfig {
             http_hosts: Vec::new(),
             vhost_group: None,
             evpn: false,
+            admin_group: None,
+            socket_dirs: Vec::new(),
         }
     }
 }
 
 impl SwitchConfig {
+    /// The directories a live port's vhost-user socket must be in: `socket_dirs`, or the
+    /// control socket's directory when none are given.
+    pub fn socket_dir_list(&self) -> Vec<PathBuf> {
+        if !self.socket_dirs.is_empty() {
+            return self.socket_dirs.clone();
+        }
+        self.control
+            .parent()
+            .map(|d| vec![d.to_path_buf()])
+            .unwrap_or_default()
+    }
+
     /// The reserved CPUs (empty when none are).
     pub fn reserved_list(&self) -> Vec<usize> {
         self.reserved_cpus
@@ -1218,6 +1246,8 @@ pub enum ConfigError {
     CpuNotPresent { cpu: usize, online: String },
     #[error("[switch] control must be an absolute path, got '{0}'")]
     Control(String),
+    #[error("[switch] socket_dirs: '{0}' must be an absolute path without '..'")]
+    SocketDir(String),
     /// A VLAN with two uplinks, or guarantees beyond an uplink's reservable share.
     #[error("{0}")]
     Qos(String),
@@ -1327,6 +1357,12 @@ impl Config {
             return Err(ConfigError::Control(
                 self.switch.control.display().to_string(),
             ));
+        }
+        for d in &self.switch.socket_dirs {
+            let dotdot = d.components().any(|c| c == std::path::Component::ParentDir);
+            if !d.is_absolute() || dotdot {
+                return Err(ConfigError::SocketDir(d.display().to_string()));
+            }
         }
         let mut names = HashSet::new();
         for p in &self.ports {
@@ -1776,6 +1812,12 @@ vlan = 10
         assert!(e.to_string().contains("CPU 2 is not present"));
         let e = check("[switch]\ncontrol = \"relative.sock\"\n").unwrap_err();
         assert_eq!(e, ConfigError::Control("relative.sock".into()));
+        for bad in ["run/vm", "/run/../etc"] {
+            let e = check(&format!("[switch]\nsocket_dirs = [\"{bad}\"]\n")).unwrap_err();
+            assert_eq!(e, ConfigError::SocketDir(bad.into()));
+        }
+        let c = Config::from_toml("[switch]\ncontrol = \"/run/q/c.sock\"\n").unwrap();
+        assert_eq!(c.switch.socket_dir_list(), [PathBuf::from("/run/q")]);
     }
 
     #[test]

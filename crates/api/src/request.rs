@@ -73,6 +73,66 @@ pub enum Request {
     Trace { port: String, frame: String },
 }
 
+/// What a request may do, for the control socket's privilege check: members of
+/// `[switch] control_group` may make [`Access::Read`] requests only; [`Access::Admin`]
+/// requests need root, the daemon's own user or `[switch] admin_group`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Looks, changes nothing (captures and traces included).
+    Read,
+    /// Changes the switch or its record, or names host resources (interfaces, sockets).
+    Admin,
+}
+
+impl Request {
+    /// Who may make this request. Every variant is listed (no wildcard), so a new request
+    /// does not compile until it is classified here.
+    pub fn access(&self) -> Access {
+        match self {
+            Request::Ping
+            | Request::PortList
+            | Request::Fdb
+            | Request::Stats
+            | Request::Rss { .. }
+            | Request::Placement
+            | Request::QosShow
+            | Request::ConfigDump
+            | Request::Capture(_)
+            | Request::Trace { .. } => Access::Read,
+            Request::PortAdd { .. }
+            | Request::PortDel { .. }
+            | Request::PortSet { .. }
+            | Request::PlacementPin { .. }
+            | Request::PlacementMode { .. }
+            | Request::QosSet { .. }
+            | Request::Reload => Access::Admin,
+        }
+    }
+
+    /// The request as the CLI spells it, for messages ("port add").
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Request::Ping => "ping",
+            Request::PortList => "port list",
+            Request::PortAdd { .. } => "port add",
+            Request::PortDel { .. } => "port del",
+            Request::PortSet { .. } => "port set",
+            Request::Fdb => "fdb",
+            Request::Stats => "stats",
+            Request::Rss { .. } => "rss",
+            Request::Placement => "placement",
+            Request::PlacementPin { .. } => "placement pin",
+            Request::PlacementMode { .. } => "placement mode",
+            Request::QosSet { .. } => "qos set",
+            Request::QosShow => "qos show",
+            Request::Reload => "reload",
+            Request::ConfigDump => "config dump",
+            Request::Capture(_) => "capture",
+            Request::Trace { .. } => "trace",
+        }
+    }
+}
+
 /// `qswitch capture`: what to capture and how much.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CaptureRequest {
@@ -262,6 +322,9 @@ pub enum Response {
         snaplen: u32,
         /// Ring slots (the capture's bound).
         slots: usize,
+        /// Bytes of frame data the capture holds (its ring's two slot sets).
+        #[serde(default)]
+        ring_bytes: usize,
     },
     /// Captured frames, and the capture's counters so far.
     CapturePackets {
@@ -769,6 +832,35 @@ mod tests {
             assert!(!s.contains('\n'));
             assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
         }
+    }
+
+    #[test]
+    fn reads_and_changes_are_told_apart() {
+        let read = |json: &str| serde_json::from_str::<Request>(json).unwrap().access();
+        for r in [
+            r#"{"request":"ping"}"#,
+            r#"{"request":"port-list"}"#,
+            r#"{"request":"stats"}"#,
+            r#"{"request":"qos-show"}"#,
+            r#"{"request":"placement"}"#,
+            r#"{"request":"config-dump"}"#,
+            r#"{"request":"capture","port":"a","snaplen":64}"#,
+            r#"{"request":"trace","port":"a","frame":"00"}"#,
+        ] {
+            assert_eq!(read(r), Access::Read, "{r}");
+        }
+        for r in [
+            r#"{"request":"port-add","port":{"name":"n","type":"afxdp","ifname":"eth0"}}"#,
+            r#"{"request":"port-add","port":{"name":"g","type":"gen"}}"#,
+            r#"{"request":"port-del","name":"x"}"#,
+            r#"{"request":"qos-set","port":"vm1","min":1}"#,
+            r#"{"request":"placement-mode","mode":"static"}"#,
+            r#"{"request":"reload"}"#,
+        ] {
+            assert_eq!(read(r), Access::Admin, "{r}");
+        }
+        let del: Request = serde_json::from_str(r#"{"request":"port-del","name":"x"}"#).unwrap();
+        assert_eq!(del.verb(), "port del");
     }
 
     #[test]

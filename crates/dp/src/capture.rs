@@ -15,9 +15,16 @@
 //! counted as dropped by the capture and switched as usual.
 //!
 //! # Bound
-//! The ring holds `slots` records of `snaplen` bytes each, allocated when the capture starts
-//! ([`ring_slots`]: about 8 MiB whatever the snaplen, 64 to 4096 slots), twice: the control
-//! plane swaps a full set for an empty one and copies records out of it without the lock.
+//! The ring holds at most [`ring_slots`] records (4096) and [`RING_BYTES`] of frame data
+//! (each record takes the bytes it keeps, at most `snaplen`, packed one after the other),
+//! allocated when the capture starts, twice: the control plane swaps a filled set for an
+//! empty one and copies records out of it without the lock. (So the set the workers fill is
+//! always filled from its start: packing needs no wrap-around.) Each set's bytes are one
+//! anonymous mapping of their own
+//! ([`qswitch_sys::anon::AnonBuf`]), so they go back to the kernel when the capture ends
+//! instead of staying in the allocator's free lists (issue 27 F8: a hundred captures of
+//! 64 KiB slots left 639 MB behind). How many captures may run at once is the daemon's
+//! business (`qswitch::capture`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,12 +39,14 @@ use crate::table::PortEntry;
 
 /// Largest snaplen.
 pub const MAX_SNAPLEN: usize = 65_535;
-/// Bytes of ring a capture preallocates (approximately).
-pub const RING_BYTES: usize = 8 << 20;
+/// Most bytes of frame data one of a capture's two slot sets holds (so a capture maps at
+/// most twice this).
+pub const RING_BYTES: usize = 4 << 20;
 
-/// How many slots a ring of `snaplen`-byte records gets.
-pub fn ring_slots(snaplen: usize) -> usize {
-    (RING_BYTES / snaplen.max(1)).clamp(64, 4096)
+/// How many records a ring holds (its bytes are [`RING_BYTES`] whatever the snaplen: small
+/// frames take little of them).
+pub fn ring_slots(_snaplen: usize) -> usize {
+    4096
 }
 
 /// Which way a captured frame went, seen from the switch port.
@@ -134,17 +143,54 @@ pub struct Record {
     pub data: Vec<u8>,
 }
 
+/// A record's header; its bytes are `data[off..off + len]` of its [`Slots`].
 struct Slot {
     ts: u64,
     dir: Direction,
     queue: u16,
     orig_len: u32,
+    off: u32,
     len: u32,
-    data: Box<[u8]>,
+}
+
+/// One set of slots: headers, and the records' bytes packed in one mapping.
+struct Slots {
+    meta: Vec<Slot>,
+    data: qswitch_sys::anon::AnonBuf,
+    /// Bytes of `data` in use (the next record goes there).
+    used: usize,
+}
+
+impl Slots {
+    fn new(n: usize, bytes: usize) -> std::io::Result<Slots> {
+        Ok(Slots {
+            meta: (0..n)
+                .map(|_| Slot {
+                    ts: 0,
+                    dir: Direction::Rx,
+                    queue: 0,
+                    orig_len: 0,
+                    off: 0,
+                    len: 0,
+                })
+                .collect(),
+            data: qswitch_sys::anon::AnonBuf::new(bytes)?,
+            used: 0,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.meta.len()
+    }
+
+    fn bytes(&self, i: usize) -> &[u8] {
+        let s = &self.meta[i];
+        &self.data[s.off as usize..(s.off + s.len) as usize]
+    }
 }
 
 struct Ring {
-    slots: Vec<Slot>,
+    slots: Slots,
     head: usize,
     len: usize,
 }
@@ -163,43 +209,37 @@ pub struct Tap {
     taken: Mutex<Ring>,
     captured: AtomicU64,
     dropped: AtomicU64,
+    /// Bytes of both slot sets.
+    bytes: usize,
 }
 
 impl Tap {
-    /// A tap with its ring preallocated.
-    pub fn new(mut spec: Spec) -> Tap {
+    /// A tap with its ring preallocated (fails only when the memory cannot be mapped).
+    pub fn new(mut spec: Spec) -> std::io::Result<Tap> {
         spec.snaplen = spec.snaplen.clamp(1, MAX_SNAPLEN);
-        let n = spec
-            .slots
-            .unwrap_or_else(|| ring_slots(spec.snaplen))
-            .max(1);
-        let slots = || {
-            (0..n)
-                .map(|_| Slot {
-                    ts: 0,
-                    dir: Direction::Rx,
-                    queue: 0,
-                    orig_len: 0,
-                    len: 0,
-                    data: vec![0u8; spec.snaplen].into_boxed_slice(),
-                })
-                .collect()
+        // Explicit slots (tests): room for that many full records; else RING_BYTES.
+        let (n, bytes) = match spec.slots {
+            Some(n) => (n.max(1), n.max(1) * spec.snaplen),
+            None => (ring_slots(spec.snaplen), RING_BYTES.max(spec.snaplen)),
         };
-        Tap {
-            ring: Mutex::new(Ring {
-                slots: slots(),
-                head: 0,
-                len: 0,
-            }),
-            taken: Mutex::new(Ring {
-                slots: slots(),
-                head: 0,
-                len: 0,
-            }),
+        let ring = |slots| Ring {
+            slots,
+            head: 0,
+            len: 0,
+        };
+        Ok(Tap {
+            ring: Mutex::new(ring(Slots::new(n, bytes)?)),
+            taken: Mutex::new(ring(Slots::new(n, bytes)?)),
+            bytes: 2 * bytes,
             spec,
             captured: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
-        }
+        })
+    }
+
+    /// Bytes of frame data the tap holds mapped (both slot sets).
+    pub fn ring_bytes(&self) -> usize {
+        self.bytes
     }
 
     pub fn spec(&self) -> &Spec {
@@ -236,18 +276,23 @@ impl Tap {
             if !filter.matches(f) {
                 continue;
             }
-            if ring.len == cap {
+            let len = f.len().min(self.spec.snaplen);
+            if ring.len == cap || ring.slots.used + len > ring.slots.data.len() {
                 lost += 1;
                 continue;
             }
-            let i = (ring.head + ring.len) % cap;
-            let s = &mut ring.slots[i];
-            let len = f.len().min(s.data.len());
-            s.data[..len].copy_from_slice(&f[..len]);
+            // The live set is filled from its start (head 0, see `drain`).
+            let i = ring.len;
+            let slots = &mut ring.slots;
+            let at = slots.used;
+            slots.data[at..at + len].copy_from_slice(&f[..len]);
+            slots.used += len;
+            let s = &mut slots.meta[i];
             s.ts = now;
             s.dir = dir;
             s.queue = queue;
             s.orig_len = f.len() as u32;
+            s.off = at as u32;
             s.len = len as u32;
             ring.len += 1;
             kept += 1;
@@ -263,36 +308,44 @@ impl Tap {
 
     /// Moves up to `max` records out of the ring into `out`, oldest first (control plane).
     pub fn drain(&self, out: &mut Vec<Record>, max: usize) -> usize {
+        self.drain_within(out, max, usize::MAX)
+    }
+
+    /// [`Tap::drain`], stopping once the records moved hold `max_bytes` of frame data (one
+    /// record at least).
+    pub fn drain_within(&self, out: &mut Vec<Record>, max: usize, max_bytes: usize) -> usize {
         let mut ring = self.taken.lock();
-        let mut moved = 0;
+        let (mut moved, mut bytes) = (0, 0);
         // What the last swap took first (older), then one more swap if there is room.
         for swap in [false, true] {
             if swap {
-                if ring.len > 0 || moved == max {
+                if ring.len > 0 || moved == max || bytes >= max_bytes {
                     break;
                 }
                 // Swap the ring's slots for our empty ones: the workers' lock is held for
-                // this only, never while records are copied out.
+                // this only, never while records are copied out. The set the workers get
+                // is empty, so they fill it from its start.
                 let mut live = self.ring.lock();
                 std::mem::swap(&mut live.slots, &mut ring.slots);
                 (ring.head, ring.len) = (live.head, live.len);
-                (live.head, live.len) = (0, 0);
+                (live.head, live.len, live.slots.used) = (0, 0, 0);
             }
-            let n = ring.len.min(max - moved);
             let cap = ring.slots.len();
-            for k in 0..n {
-                let s = &ring.slots[(ring.head + k) % cap];
+            while ring.len > 0 && moved < max && bytes < max_bytes {
+                let i = ring.head;
+                let s = &ring.slots.meta[i];
                 out.push(Record {
                     ts: s.ts,
                     dir: s.dir,
                     queue: s.queue,
                     orig_len: s.orig_len,
-                    data: s.data[..s.len as usize].to_vec(),
+                    data: ring.slots.bytes(i).to_vec(),
                 });
+                bytes += s.len as usize;
+                ring.head = (ring.head + 1) % cap.max(1);
+                ring.len -= 1;
+                moved += 1;
             }
-            ring.head = (ring.head + n) % cap.max(1);
-            ring.len -= n;
-            moved += n;
         }
         moved
     }
@@ -399,6 +452,11 @@ impl Capture {
         self.tap.drain(out, max)
     }
 
+    /// Moves up to `max` records and about `max_bytes` of frame data into `out`.
+    pub fn drain_within(&self, out: &mut Vec<Record>, max: usize, max_bytes: usize) -> usize {
+        self.tap.drain_within(out, max, max_bytes)
+    }
+
     /// Whether the port is gone from the switch (the capture can end).
     pub fn port_gone(&self) -> bool {
         self.port.strong_count() == 0
@@ -431,7 +489,9 @@ mod tests {
             slots: Some(4),
             snaplen: 20,
             ..Spec::default()
-        });
+        })
+        .unwrap();
+        assert_eq!(tap.ring_bytes(), 2 * 4 * 20);
         let frames: Vec<Vec<u8>> = (0..6).map(|i| frame(2, 4, 0x0800, 60 + i)).collect();
         tap.push(Direction::Rx, 0, frames.iter().map(Vec::as_slice), 7);
         assert_eq!((tap.captured(), tap.dropped()), (4, 2));
@@ -451,9 +511,33 @@ mod tests {
         assert_eq!(out[1].dir, Direction::Tx);
     }
 
+    /// The ring is bounded in records and in bytes: small frames fill its 4096 records
+    /// whatever the snaplen, large ones its RING_BYTES; a drain stops at its byte budget.
+    #[test]
+    fn records_are_packed_and_bounded_in_bytes() {
+        let tap = Tap::new(Spec::default()).unwrap();
+        assert_eq!(tap.ring_bytes(), 2 * RING_BYTES);
+        let small = frame(2, 4, 0x0800, 60);
+        tap.push(Direction::Rx, 0, (0..5000).map(|_| small.as_slice()), 1);
+        assert_eq!((tap.captured(), tap.dropped()), (4096, 5000 - 4096));
+        let mut out = Vec::new();
+        assert_eq!(tap.drain_within(&mut out, usize::MAX, 600), 10);
+        out.clear();
+        assert_eq!(tap.drain(&mut out, usize::MAX), 4086);
+        assert!(out.iter().all(|r| r.data == small));
+        let big = frame(2, 4, 0x0800, MAX_SNAPLEN);
+        tap.push(Direction::Rx, 0, (0..100).map(|_| big.as_slice()), 2);
+        assert_eq!(tap.captured(), 4096 + (RING_BYTES / MAX_SNAPLEN) as u64);
+        out.clear();
+        tap.drain(&mut out, usize::MAX);
+        assert_eq!(out.len(), RING_BYTES / MAX_SNAPLEN);
+        assert!(out.iter().all(|r| r.data == big));
+    }
+
     #[test]
     fn busy_ring_drops_instead_of_waiting() {
-        let tap = Tap::new(Spec::default());
+        let tap = Tap::new(Spec::default()).unwrap();
+        assert!(tap.ring_bytes() <= 2 * RING_BYTES);
         let held = tap.ring.lock();
         let f = frame(2, 4, 0x0800, 60);
         tap.push(Direction::Rx, 0, std::iter::once(f.as_slice()), 0);
@@ -490,8 +574,8 @@ mod tests {
     fn one_capture_per_port() {
         let pc = PortCapture::default();
         assert!(!pc.on());
-        let a = Arc::new(Tap::new(Spec::default()));
-        let b = Arc::new(Tap::new(Spec::default()));
+        let a = Arc::new(Tap::new(Spec::default()).unwrap());
+        let b = Arc::new(Tap::new(Spec::default()).unwrap());
         assert!(pc.attach(a.clone()));
         assert!(pc.on());
         assert!(!pc.attach(b.clone()));

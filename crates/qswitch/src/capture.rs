@@ -5,12 +5,15 @@
 //! [`Response::CapturePackets`] lines (an empty one at least every second, with the
 //! capture's counters), until `-c N` frames were sent, the port is removed, or the client
 //! closes the connection; dropping the tap detaches it, so the data path is back to one
-//! flag check per burst. The CLI writes pcapng (`qswitch_wire::pcapng`) to a file or
+//! flag check per burst. Bounded (issue 27 F8): at most [`MAX_CAPTURES`] run at once (more
+//! are refused), a line carries at most [`LINE_BYTES`] of frame data, and a client that
+//! takes nothing for [`STALL`], or whose port goes while it is not reading, is cut off. The CLI writes pcapng (`qswitch_wire::pcapng`) to a file or
 //! stdout, or prints one line per frame.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
@@ -25,8 +28,44 @@ use crate::daemon::Daemon;
 
 /// Most records sent in one line.
 const LINE_RECORDS: usize = 512;
+/// Most bytes of frame data in one line (its JSON is about twice this: hex).
+const LINE_BYTES: usize = 1 << 20;
 /// How often the daemon drains the ring (and checks the client is still there).
 const DRAIN_EVERY: Duration = Duration::from_millis(10);
+/// Most captures running at once; more are refused (each holds up to
+/// 2 × [`qswitch_dp::capture::RING_BYTES`] and a thread).
+pub const MAX_CAPTURES: usize = 8;
+/// A client that takes nothing of its capture for this long is cut off (its capture ends).
+pub const STALL: Duration = Duration::from_secs(10);
+
+/// The captures running, at most [`MAX_CAPTURES`].
+#[derive(Debug, Default)]
+pub struct Running(AtomicUsize);
+
+/// One capture's place in [`Running`]; dropping it frees the place.
+struct Place<'a>(&'a AtomicUsize);
+
+impl Running {
+    fn claim(&self) -> Option<Place<'_>> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_CAPTURES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Place(&self.0))
+    }
+
+    /// Captures running now.
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // Daemon side.
@@ -64,16 +103,70 @@ fn send(stream: &UnixStream, r: &Response) -> io::Result<()> {
     (&*stream).write_all(&out)
 }
 
+/// How long one blocked write waits before [`send_live`] looks again.
+const WRITE_SLICE: Duration = Duration::from_secs(1);
+
+/// [`send`] for a running capture (the stream's write timeout is [`WRITE_SLICE`]): gives up
+/// when `gone()` says the capture has no reason to go on (its port went) or the client has
+/// taken nothing for [`STALL`], so a client that stops reading holds no thread, ring or port.
+fn send_live(stream: &UnixStream, r: &Response, gone: impl Fn() -> bool) -> io::Result<()> {
+    let mut out = serde_json::to_vec(r).unwrap_or_default();
+    out.push(b'\n');
+    let (mut done, mut progress) = (0, Instant::now());
+    while done < out.len() {
+        match (&*stream).write(&out[done..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                done += n;
+                progress = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if gone() {
+                    return Err(io::Error::other(
+                        "the port went while the client was not reading",
+                    ));
+                }
+                if progress.elapsed() >= STALL {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client stopped reading its capture",
+                    ));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 fn unix_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Serves one capture request on `stream` until the count is reached, the port goes or the
-/// client disconnects.
+/// Serves one capture request on `stream` until the count is reached, the port goes, the
+/// client disconnects or stops taking what is sent for [`STALL`]. Refused when
+/// [`MAX_CAPTURES`] run already.
 pub fn serve(stream: &UnixStream, daemon: &Daemon, req: CaptureRequest) -> io::Result<()> {
     let sw = &daemon.switch;
+    stream.set_write_timeout(Some(WRITE_SLICE))?;
+    let Some(_place) = daemon.captures.claim() else {
+        return send(
+            stream,
+            &Response::Error {
+                message: format!(
+                    "too many captures running ({MAX_CAPTURES} at most); try again when one ends"
+                ),
+            },
+        );
+    };
     let cap = match spec_of(&req)
         .and_then(|spec| sw.capture(&req.port, spec).map_err(anyhow::Error::from))
     {
@@ -100,6 +193,7 @@ pub fn serve(stream: &UnixStream, daemon: &Daemon, req: CaptureRequest) -> io::R
                 .spec()
                 .slots
                 .unwrap_or_else(|| qswitch_dp::capture::ring_slots(cap.tap().spec().snaplen)),
+            ring_bytes: cap.tap().ring_bytes(),
         },
     )?;
     stream.set_read_timeout(Some(DRAIN_EVERY))?;
@@ -121,7 +215,7 @@ pub fn serve(stream: &UnixStream, daemon: &Daemon, req: CaptureRequest) -> io::R
         }
         let room = req.count.map_or(LINE_RECORDS as u64, |c| c - sent) as usize;
         recs.clear();
-        cap.drain(&mut recs, room.min(LINE_RECORDS));
+        cap.drain_within(&mut recs, room.min(LINE_RECORDS), LINE_BYTES);
         if !recs.is_empty() || beat.elapsed() >= Duration::from_secs(1) {
             let packets = recs
                 .iter()
@@ -138,13 +232,14 @@ pub fn serve(stream: &UnixStream, daemon: &Daemon, req: CaptureRequest) -> io::R
                 })
                 .collect();
             sent += recs.len() as u64;
-            send(
+            send_live(
                 stream,
                 &Response::CapturePackets {
                     packets,
                     captured: cap.tap().captured(),
                     dropped: cap.tap().dropped(),
                 },
+                || cap.port_gone() || sw.stopping(),
             )?;
             beat = Instant::now();
         }

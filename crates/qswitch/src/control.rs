@@ -10,6 +10,15 @@
 //! oldest one still sending its request (the slowest), so a crowd of slow clients cannot
 //! lock the CLI out. The slot is the connection (dropping it closes the socket), so there
 //! is no counter to leak, and a panic while executing a request becomes an error response.
+//!
+//! # Who may do what
+//! Each connection's peer credentials (`SO_PEERCRED`, `SO_PEERGROUPS`) are read when it is
+//! accepted. [`Request::access`] classifies every request as read or admin; admin requests
+//! are served to root, the daemon's own user and members of `[switch] admin_group` only,
+//! so a `control_group` member reads (lists, stats, captures, traces) and changes nothing.
+//! A vhost-user socket that a `port add` names must lie in `[switch] socket_dirs` (default:
+//! the control socket's directory), with no `..` and no symbolic link on the way, whoever
+//! asks ([`Policy::check`]). See docs/security.md.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -21,8 +30,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use qswitch_api::request::Access;
 use qswitch_api::{Request, Response};
 use qswitch_sys::epoll::{Epoll, Event};
+use qswitch_sys::fd::PeerCred;
 
 use crate::daemon::Daemon;
 
@@ -35,6 +46,107 @@ const MAX_CLIENTS: usize = 32;
 pub struct Socket {
     listener: UnixListener,
     path: PathBuf,
+    policy: Policy,
+}
+
+/// Who may do what over the control socket (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The daemon's effective user: it and root may make every request.
+    pub owner: u32,
+    /// `[switch] admin_group`: its members may make every request too.
+    pub admin_gid: Option<u32>,
+    /// Where a vhost-user socket named by a request may be.
+    pub socket_dirs: Vec<PathBuf>,
+}
+
+impl Policy {
+    /// Whether `cred` may make admin requests. Unknown credentials may not.
+    fn admin(&self, cred: Option<&PeerCred>) -> bool {
+        cred.is_some_and(|c| {
+            c.uid == 0
+                || c.uid == self.owner
+                || self
+                    .admin_gid
+                    .is_some_and(|g| c.gid == g || c.groups.contains(&g))
+        })
+    }
+
+    /// Refuses, with a one-line reason, a request the peer may not make or one that names a
+    /// socket outside [`Policy::socket_dirs`].
+    pub fn check(&self, cred: Option<&PeerCred>, req: &Request) -> Result<(), String> {
+        if req.access() == Access::Admin && !self.admin(cred) {
+            let who = cred.map_or_else(|| "unknown peer".to_string(), |c| format!("uid {}", c.uid));
+            return Err(format!(
+                "permission denied: '{}' changes the switch; it needs root, qswitch's user or \
+                 [switch] admin_group ({who} may only read)",
+                req.verb()
+            ));
+        }
+        if let Request::PortAdd { port } = req {
+            if let Some(socket) = port.socket() {
+                check_socket_path(socket.as_path(), &self.socket_dirs)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A vhost-user socket path a request names must be absolute, without `.` or `..`, below one
+/// of `dirs`, with real directories (no symbolic links) between that directory and it, and
+/// itself absent or a socket (not a link).
+pub fn check_socket_path(path: &Path, dirs: &[PathBuf]) -> Result<(), String> {
+    use std::path::Component;
+    let shown = path.display();
+    let text = path.as_os_str().as_encoded_bytes();
+    let dots = text
+        .split(|&b| b == b'/')
+        .any(|seg| seg == b"." || seg == b"..");
+    if !path.is_absolute() || dots {
+        return Err(format!(
+            "socket {shown}: must be an absolute path without '.' or '..'"
+        ));
+    }
+    let Some(dir) = dirs
+        .iter()
+        .find(|d| path.starts_with(d) && path != d.as_path())
+    else {
+        let allowed: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        return Err(format!(
+            "socket {shown} is outside [switch] socket_dirs ({})",
+            allowed.join(", ")
+        ));
+    };
+    let below = path.strip_prefix(dir).unwrap_or(path);
+    let mut at = dir.clone();
+    let parts: Vec<Component> = below.components().collect();
+    for (i, part) in parts.iter().enumerate() {
+        at.push(part);
+        let last = i + 1 == parts.len();
+        match std::fs::symlink_metadata(&at) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(format!("socket {shown}: {}: {e}", at.display())),
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!(
+                    "socket {shown}: {} is a symbolic link; refusing to follow it",
+                    at.display()
+                ))
+            }
+            Ok(m) if !last && !m.is_dir() => {
+                return Err(format!(
+                    "socket {shown}: {} is not a directory",
+                    at.display()
+                ))
+            }
+            Ok(m) if last && !m.file_type().is_socket() => {
+                return Err(format!(
+                    "socket {shown} exists and is not a socket; refusing to replace it"
+                ))
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(())
 }
 
 impl Socket {
@@ -71,7 +183,19 @@ impl Socket {
         Ok(Socket {
             listener,
             path: path.to_path_buf(),
+            policy: Policy {
+                owner: qswitch_sys::thread::euid(),
+                admin_gid: None,
+                socket_dirs: path.parent().map(Path::to_path_buf).into_iter().collect(),
+            },
         })
+    }
+
+    /// Serves under `policy` (by default: admin requests from the daemon's user and root
+    /// only, sockets in the control socket's directory).
+    pub fn with_policy(mut self, policy: Policy) -> Socket {
+        self.policy = policy;
+        self
     }
 }
 
@@ -103,7 +227,12 @@ pub fn serve(socket: Socket, daemon: &Arc<Daemon>, stop: &AtomicBool) {
         for ev in &events[..n] {
             match ev.token() {
                 0 => accept = true,
-                t => conns.readable(usize::try_from(t - 1).unwrap_or(usize::MAX), &epoll, daemon),
+                t => conns.readable(
+                    usize::try_from(t - 1).unwrap_or(usize::MAX),
+                    &epoll,
+                    daemon,
+                    &socket.policy,
+                ),
             }
         }
         conns.flush_and_expire(Instant::now());
@@ -130,6 +259,8 @@ struct Conn {
     written: Option<usize>,
     accepted: Instant,
     deadline: Instant,
+    /// Who connected (`None`: unknown, so only read requests are served).
+    cred: Option<PeerCred>,
 }
 
 /// The connections, in a fixed number of slots. A connection lives in its slot and nowhere
@@ -185,17 +316,19 @@ impl Conns {
         {
             return;
         }
+        let cred = qswitch_sys::fd::peer_cred(&stream).ok();
         self.slots[slot] = Some(Conn {
             stream,
             buf: Vec::new(),
             written: None,
             accepted: now,
             deadline: now + REQUEST_DEADLINE,
+            cred,
         });
     }
 
     /// Reads what slot `i`'s client sent; answers once the line (or EOF) is there.
-    fn readable(&mut self, i: usize, epoll: &Epoll, daemon: &Arc<Daemon>) {
+    fn readable(&mut self, i: usize, epoll: &Epoll, daemon: &Arc<Daemon>, policy: &Policy) {
         let Some(Some(c)) = self.slots.get_mut(i) else {
             return;
         };
@@ -231,7 +364,10 @@ impl Conns {
             Err(message) => Response::Error {
                 message: format!("bad request: {message}"),
             },
-            Ok(()) => match serde_json::from_slice::<Request>(c.buf.trim_ascii_end()) {
+            Ok(()) => match serde_json::from_slice::<Request>(c.buf.trim_ascii_end())
+                .map_err(|e| format!("bad request: {e}"))
+                .and_then(|req| policy.check(c.cred.as_ref(), &req).map(|()| req))
+            {
                 // Streaming: a capture owns its connection, on a thread of its own, until it
                 // ends (at most one capture per port runs at a time).
                 Ok(Request::Capture(req)) => {
@@ -252,9 +388,7 @@ impl Conns {
                     return;
                 }
                 Ok(req) => execute_guarded(req, daemon),
-                Err(e) => Response::Error {
-                    message: format!("bad request: {e}"),
-                },
+                Err(message) => Response::Error { message },
             },
         };
         // Whatever else the client sends is not read: stop watching it (level-triggered, it
@@ -377,4 +511,73 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         src = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_paths_stay_in_their_directories() {
+        let base = std::env::temp_dir().join(format!("qs-ctl-paths-{}", std::process::id()));
+        let run = base.join("run");
+        let private = base.join("private");
+        std::fs::create_dir_all(run.join("sub")).unwrap();
+        std::fs::create_dir_all(&private).unwrap();
+        std::os::unix::fs::symlink(&private, run.join("link")).unwrap();
+        std::fs::write(run.join("file"), b"").unwrap();
+        let dirs = [run.clone()];
+        let ok = |p: PathBuf| check_socket_path(&p, &dirs);
+        assert!(ok(run.join("vm.sock")).is_ok());
+        assert!(ok(run.join("sub/vm.sock")).is_ok());
+        assert!(ok(run.join("new/deeper/vm.sock")).is_ok());
+        for (p, why) in [
+            (private.join("vm.sock"), "outside"),
+            (run.clone(), "outside"),
+            (PathBuf::from("vm.sock"), "absolute"),
+            (run.join("../private/vm.sock"), "'..'"),
+            (run.join("./vm.sock"), "'..'"),
+            (run.join("link/vm.sock"), "symbolic link"),
+            (run.join("link"), "symbolic link"),
+            (run.join("file"), "not a socket"),
+            (run.join("file/vm.sock"), "not a directory"),
+        ] {
+            let e = ok(p.clone()).unwrap_err();
+            assert!(e.contains(why), "{}: {e}", p.display());
+            assert!(!e.contains('\n'));
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn only_admins_change() {
+        let policy = Policy {
+            owner: 1000,
+            admin_gid: Some(50),
+            socket_dirs: vec![PathBuf::from("/run/qswitch")],
+        };
+        let cred = |uid, gid, groups: &[u32]| PeerCred {
+            pid: 1,
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        };
+        let del = Request::PortDel { name: "a".into() };
+        let list = Request::PortList;
+        for admin in [
+            cred(0, 0, &[]),
+            cred(1000, 1000, &[]),
+            cred(7, 50, &[]),
+            cred(7, 7, &[3, 50]),
+        ] {
+            assert!(policy.check(Some(&admin), &del).is_ok(), "{admin:?}");
+        }
+        for reader in [cred(7, 7, &[3]), cred(65534, 65534, &[])] {
+            assert!(policy.check(Some(&reader), &list).is_ok());
+            let e = policy.check(Some(&reader), &del).unwrap_err();
+            assert!(e.starts_with("permission denied: 'port del'"), "{e}");
+        }
+        assert!(policy.check(None, &del).is_err());
+        assert!(policy.check(None, &list).is_ok());
+    }
 }

@@ -29,6 +29,8 @@ pub struct Daemon {
     pub history: Mutex<crate::series::History>,
     /// What runs and its record; every change goes through it (see [`crate::state`]).
     pub persist: Mutex<crate::state::Persist>,
+    /// The captures running (at most [`crate::capture::MAX_CAPTURES`]).
+    pub captures: crate::capture::Running,
 }
 
 impl Daemon {
@@ -197,8 +199,37 @@ fn serve(
     let hup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone())
         .context("cannot install signal handler")?;
-    let socket = control::Socket::bind(&config.switch.control)?;
-    if let Some(group) = &config.switch.control_group {
+    let admin_gid = match &config.switch.admin_group {
+        Some(group) => Some(
+            qswitch_sys::thread::group_id(group)
+                .with_context(|| format!("[switch] admin_group = \"{group}\""))?,
+        ),
+        None => None,
+    };
+    for dir in config.switch.socket_dir_list() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir).map_or(0, |m| m.permissions().mode());
+        if mode & 0o002 != 0 {
+            tracing::warn!(
+                dir = %dir.display(),
+                "a socket directory is writable by everyone: its paths can be swapped for \
+                 links between qswitch's checks and its use (set [switch] socket_dirs)"
+            );
+        }
+    }
+    let socket = control::Socket::bind(&config.switch.control)?.with_policy(control::Policy {
+        owner: qswitch_sys::thread::euid(),
+        admin_gid,
+        socket_dirs: config.switch.socket_dir_list(),
+    });
+    // The socket's group reaches it: control_group (readers; admins must be in it too), or
+    // admin_group alone.
+    if let Some(group) = config
+        .switch
+        .control_group
+        .as_ref()
+        .or(config.switch.admin_group.as_ref())
+    {
         crate::sdnotify::share_with_group(&config.switch.control, group)?;
     }
     let http = match config.switch.http.map(qswitch_api::HttpAddr::get) {
@@ -242,6 +273,7 @@ fn serve(
         rates: Mutex::new(None),
         history: Mutex::new(crate::series::History::new()),
         persist: Mutex::new(persist),
+        captures: Default::default(),
     });
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());

@@ -1,5 +1,6 @@
 //! The HTTP server on `[switch] http`: `/metrics` (Prometheus), `/api/stats`, `/api/ports`,
-//! `/api/placement`, `/api/series?since=MS` (JSON), and the dashboard at `/`.
+//! `/api/placement`, `/api/series?since=MS&limit=N` (JSON; a page of at most N points and
+//! 4 MiB, `more` when the next `since` has more), and the dashboard at `/`.
 //!
 //! hyper (HTTP/1.1 only) on a single-threaded tokio runtime in one thread (`qs-http`): the
 //! listening socket and every connection are driven by epoll, so an idle server costs no CPU
@@ -326,20 +327,23 @@ fn respond(daemon: &Daemon, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         "/api/stats" => (StatusCode::OK, json, to_json(&daemon.stats())),
         "/api/ports" => (StatusCode::OK, json, to_json(&daemon.switch.ports())),
         "/api/placement" => (StatusCode::OK, json, to_json(&daemon.switch.placement())),
-        "/api/series" => match query_param(req.uri().query().unwrap_or(""), "since")
-            .map(str::parse::<u64>)
-            .unwrap_or(Ok(0))
-        {
-            Ok(since) => {
-                let h = daemon.history.lock();
-                (StatusCode::OK, json, to_json(&h.since(since)))
+        "/api/series" => {
+            let query = req.uri().query().unwrap_or("");
+            let since = query_param(query, "since").map_or(Ok(0), str::parse::<u64>);
+            let limit = query_param(query, "limit")
+                .map_or(Ok(crate::series::CAPACITY), str::parse::<usize>);
+            match (since, limit) {
+                (Ok(since), Ok(limit)) => {
+                    let h = daemon.history.lock();
+                    (StatusCode::OK, json, to_json(&h.since(since, limit)))
+                }
+                _ => (
+                    StatusCode::BAD_REQUEST,
+                    "text/plain",
+                    b"since must be milliseconds of uptime, limit a number of points\n".to_vec(),
+                ),
             }
-            Err(_) => (
-                StatusCode::BAD_REQUEST,
-                "text/plain",
-                b"since must be milliseconds of uptime\n".to_vec(),
-            ),
-        },
+        }
         _ => (StatusCode::NOT_FOUND, "text/plain", b"not found\n".to_vec()),
     };
     reply(status, kind, body)

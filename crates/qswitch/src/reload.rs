@@ -141,6 +141,8 @@ fn restart_keys(a: &SwitchConfig, b: &SwitchConfig) -> Vec<&'static str> {
     check(a.http == b.http, "http");
     check(a.state_dir == b.state_dir, "state_dir");
     check(a.control_group == b.control_group, "control_group");
+    check(a.admin_group == b.admin_group, "admin_group");
+    check(a.socket_dirs == b.socket_dirs, "socket_dirs");
     keys
 }
 

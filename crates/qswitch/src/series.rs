@@ -3,17 +3,27 @@
 //! room for what other subsystems feed in (QoS allocations, named gauges).
 //!
 //! The daemon's 1-second sampler calls [`History::push`] with two consecutive
-//! [`StatsReport`]s; the HTTP server reads. A fixed-capacity ring ([`CAPACITY`] points): the
-//! oldest point goes when a new one comes, so memory stays bounded however long the daemon
-//! runs.
+//! [`StatsReport`]s; the HTTP server reads. A ring of at most [`CAPACITY`] points and at most
+//! [`HISTORY_BYTES`] (the points' size as JSON): the oldest points go when a new one comes,
+//! so memory stays bounded however long the daemon runs and however many ports and queues
+//! it has. A point lists at most [`MAX_QUEUE_POINTS`] queues (the ports' rates are always
+//! there; `queues_omitted` counts the rest), and [`History::since`] answers in pages of at
+//! most [`PAGE_BYTES`] (issue 27 F8: 300 ports of 256 queues grew the history by 2.4 MB a
+//! second, and one `/api/series` answer was 145 MB).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use qswitch_api::request::StatsReport;
 use serde::Serialize;
 
-/// Points kept: 15 minutes of 1-second samples.
+/// Points kept: 15 minutes of 1-second samples (fewer when they exceed [`HISTORY_BYTES`]).
 pub const CAPACITY: usize = 900;
+/// Most bytes the points take (as JSON, which is also about what they take in memory).
+pub const HISTORY_BYTES: usize = 32 << 20;
+/// Most per-queue entries in one point.
+pub const MAX_QUEUE_POINTS: usize = 1024;
+/// Most bytes of points in one answer of [`History::since`] (at least one point is given).
+pub const PAGE_BYTES: usize = 4 << 20;
 /// Placement changes kept.
 pub const EVENT_CAPACITY: usize = 200;
 
@@ -30,6 +40,29 @@ pub struct Point {
     /// Named values fed by other subsystems for this second (e.g. `qos.<port>.alloc_bps`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub gauges: BTreeMap<String, f64>,
+    /// Queues left out of the ports' `queues` beyond [`MAX_QUEUE_POINTS`].
+    #[serde(skip_serializing_if = "is_zero")]
+    pub queues_omitted: usize,
+    /// The point's size as JSON.
+    #[serde(skip)]
+    pub bytes: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// A writer that only counts.
+struct Count(usize);
+
+impl std::io::Write for Count {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len();
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Rates of one port over one second.
@@ -101,6 +134,8 @@ pub struct History {
     qos: Option<Vec<QosRow>>,
     /// Queue → worker at the last push.
     owners: BTreeMap<String, usize>,
+    /// Sum of the points' `bytes`.
+    bytes: usize,
 }
 
 /// What `/api/series` returns.
@@ -108,8 +143,14 @@ pub struct History {
 pub struct SeriesView<'a> {
     pub interval_ms: u64,
     pub capacity: usize,
-    /// The newest point's `t_ms` (0 before the first).
+    /// The `t_ms` of the last point given; when none is given, of the newest point (0
+    /// before the first). Ask again with `since` = this for what follows.
     pub last_t_ms: u64,
+    /// More points follow `last_t_ms` than this answer holds (it is a page).
+    pub more: bool,
+    /// What the history holds now, as JSON, and the most it may.
+    pub bytes: usize,
+    pub max_bytes: usize,
     pub points: Vec<&'a Point>,
     pub placement_events: Vec<&'a PlacementEvent>,
     pub qos: Option<&'a [QosRow]>,
@@ -128,11 +169,23 @@ impl History {
         let mut point = point(prev, cur);
         point.unix_ms = unix_ms;
         point.gauges = self.gauges.clone();
+        let mut count = Count(0);
+        let _ = serde_json::to_writer(&mut count, &point);
+        point.bytes = count.0;
         self.track_placement(cur, point.t_ms, unix_ms);
-        if self.points.len() == CAPACITY {
-            self.points.pop_front();
-        }
+        self.bytes += point.bytes;
         self.points.push_back(point);
+        while self.points.len() > CAPACITY || (self.bytes > HISTORY_BYTES && self.points.len() > 1)
+        {
+            if let Some(old) = self.points.pop_front() {
+                self.bytes -= old.bytes;
+            }
+        }
+    }
+
+    /// What the points take, as JSON.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Sets a named gauge stamped onto every following point (e.g. a QoS allocation).
@@ -150,16 +203,35 @@ impl History {
         self.qos = rows;
     }
 
-    /// Points newer than `since_ms` (uptime), oldest first, with every placement event newer
-    /// than it.
-    pub fn since(&self, since_ms: u64) -> SeriesView<'_> {
+    /// Points newer than `since_ms` (uptime), oldest first, at most `limit` of them and
+    /// [`PAGE_BYTES`] (always one at least, when there is one), with every placement event
+    /// newer than it.
+    pub fn since(&self, since_ms: u64, limit: usize) -> SeriesView<'_> {
         let start = self.points.partition_point(|p| p.t_ms <= since_ms);
+        let (mut points, mut bytes) = (Vec::new(), 0);
+        for p in self.points.range(start..).take(limit.max(1)) {
+            if !points.is_empty() && bytes + p.bytes > PAGE_BYTES {
+                break;
+            }
+            bytes += p.bytes;
+            points.push(p);
+        }
+        let newest = self.points.back().map(|p| p.t_ms).unwrap_or(0);
+        let last_t_ms = points.last().map_or(newest, |p| p.t_ms);
         SeriesView {
             interval_ms: 1000,
             capacity: CAPACITY,
-            last_t_ms: self.points.back().map(|p| p.t_ms).unwrap_or(0),
-            points: self.points.range(start..).collect(),
-            placement_events: self.events.iter().filter(|e| e.t_ms > since_ms).collect(),
+            last_t_ms,
+            more: start + points.len() < self.points.len(),
+            bytes: self.bytes,
+            max_bytes: HISTORY_BYTES,
+            points,
+            // Each event once over the pages: those up to this page's last point.
+            placement_events: self
+                .events
+                .iter()
+                .filter(|e| e.t_ms > since_ms && e.t_ms <= last_t_ms)
+                .collect(),
             qos: self.qos.as_deref(),
         }
     }
@@ -217,6 +289,8 @@ fn point(prev: &StatsReport, cur: &StatsReport) -> Point {
     let per_s = |d: u64| d as f64 * 1000.0 / dt_ms;
     let pct_ns = |d: u64| d as f64 / (dt_ms * 1e6) * 100.0;
     let sum = |m: &BTreeMap<String, u64>| m.values().sum::<u64>();
+    let mut queue_room = MAX_QUEUE_POINTS;
+    let mut queues_omitted = 0;
     let ports = cur
         .ports
         .iter()
@@ -232,8 +306,10 @@ fn point(prev: &StatsReport, cur: &StatsReport) -> Point {
             let d = |f: fn(&qswitch_api::request::PortStats) -> u64| {
                 per_s(f(p).saturating_sub(old.map(f).unwrap_or(0)))
             };
-            let queues = p
-                .queues
+            let listed = p.queues.len().min(queue_room);
+            queue_room -= listed;
+            queues_omitted += p.queues.len() - listed;
+            let queues = p.queues[..listed]
                 .iter()
                 .map(|q| {
                     let oq = old.and_then(|o| o.queues.iter().find(|x| x.queue == q.queue));
@@ -290,6 +366,8 @@ fn point(prev: &StatsReport, cur: &StatsReport) -> Point {
         ports,
         workers,
         gauges: BTreeMap::new(),
+        queues_omitted,
+        bytes: 0,
     }
 }
 
@@ -340,7 +418,7 @@ mod tests {
     fn rates_per_port_queue_and_worker() {
         let mut h = History::new();
         h.push(&report(1000, 0, &["a/0"]), &report(2000, 1000, &["a/0"]), 5);
-        let v = h.since(0);
+        let v = h.since(0, CAPACITY);
         let p = &v.points[0];
         assert_eq!((p.t_ms, p.unix_ms), (2000, 5));
         assert_eq!(p.ports[0].rx_pps, 1000.0);
@@ -367,12 +445,70 @@ mod tests {
             );
         }
         assert_eq!(h.len(), CAPACITY);
-        let v = h.since(0);
+        let v = h.since(0, CAPACITY);
         assert_eq!(v.points.len(), CAPACITY);
         assert_eq!(v.points[0].t_ms, 51_000);
         assert_eq!(v.last_t_ms, (CAPACITY as u64 + 50) * 1000);
-        assert_eq!(h.since(v.last_t_ms - 3000).points.len(), 3);
-        assert!(h.since(u64::MAX).points.is_empty());
+        assert_eq!(h.since(v.last_t_ms - 3000, CAPACITY).points.len(), 3);
+        assert!(h.since(u64::MAX, CAPACITY).points.is_empty());
+    }
+
+    /// Issue 27 F8: 300 ports of 256 queues (2.4 MB a second before) stay within the
+    /// history's byte budget, each point lists at most MAX_QUEUE_POINTS queues, and an
+    /// answer is a page of at most PAGE_BYTES that the next `since` continues.
+    #[test]
+    fn bounded_in_bytes_whatever_the_ports_and_queues() {
+        let wide = |t: u64| {
+            let mut r = report(t, t, &[]);
+            let port = r.ports[0].clone();
+            r.ports = (0..300)
+                .map(|i| PortStats {
+                    name: format!("port-number-{i}"),
+                    queues: (0..256)
+                        .map(|q| QueueStats {
+                            queue: q,
+                            ..port.queues[0].clone()
+                        })
+                        .collect(),
+                    ..port.clone()
+                })
+                .collect();
+            r
+        };
+        let mut h = History::new();
+        let mut prev = wide(0);
+        for s in 1..=400u64 {
+            let cur = wide(s * 1000);
+            h.push(&prev, &cur, 0);
+            prev = cur;
+            assert!(h.bytes() <= HISTORY_BYTES, "{} bytes at {s} s", h.bytes());
+        }
+        let v = h.since(0, CAPACITY);
+        let p = v.points[0];
+        let listed: usize = p.ports.iter().map(|x| x.queues.len()).sum();
+        assert_eq!(p.ports.len(), 300);
+        assert_eq!(
+            (listed, p.queues_omitted),
+            (MAX_QUEUE_POINTS, 300 * 256 - MAX_QUEUE_POINTS)
+        );
+        assert!(h.len() > 60, "only {} s of history", h.len());
+        // Pages: at most PAGE_BYTES each, continuing where the last one ended, all points once.
+        let (mut since, mut seen) = (0, 0);
+        loop {
+            let page = h.since(since, CAPACITY);
+            let json = serde_json::to_vec(&page).unwrap();
+            assert!(json.len() <= PAGE_BYTES + 64 * 1024, "{} bytes", json.len());
+            seen += page.points.len();
+            since = page.last_t_ms;
+            if !page.more {
+                break;
+            }
+        }
+        assert_eq!(seen, h.len());
+        let two = h.since(0, 2);
+        assert_eq!(two.points.len(), 2);
+        assert!(two.more);
+        assert_eq!(two.last_t_ms, two.points[1].t_ms);
     }
 
     #[test]
@@ -393,7 +529,7 @@ mod tests {
             ..Default::default()
         });
         h.push(&report(1000, 0, &["a/0"]), &moved, 0);
-        let v = h.since(0);
+        let v = h.since(0, CAPACITY);
         let ev: Vec<_> = v
             .placement_events
             .iter()
@@ -404,6 +540,6 @@ mod tests {
         assert!(v.points[0].gauges.is_empty());
         assert_eq!(v.qos.unwrap()[0].min_bps, 1e8);
         h.clear_gauge("qos.a.alloc_bps");
-        assert!(h.since(1500).placement_events.len() == 2);
+        assert!(h.since(1500, CAPACITY).placement_events.len() == 2);
     }
 }

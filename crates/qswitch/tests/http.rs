@@ -637,3 +637,55 @@ fn foreign_host_header_is_refused() {
     );
     assert!(daemon.running());
 }
+
+/// Issue 27 F8 (history): five gen ports of 256 queues (1 280, beyond the 1 024 a point
+/// lists): every point lists at most 1 024 queues and counts the rest, the history says
+/// what it holds and its budget, and `limit` pages through the points with `more`.
+#[test]
+fn series_is_bounded_in_bytes_and_paged() {
+    let dir = TempDir::new("http-series-bound");
+    let control = dir.join("control.sock");
+    let addr = free_addr();
+    let mut text = format!(
+        "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"{addr}\"\n",
+        worker_cpus(2),
+        control.display()
+    );
+    for k in 0..5 {
+        text.push_str(&format!(
+            "[[port]]\nname = \"wide{k}\"\ntype = \"gen\"\nqueues = 256\n\
+             mac = \"02:00:00:00:02:{k:02x}\"\n"
+        ));
+    }
+    let mut daemon = Daemon::start(dir.path(), "wide", &text, &control);
+    let series = wait_points(addr, 3);
+    let max = series["max_bytes"].as_u64().expect("max_bytes");
+    let held = series["bytes"].as_u64().expect("bytes");
+    assert!(
+        held > 0 && held <= max && max <= 64 << 20,
+        "{held} of {max}"
+    );
+    for p in series["points"].as_array().unwrap() {
+        let listed: usize = p["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["queues"].as_array().map_or(0, Vec::len))
+            .sum();
+        assert_eq!(listed, 1024, "queues listed in one point");
+        assert_eq!(p["queues_omitted"], 5 * 256 - 1024);
+    }
+    // Pages of one point, each continuing where the last ended.
+    let (status, body) = get(addr, "/api/series?since=0&limit=1");
+    assert_eq!(status, 200);
+    let first: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(first["points"].as_array().unwrap().len(), 1);
+    assert_eq!(first["more"], true, "{}", first["last_t_ms"]);
+    let t1 = first["last_t_ms"].as_u64().unwrap();
+    assert_eq!(first["points"][0]["t_ms"], t1);
+    let (_, body) = get(addr, &format!("/api/series?since={t1}&limit=1"));
+    let second: Value = serde_json::from_str(&body).unwrap();
+    assert!(second["points"][0]["t_ms"].as_u64().unwrap() > t1);
+    assert_eq!(get(addr, "/api/series?limit=x").0, 400);
+    assert!(daemon.running());
+}

@@ -57,6 +57,73 @@ pub fn readable_bytes(fd: &impl AsFd) -> io::Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// Who is at the other end of a Unix socket: the peer's credentials when it connected
+/// (`SO_PEERCRED`) and its supplementary groups (`SO_PEERGROUPS`, Linux 4.13+).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// The credentials of the peer of Unix socket `fd` (see [`PeerCred`]).
+pub fn peer_cred(fd: &impl AsFd) -> io::Result<PeerCred> {
+    let raw = fd.as_fd().as_raw_fd();
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`, a live, writable ucred of
+    // exactly that size; `len` is a live, writable socklen_t.
+    let rc = unsafe {
+        libc::getsockopt(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(cred).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * 4) as libc::socklen_t;
+        // SAFETY: SO_PEERGROUPS writes at most `len` bytes into `groups`, which is valid and
+        // writable for `groups.len()` u32s (`len` bytes); `len` is a live socklen_t.
+        let rc = unsafe {
+            libc::getsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc == 0 {
+            groups.truncate(len as usize / 4);
+            break;
+        }
+        let e = io::Error::last_os_error();
+        // ERANGE: `len` now holds the size needed (at most NGROUPS_MAX, 65536 groups).
+        if e.raw_os_error() == Some(libc::ERANGE) && (len as usize) / 4 > groups.len() {
+            groups.resize((len as usize).div_ceil(4).min(1 << 16), 0);
+            continue;
+        }
+        return Err(e);
+    }
+    Ok(PeerCred {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+        groups,
+    })
+}
+
 /// Connects a non-blocking, close-on-exec Unix stream socket to `path`. Never blocks: a
 /// listener whose backlog is full gives `WouldBlock` instead of a wait.
 pub fn connect_unix_nonblocking(
@@ -140,6 +207,24 @@ pub fn open_regular(path: &std::path::Path) -> io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_credentials_are_our_own() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let c = peer_cred(&a).unwrap();
+        assert_eq!(c.pid, std::process::id() as i32);
+        assert_eq!(c.uid, crate::thread::euid());
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("Groups:")).unwrap();
+        let mut want: Vec<u32> = line[7..]
+            .split_whitespace()
+            .map(|g| g.parse().unwrap())
+            .collect();
+        let mut got = c.groups.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn peek_leaves_the_data() {

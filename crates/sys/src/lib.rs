@@ -38,6 +38,9 @@
 //!   addresses.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
 //!   CPU time, process CPU time, effective-uid check.
+//! - [`fd`]: descriptor flags, `MSG_PEEK`, non-blocking Unix connect, and a Unix socket
+//!   peer's credentials and groups (`SO_PEERCRED`, `SO_PEERGROUPS`).
+//! - [`anon`]: an anonymous mapping whose pages go back to the kernel when it is dropped.
 //!
 //! # Limitations
 //!
@@ -51,6 +54,7 @@
 //! - Creating or configuring TAP interfaces and changing link state need
 //!   `CAP_NET_ADMIN`.
 
+pub mod anon;
 pub mod bpf;
 pub mod cpu;
 pub mod dirty_log;

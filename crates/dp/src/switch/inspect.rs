@@ -34,7 +34,7 @@ impl Switch {
                 });
             }
         }
-        let tap = Arc::new(Tap::new(spec));
+        let tap = Arc::new(Tap::new(spec).map_err(SwitchError::CaptureMemory)?);
         if !entry.capture.attach(tap.clone()) {
             return Err(SwitchError::CaptureBusy(name.to_string()));
         }

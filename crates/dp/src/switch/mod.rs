@@ -90,6 +90,8 @@ pub enum SwitchError {
     ReservedCpu(usize),
     #[error("a capture is already running on port '{0}'")]
     CaptureBusy(String),
+    #[error("cannot map the capture's ring")]
+    CaptureMemory(#[source] std::io::Error),
     #[error("the switch is full ({MAX_PORTS} ports)")]
     Full,
     #[error("{0}")]

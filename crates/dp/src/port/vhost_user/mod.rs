@@ -543,6 +543,9 @@ pub struct VhostUserPort {
     mode: Mode,
     id: u64,
     reactor: Reactor,
+    /// Server mode: (device, inode) of the socket file this port bound; only that file is
+    /// removed when the port goes.
+    bound: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for VhostUserPort {
@@ -581,14 +584,17 @@ impl VhostUserPort {
         let dev = Arc::new(
             Device::new(name, pairs.clamp(1, MAX_PAIRS), reactor).map_err(VhostUserError::Setup)?,
         );
-        let listener = match mode {
-            Mode::Server => Some(listen(socket, reactor.settings().socket_group).map_err(
-                |source| VhostUserError::Listen {
-                    path: socket.display().to_string(),
-                    source,
-                },
-            )?),
-            Mode::Client => None,
+        let (listener, bound) = match mode {
+            Mode::Server => {
+                let (l, bound) = listen(socket, reactor.settings().socket_group).map_err(
+                    |source| VhostUserError::Listen {
+                        path: socket.display().to_string(),
+                        source,
+                    },
+                )?;
+                (Some(l), Some(bound))
+            }
+            Mode::Client => (None, None),
         };
         let id = reactor.next_id();
         reactor.add(reactor::PortSetup {
@@ -603,6 +609,7 @@ impl VhostUserPort {
             mode,
             id,
             reactor: reactor.clone(),
+            bound,
         })
     }
 
@@ -651,15 +658,23 @@ impl VhostUserPort {
     }
 }
 
-/// Binds a non-blocking listener on `socket`, replacing a stale socket file. The socket is
-/// mode 0660 whatever the umask (created under a 0177 umask, so never more open than 0600
-/// before the chmod), in group `gid` if given ([`Settings::socket_group`]).
-fn listen(socket: &Path, gid: Option<u32>) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+/// Binds a non-blocking listener on `socket`, replacing a stale socket file (one nobody
+/// listens on); a live socket is another service's and is left alone (`AddrInUse`). The
+/// socket is mode 0660 whatever the umask (created under a 0177 umask, so never more open
+/// than 0600 before the chmod), in group `gid` if given ([`Settings::socket_group`]).
+/// Returns the listener and the bound file's (device, inode).
+fn listen(socket: &Path, gid: Option<u32>) -> std::io::Result<(UnixListener, (u64, u64))> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)?;
     }
     if std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
+        if UnixStream::connect(socket).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "a live socket is already there (another service's); refusing to replace it",
+            ));
+        }
         std::fs::remove_file(socket)?;
     }
     let old = qswitch_sys::thread::set_umask(0o177);
@@ -677,14 +692,19 @@ fn listen(socket: &Path, gid: Option<u32>) -> std::io::Result<UnixListener> {
         return Err(e);
     }
     l.set_nonblocking(true)?;
-    Ok(l)
+    let m = std::fs::symlink_metadata(socket)?;
+    Ok((l, (m.dev(), m.ino())))
 }
 
 impl Drop for VhostUserPort {
     fn drop(&mut self) {
         self.reactor.remove(self.id);
         self.dev.disconnect();
-        if self.mode == Mode::Server {
+        // Only the file this port bound: never one that replaced it since.
+        use std::os::unix::fs::MetadataExt;
+        let ours = std::fs::symlink_metadata(&self.socket)
+            .is_ok_and(|m| self.bound == Some((m.dev(), m.ino())));
+        if self.mode == Mode::Server && ours {
             let _ = std::fs::remove_file(&self.socket);
         }
     }
