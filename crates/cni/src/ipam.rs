@@ -2,10 +2,12 @@
 //! plugin's own environment (`CNI_COMMAND` and the attachment overridable, for GC) and the
 //! whole network config on stdin, its stderr passed through.
 //!
-//! Debian 12's reference plugins (1.1.1) speak up to spec 1.0.0. An IPAM plugin that refuses
-//! the config's version with code 1 while the config is 1.1.0 is asked again with
-//! `cniVersion` 1.0.0, whose IPAM result is the same; STATUS and GC (1.1.0 only) are sent to
-//! it only when its VERSION lists 1.1.0, and GC then releases stale attachments with DEL.
+//! Debian 12's reference plugins (1.1.1) speak up to spec 1.0.0. ADD, DEL and CHECK of a
+//! 1.1.0 config go to the IPAM plugin as `cniVersion` 1.0.0 (the commands and the IPAM
+//! result are the same in both; a plugin that speaks 1.1.0 speaks 1.0.0 too), and only if it
+//! refuses that with code 1 as 1.1.0: one process start per call with the reference plugins,
+//! not a refused one first (ADD latency). STATUS and GC (1.1.0 only) are sent to it only when
+//! its VERSION lists 1.1.0, and GC then releases stale attachments with DEL.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -110,11 +112,13 @@ pub fn run(input: &Input, call: Call<'_>) -> Result<Value> {
     let Some(ipam) = &input.conf.ipam else {
         return Ok(Value::Null);
     };
-    let out = match exec(&ipam.kind, call, &input.raw) {
-        Err(e) if e.code == Code::IncompatibleVersion && input.version == Version::V1_1_0 => {
-            exec(&ipam.kind, call, &with_version(input, "1.0.0"))?
+    let out = if input.version == Version::V1_1_0 {
+        match exec(&ipam.kind, call, &with_version(input, "1.0.0")) {
+            Err(e) if e.code == Code::IncompatibleVersion => exec(&ipam.kind, call, &input.raw)?,
+            r => r?,
         }
-        r => r?,
+    } else {
+        exec(&ipam.kind, call, &input.raw)?
     };
     if call.command != "ADD" {
         return Ok(Value::Null);

@@ -88,7 +88,8 @@ fn in_netns<T: Send>(netns: Option<&Path>, f: impl FnOnce() -> T + Send) -> Resu
 pub fn exists(netns: Option<&Path>, name: &str) -> Result<bool> {
     match netns {
         None => Ok(Path::new("/sys/class/net").join(name).exists()),
-        Some(_) => Ok(ip(netns, &["-o", "link", "show", "dev", name]).is_ok()),
+        // The index lookup on the namespace's thread: no `ip` process to start.
+        Some(_) => Ok(in_netns(netns, || qswitch_sys::xdp::ifindex(name))?.is_ok()),
     }
 }
 

@@ -342,19 +342,20 @@ pub fn add(input: &Input) -> Result<Value> {
             add_veth_link_first(input, &att, &netns, &names, &mac)
         }
         Mode::Veth => {
-            // The IPAM plugin and the veth pair do not depend on each other: both at once
-            // (ADD latency is mostly processes starting).
-            let (ipam, pair) = std::thread::scope(|s| {
+            // IPAM does not depend on the pair nor the port, and the port only on the pair:
+            // IPAM beside both (ADD latency is mostly processes starting and the kernel
+            // attaching the port's programs).
+            let (ipam, port) = std::thread::scope(|s| {
                 let ipam = s.spawn(|| ipam::run(input, add));
-                let pair = create_pair(input, &att, &netns, &names, &mac);
-                (ipam.join().expect("the IPAM thread does not panic"), pair)
+                let port = add_pair_and_port(input, &att, &netns, &names, &mac);
+                (ipam.join().expect("the IPAM thread does not panic"), port)
             });
-            match (ipam, pair) {
+            match (ipam, port) {
                 (Ok(ipam), Ok(())) => add_veth(input, &att, &netns, &names, &mac, &ipam),
                 (Ok(_), Err(e)) => Err(e),
-                (Err(e), pair) => {
-                    if pair.is_ok() {
-                        let _ = link::delete(&names.host);
+                (Err(e), port) => {
+                    if port.is_ok() {
+                        undo_veth(input, &names);
                     }
                     Err(e)
                 }
@@ -408,9 +409,42 @@ fn create_pair(
     )
 }
 
-/// After [`create_pair`] and IPAM: the container's interface configured and the port added
-/// (at once: neither needs the other); the host veth deleted (and the port removed) when
-/// either fails.
+/// What port security allows until IPAM has answered: the unspecified address only (which
+/// it allows anyway), so nothing; an empty list would allow any source.
+const NO_ADDRESS: &str = "0.0.0.0";
+
+/// [`create_pair`], then the port, with port security allowing no address yet (see
+/// [`NO_ADDRESS`]); the pair deleted when the port cannot be added.
+fn add_pair_and_port(
+    input: &Input,
+    att: &Attachment,
+    netns: &Path,
+    names: &Names,
+    mac: &str,
+) -> Result<()> {
+    create_pair(input, att, netns, names, mac)?;
+    let port = port_config(input, att, names, mac, &[NO_ADDRESS.to_string()])
+        .and_then(|port| daemon(&input.conf.control(), &Request::PortAdd { port }));
+    if port.is_err() {
+        let _ = link::delete(&names.host);
+    }
+    port.map(drop)
+}
+
+/// Removes the port and the host veth (and with it the container's end).
+fn undo_veth(input: &Input, names: &Names) {
+    let _ = daemon(
+        &input.conf.control(),
+        &Request::PortDel {
+            name: names.port.clone(),
+        },
+    );
+    let _ = link::delete(&names.host);
+}
+
+/// After [`add_pair_and_port`] and IPAM: the container's interface configured and, with port
+/// security, the port's allowed addresses set to IPAM's (at once: neither needs the other);
+/// the port and the host veth removed when either fails.
 fn add_veth(
     input: &Input,
     att: &Attachment,
@@ -420,8 +454,6 @@ fn add_veth(
     ipam: &Value,
 ) -> Result<Value> {
     let ifname = att.ifname.as_str();
-    let host = &names.host;
-    let control = input.conf.control();
     let done = netns_script(ifname, ipam).and_then(|script| {
         let (configured, port) = std::thread::scope(|s| {
             let configured = s.spawn(|| {
@@ -431,28 +463,37 @@ fn add_veth(
                     &script,
                 )
             });
-            let port = port_config(input, att, names, mac, &ipam_addrs(ipam))
-                .and_then(|port| daemon(&control, &Request::PortAdd { port }));
+            let port = allow_addresses(input, names, ipam);
             (
                 configured.join().expect("the netns thread does not panic"),
                 port,
             )
         });
-        if let (Err(_), Ok(_)) = (&configured, &port) {
-            let _ = daemon(
-                &control,
-                &Request::PortDel {
-                    name: names.port.clone(),
-                },
-            );
-        }
         configured.and(port)
     });
     if let Err(e) = done {
-        let _ = link::delete(host);
+        undo_veth(input, names);
         return Err(e);
     }
     Ok(veth_result(input, att, netns, names, mac, ipam))
+}
+
+/// With port security: the port's allowed addresses become IPAM's.
+fn allow_addresses(input: &Input, names: &Names, ipam: &Value) -> Result<()> {
+    if !input.conf.port_security {
+        return Ok(());
+    }
+    let addrs = ipam_addrs(ipam);
+    let update = serde_json::from_value(json!({ "ips": security_ips(&addrs) }))
+        .map_err(|e| failed("IPAM returned an unusable address", e.to_string()))?;
+    daemon(
+        &input.conf.control(),
+        &Request::PortSet {
+            name: names.port.clone(),
+            update,
+        },
+    )
+    .map(drop)
 }
 
 /// ADD for an IPAM plugin that needs the link ([`ipam_needs_link`]), in the order the
@@ -491,18 +532,7 @@ fn add_veth_link_first(
             &format!("cannot configure {ifname} in the container"),
             &netns_script(ifname, &ipam)?,
         )?;
-        if input.conf.port_security {
-            let addrs = ipam_addrs(&ipam);
-            let update = serde_json::from_value(json!({ "ips": security_ips(&addrs) }))
-                .map_err(|e| failed("IPAM returned an unusable address", e.to_string()))?;
-            daemon(
-                &control,
-                &Request::PortSet {
-                    name: names.port.clone(),
-                    update,
-                },
-            )?;
-        }
+        allow_addresses(input, names, &ipam)?;
         Ok(ipam)
     })();
     match done {

@@ -43,6 +43,7 @@ use crate::run::Run;
 
 mod affinity;
 mod bypass;
+mod cni;
 mod gen;
 mod multiqueue;
 mod overlay;
@@ -58,7 +59,7 @@ mod uplink;
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
-    /// uplink, soak, overlay, scale).
+    /// uplink, soak, overlay, scale, cni).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -187,6 +188,12 @@ const SCENARIOS: &[Scenario] = &[
         name: "uplink",
         about: "peer netns -> veth -> afxdp uplink (native, packet) -> TAP netns vs Linux bridge; TCP 1 and 4 streams, 64 B Mpps",
         run: uplink::run,
+        only: true,
+    },
+    Scenario {
+        name: "cni",
+        about: "pod -> pod iperf3 TCP, pods attached with cnitool: qswitch-cni (veth) vs the reference bridge plugin; 1 and 4 streams",
+        run: cni::run,
         only: true,
     },
 ];

@@ -155,6 +155,15 @@ pub fn ensure_tool(tool: &str, package: &str) -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!("installing {package} (for {tool}) with apt-get ...");
+    ensure_package(package)?;
+    if !have(tool) {
+        bail!("{tool} is still missing after installing {package}");
+    }
+    Ok(())
+}
+
+/// Installs Debian `package` with apt-get (after `apt-get update` if the first try fails).
+pub fn ensure_package(package: &str) -> anyhow::Result<()> {
     let install = || {
         Command::new("apt-get")
             .args(["install", "-y", "-qq", package])
@@ -170,9 +179,6 @@ pub fn ensure_tool(tool: &str, package: &str) -> anyhow::Result<()> {
         if !install().is_ok_and(|s| s.success()) {
             bail!("cannot install {package}; install it by hand (apt-get install {package})");
         }
-    }
-    if !have(tool) {
-        bail!("{tool} is still missing after installing {package}");
     }
     Ok(())
 }

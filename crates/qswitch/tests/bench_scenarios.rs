@@ -1,5 +1,5 @@
 //! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`,
-//! `multiqueue`, `tap-tcp` (two queues per TAP, and its references) and `uplink` bench
+//! `multiqueue`, `tap-tcp` (two queues per TAP, and its references), `uplink` and `cni` bench
 //! scenarios (root): each writes its JSON with per-second
 //! records and a summary, and an SVG, and leaves no namespace (nor DPDK runtime directory)
 //! behind. Timings are never asserted.
@@ -232,4 +232,65 @@ fn uplink_native_and_bridge_write_results() {
         })
         .unwrap_or_default();
     assert!(dpdk.is_empty(), "left DPDK runtime dirs {dpdk:?}");
+}
+
+/// `bench cni`, one short round: pods attached with cnitool to qswitch-cni and to the
+/// reference bridge plugin, 1 and 4 streams, the ratios, and nothing left behind (namespaces,
+/// the bridge plugin's bridge, host-local's store is in the run's directory).
+#[test]
+fn cni_writes_results() {
+    let plugin = std::path::Path::new(QSWITCH).with_file_name("qswitch-cni");
+    if !root_or_skip()
+        || !cpus_or_skip(2)
+        || !require(
+            plugin.is_file(),
+            "no qswitch-cni beside qswitch (cargo build --release -p qswitch-cni)",
+        )
+        || !require(
+            have_tool("cnitool", &["--help"]),
+            "no cnitool (go install github.com/containernetworking/cni/cnitool@v1.3.1)",
+        )
+    {
+        return;
+    }
+    let dir = TempDir::new("bench-cni");
+    let log = dir.join("cni.out");
+    let child = Command::new(QSWITCH)
+        .args(["bench", "cni", "--runs", "1", "--seconds", "1", "--out"])
+        .arg(dir.path())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let pid = child.pid();
+    let status = child.wait_timeout(Duration::from_secs(180));
+    let stdout = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
+    assert!(!stdout.contains("panicked"), "{stdout}");
+    for s in [1, 4] {
+        assert!(
+            stdout.contains(&format!(
+                "RESULT cni qswitch-cni-{s}/bridge-cni-{s} gbps_ratio="
+            )),
+            "{stdout}"
+        );
+    }
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cni.json")).unwrap()).unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{json}");
+    assert!(runs
+        .iter()
+        .all(|r| !r["samples"].as_array().unwrap().is_empty()));
+    assert!(std::fs::read_to_string(dir.join("cni.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+    let left = namespaces_of(pid);
+    assert!(left.is_empty(), "left namespaces {left:?}");
+    let bridge = format!("/sys/class/net/qsbc{}", pid % 10_000);
+    assert!(
+        !std::path::Path::new(&bridge).exists(),
+        "left the bridge {bridge}"
+    );
 }
