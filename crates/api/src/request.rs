@@ -102,6 +102,7 @@ impl Request {
             Request::PortAdd { .. }
             | Request::PortDel { .. }
             | Request::PortSet { .. }
+            | Request::PortEnable { .. }
             | Request::PlacementPin { .. }
             | Request::PlacementMode { .. }
             | Request::QosSet { .. }
@@ -117,6 +118,7 @@ impl Request {
             Request::PortAdd { .. } => "port add",
             Request::PortDel { .. } => "port del",
             Request::PortSet { .. } => "port set",
+            Request::PortEnable { .. } => "port enable",
             Request::Fdb => "fdb",
             Request::Stats => "stats",
             Request::Rss { .. } => "rss",
