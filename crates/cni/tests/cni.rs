@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qswitch_test_support::{
-    counter, port_names, qs_json, require, root_or_skip, run_timeout, wait_until, Daemon, Netns,
-    Out, TempDir,
+    counter, port_names, qs_json, require, root_or_skip, run_timeout, wait_until, DaemonChild,
+    Netns, Out, TempDir,
 };
 use serde_json::{json, Value};
 
@@ -45,7 +45,7 @@ fn can_run() -> bool {
 struct Lab {
     n: u8,
     dir: TempDir,
-    daemon: Option<Daemon>,
+    daemon: Option<DaemonChild>,
     daemon_text: String,
     control: PathBuf,
     cni_path: String,
@@ -72,7 +72,7 @@ impl Lab {
             "[switch]\nworkers = \"{workers}\"\ncontrol = \"{}\"\n{extra_ports}",
             control.display()
         );
-        let daemon = Daemon::start(dir.path(), "qswitch", &daemon_text, &control);
+        let daemon = DaemonChild::start(dir.path(), "qswitch", &daemon_text, &control);
         Lab {
             n,
             ipam_dir: dir.join("ipam"),
@@ -241,7 +241,7 @@ impl Lab {
         if let Some(mut d) = self.daemon.take() {
             d.terminate(Duration::from_secs(10));
         }
-        self.daemon = Some(Daemon::start(
+        self.daemon = Some(DaemonChild::start(
             self.dir.path(),
             "qswitch",
             &self.daemon_text,

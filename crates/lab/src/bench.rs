@@ -36,7 +36,7 @@ use qswitch_api::request::Rates;
 use qswitch_api::{Request, Response};
 use serde::Serialize;
 
-use crate::netns::{self, Daemon, Link, Netns};
+use crate::netns::{self, LabDaemon, Link, Netns};
 use crate::plot::{self, Series};
 use crate::procstat;
 use crate::run::Run;
@@ -558,7 +558,7 @@ pub trait Topology {
     /// The server's address.
     fn server_addr(&self) -> &str;
     /// The qswitch daemon in the path, if any (for per-second worker stats).
-    fn daemon(&self) -> Option<&Daemon> {
+    fn daemon(&self) -> Option<&LabDaemon> {
         None
     }
 }
@@ -594,7 +594,7 @@ pub fn iperf_run_with(
     b.sleep(Duration::from_secs(1))?;
     let idle_busy_cpus = procstat::busy_cpus(idle_from, procstat::cpu_jiffies());
 
-    let first_stats = topo.daemon().map(Daemon::stats).transpose()?;
+    let first_stats = topo.daemon().map(LabDaemon::stats).transpose()?;
     let mut client = netns::iperf3_client_with(topo.client(), addr, seconds, streams, extra)?;
     let cpu_from = procstat::cpu_jiffies();
     let t0 = Instant::now();
@@ -733,7 +733,7 @@ pub use crate::topology::RemoveDir;
 /// Two namespaces joined by qswitch: TAP `qsbA<n>` ↔ port a ↔ workers ↔ port b ↔ TAP `qsbB<n>`.
 /// Field order is drop order: the daemon stops before its namespaces go.
 struct QswitchTopo {
-    daemon: Daemon,
+    daemon: LabDaemon,
     a: Netns,
     b: Netns,
     _dir: RemoveDir,
@@ -749,7 +749,7 @@ impl Topology for QswitchTopo {
     fn server_addr(&self) -> &str {
         "10.98.0.2"
     }
-    fn daemon(&self) -> Option<&Daemon> {
+    fn daemon(&self) -> Option<&LabDaemon> {
         Some(&self.daemon)
     }
 }
@@ -773,7 +773,7 @@ fn setup_qswitch_queues(id: u32, workers: &str, queues: u16) -> anyhow::Result<Q
     );
     let a = Netns::create(&format!("qsbench-qs-a-{id}"))?;
     let b = Netns::create(&format!("qsbench-qs-b-{id}"))?;
-    let daemon = Daemon::start(&dir.0, &text)?;
+    let daemon = LabDaemon::start(&dir.0, &text)?;
     let topo = QswitchTopo {
         daemon,
         a,
@@ -834,7 +834,7 @@ fn setup_bridge(id: u32) -> anyhow::Result<BridgeTopo> {
 /// `qsvB<n>`↔`qspB<n>` whose root-namespace ends are the daemon's ports `a` and `b`, with
 /// the kernel fast path (see `qswitch_dp::port::veth`). Field order is drop order.
 struct VethTopo {
-    daemon: Daemon,
+    daemon: LabDaemon,
     _veth_a: Link,
     _veth_b: Link,
     a: Netns,
@@ -852,7 +852,7 @@ impl Topology for VethTopo {
     fn server_addr(&self) -> &str {
         "10.98.4.2"
     }
-    fn daemon(&self) -> Option<&Daemon> {
+    fn daemon(&self) -> Option<&LabDaemon> {
         Some(&self.daemon)
     }
 }
@@ -896,7 +896,7 @@ fn setup_veth(id: u32, workers: &str) -> anyhow::Result<VethTopo> {
          [[port]]\nname = \"b\"\ntype = \"veth\"\nifname = \"{vb}\"\n",
         control.display()
     );
-    let daemon = Daemon::start(&dir.0, &text)?;
+    let daemon = LabDaemon::start(&dir.0, &text)?;
     Ok(VethTopo {
         daemon,
         _veth_a: veth_a,
@@ -1015,7 +1015,7 @@ fn setup_redirect(id: u32) -> anyhow::Result<RedirectTopo> {
 }
 
 /// What qswitch reports of its first port (its offloads and queues, for the record).
-fn first_port(d: &Daemon) -> Option<qswitch_api::request::PortInfo> {
+fn first_port(d: &LabDaemon) -> Option<qswitch_api::request::PortInfo> {
     match qswitch_api::client::call(&d.control, &Request::PortList).ok()? {
         Response::Ports { ports } => ports.into_iter().next(),
         _ => None,

@@ -192,15 +192,15 @@ pub fn require_root(what: &str) -> anyhow::Result<()> {
 }
 
 /// A `qswitch run` child on a generated config, stopped (SIGTERM) on drop.
-pub struct Daemon {
+pub struct LabDaemon {
     pub control: PathBuf,
     child: ChildGuard,
 }
 
-impl Daemon {
+impl LabDaemon {
     /// Writes `config_text` next to the control socket path and starts the daemon; returns when
     /// the control socket answers.
-    pub fn start(dir: &Path, config_text: &str) -> anyhow::Result<Daemon> {
+    pub fn start(dir: &Path, config_text: &str) -> anyhow::Result<LabDaemon> {
         std::fs::create_dir_all(dir)?;
         let config = dir.join("qswitch.toml");
         std::fs::write(&config, config_text)?;
@@ -219,7 +219,7 @@ impl Daemon {
             .stdin(Stdio::null())
             .spawn()
             .context("cannot start qswitch run")?;
-        let mut d = Daemon {
+        let mut d = LabDaemon {
             control,
             child: ChildGuard(Some(child)),
         };

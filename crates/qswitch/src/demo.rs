@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use qswitch_lab::netns::{self, Daemon, Netns};
+use qswitch_lab::netns::{self, LabDaemon, Netns};
 use qswitch_lab::procstat;
 use qswitch_lab::topology::{config, worker_cpus, RemoveDir};
 
@@ -47,7 +47,7 @@ pub fn run(seconds: u32, streams: u32) -> anyhow::Result<()> {
     // Namespaces first: locals drop in reverse, so the switch stops before they go.
     let ns_a = Netns::create(&format!("qsdemo-a-{id}"))?;
     let ns_b = Netns::create(&format!("qsdemo-b-{id}"))?;
-    let mut daemon = Daemon::start(&dir, &text)?;
+    let mut daemon = LabDaemon::start(&dir, &text)?;
     let result = (|| {
         ns_a.adopt(&tap_a, "10.99.0.1/24")?;
         ns_b.adopt(&tap_b, "10.99.0.2/24")?;
@@ -60,7 +60,7 @@ pub fn run(seconds: u32, streams: u32) -> anyhow::Result<()> {
 }
 
 fn traffic(
-    daemon: &Daemon,
+    daemon: &LabDaemon,
     ns_a: &Netns,
     ns_b: &Netns,
     seconds: u32,

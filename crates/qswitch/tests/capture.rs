@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{
     counter, first_cpu, have_tool, qs, request, require, run_timeout, wait_until, ChildGuard,
-    Daemon, TempDir, QSWITCH,
+    DaemonChild, TempDir, QSWITCH,
 };
 
 const SINK2: &str = "[[port]]\nname = \"g2\"\ntype = \"gen\"\nmac = \"02:00:00:00:00:02\"\n";
@@ -28,19 +28,19 @@ fn tcpdump_or_skip() -> bool {
     )
 }
 
-fn start(dir: &TempDir, ports: &str) -> Daemon {
+fn start(dir: &TempDir, ports: &str) -> DaemonChild {
     let control = dir.join("c.sock");
     let text = format!(
         "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nfdb_aging = 60\n{ports}",
         first_cpu(),
         control.display()
     );
-    Daemon::start(dir.path(), "qs", &text, &control)
+    DaemonChild::start(dir.path(), "qs", &text, &control)
 }
 
 /// Adds a generator port `name` (MAC ..:0`n`) sending `count` frames (0: for ever) to
 /// `dst` at `rate` frames/s.
-fn add_generator(d: &Daemon, name: &str, n: u8, dst: &str, rate: u64, count: u64) {
+fn add_generator(d: &DaemonChild, name: &str, n: u8, dst: &str, rate: u64, count: u64) {
     let line = format!(
         "{{\"request\":\"port-add\",\"port\":{{\"name\":\"{name}\",\"type\":\"gen\",\
          \"mac\":\"02:00:00:00:00:0{n}\",\"generate\":{{\"dst\":\"{dst}\",\"size\":64,\
@@ -52,7 +52,7 @@ fn add_generator(d: &Daemon, name: &str, n: u8, dst: &str, rate: u64, count: u64
 
 /// Starts `qswitch capture args` in the background and waits until the daemon has
 /// attached the tap.
-fn spawn_capture(d: &Daemon, args: &[&str]) -> ChildGuard {
+fn spawn_capture(d: &DaemonChild, args: &[&str]) -> ChildGuard {
     let before = d.log_text().matches("capture started").count();
     let child = Command::new(QSWITCH)
         .arg("--control")

@@ -11,8 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    counter, first_cpu, link_exists, port_names, qs, qs_json, request, run_timeout, Daemon, Out,
-    TempDir, CMD_TIMEOUT, QSWITCH,
+    counter, first_cpu, link_exists, port_names, qs, qs_json, request, run_timeout, DaemonChild,
+    Out, TempDir, CMD_TIMEOUT, QSWITCH,
 };
 use serde_json::Value;
 
@@ -212,7 +212,7 @@ fn closed_stdout_ends_quietly() {
     let ports: String = (0..20)
         .map(|i| format!("[[port]]\nname = \"g{i}\"\ntype = \"gen\"\n"))
         .collect();
-    let _daemon = Daemon::start(
+    let _daemon = DaemonChild::start(
         dir.path(),
         "d",
         &config(&control, "0", "", &ports),
@@ -372,7 +372,7 @@ fn assert_error_exit(out: &Out, needle: &str) {
 fn daemon_with_gen_ports_serves_the_cli() {
     let dir = TempDir::new("gen");
     let control = dir.join("control.sock");
-    let daemon = Daemon::start(dir.path(), "gen", &gen_config(&control), &control);
+    let daemon = DaemonChild::start(dir.path(), "gen", &gen_config(&control), &control);
 
     // The socket: a socket file, mode 0600.
     let meta = std::fs::metadata(&control).unwrap();
@@ -486,7 +486,7 @@ fn second_daemon_on_same_socket_fails_and_sigterm_stops() {
     let dir = TempDir::new("twice");
     let control = dir.join("control.sock");
     let text = gen_config(&control);
-    let mut first = Daemon::start(dir.path(), "first", &text, &control);
+    let mut first = DaemonChild::start(dir.path(), "first", &text, &control);
 
     let out = run_config(&dir.join("first.toml"));
     out.assert_no_panic();
@@ -513,14 +513,14 @@ fn stale_socket_is_replaced() {
     let dir = TempDir::new("stale");
     let control = dir.join("control.sock");
     let text = gen_config(&control);
-    let mut old = Daemon::start(dir.path(), "old", &text, &control);
+    let mut old = DaemonChild::start(dir.path(), "old", &text, &control);
     old.kill();
     let meta = std::fs::metadata(&control).expect("SIGKILL leaves the socket file");
     assert!(meta.file_type().is_socket());
     let out = qs(&control, &["port", "list"]);
     assert_error_exit(&out, "no qswitch daemon");
 
-    let mut new = Daemon::start(dir.path(), "new", &text, &control);
+    let mut new = DaemonChild::start(dir.path(), "new", &text, &control);
     let pong = request(&control, b"{\"request\":\"ping\"}\n").unwrap();
     assert_eq!(pong["pid"].as_u64(), Some(u64::from(new.pid())));
     assert_eq!(port_names(&control), ["g2", "g1"]);
@@ -558,7 +558,7 @@ fn raw_exchange(control: &Path, bytes: &[u8], shutdown_write: bool) -> Value {
 fn garbage_on_control_socket_gets_error_and_daemon_keeps_serving() {
     let dir = TempDir::new("garbage");
     let control = dir.join("control.sock");
-    let mut daemon = Daemon::start(dir.path(), "garbage", &gen_config(&control), &control);
+    let mut daemon = DaemonChild::start(dir.path(), "garbage", &gen_config(&control), &control);
     let before = port_names(&control);
 
     let cases: &[(&str, Vec<u8>, bool)] = &[
@@ -607,7 +607,7 @@ fn garbage_on_control_socket_gets_error_and_daemon_keeps_serving() {
 fn non_utf8_request_gets_error_response() {
     let dir = TempDir::new("binary");
     let control = dir.join("control.sock");
-    let mut daemon = Daemon::start(dir.path(), "binary", &gen_config(&control), &control);
+    let mut daemon = DaemonChild::start(dir.path(), "binary", &gen_config(&control), &control);
     let reply = raw_exchange(&control, &[0xff, 0xfe, 0x00, 0x01, b'\n'], false);
     assert_eq!(reply["response"], "error", "{reply}");
     assert!(daemon.running());
@@ -619,7 +619,7 @@ fn non_utf8_request_gets_error_response() {
 fn silent_client_does_not_stall_control_socket() {
     let dir = TempDir::new("silent");
     let control = dir.join("control.sock");
-    let _daemon = Daemon::start(dir.path(), "silent", &gen_config(&control), &control);
+    let _daemon = DaemonChild::start(dir.path(), "silent", &gen_config(&control), &control);
     let _silent = UnixStream::connect(&control).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let t = Instant::now();
@@ -644,7 +644,7 @@ fn generator_before_sink_loses_nothing_uncounted() {
         "",
         &format!("{GENERATOR}{SINK}"),
     );
-    let daemon = Daemon::start(dir.path(), "order", &text, &control);
+    let daemon = DaemonChild::start(dir.path(), "order", &text, &control);
     let deadline = Instant::now() + Duration::from_secs(5);
     let stats = loop {
         let s = daemon.stats();
@@ -679,7 +679,7 @@ fn regular_file_at_control_path_is_not_deleted() {
     let text = config(&control, &first_cpu().to_string(), "", SINK);
     let path = dir.join("regular.toml");
     std::fs::write(&path, text).unwrap();
-    let mut daemon = Daemon::spawn(&path, &control, &dir.join("regular.log"));
+    let mut daemon = DaemonChild::spawn(&path, &control, &dir.join("regular.log"));
     let exited = daemon.child.wait_timeout(Duration::from_secs(2));
     let content = std::fs::read_to_string(&control).ok();
     drop(daemon);

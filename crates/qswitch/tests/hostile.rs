@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{first_cpu, port_names, request, Daemon, TempDir};
+use common::{first_cpu, port_names, request, DaemonChild, TempDir};
 
 fn gen_config(control: &Path) -> String {
     format!(
@@ -38,7 +38,7 @@ fn cli_answers_quickly(control: &Path, when: &str) {
 fn dripping_clients_do_not_lock_out_the_cli() {
     let dir = TempDir::new("drip");
     let control = dir.join("control.sock");
-    let mut daemon = Daemon::start(dir.path(), "drip", &gen_config(&control), &control);
+    let mut daemon = DaemonChild::start(dir.path(), "drip", &gen_config(&control), &control);
     let mut drippers: Vec<UnixStream> = (0..32)
         .map(|_| {
             let s = UnixStream::connect(&control).unwrap();
@@ -90,7 +90,7 @@ fn dripping_clients_do_not_lock_out_the_cli() {
 fn failed_connections_do_not_leak_slots() {
     let dir = TempDir::new("leak");
     let control = dir.join("control.sock");
-    let mut daemon = Daemon::start(dir.path(), "leak", &gen_config(&control), &control);
+    let mut daemon = DaemonChild::start(dir.path(), "leak", &gen_config(&control), &control);
     for k in 0..300 {
         let s = UnixStream::connect(&control).unwrap();
         match k % 3 {
@@ -145,7 +145,7 @@ fn vhost_sockets_are_0660_in_the_configured_group() {
         sock.display()
     );
     let old = qswitch_sys::thread::set_umask(0);
-    let _daemon = Daemon::start(dir.path(), "perm", &text, &control);
+    let _daemon = DaemonChild::start(dir.path(), "perm", &text, &control);
     qswitch_sys::thread::set_umask(old);
     let b = dir.join("b.sock");
     common::qs(
@@ -208,7 +208,7 @@ fn f7_control_group_reads_and_only_admins_change() {
         first_cpu(),
         control.display()
     );
-    let mut daemon = Daemon::start(dir.path(), "f7", &text, &control);
+    let mut daemon = DaemonChild::start(dir.path(), "f7", &text, &control);
     // Another service's live socket in the socket directory.
     let victim = run.join("victim.sock");
     let service = UnixListener::bind(&victim).unwrap();
@@ -387,7 +387,7 @@ fn f8_captures_are_capped_bounded_and_end_with_their_port_or_a_stalled_client() 
              generate = {{ dst = \"ff:ff:ff:ff:ff:ff\", size = 512, rate = 2000 }}\n"
         ));
     }
-    let mut daemon = Daemon::start(dir.path(), "f8c", &text, &control);
+    let mut daemon = DaemonChild::start(dir.path(), "f8c", &text, &control);
     let pid = daemon.pid();
     // Eight clients that take the first answer and then nothing.
     let stalled: Vec<UnixStream> = (0..8)

@@ -171,7 +171,7 @@ fn metrics_parse_and_every_counter_counts() {
     let dir = TempDir::new("http-metrics");
     let control = dir.join("control.sock");
     let addr = free_addr();
-    let _daemon = Daemon::start(dir.path(), "m", &config(&control, addr, 5000), &control);
+    let _daemon = DaemonChild::start(dir.path(), "m", &config(&control, addr, 5000), &control);
     wait_points(addr, 2);
 
     let (status, text) = get(addr, "/metrics");
@@ -247,7 +247,7 @@ fn json_api_and_bad_clients() {
     let dir = TempDir::new("http-api");
     let control = dir.join("control.sock");
     let addr = free_addr();
-    let mut daemon = Daemon::start(dir.path(), "a", &config(&control, addr, 2000), &control);
+    let mut daemon = DaemonChild::start(dir.path(), "a", &config(&control, addr, 2000), &control);
     let series = wait_points(addr, 2);
     assert_eq!(series["capacity"], 900);
     let p = series["points"].as_array().unwrap().last().unwrap().clone();
@@ -365,7 +365,7 @@ fn qos_settings_and_allocations_reach_the_series() {
     let control = dir.join("control.sock");
     let addr = free_addr();
     let cfg = qos_config(&control, addr, 20_000);
-    let mut daemon = Daemon::start(dir.path(), "q", &cfg, &control);
+    let mut daemon = DaemonChild::start(dir.path(), "q", &cfg, &control);
     let series = wait_points(addr, 2);
     let rows = series["qos"]
         .as_array()
@@ -484,7 +484,7 @@ fn dashboard_in_headless_chromium() {
     let dir = TempDir::new("http-browser");
     let control = dir.join("control.sock");
     let addr = free_addr();
-    let _daemon = Daemon::start(
+    let _daemon = DaemonChild::start(
         dir.path(),
         "b",
         &qos_config(&control, addr, 20_000),
@@ -544,7 +544,7 @@ fn never_finishing_clients_do_not_starve_metrics() {
     let dir = TempDir::new("http-slowloris");
     let control = dir.join("control.sock");
     let addr = free_addr();
-    let mut daemon = Daemon::start(dir.path(), "s", &config(&control, addr, 100), &control);
+    let mut daemon = DaemonChild::start(dir.path(), "s", &config(&control, addr, 100), &control);
     assert_eq!(get(addr, "/metrics").0, 200);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let attacker = {
@@ -599,7 +599,7 @@ fn foreign_host_header_is_refused() {
     let dir = TempDir::new("http-host");
     let control = dir.join("control.sock");
     let addr = free_addr();
-    let mut daemon = Daemon::start(dir.path(), "h", &config(&control, addr, 100), &control);
+    let mut daemon = DaemonChild::start(dir.path(), "h", &config(&control, addr, 100), &control);
     let with_host = |a: SocketAddr, host: &str| {
         get_raw(
             a,
@@ -626,7 +626,7 @@ fn foreign_host_header_is_refused() {
         "[switch]\n",
         "[switch]\nhttp_hosts = [\"switch.example\"]\n",
     );
-    let mut daemon = Daemon::start(dir.path(), "h2", &text, &control);
+    let mut daemon = DaemonChild::start(dir.path(), "h2", &text, &control);
     assert_eq!(with_host(local, "switch.example"), 200);
     assert_eq!(with_host(local, "SWITCH.example.:80"), 200);
     assert_eq!(with_host(local, "attacker.example"), 421);
@@ -657,7 +657,7 @@ fn series_is_bounded_in_bytes_and_paged() {
              mac = \"02:00:00:00:02:{k:02x}\"\n"
         ));
     }
-    let mut daemon = Daemon::start(dir.path(), "wide", &text, &control);
+    let mut daemon = DaemonChild::start(dir.path(), "wide", &text, &control);
     let series = wait_points(addr, 3);
     let max = series["max_bytes"].as_u64().expect("max_bytes");
     let held = series["bytes"].as_u64().expect("bytes");

@@ -63,7 +63,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use common::{request, run_timeout, worker_cpus, ChildGuard, Daemon, TempDir};
+use common::{request, run_timeout, worker_cpus, ChildGuard, DaemonChild, TempDir};
 use guest::{Accel, Guest, GuestConfig};
 use serde_json::Value;
 
@@ -552,7 +552,7 @@ fn domain_xml(spec: &Spec, cfg: &GuestConfig, g: &Guest, socket: &Path) -> Resul
 struct Lab {
     guests: Vec<Guest>,
     libvirt: Libvirtd,
-    daemon: Daemon,
+    daemon: DaemonChild,
     control: PathBuf,
     dir: TempDir,
     /// uid and gid of the QEMU user.
@@ -592,7 +592,7 @@ impl Lab {
         }
         let config = dir.join("qswitch.toml");
         std::fs::write(&config, &text)?;
-        let mut daemon = Daemon::spawn_logging(
+        let mut daemon = DaemonChild::spawn_logging(
             &config,
             &control,
             &dir.join("qswitch.log"),

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use common::{counter, qs_json, Daemon, Netns, TempDir};
+use common::{counter, qs_json, DaemonChild, Netns, TempDir};
 use common_guest::{Guest, GuestConfig, SocketMode};
 use serde_json::Value;
 
@@ -186,7 +186,7 @@ fn scenario(tag: u8, announce: bool) {
         dir.join("p2.sock").display(),
     );
     std::fs::write(dir.join("qswitch.toml"), &config).unwrap();
-    let mut daemon = Daemon::spawn_logging(
+    let mut daemon = DaemonChild::spawn_logging(
         &dir.join("qswitch.toml"),
         &control,
         &dir.join("qswitch.log"),
@@ -375,7 +375,7 @@ fn five_migrations_back_and_forth_keep_a_tcp_connection() {
         dir.join("p2.sock").display(),
     );
     std::fs::write(dir.join("qswitch.toml"), &config).unwrap();
-    let mut daemon = Daemon::spawn_logging(
+    let mut daemon = DaemonChild::spawn_logging(
         &dir.join("qswitch.toml"),
         &control,
         &dir.join("qswitch.log"),

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{first_cpu, port_names, qs, qs_json, worker_cpus, Daemon, TempDir};
+use common::{first_cpu, port_names, qs, qs_json, worker_cpus, DaemonChild, TempDir};
 use qswitch_api::{PortConfig, Request, Response};
 use serde_json::Value;
 
@@ -53,7 +53,7 @@ fn live_changes_survive_kill_9_and_dump_starts_the_same_switch() {
     let dir = TempDir::new("persist-kill9");
     let control = dir.join("control.sock");
     let text = config(&dir, &control, &worker_cpus(2));
-    let mut d = Daemon::start(dir.path(), "a", &text, &control);
+    let mut d = DaemonChild::start(dir.path(), "a", &text, &control);
     let cpu = first_cpu().to_string();
 
     qs(
@@ -73,7 +73,7 @@ fn live_changes_survive_kill_9_and_dump_starts_the_same_switch() {
 
     d.kill();
     // The socket file of a killed daemon stays; the next one replaces it (nobody listens).
-    let mut d = Daemon::start(dir.path(), "a", &text, &control);
+    let mut d = DaemonChild::start(dir.path(), "a", &text, &control);
     let names: BTreeSet<String> = port_names(&control).into_iter().collect();
     assert_eq!(
         names,
@@ -112,7 +112,7 @@ fn live_changes_survive_kill_9_and_dump_starts_the_same_switch() {
             &dir.join("state").display().to_string(),
             &dir.join("state2").display().to_string(),
         );
-    let _d2 = Daemon::start(dir.path(), "dumped", &text2, &control2);
+    let _d2 = DaemonChild::start(dir.path(), "dumped", &text2, &control2);
     let names2: BTreeSet<String> = port_names(&control2).into_iter().collect();
     assert_eq!(names2, names);
     let g1 = qos_of(&control2, "g1");
@@ -127,7 +127,7 @@ fn live_changes_survive_kill_9_and_dump_starts_the_same_switch() {
         "[[port]]\nname = \"g1\"\ntype = \"gen\"\nqos = { min = \"50M\" }\n",
     );
     assert_ne!(edited, text);
-    let _d3 = Daemon::start(dir.path(), "a", &edited, &control);
+    let _d3 = DaemonChild::start(dir.path(), "a", &edited, &control);
     let g1 = qos_of(&control, "g1");
     assert_eq!(g1["min"].as_u64(), Some(50_000_000), "{g1}");
     let names3: BTreeSet<String> = port_names(&control).into_iter().collect();
@@ -145,7 +145,7 @@ fn live_changes_the_file_could_not_hold_are_refused_and_the_restart_works() {
     let dir = TempDir::new("persist-uplink-rule");
     let control = dir.join("control.sock");
     let text = config(&dir, &control, &worker_cpus(1));
-    let mut d = Daemon::start(dir.path(), "u", &text, &control);
+    let mut d = DaemonChild::start(dir.path(), "u", &text, &control);
     qs(
         &control,
         &["port", "add", "v10", "--type", "gen", "--vlan", "10"],
@@ -176,7 +176,7 @@ fn live_changes_the_file_could_not_hold_are_refused_and_the_restart_works() {
         "{r:?}"
     );
     d.kill();
-    let _d = Daemon::start(dir.path(), "u", &text, &control);
+    let _d = DaemonChild::start(dir.path(), "u", &text, &control);
     let names: BTreeSet<String> = port_names(&control).into_iter().collect();
     assert_eq!(names, ["g1", "up", "v10"].map(String::from).into());
     let v10 = qos_of(&control, "v10");
@@ -272,7 +272,7 @@ fn kill_9_during_a_burst_of_changes_leaves_an_acknowledged_state() {
     let mut counter = 0u32;
     let mut acked_total = 0;
     let deadline = Instant::now() + Duration::from_secs(90);
-    let mut d = Daemon::start(dir.path(), "burst", &text, &control);
+    let mut d = DaemonChild::start(dir.path(), "burst", &text, &control);
     for round in 0..10 {
         assert!(Instant::now() < deadline, "rounds took too long");
         // Ops for this round, generated from the model as it evolves.
@@ -326,7 +326,7 @@ fn kill_9_during_a_burst_of_changes_leaves_an_acknowledged_state() {
         if let Some(op) = ops.get(n) {
             op.apply(&mut with_next);
         }
-        d = Daemon::start(dir.path(), "burst", &text, &control);
+        d = DaemonChild::start(dir.path(), "burst", &text, &control);
         let seen = read_model(&control);
         assert!(
             seen == expected || seen == with_next,
@@ -344,7 +344,7 @@ fn concurrent_changes_are_all_recorded() {
     let dir = TempDir::new("persist-concurrent");
     let control = dir.join("control.sock");
     let text = config(&dir, &control, &worker_cpus(1));
-    let mut d = Daemon::start(dir.path(), "c", &text, &control);
+    let mut d = DaemonChild::start(dir.path(), "c", &text, &control);
     // Four clients at once, each adding its own ports and setting their weights: a record
     // written out of order (or from a stale copy) would lose some after the restart.
     let clients: Vec<_> = (0..4)
@@ -367,7 +367,7 @@ fn concurrent_changes_are_all_recorded() {
     let before = read_model(&control);
     assert_eq!(before.len(), 40);
     d.kill();
-    let _d = Daemon::start(dir.path(), "c", &text, &control);
+    let _d = DaemonChild::start(dir.path(), "c", &text, &control);
     assert_eq!(read_model(&control), before);
 }
 
@@ -438,6 +438,6 @@ fn a_state_directory_others_can_write_is_refused() {
     // 0750, owned by us: starts.
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).unwrap();
     let text = config(&dir, &control, &worker_cpus(1));
-    let _d = Daemon::start(dir.path(), "good", &text, &control);
+    let _d = DaemonChild::start(dir.path(), "good", &text, &control);
     assert_eq!(port_names(&control), ["up", "g1"]);
 }

@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{counter, qs, qs_json, request, wait_until, Daemon, TempDir};
+use common::{counter, qs, qs_json, request, wait_until, DaemonChild, TempDir};
 use serde_json::Value;
 
 /// Two online CPUs, or `None` (after [`common::skip`]) when there are fewer.
@@ -32,7 +32,7 @@ fn generator(name: &str, n: u8, rate: u64, extra: &str) -> String {
     )
 }
 
-fn start(dir: &TempDir, cpus: [usize; 2], switch_extra: &str, ports: &str) -> Daemon {
+fn start(dir: &TempDir, cpus: [usize; 2], switch_extra: &str, ports: &str) -> DaemonChild {
     let control = dir.join("c.sock");
     let text = format!(
         "[switch]\nworkers = \"{},{}\"\ncontrol = \"{}\"\n{switch_extra}\n{SINK}{ports}",
@@ -40,7 +40,7 @@ fn start(dir: &TempDir, cpus: [usize; 2], switch_extra: &str, ports: &str) -> Da
         cpus[1],
         control.display()
     );
-    Daemon::start(dir.path(), "qs", &text, &control)
+    DaemonChild::start(dir.path(), "qs", &text, &control)
 }
 
 fn placement(control: &Path) -> Value {

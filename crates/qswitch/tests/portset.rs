@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{counter, drops, first_cpu, qs, qs_json, wait_until, Daemon, Out, TempDir};
+use common::{counter, drops, first_cpu, qs, qs_json, wait_until, DaemonChild, Out, TempDir};
 use serde_json::Value;
 
 /// A sink g2 and a generator g1 sending to it at 2000 frames/s for long enough.
@@ -57,7 +57,7 @@ fn assert_refused(out: &Out, needle: &str) {
 }
 
 /// Waits (10 s at most) until `cond` holds on `stats --json`; returns the last stats.
-fn wait_stats(daemon: &Daemon, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+fn wait_stats(daemon: &DaemonChild, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     let mut last = Value::Null;
     let held = wait_until(Duration::from_secs(10), || {
         last = daemon.stats();
@@ -71,7 +71,7 @@ fn wait_stats(daemon: &Daemon, what: &str, cond: impl Fn(&Value) -> bool) -> Val
 fn port_set_changes_each_field_and_port_list_shows_it() {
     let dir = TempDir::new("portset");
     let control = dir.join("control.sock");
-    let _daemon = Daemon::start(dir.path(), "portset", &gen_config(&control), &control);
+    let _daemon = DaemonChild::start(dir.path(), "portset", &gen_config(&control), &control);
 
     let p = port(&qs_json(&control, &["port", "list", "--json"]), "g1").clone();
     for k in ["vlans", "security", "storm"] {
@@ -194,7 +194,7 @@ fn port_set_changes_each_field_and_port_list_shows_it() {
 fn port_set_refuses_bad_values_and_unknown_ports_with_one_line() {
     let dir = TempDir::new("portsetbad");
     let control = dir.join("control.sock");
-    let _daemon = Daemon::start(dir.path(), "portsetbad", &gen_config(&control), &control);
+    let _daemon = DaemonChild::start(dir.path(), "portsetbad", &gen_config(&control), &control);
     let before = qs_json(&control, &["port", "list", "--json"]);
 
     let cases: &[(&[&str], &str)] = &[
@@ -244,7 +244,7 @@ fn port_set_refuses_bad_values_and_unknown_ports_with_one_line() {
 fn mac_allow_list_drops_the_generator_until_cleared() {
     let dir = TempDir::new("portsetmac");
     let control = dir.join("control.sock");
-    let daemon = Daemon::start(dir.path(), "portsetmac", &gen_config(&control), &control);
+    let daemon = DaemonChild::start(dir.path(), "portsetmac", &gen_config(&control), &control);
 
     wait_stats(&daemon, "forwarding", |s| {
         counter(s, "g2", "tx_packets") > 0

@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{first_cpu, qs, qs_json, run_timeout, wait_until, Daemon, TempDir, QSWITCH};
+use common::{first_cpu, qs, qs_json, run_timeout, wait_until, DaemonChild, TempDir, QSWITCH};
 use serde_json::Value;
 
 const UPLINK_MAC: &str = "02:00:00:00:00:10";
@@ -99,7 +99,7 @@ fn weights_share_spare_capacity_and_settings_apply_live() {
             "qos = { weight = 4 }",
         ],
     );
-    let d = Daemon::start(dir.path(), "qos", &text, &control);
+    let d = DaemonChild::start(dir.path(), "qos", &text, &control);
     let weights_ok = |r: &[f64]| {
         let sum: f64 = r.iter().sum();
         (r[1] / r[0] - 2.0).abs() <= 0.1
@@ -143,7 +143,7 @@ fn admission_control_refuses_and_changes_nothing() {
     let dir = TempDir::new("qos-admit");
     let control = dir.join("control.sock");
     let text = gen_config(&control, "1G", ["qos = { min = \"300M\" }", "", ""]);
-    let _d = Daemon::start(dir.path(), "qos", &text, &control);
+    let _d = DaemonChild::start(dir.path(), "qos", &text, &control);
     qs(&control, &["qos", "set", "s2", "--min", "600M"]).assert_ok("600M fits (900M total)");
     let before = qs_json(&control, &["qos", "show", "--json"]);
     let refuse = |args: &[&str], needle: &str| {

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{qs, qs_json, wait_until, ChildGuard, Daemon, TempDir, TESTPMD};
+use common::{qs, qs_json, wait_until, ChildGuard, DaemonChild, TempDir, TESTPMD};
 use serde_json::Value;
 
 /// Median of the last 3 one-second rates of `name`, Mbit/s.
@@ -49,7 +49,7 @@ fn testpmd_guarantee_holds_while_gen_floods() {
         control.display(),
         sock.display()
     );
-    let _d = Daemon::start(dir.path(), "qs", &text, &control);
+    let _d = DaemonChild::start(dir.path(), "qs", &text, &control);
     assert!(
         wait_until(Duration::from_secs(5), || sock.exists()),
         "no socket"

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{counter, port_names, port_stats, qs, qs_json, worker_cpus, Daemon, TempDir};
+use common::{counter, port_names, port_stats, qs, qs_json, worker_cpus, DaemonChild, TempDir};
 use serde_json::Value;
 
 const FRAMES: u64 = 8000;
@@ -46,7 +46,7 @@ fn q_min(control: &Path) -> Option<u64> {
 fn sighup_applies_only_the_differences_and_untouched_traffic_flows() {
     let dir = TempDir::new("reload");
     let control = dir.join("control.sock");
-    let d = Daemon::start(
+    let d = DaemonChild::start(
         dir.path(),
         "r",
         &config(&dir, &control, "100M", ""),

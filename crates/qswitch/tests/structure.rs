@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{first_cpu, ChildGuard, Daemon, TempDir, QSWITCH};
+use common::{first_cpu, ChildGuard, DaemonChild, TempDir, QSWITCH};
 
 /// The workspace's `crates` directory.
 fn crates() -> PathBuf {
@@ -382,7 +382,7 @@ fn a_panic_in_the_vhost_user_thread_stops_the_daemon() {
         .stderr(File::create(&log).unwrap())
         .spawn()
         .expect("start qswitch run");
-    let mut d = Daemon {
+    let mut d = DaemonChild {
         child: ChildGuard::new(child),
         control,
         log,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     counter, drops, link_exists, port_names, qs, qs_json, root_or_skip, sh, wait_until,
-    worker_cpus, ChildGuard, Daemon, LinkGuard, Netns, TempDir,
+    worker_cpus, ChildGuard, DaemonChild, LinkGuard, Netns, TempDir,
 };
 use serde_json::Value;
 
@@ -35,7 +35,7 @@ fn port(name: char) -> PortSpec {
 /// A daemon with TAP ports, each (optionally) moved into its own namespace with address
 /// 10.200.n.(i+1)/24. Drops the daemon first, then the namespaces, then the temp dir.
 struct Lab {
-    daemon: Daemon,
+    daemon: DaemonChild,
     /// Per port: (port name, ifname, namespace if moved).
     ports: Vec<(String, String, Option<Netns>)>,
     n: u8,
@@ -74,7 +74,7 @@ impl Lab {
                     .then(|| Netns::new(&format!("qsit{pid}-{n}{}", s.name)))
             })
             .collect();
-        let daemon = Daemon::start(dir.path(), "qswitch", &text, &control);
+        let daemon = DaemonChild::start(dir.path(), "qswitch", &text, &control);
         let mut ports = Vec::new();
         for (i, s) in specs.iter().enumerate() {
             let ifn = ifname(n, s.name);

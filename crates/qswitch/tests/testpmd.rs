@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{counter, qs_json, wait_until, ChildGuard, Daemon, TempDir, TESTPMD};
+use common::{counter, qs_json, wait_until, ChildGuard, DaemonChild, TempDir, TESTPMD};
 use serde_json::Value;
 
 /// The second online CPU as the worker list, or `None` (with a skip notice) when the test
@@ -105,7 +105,7 @@ fn vhost_port(sock: &Path, mode: &str) -> String {
 }
 
 /// The `port list --json` entry of `vm1`.
-fn vm1(d: &Daemon) -> Value {
+fn vm1(d: &DaemonChild) -> Value {
     let list = qs_json(&d.control, &["port", "list", "--json"]);
     let ports = list.as_array().expect("port list");
     ports
@@ -131,7 +131,7 @@ fn testpmd_txonly_through_qswitch_to_sink() {
         "{}[[port]]\nname = \"sink\"\ntype = \"gen\"\nmac = \"02:00:00:00:00:02\"\n",
         vhost_port(&sock, "server")
     );
-    let d = Daemon::start(
+    let d = DaemonChild::start(
         dir.path(),
         "qs",
         &config(&dir, &worker, &ports),
@@ -194,7 +194,7 @@ fn gen_through_qswitch_to_testpmd_rxonly_two_queues() {
          generate = {{ dst = \"02:00:00:00:00:99\", size = 64, rate = 200000, flows = 8 }}\n",
         vhost_port(&sock, "client")
     );
-    let d = Daemon::start(
+    let d = DaemonChild::start(
         dir.path(),
         "qs",
         &config(&dir, &worker, &ports),

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     have_tool, qs, qs_json, qswitch_bin, require, root_or_skip, run_timeout, wait_until,
-    worker_cpus, ChildGuard, Daemon, Netns, Out, TempDir,
+    worker_cpus, ChildGuard, DaemonChild, Netns, Out, TempDir,
 };
 use serde_json::Value;
 
@@ -44,7 +44,7 @@ fn privileged() -> bool {
 /// The namespaces and veth of one test; the daemon runs in `sw`. Drops the daemon first,
 /// then the namespaces (which takes the veth and the TAP with them), then the temp dir.
 struct World {
-    daemon: Option<Daemon>,
+    daemon: Option<DaemonChild>,
     sw: Netns,
     peer: Netns,
     vm: Netns,
@@ -207,7 +207,7 @@ impl World {
     fn log(&self) -> String {
         self.daemon
             .as_ref()
-            .map(Daemon::log_text)
+            .map(DaemonChild::log_text)
             .unwrap_or_default()
     }
 }
@@ -224,7 +224,7 @@ impl Drop for World {
 }
 
 /// `ip netns exec NS qswitch run --config config` (ip execs qswitch: same pid).
-fn spawn_in(ns: &Netns, config: &Path, control: &Path, log: &Path) -> Daemon {
+fn spawn_in(ns: &Netns, config: &Path, control: &Path, log: &Path) -> DaemonChild {
     let err = std::fs::File::create(log).unwrap();
     let child = Command::new("ip")
         .args(["netns", "exec", &ns.name])
@@ -239,7 +239,7 @@ fn spawn_in(ns: &Netns, config: &Path, control: &Path, log: &Path) -> Daemon {
         .stderr(Stdio::from(err))
         .spawn()
         .unwrap();
-    Daemon {
+    DaemonChild {
         child: ChildGuard::new(child),
         control: control.to_path_buf(),
         log: log.to_path_buf(),

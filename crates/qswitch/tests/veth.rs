@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    counter, qs, qs_json, root_or_skip, sh_ok, wait_until, worker_cpus, ChildGuard, Daemon,
+    counter, qs, qs_json, root_or_skip, sh_ok, wait_until, worker_cpus, ChildGuard, DaemonChild,
     LinkGuard, Netns, TempDir, QSWITCH,
 };
 use serde_json::Value;
@@ -35,7 +35,7 @@ fn veth(name: char) -> Spec {
 }
 
 struct Lab {
-    daemon: Daemon,
+    daemon: DaemonChild,
     /// Per port: name, root-side ifname, namespace.
     ports: Vec<(char, String, Netns)>,
     _links: Vec<LinkGuard>,
@@ -96,7 +96,7 @@ impl Lab {
             }
             namespaces.push(ns);
         }
-        let daemon = Daemon::start(dir.path(), "qswitch", &text, &control);
+        let daemon = DaemonChild::start(dir.path(), "qswitch", &text, &control);
         let mut ports = Vec::new();
         for ((s, ns), i) in specs.iter().zip(namespaces).zip(1..) {
             let ifn = ifname(n, s.name);
@@ -404,7 +404,7 @@ fn kill_9_hands_the_veth_back_to_the_kernel_and_a_restart_takes_it_again() {
     // A restart attaches again.
     let control = lab.dir.join("control.sock");
     let _ = std::fs::remove_file(&control);
-    lab.daemon = Daemon::start(lab.dir.path(), "qswitch2", &lab.config, &control);
+    lab.daemon = DaemonChild::start(lab.dir.path(), "qswitch2", &lab.config, &control);
     lab.assert_ping('a', 'b');
 }
 
@@ -624,7 +624,7 @@ fn the_root_end_of_a_veth_is_no_door_into_the_host() {
     // kill -9: left up, still nothing to reach.
     let control = lab.dir.join("control.sock");
     let _ = std::fs::remove_file(&control);
-    lab.daemon = Daemon::start(lab.dir.path(), "qswitch2", &lab.config, &control);
+    lab.daemon = DaemonChild::start(lab.dir.path(), "qswitch2", &lab.config, &control);
     lab.assert_ping('a', 'b');
     lab.daemon.kill();
     assert!(is_up());

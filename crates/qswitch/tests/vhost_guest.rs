@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use common::{request, worker_cpus, ChildGuard, Daemon, Netns, TempDir};
+use common::{request, worker_cpus, ChildGuard, DaemonChild, Netns, TempDir};
 use common_guest::{Guest, GuestConfig, SocketMode};
 use serde_json::Value;
 
@@ -92,7 +92,7 @@ struct LabSpec {
 /// temp dir.
 struct Lab {
     guests: Vec<Guest>,
-    daemon: Daemon,
+    daemon: DaemonChild,
     ns: Option<Netns>,
     n: u8,
     config: PathBuf,
@@ -111,8 +111,8 @@ fn tap_ifname(n: u8) -> String {
 
 /// Starts `qswitch run --config config` (stderr to `log`) without waiting for it, with the
 /// vhost-user protocol in the log (debug level).
-fn spawn_daemon(config: &Path, control: &Path, log: &Path) -> Daemon {
-    Daemon::spawn_logging(
+fn spawn_daemon(config: &Path, control: &Path, log: &Path) -> DaemonChild {
+    DaemonChild::spawn_logging(
         config,
         control,
         log,

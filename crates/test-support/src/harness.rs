@@ -426,20 +426,20 @@ pub fn request(control: &Path, line: &[u8]) -> std::io::Result<Value> {
 }
 
 /// A `qswitch run` child with its stderr in a file; stopped (SIGTERM, then SIGKILL) on drop.
-pub struct Daemon {
+pub struct DaemonChild {
     pub child: ChildGuard,
     pub control: PathBuf,
     pub log: PathBuf,
 }
 
-impl Daemon {
+impl DaemonChild {
     /// Starts `qswitch run --config config` without waiting for it.
-    pub fn spawn(config: &Path, control: &Path, log: &Path) -> Daemon {
-        Daemon::spawn_logging(config, control, log, "info")
+    pub fn spawn(config: &Path, control: &Path, log: &Path) -> DaemonChild {
+        DaemonChild::spawn_logging(config, control, log, "info")
     }
 
-    /// Like [`Daemon::spawn`], with `filter` as the daemon's `QSWITCH_LOG`.
-    pub fn spawn_logging(config: &Path, control: &Path, log: &Path, filter: &str) -> Daemon {
+    /// Like [`DaemonChild::spawn`], with `filter` as the daemon's `QSWITCH_LOG`.
+    pub fn spawn_logging(config: &Path, control: &Path, log: &Path, filter: &str) -> DaemonChild {
         let err = File::create(log).expect("daemon log file");
         let child = Command::new(qswitch_bin())
             .args(["run", "--config"])
@@ -454,7 +454,7 @@ impl Daemon {
             .stderr(Stdio::from(err))
             .spawn()
             .expect("start qswitch run");
-        Daemon {
+        DaemonChild {
             child: ChildGuard::new(child),
             control: control.to_path_buf(),
             log: log.to_path_buf(),
@@ -463,10 +463,10 @@ impl Daemon {
 
     /// Writes `config_text` to `dir/name.toml`, starts the daemon and waits (10 s at most)
     /// until its control socket answers a ping.
-    pub fn start(dir: &Path, name: &str, config_text: &str, control: &Path) -> Daemon {
+    pub fn start(dir: &Path, name: &str, config_text: &str, control: &Path) -> DaemonChild {
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, config_text).expect("write config");
-        let mut d = Daemon::spawn(&config, control, &dir.join(format!("{name}.log")));
+        let mut d = DaemonChild::spawn(&config, control, &dir.join(format!("{name}.log")));
         d.wait_ready();
         d
     }

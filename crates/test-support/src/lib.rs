@@ -5,7 +5,7 @@
 //! - [`skip`]: skip or fail — [`skip::skip`], [`skip::root_or_skip`], [`skip::cpus_or_skip`];
 //!   with `QSWITCH_REQUIRE_PRIVILEGED=1` (CI) a test that cannot run fails instead.
 //! - [`harness`]: bounded command runs, temp dirs, child guards, a `qswitch run` child
-//!   ([`harness::Daemon`]), raw control-socket requests, network namespaces, testpmd set-up.
+//!   ([`harness::DaemonChild`]), raw control-socket requests, network namespaces, testpmd set-up.
 //! - [`guest`]: small QEMU/Linux guests with one virtio-net NIC (built by
 //!   `tests/guest/build.sh`), for the vhost-user tests.
 //! - [`frames`]: Ethernet/IPv4/TCP/UDP frame builders and checksum checks.

@@ -26,7 +26,7 @@ use super::{
     iperf_run_with, print_table, ratio_of, run_line, summarise, warn_if_busy, Bench, Ratio,
     RemoveDir, Report, Topology,
 };
-use crate::netns::{self, Daemon, Link, Netns};
+use crate::netns::{self, LabDaemon, Link, Netns};
 
 /// Where Debian's containernetworking-plugins puts the reference plugins.
 const REFERENCE: &str = "/usr/lib/cni";
@@ -118,7 +118,7 @@ impl Drop for Attached {
 /// directory (configs, IPAM store, daemon state) goes.
 struct CniTopo {
     _attached: Attached,
-    daemon: Option<Daemon>,
+    daemon: Option<LabDaemon>,
     _bridge: Option<Link>,
     a: Netns,
     b: Netns,
@@ -136,7 +136,7 @@ impl Topology for CniTopo {
     fn server_addr(&self) -> &str {
         &self.server_addr
     }
-    fn daemon(&self) -> Option<&Daemon> {
+    fn daemon(&self) -> Option<&LabDaemon> {
         self.daemon.as_ref()
     }
 }
@@ -161,7 +161,7 @@ fn setup(id: u32, kind: usize, workers: &str, plugins: &Path) -> anyhow::Result<
             "[switch]\nworkers = \"{workers}\"\ncontrol = \"{}\"\n",
             control.display()
         );
-        let daemon = Daemon::start(&dir.0, &text)?;
+        let daemon = LabDaemon::start(&dir.0, &text)?;
         let p = json!({ "type": "qswitch-cni", "control": control, "mode": "veth", "ipam": ipam });
         (p, Some(daemon), None)
     } else {

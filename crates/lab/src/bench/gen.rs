@@ -20,7 +20,7 @@ use qswitch_api::request::StatsReport;
 use serde::Serialize;
 
 use super::{first_line, interleave, median, Bench};
-use crate::netns::Daemon;
+use crate::netns::LabDaemon;
 use crate::plot::{self, Series};
 use crate::run::Run;
 
@@ -327,7 +327,7 @@ type Measured = (f64, Vec<f64>, Vec<f64>, u64, u64, Vec<GenSample>);
 
 /// Starts the daemon, warms up for a second, then samples every second for the run's length.
 fn measure(b: &Bench, dir: &Path, config: &str, sinks: &[&str]) -> anyhow::Result<Measured> {
-    let mut d = Daemon::start(dir, config)?;
+    let mut d = LabDaemon::start(dir, config)?;
     b.sleep(Duration::from_secs(1))?;
     let first = d.stats()?;
     let mut prev = first.clone();

@@ -12,7 +12,7 @@
 
 use super::txn::{self, TxnReport};
 use super::{Bench, QswitchTopo, RemoveDir};
-use crate::netns::{self, Daemon, Netns};
+use crate::netns::{self, LabDaemon, Netns};
 
 const NAMES: [&str; 2] = ["queues=1", "queues=4"];
 const QUEUES: [u16; 2] = [1, 4];
@@ -33,7 +33,7 @@ fn setup(id: u32, workers: &str, queues: u16) -> anyhow::Result<QswitchTopo> {
     );
     let a = Netns::create(&format!("qsbench-mq-a-{id}"))?;
     let b = Netns::create(&format!("qsbench-mq-b-{id}"))?;
-    let daemon = Daemon::start(&dir.0, &text)?;
+    let daemon = LabDaemon::start(&dir.0, &text)?;
     let topo = QswitchTopo {
         daemon,
         a,

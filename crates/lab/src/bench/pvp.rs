@@ -52,7 +52,7 @@ use qswitch_virtio_driver::{poll_loop_between, Driver, DriverOptions, LoadSpec, 
 use serde::Serialize;
 
 use super::{first_line, interleave, median, qsload, Bench, Load, RemoveDir};
-use crate::netns::{self, ChildGuard, Daemon};
+use crate::netns::{self, ChildGuard, LabDaemon};
 use crate::plot::{self, Series};
 use crate::procstat;
 use crate::run::Run;
@@ -1304,7 +1304,7 @@ trait Switch {
 /// `qswitch run` with one worker on [`SWITCH_CPU`] and two vhost-user ports in server mode.
 /// Field order is drop order: the daemon stops before its directory goes.
 struct QswitchSwitch {
-    daemon: Daemon,
+    daemon: LabDaemon,
     dir: RemoveDir,
 }
 
@@ -1321,7 +1321,7 @@ impl QswitchSwitch {
     fn start(id: u32, seq: usize) -> anyhow::Result<QswitchSwitch> {
         let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-pvp-{id}-{seq}")));
         let _ = std::fs::remove_dir_all(&dir.0);
-        let daemon = Daemon::start(&dir.0, &qswitch_config(&dir.0))?;
+        let daemon = LabDaemon::start(&dir.0, &qswitch_config(&dir.0))?;
         Ok(QswitchSwitch { daemon, dir })
     }
 }

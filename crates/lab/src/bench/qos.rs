@@ -34,7 +34,7 @@ use qswitch_dp::qos::alloc::{allocate, Claim};
 use serde::Serialize;
 
 use super::{median, Bench, RemoveDir};
-use crate::netns::{self, ChildGuard, Daemon, Netns};
+use crate::netns::{self, ChildGuard, LabDaemon, Netns};
 use crate::plot::{self, Series};
 use crate::procstat;
 
@@ -187,7 +187,7 @@ pub struct QosResult {
 struct Lab {
     clients: Vec<ChildGuard>,
     _servers: Vec<ChildGuard>,
-    daemon: Daemon,
+    daemon: LabDaemon,
     senders: Vec<Netns>,
     rx: Netns,
     _dir: RemoveDir,
@@ -221,7 +221,7 @@ fn setup(b: &Bench) -> anyhow::Result<Lab> {
     for p in SENDERS {
         senders.push(Netns::create(&format!("qsq-{p}-{id}"))?);
     }
-    let daemon = Daemon::start(&dir.0, &config(&control.display().to_string(), &workers, n))?;
+    let daemon = LabDaemon::start(&dir.0, &config(&control.display().to_string(), &workers, n))?;
     let mut lab = Lab {
         clients: Vec::new(),
         _servers: Vec::new(),
@@ -248,14 +248,14 @@ fn setup(b: &Bench) -> anyhow::Result<Lab> {
     Ok(lab)
 }
 
-fn qos_show(d: &Daemon) -> anyhow::Result<QosReport> {
+fn qos_show(d: &LabDaemon) -> anyhow::Result<QosReport> {
     match qswitch_api::client::call(&d.control, &Request::QosShow)? {
         Response::Qos(r) => Ok(*r),
         _ => bail!("unexpected reply to qos show"),
     }
 }
 
-fn qos_set(d: &Daemon, s: &Set) -> anyhow::Result<()> {
+fn qos_set(d: &LabDaemon, s: &Set) -> anyhow::Result<()> {
     qswitch_api::client::call(
         &d.control,
         &Request::QosSet {

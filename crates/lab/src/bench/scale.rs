@@ -18,7 +18,7 @@ use qswitch_api::{PortConfig, Request, Response, VhostMode};
 use serde::Serialize;
 
 use super::{median, Bench};
-use crate::netns::Daemon;
+use crate::netns::LabDaemon;
 use crate::plot::{self, Series};
 use crate::run::Run;
 use crate::topology::RemoveDir;
@@ -176,7 +176,7 @@ fn measure(
             dir.0.join(format!("p{i}.sock")).display()
         );
     }
-    let mut daemon = Daemon::start(&dir.0, &text)?;
+    let mut daemon = LabDaemon::start(&dir.0, &text)?;
     let pid = daemon.pid().context("the daemon has no pid")?;
     b.sleep(SETTLE)?;
     let threads_before = thread_times(pid);

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 use super::{median, Bench, Topology};
-use crate::netns::{self, Daemon};
+use crate::netns::{self, LabDaemon};
 use crate::plot::{self, Series};
 use crate::procstat;
 use crate::run::Run;
@@ -151,7 +151,7 @@ pub fn load_run(
     ]);
     let args = pinned(client_cpu, args);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let first = topo.daemon().map(Daemon::stats).transpose()?;
+    let first = topo.daemon().map(LabDaemon::stats).transpose()?;
     let m0 = procstat::read();
     let (cpu0, cs0) = (m0.jiffies(), m0.ctxt);
     let mut client = topo.client().spawn(&args, Stdio::piped())?;

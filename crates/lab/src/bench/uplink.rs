@@ -26,7 +26,7 @@ use super::{
     iperf_run_with, print_table, ratio_of, run_line, summarise, warn_if_busy, Bench,
     ContenderSummary, Ratio, Report, Topology,
 };
-use crate::netns::{self, Daemon, Link, Netns};
+use crate::netns::{self, LabDaemon, Link, Netns};
 use crate::plot;
 
 mod pps;
@@ -76,7 +76,7 @@ struct PpsRatio {
 /// Field order is drop order: the daemon (or bridge) first, then the veths, then the
 /// namespaces.
 struct UplinkTopo {
-    daemon: Option<Daemon>,
+    daemon: Option<LabDaemon>,
     _bridge: Option<Link>,
     _vm_veth: Option<Link>,
     _wire: Link,
@@ -98,7 +98,7 @@ impl Topology for UplinkTopo {
     fn server_addr(&self) -> &str {
         "10.97.0.2"
     }
-    fn daemon(&self) -> Option<&Daemon> {
+    fn daemon(&self) -> Option<&LabDaemon> {
         self.daemon.as_ref()
     }
 }
@@ -131,7 +131,7 @@ fn setup_qswitch(id: u32, workers: &str, mode: &str) -> anyhow::Result<(UplinkTo
          [[port]]\nname = \"vm\"\ntype = \"tap\"\nifname = \"{tap}\"\n",
         control.display()
     );
-    let daemon = Daemon::start(&dir.0, &text)?;
+    let daemon = LabDaemon::start(&dir.0, &text)?;
     let topo = UplinkTopo {
         daemon: Some(daemon),
         _bridge: None,
@@ -252,7 +252,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 peer_if: &topo.peer_if,
                 vm: &topo.vm,
                 vm_if: &topo.vm_if,
-                daemon_pid: topo.daemon.as_ref().and_then(Daemon::pid),
+                daemon_pid: topo.daemon.as_ref().and_then(LabDaemon::pid),
                 gen_cpu,
                 dir: &dir.0,
             };

@@ -1,6 +1,6 @@
 //! The vhost-user protocol, backend side (`VhostUserBackendReqHandlerMut`). The `vhost`
 //! crate reads and validates each message (header, size, fds); this handler applies it to
-//! the shared [`Device`]. Requests qswitch does not support are refused with an error, which
+//! the shared [`VhostState`]. Requests qswitch does not support are refused with an error, which
 //! the frontend sees as a failed request.
 
 use std::fs::File;
@@ -20,7 +20,7 @@ use qswitch_sys::dirty_log::{DirtyLog, LOG_PAGE};
 use qswitch_sys::guestmap::MapOwner;
 
 use super::{
-    protocol_features, Device, GuestMem, Vring, FEATURES, F_PROTOCOL_FEATURES, MAX_MEM_SLOTS,
+    protocol_features, GuestMem, VhostState, Vring, FEATURES, F_PROTOCOL_FEATURES, MAX_MEM_SLOTS,
     MAX_QUEUE_SIZE,
 };
 
@@ -36,7 +36,7 @@ struct Mapping {
 
 /// The protocol state of one connection.
 pub struct Handler {
-    dev: Arc<Device>,
+    dev: Arc<VhostState>,
     owned: bool,
     acked_features: u64,
     acked_protocol: u64,
@@ -51,7 +51,7 @@ fn unsupported(what: &'static str) -> Error {
 }
 
 impl Handler {
-    pub(crate) fn new(dev: Arc<Device>) -> Handler {
+    pub(crate) fn new(dev: Arc<VhostState>) -> Handler {
         Handler {
             dev,
             owned: false,

@@ -23,13 +23,13 @@ use qswitch_sys::dirty_log::{DirtyLog, LOG_PAGE};
 use qswitch_sys::guest::Mapped;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use super::{Device, GuestMem};
+use super::{GuestMem, VhostState};
 
 /// Marks `[gpa, gpa + len)` dirty in `log` and counts it on `dev` (pages marked; pages
 /// beyond the log, warned about once).
 #[cold]
 #[inline(never)]
-pub(crate) fn log_write(log: &DirtyLog, dev: &Device, gpa: u64, len: u64) {
+pub(crate) fn log_write(log: &DirtyLog, dev: &VhostState, gpa: u64, len: u64) {
     if len == 0 {
         return;
     }
@@ -44,7 +44,7 @@ pub(crate) fn log_write(log: &DirtyLog, dev: &Device, gpa: u64, len: u64) {
 #[derive(Clone, Copy)]
 struct LogSink<'a> {
     log: &'a DirtyLog,
-    dev: &'a Device,
+    dev: &'a VhostState,
 }
 
 /// Regions resolved up front; QEMU typically passes one or two.
@@ -104,7 +104,7 @@ impl<'a> GuestView<'a> {
     }
 
     /// Marks every later write in `log` (if any), counting on `dev`.
-    pub(crate) fn with_log(mut self, log: Option<&'a DirtyLog>, dev: &'a Device) -> Self {
+    pub(crate) fn with_log(mut self, log: Option<&'a DirtyLog>, dev: &'a VhostState) -> Self {
         self.log = log.map(|log| LogSink { log, dev });
         self
     }

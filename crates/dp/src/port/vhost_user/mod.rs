@@ -5,7 +5,7 @@
 //!  ┌──────────────────────┐  unix socket  ┌────────────────────────────────────────────┐
 //!  │ vhost-user messages  │ ◀───────────▶ │ qs-vhost event loop (all ports): Handler   │
 //!  │                      │               │   memory table, ring addresses, kick/call  │
-//!  │ guest memory (memfd) │ ═══ mmap ════ │ Device { mem, vrings: [Mutex<Vring>] }     │
+//!  │ guest memory (memfd) │ ═══ mmap ════ │ VhostState { mem, vrings: [Mutex<Vring>] } │
 //!  │ transmitq K (2K+1) ──┼── descriptors ┼─▶ rx_burst(K)  by the worker owning K      │
 //!  │ receiveq K  (2K)   ◀─┼── descriptors ┼── tx_burst    by any worker                │
 //!  └──────────────────────┘               └────────────────────────────────────────────┘
@@ -290,7 +290,7 @@ impl Vring {
 
 /// State shared by the protocol thread and the workers.
 #[derive(Debug)]
-pub(crate) struct Device {
+pub(crate) struct VhostState {
     pub(crate) name: String,
     pub(crate) pairs: u16,
     pub(crate) mem: GuestMemoryAtomic<GuestMem>,
@@ -336,14 +336,14 @@ pub(crate) struct Device {
     pub(crate) calls: Arc<reactor::CallSlots>,
 }
 
-impl Device {
-    fn new(name: &str, pairs: u16, reactor: &Reactor) -> std::io::Result<Device> {
+impl VhostState {
+    fn new(name: &str, pairs: u16, reactor: &Reactor) -> std::io::Result<VhostState> {
         let kick_polls: Box<[Epoll]> = (0..pairs)
             .map(|_| Epoll::new())
             .collect::<std::io::Result<_>>()?;
         let inject_wake = EventFd::new()?;
         kick_polls[0].add(inject_wake.as_raw_fd(), INJECT_TOKEN)?;
-        Ok(Device {
+        Ok(VhostState {
             name: name.to_string(),
             pairs,
             mem: GuestMemoryAtomic::new(GuestMem::new()),
@@ -538,7 +538,7 @@ impl Device {
 /// A vhost-user port. Its control plane (listening, connecting, the protocol) runs in the
 /// shared [`Reactor`]; its data path in the workers.
 pub struct VhostUserPort {
-    dev: Arc<Device>,
+    dev: Arc<VhostState>,
     socket: PathBuf,
     mode: Mode,
     id: u64,
@@ -582,7 +582,8 @@ impl VhostUserPort {
         reactor: &Reactor,
     ) -> Result<VhostUserPort, VhostUserError> {
         let dev = Arc::new(
-            Device::new(name, pairs.clamp(1, MAX_PAIRS), reactor).map_err(VhostUserError::Setup)?,
+            VhostState::new(name, pairs.clamp(1, MAX_PAIRS), reactor)
+                .map_err(VhostUserError::Setup)?,
         );
         let (listener, bound) = match mode {
             Mode::Server => {

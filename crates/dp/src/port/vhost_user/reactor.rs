@@ -56,7 +56,7 @@ use qswitch_sys::eventfd::EventFd;
 use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::{BackendReqHandler, Error as VhostError};
 
-use super::{peek_send_rarp, peek_vring_enable, Device, Handler, Settings};
+use super::{peek_send_rarp, peek_vring_enable, Handler, Settings, VhostState};
 
 /// A frontend must send `SET_OWNER` within this long after connecting.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -112,7 +112,7 @@ enum Cmd {
 #[derive(Debug)]
 pub(crate) struct PortSetup {
     pub(crate) id: u64,
-    pub(crate) dev: Arc<Device>,
+    pub(crate) dev: Arc<VhostState>,
     pub(crate) socket: PathBuf,
     /// Server mode: the bound, non-blocking listener. Client mode: None.
     pub(crate) listener: Option<UnixListener>,
@@ -227,7 +227,7 @@ struct Conn {
 }
 
 struct Port {
-    dev: Arc<Device>,
+    dev: Arc<VhostState>,
     socket: PathBuf,
     listener: Option<UnixListener>,
     listening: bool,

@@ -23,7 +23,7 @@ use super::chain::{self, Seg};
 use qswitch_sys::guest::Mapped;
 
 use super::mem::GuestView;
-use super::{Device, Vring};
+use super::{VhostState, Vring};
 use crate::packet::{Pkt, BUF_SIZE, BURST, HEADROOM};
 use crate::port::TxDone;
 use crate::rss::Reta;
@@ -54,7 +54,7 @@ fn avail_no_interrupt(v: &Vring, mem: &GuestView<'_>) -> bool {
 
 /// Stops ring `vi` because its guest broke it (logged once per ring); the frontend has to
 /// set it up again.
-fn stop_ring(dev: &Device, vi: usize, v: &mut Vring, why: &str) {
+fn stop_ring(dev: &VhostState, vi: usize, v: &mut Vring, why: &str) {
     let first = !v.broken;
     v.broken = true;
     dev.guest_error(why, vi, first);
@@ -240,7 +240,7 @@ fn publish_used(v: &mut Vring, mem: &GuestView<'_>) -> bool {
 /// Signals the guest if it asked to hear about the used entries published since the last
 /// check: with EVENT_IDX when the used index passed `used_event` (the kernel's
 /// `vring_need_event`), without it unless VRING_AVAIL_F_NO_INTERRUPT is set.
-fn notify(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
+fn notify(dev: &VhostState, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
     let new = v.queue.next_used();
     let old = v.used_signalled;
     if new == old {
@@ -269,7 +269,7 @@ fn notify(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
 
 /// Publishes staged used elements and signals the guest if it wants that. A used ring that
 /// cannot be written stops the ring.
-fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
+fn complete(dev: &VhostState, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
     if !publish_used(v, mem) {
         stop_ring(dev, vi, v, "used ring not writable; ring stopped");
         return;
@@ -279,7 +279,13 @@ fn complete(dev: &Device, vi: usize, v: &mut Vring, mem: &GuestView<'_>) {
 
 /// Pops up to `heads.len()` chain heads. The guest's avail index is read only when the
 /// heads already seen run out; one that moves more than the queue size ahead breaks the ring.
-fn pop_heads(dev: &Device, vi: usize, v: &mut Vring, r: &Ring<'_, '_>, heads: &mut [u16]) -> usize {
+fn pop_heads(
+    dev: &VhostState,
+    vi: usize,
+    v: &mut Vring,
+    r: &Ring<'_, '_>,
+    heads: &mut [u16],
+) -> usize {
     let size = v.queue.size();
     let mut next = v.queue.next_avail();
     let mut n = 0;
@@ -314,7 +320,12 @@ fn pop_heads(dev: &Device, vi: usize, v: &mut Vring, r: &Ring<'_, '_>, heads: &m
 }
 
 /// The guest's transmit queue `queue` → up to `pkts.len()` frames.
-pub(crate) fn rx_burst(dev: &Device, queue: u16, pkts: &mut [Pkt], drops: &mut DropTally) -> usize {
+pub(crate) fn rx_burst(
+    dev: &VhostState,
+    queue: u16,
+    pkts: &mut [Pkt],
+    drops: &mut DropTally,
+) -> usize {
     let vi = usize::from(queue) * 2 + 1;
     let Some(vr) = dev.vrings.get(vi) else {
         return 0;
@@ -440,7 +451,7 @@ struct HostGso {
 }
 
 impl HostGso {
-    fn of(dev: &Device) -> HostGso {
+    fn of(dev: &VhostState) -> HostGso {
         HostGso {
             tso4: dev.has(VIRTIO_NET_F_HOST_TSO4),
             tso6: dev.has(VIRTIO_NET_F_HOST_TSO6),
@@ -508,7 +519,7 @@ fn copy_chain(
 
 /// Frames `pkts[sel]` → the guest's receive queues (one pair per flow).
 pub(crate) fn tx_burst(
-    dev: &Device,
+    dev: &VhostState,
     pkts: &mut [Pkt],
     sel: &[u8],
     drops: &mut DropTally,
@@ -659,7 +670,7 @@ fn prefetch_used(v: &Vring, r: &Ring<'_, '_>, n: usize) {
 /// Picks the receive pair for a frame (vRSS): the Toeplitz hash of its flow indexes the
 /// port's indirection table, which spans only the pairs the guest enabled. A flow always
 /// lands on the same pair; non-IP frames go to the first enabled pair.
-fn pick_pair(dev: &Device, reta: &Reta, frame: &[u8]) -> u8 {
+fn pick_pair(dev: &VhostState, reta: &Reta, frame: &[u8]) -> u8 {
     if reta.queues().len() < 2 {
         return reta.queue_for_non_ip() as u8;
     }
@@ -672,7 +683,7 @@ fn pick_pair(dev: &Device, reta: &Reta, frame: &[u8]) -> u8 {
 
 /// Resolves offloads the guest cannot take, then writes the frame (or its segments).
 fn deliver(
-    dev: &Device,
+    dev: &VhostState,
     vi: usize,
     v: &mut Vring,
     r: &Ring<'_, '_>,
@@ -722,7 +733,7 @@ fn complete_csum(pkt: &mut Pkt) -> Result<(), DropReason> {
 /// A TSO frame for a guest without TSO: cut it into wire-sized segments with complete
 /// checksums.
 fn deliver_segmented(
-    dev: &Device,
+    dev: &VhostState,
     vi: usize,
     v: &mut Vring,
     r: &Ring<'_, '_>,
@@ -755,7 +766,7 @@ fn deliver_segmented(
 /// MRG_RXBUF). On failure nothing is consumed, except that a malformed receive chain stops
 /// the ring (the guest is broken or hostile).
 fn write_rx_chains(
-    dev: &Device,
+    dev: &VhostState,
     vi: usize,
     v: &mut Vring,
     r: &Ring<'_, '_>,
@@ -876,7 +887,7 @@ fn write_rx_single(v: &mut Vring, r: &Ring<'_, '_>, bytes: &[u8]) -> bool {
 
 /// Before a worker sleeps on `queue`: drain the kick, enable notifications, and report
 /// whether sleeping is safe (nothing arrived meanwhile).
-pub(crate) fn arm(dev: &Device, queue: u16) -> bool {
+pub(crate) fn arm(dev: &VhostState, queue: u16) -> bool {
     let vi = usize::from(queue) * 2 + 1;
     let Some(vr) = dev.vrings.get(vi) else {
         return true;
