@@ -45,7 +45,10 @@ def one(pattern):
 
 
 poll = one(r"engine::Forwarder::poll$")
-inject = one(r"InjectPort::inject(_with_hdr)?$")
+# A frame is one call of `inject` (which may call `inject_with_hdr`, or have it inlined).
+inject = one(r"InjectPort::inject$") if any(
+    re.search(r"InjectPort::inject$", fn) for fn in calls
+) else one(r"InjectPort::inject_with_hdr$")
 ports = [fn for fn in calls if re.search(r"InjectPort as qswitch_dp::port::Port>::(rx|tx)_burst$", fn)]
 frames = calls[inject]
 engine = inclusive[poll] - sum(inclusive[p] for p in ports)

@@ -180,6 +180,10 @@ pub struct Forwarder {
     /// [`Port::rx_learn`]), and which frames reached learning (bit per frame).
     rx_learn: RxLearn,
     accepted: u32,
+    /// Whether this burst's learning is limited or reported (`rx_learn` is not
+    /// [`RxLearn::ALL`]): decided once per burst, so the ports that need no proof (all but
+    /// VXLAN) learn on the plain path.
+    gated: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -201,6 +205,7 @@ impl Forwarder {
             meta: [FrameVlan::default(); BURST],
             rx_learn: RxLearn::ALL,
             accepted: 0,
+            gated: false,
         }
     }
 
@@ -234,12 +239,19 @@ impl Forwarder {
             entry.capture.rx(queue, &self.burst.pkts[..n], now);
         }
         // Learning permissions: all, except from ports whose frames need proof (VXLAN).
-        self.rx_learn = entry.dev.rx_learn(queue);
+        let rx_learn = entry.dev.rx_learn(queue);
+        if rx_learn == RxLearn::ALL {
+            self.switch_burst(view, fdb, entry, queue, n, now, &mut drops);
+            return n;
+        }
+        self.rx_learn = rx_learn;
+        self.gated = true;
         self.switch_burst(view, fdb, entry, queue, n, now, &mut drops);
         if self.rx_learn.report {
             entry.dev.rx_accepted(queue, self.accepted);
         }
         self.rx_learn = RxLearn::ALL;
+        self.gated = false;
         self.accepted = 0;
         n
     }
@@ -564,6 +576,30 @@ impl Forwarder {
     /// Learns the source of frame `i`, as far as the ingress allows ([`Port::rx_learn`]).
     #[inline]
     fn learn(&mut self, fdb: &Fdb, mac: MacAddr, vlan: u16, port: PortId, now: u64, i: usize) {
+        if self.gated {
+            return self.learn_gated(fdb, mac, vlan, port, now, i);
+        }
+        if let Some((m, v, p, t)) = self.cache.learned {
+            if m == mac && v == vlan && p == port && now.saturating_sub(t) < REFRESH_NS {
+                return;
+            }
+        }
+        fdb.learn(mac, vlan, port, now);
+        self.cache.learned = Some((mac, vlan, port, now));
+    }
+
+    /// [`Forwarder::learn`] for a burst whose ingress limits what may be learned or wants to
+    /// know which frames were (a VXLAN port: frames from unproven VTEPs).
+    #[inline(never)]
+    fn learn_gated(
+        &mut self,
+        fdb: &Fdb,
+        mac: MacAddr,
+        vlan: u16,
+        port: PortId,
+        now: u64,
+        i: usize,
+    ) {
         let bit = 1u32 << i;
         if self.rx_learn.learn & bit == 0 {
             return;
