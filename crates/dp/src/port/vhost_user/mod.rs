@@ -586,12 +586,13 @@ impl VhostUserPort {
         );
         let (listener, bound) = match mode {
             Mode::Server => {
-                let (l, bound) = listen(socket, reactor.settings().socket_group).map_err(
-                    |source| VhostUserError::Listen {
-                        path: socket.display().to_string(),
-                        source,
-                    },
-                )?;
+                let (l, bound) =
+                    listen(socket, reactor.settings().socket_group).map_err(|source| {
+                        VhostUserError::Listen {
+                            path: socket.display().to_string(),
+                            source,
+                        }
+                    })?;
                 (Some(l), Some(bound))
             }
             Mode::Client => (None, None),
