@@ -278,15 +278,19 @@ fn serve(
     // from starting (issue 27 F6).
     let waiting = switch.add_ports_or_wait(&config.ports)?;
     let mut live = persist.live().clone();
-    live.pins.retain(
-        |(port, queue), cpu| match switch.pin(port, *queue, Some(*cpu)) {
+    live.pins.retain(|(port, queue), cpu| {
+        // A waiting port's pins stay recorded; they apply at a start where it opens.
+        if waiting.contains(port) {
+            return true;
+        }
+        match switch.pin(port, *queue, Some(*cpu)) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(port = %port, queue, cpu, error = %e, "recorded pin dropped");
                 false
             }
-        },
-    );
+        }
+    });
     // The state now reconciled with this file.
     persist.commit(live, Some((file.clone(), text.to_string())))?;
     let daemon = Arc::new(Daemon {
