@@ -522,6 +522,11 @@ pub struct PortInfo {
     /// `qswitch port enable`; absent: enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disabled: Option<String>,
+    /// veth, afxdp: the interface the port waits for: it did not exist when the daemon
+    /// started, so the port is down (no queue, switches nothing) until it appears; absent:
+    /// the port is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// An afxdp port's kernel-side drop counters, summed over its queues.

@@ -270,3 +270,43 @@ fn a_panicking_worker_stops_the_switch_with_a_message() {
     assert_eq!(sw.failed().as_deref(), Some(why.as_str()));
     sw.shutdown();
 }
+
+/// Issue 27 F6: at start, a veth or afxdp port whose interface does not exist waits for it
+/// (listed, no queue, nothing switched) and keeps no other port from starting; its name and
+/// interface stay taken; `port del` removes it. A live `add_port` of it is still refused.
+#[test]
+fn a_port_whose_interface_is_missing_waits_and_others_start() {
+    let sw = switch(1);
+    let text = "[[port]]\nname = \"x\"\ntype = \"veth\"\nifname = \"qsnothere0\"\n\
+                [[port]]\nname = \"y\"\ntype = \"afxdp\"\nifname = \"qsnothere1\"\n";
+    let mut ports = qswitch_api::Config::from_toml(text).unwrap().ports;
+    assert!(sw.add_port(&ports[0]).is_err(), "a live add still fails");
+    ports.push(gen_port("a", "02:00:00:00:00:0a", None, 1));
+    let waiting = sw.add_ports_or_wait(&ports).unwrap();
+    assert_eq!(waiting, ["x", "y"]);
+    let list = sw.ports();
+    let x = list.iter().find(|p| p.name == "x").unwrap();
+    assert_eq!(x.waiting.as_deref(), Some("qsnothere0"));
+    assert!(x.queues.is_empty());
+    let a = list.iter().find(|p| p.name == "a").unwrap();
+    assert!(a.waiting.is_none());
+    assert_eq!(
+        sw.port_configs().len(),
+        3,
+        "waiting ports stay in the config"
+    );
+    // Their names and interfaces are taken.
+    assert!(sw
+        .add_port(&gen_port("x", "02:00:00:00:00:0b", None, 1))
+        .is_err());
+    let mut other = ports[1].clone();
+    other.name = "z".to_string();
+    let e = sw.add_port(&other).unwrap_err().to_string();
+    assert!(e.contains("qsnothere1"), "{e}");
+    // Still missing: nothing opens.
+    assert_eq!(sw.attach_waiting(), 2);
+    sw.del_port("x").unwrap();
+    assert!(sw.ports().iter().all(|p| p.name != "x"));
+    assert_eq!(sw.attach_waiting(), 1);
+    sw.shutdown();
+}

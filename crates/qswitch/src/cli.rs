@@ -277,6 +277,12 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                         "", o.cni, o.container, o.ifname
                     );
                 }
+                if let Some(ifname) = &p.waiting {
+                    println!(
+                        "{:<12} down: waiting for interface {ifname} (it did not exist at start)",
+                        ""
+                    );
+                }
                 if let Some(why) = &p.disabled {
                     println!(
                         "{:<12} DISABLED by {why}: nothing received or sent (qswitch port enable {})",

@@ -180,6 +180,25 @@ fn feed_qos(
     history.set_qos((!rows.is_empty()).then_some(rows));
 }
 
+/// Opens the waiting ports as their interfaces appear ([`Switch::attach_waiting`] on each
+/// `RTM_NEWLINK`), until none waits or the daemon stops. The first look is after the watch
+/// was opened, so an interface that appeared since start-up is not missed.
+fn watch_links(watch: &qswitch_sys::rtnl::LinkWatch, switch: &Switch, term: &AtomicBool) {
+    let mut changed = true;
+    while !term.load(Ordering::Relaxed) && !switch.stopping() {
+        if changed && switch.attach_waiting() == 0 {
+            return;
+        }
+        changed = match watch.wait(Duration::from_millis(200)) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "link notifications failed: waiting ports stay down");
+                return;
+            }
+        };
+    }
+}
+
 fn config_error(e: &qswitch_api::ConfigError) -> ExitCode {
     eprintln!("qswitch: {e}");
     ExitCode::from(EXIT_CONFIG)
@@ -254,18 +273,24 @@ fn serve(
         ..qswitch_dp::Options::default()
     };
     let switch = Switch::start(cpus, &options)?;
-    // All at once: no frame is switched before every configured port is there.
-    switch.add_ports(&config.ports)?;
+    // All at once: no frame is switched before every configured port is there. A veth or
+    // afxdp port whose interface is missing waits for it, down, and keeps no other port
+    // from starting (issue 27 F6).
+    let waiting = switch.add_ports_or_wait(&config.ports)?;
     let mut live = persist.live().clone();
-    live.pins.retain(
-        |(port, queue), cpu| match switch.pin(port, *queue, Some(*cpu)) {
+    live.pins.retain(|(port, queue), cpu| {
+        // A waiting port's pins stay recorded; they apply at a start where it opens.
+        if waiting.contains(port) {
+            return true;
+        }
+        match switch.pin(port, *queue, Some(*cpu)) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(port = %port, queue, cpu, error = %e, "recorded pin dropped");
                 false
             }
-        },
-    );
+        }
+    });
     // The state now reconciled with this file.
     persist.commit(live, Some((file.clone(), text.to_string())))?;
     let daemon = Arc::new(Daemon {
@@ -298,6 +323,23 @@ fn serve(
             Some(t)
         }
         None => None,
+    };
+    // Ports waiting for their interface: a thread sleeps on the kernel's link notifications
+    // and opens them when their interfaces appear; it ends when none waits any more.
+    let links = if waiting.is_empty() {
+        None
+    } else {
+        let (daemon, term) = (daemon.clone(), term.clone());
+        let d = daemon.clone();
+        let watch = qswitch_sys::rtnl::LinkWatch::open()
+            .context("cannot watch for the interfaces of waiting ports")?;
+        let t = d
+            .switch
+            .spawn("qs-links", move || {
+                watch_links(&watch, &daemon.switch, &term)
+            })
+            .context("cannot start the link watcher thread")?;
+        Some(t)
     };
     // EVPN: a control-plane thread mirrors the VXLAN ports into FRR's kernel view.
     let evpn = if config.switch.evpn {
@@ -381,6 +423,9 @@ fn serve(
         let _ = t.join();
     }
     if let Some(t) = evpn {
+        let _ = t.join();
+    }
+    if let Some(t) = links {
         let _ = t.join();
     }
     daemon.switch.shutdown();

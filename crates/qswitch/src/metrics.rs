@@ -75,6 +75,12 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
          bpdu_guard) until `qswitch port enable`, else 0.",
     ),
     (
+        "qswitch_port_waiting",
+        "gauge",
+        "1 while a veth or afxdp port is down waiting for its interface (labelled ifname), which \
+         did not exist when the daemon started; 0 once it is open.",
+    ),
+    (
         "qswitch_afxdp_kernel_drops_total",
         "counter",
         "Frames an afxdp port's kernel sockets dropped before qswitch saw them (rx_dropped: no \
@@ -384,6 +390,18 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
             "qswitch_port_disabled",
             &labels,
             u8::from(p.disabled.is_some()),
+        );
+    }
+    o.family("qswitch_port_waiting");
+    for p in ports {
+        let mut labels = vec![("port", p.name.as_str())];
+        if let Some(ifname) = &p.waiting {
+            labels.push(("ifname", ifname));
+        }
+        o.sample(
+            "qswitch_port_waiting",
+            &labels,
+            u8::from(p.waiting.is_some()),
         );
     }
     o.family("qswitch_afxdp_kernel_drops_total");
@@ -724,6 +742,7 @@ mod tests {
             link_local_forward: None,
             bpdu_guard: false,
             disabled: None,
+            waiting: None,
             queues: vec![QueueInfo {
                 queue: 1,
                 worker: 0,

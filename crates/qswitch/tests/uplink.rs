@@ -12,9 +12,11 @@
 //! in use, ping both ways, iperf3 TCP with 1 and 4 streams both ways, with the peer's
 //! checksum offload off and GRO off on the uplink (see `qswitch_dp::port::afxdp`). `kill -9`
 //! of qswitch leaves the veth to the kernel (no program, no promiscuity) and a restart
-//! reattaches. Bad input (no such interface, too many queues, a mode the driver refuses, skb
+//! reattaches. Bad input (too many queues, a mode the driver refuses, skb
 //! mode on a veth) is exit code 2 with one line and nothing attached; `port add` refuses the
-//! same with one line. A trunk uplink keeps its VLANs apart and counts a VLAN it does not
+//! same with one line (no such interface too); at start-up, an uplink whose interface does
+//! not exist yet waits for it, down, and attaches when it appears (audit finding F6). A trunk
+//! uplink keeps its VLANs apart and counts a VLAN it does not
 //! carry as a drop, also when the wire's tags arrive out of band (audit finding F1). The
 //! host-port recipe of docs/uplink.md: the "host" namespace's address moves from its NIC to
 //! an internal TAP port, and the wire peer still reaches it. A vhost-user guest behind the
@@ -70,10 +72,20 @@ impl World {
             workers: worker_cpus(2),
             dir,
         };
+        for ns in [&w.sw, &w.peer, &w.vm] {
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+            ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+        }
+        w.wire();
+        w
+    }
+
+    /// The wire: a veth `uU` (sw) ↔ `wU` (peer), both up; the peer has 10.201.n.1/24.
+    fn wire(&self) {
         common::sh_ok(&[
             "ip",
             "-n",
-            &w.sw.name,
+            &self.sw.name,
             "link",
             "add",
             "uU",
@@ -83,23 +95,18 @@ impl World {
             "name",
             "wU",
             "netns",
-            &w.peer.name,
+            &self.peer.name,
         ]);
-        for ns in [&w.sw, &w.peer, &w.vm] {
-            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
-            ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
-        }
-        w.sw.ok(&["ip", "link", "set", "uU", "up"]);
-        w.peer.ok(&[
+        self.sw.ok(&["ip", "link", "set", "uU", "up"]);
+        self.peer.ok(&[
             "ip",
             "addr",
             "add",
-            &format!("10.201.{n}.1/24"),
+            &format!("10.201.{}.1/24", self.n),
             "dev",
             "wU",
         ]);
-        w.peer.ok(&["ip", "link", "set", "wU", "up"]);
-        w
+        self.peer.ok(&["ip", "link", "set", "wU", "up"]);
     }
 
     fn addr(&self, host: u8) -> String {
@@ -476,12 +483,6 @@ fn bad_input_exits_2_with_one_line_and_attaches_nothing() {
     let up = |ifname: &str, extra: &str| {
         format!("[[port]]\nname = \"up\"\ntype = \"afxdp\"\nifname = \"{ifname}\"\n{extra}")
     };
-    expect_exit_2(
-        &w,
-        "nosuch",
-        &up("qsnope", ""),
-        "interface qsnope does not exist",
-    );
     let queues =
         w.sw.ok(&["ls", "/sys/class/net/uU/queues"])
             .stdout
@@ -1011,4 +1012,32 @@ fn out_of_band_tags_are_classified_by_their_vid() {
     }
     out_of_band_trunk(2, "native");
     out_of_band_trunk(9, "packet");
+}
+
+/// Issue 27 F6, for a NIC whose driver loads late: an afxdp port whose interface does not
+/// exist at start waits for it (down, shown in `port list`), the TAP port starts anyway; when
+/// the interface appears the port attaches and switches.
+#[test]
+fn an_uplink_whose_interface_appears_after_start_attaches() {
+    if !privileged() {
+        return;
+    }
+    let mut w = World::new(9);
+    w.sw.ok(&["ip", "link", "del", "uU"]);
+    w.start("late", &w.ports("native"));
+    let up = w.port_json("up");
+    assert_eq!(up["waiting"], "uU", "{up}");
+    assert_eq!(up["queues"], serde_json::json!([]), "{up}");
+    assert!(w.port_json("vm")["waiting"].is_null());
+    w.attach_vm();
+    w.wire();
+    assert!(
+        wait_until(Duration::from_secs(10), || w.port_json("up")["waiting"]
+            .is_null()),
+        "the uplink still waits: {}",
+        w.log()
+    );
+    assert_eq!(w.port_json("up")["xdp_mode"], "native-copy");
+    assert_ping(&w.peer, &w.addr(2), "after the interface appeared");
+    assert_ping(&w.vm, &w.addr(1), "after the interface appeared, vm → peer");
 }

@@ -649,3 +649,89 @@ fn the_root_end_of_a_veth_is_no_door_into_the_host() {
         "the tenant never reached the host through an unsealed root end: the test proves nothing"
     );
 }
+
+/// The tenant's end of a veth pair in `ns`: `ifn` in the root namespace, `eth0` with
+/// `addr` in `ns`, up.
+fn tenant_link(ns: &Netns, ifn: &str, addr: &str) {
+    sh_ok(&[
+        "ip", "link", "add", ifn, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+    ]);
+    ns.ok(&["sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=1"]);
+    ns.ok(&["ip", "addr", "add", addr, "dev", "eth0"]);
+    ns.ok(&["ip", "link", "set", "eth0", "up"]);
+}
+
+/// `port list --json`'s entry of `port`.
+fn port_entry(lab: &Lab, port: char) -> Value {
+    let list = qs_json(&lab.daemon.control, &["port", "list", "--json"]);
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port.to_string())
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Issue 27 F6: a tenant deleted the interface of a veth port added live, and the next start
+/// exited 1 with no port up. Now the port waits for its interface, down, shown in
+/// `port list`; the other ports start and switch; when the interface is back the port opens
+/// (on the kernel's link notification) and switches too.
+#[test]
+fn a_port_whose_interface_is_missing_at_start_waits_for_it() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut lab = Lab::new(10, &[veth('a'), veth('b')]);
+    let control = lab.dir.join("control.sock");
+    let ns = Netns::new(&format!("qsvt{}-10c", std::process::id()));
+    let ifc = ifname(10, 'c');
+    tenant_link(&ns, &ifc, "10.201.10.3/24");
+    lab._links.push(LinkGuard(ifc.clone()));
+    lab.ports.push(('c', ifc.clone(), ns));
+    qs(
+        &control,
+        &["port", "add", "c", "--type", "veth", "--ifname", &ifc],
+    )
+    .assert_ok("port add c");
+    lab.assert_ping('a', 'c');
+    // The tenant deletes its end, and the pair goes.
+    lab.ns('c').ok(&["ip", "link", "del", "eth0"]);
+    assert!(wait_until(Duration::from_secs(5), || !common::link_exists(
+        &ifc
+    )));
+    // A live `port add` of a missing interface still fails, with the reason.
+    let out = qs(
+        &control,
+        &["port", "add", "d", "--type", "veth", "--ifname", "qvnone0"],
+    );
+    assert!(
+        !out.ok() && out.stderr.contains("does not exist"),
+        "{}",
+        out.stderr
+    );
+    // The restart (same config, so the same recorded state) comes up.
+    assert!(lab.daemon.terminate(Duration::from_secs(10)).is_some());
+    let _ = std::fs::remove_file(&control);
+    lab.daemon = Daemon::start(lab.dir.path(), "qswitch", &lab.config, &control);
+    lab.assert_ping('a', 'b');
+    let c = port_entry(&lab, 'c');
+    assert_eq!(c["waiting"], ifc.as_str(), "{c}");
+    assert_eq!(c["queues"], serde_json::json!([]), "{c}");
+    let text = qs(&control, &["port", "list"]);
+    assert!(
+        text.stdout
+            .contains(&format!("down: waiting for interface {ifc}")),
+        "{}",
+        text.stdout
+    );
+    // The interface comes back: the port opens and switches.
+    tenant_link(lab.ns('c'), &ifc, "10.201.10.3/24");
+    assert!(
+        wait_until(Duration::from_secs(10), || port_entry(&lab, 'c')["waiting"]
+            .is_null()),
+        "port c still waiting: {}",
+        lab.daemon.log_text()
+    );
+    lab.assert_ping('a', 'c');
+    assert!(lab.daemon.running());
+}

@@ -1,5 +1,5 @@
 //! rtnetlink, the few messages qswitch sends: an interface's IPv6 address generation mode,
-//! and its addresses (listed and deleted).
+//! and its addresses (listed and deleted); and link notifications ([`LinkWatch`]).
 //!
 //! Why by hand and not `netlink-packet-route` + `netlink-sys`: three fixed-layout messages
 //! (a header, `ifinfomsg`/`ifaddrmsg`, two nested attributes) are shorter to write and to
@@ -202,6 +202,84 @@ impl Rtnl {
             }
         }
         Ok(n)
+    }
+}
+
+/// A socket subscribed to the kernel's link notifications (`RTNLGRP_LINK`): it becomes
+/// readable when an interface appears, changes or goes, in the network namespace of the
+/// thread that opened it. The daemon waits on it for the interfaces of ports that are
+/// waiting for theirs.
+#[derive(Debug)]
+pub struct LinkWatch {
+    fd: OwnedFd,
+}
+
+impl LinkWatch {
+    /// Opens a `NETLINK_ROUTE` socket bound to the link multicast group.
+    pub fn open() -> io::Result<LinkWatch> {
+        // SAFETY: socket() has no memory-safety preconditions.
+        let fd = owned(cvt(unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                libc::NETLINK_ROUTE,
+            )
+        })?);
+        // SAFETY: an all-zero sockaddr_nl is a valid value.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        sa.nl_groups = libc::RTMGRP_LINK as u32;
+        // SAFETY: `sa` is a live sockaddr_nl and the length passed is its size.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                std::ptr::addr_of!(sa).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        })?;
+        Ok(LinkWatch { fd })
+    }
+
+    /// Waits up to `timeout` for link notifications and reads all that are queued. Returns
+    /// whether an interface appeared or changed (`RTM_NEWLINK`); a notification lost to a
+    /// full socket buffer (`ENOBUFS`) counts as one, since it may have been that.
+    pub fn wait(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `pfd` is one live pollfd and the count passed is 1.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        let mut buf = vec![0u8; 16384];
+        let mut new = false;
+        loop {
+            // SAFETY: `buf` is a live, exclusively borrowed buffer of `buf.len()` bytes.
+            let n =
+                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(new),
+                    Some(libc::EINTR) => continue,
+                    Some(libc::ENOBUFS) => {
+                        new = true;
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            new |= messages(&buf[..n as usize]).any(|(t, _)| t == libc::RTM_NEWLINK);
+        }
     }
 }
 

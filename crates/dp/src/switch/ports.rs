@@ -35,10 +35,79 @@ impl Switch {
     /// none is added (devices already opened are closed again).
     pub fn add_ports(&self, configs: &[PortConfig]) -> Result<Vec<PortId>, SwitchError> {
         let mut ctl = self.control.lock();
+        self.add_ports_locked(&mut ctl, configs)
+    }
+
+    /// [`Switch::add_ports`] at start-up: a veth or afxdp port whose interface does not
+    /// exist (a tenant deleted it, or its container or NIC driver comes later) does not keep
+    /// the others from starting. It is kept as *waiting*: listed by [`Switch::ports`] with
+    /// the interface it waits for, in no table, switching nothing, until
+    /// [`Switch::attach_waiting`] finds its interface. Returns the names of the waiting ports.
+    pub fn add_ports_or_wait(&self, configs: &[PortConfig]) -> Result<Vec<String>, SwitchError> {
+        let mut ctl = self.control.lock();
+        let (wait, now): (Vec<PortConfig>, Vec<PortConfig>) = configs
+            .iter()
+            .cloned()
+            .partition(|c| waits_for(c).is_some_and(|i| !qswitch_sys::netif::exists(i)));
+        for c in &wait {
+            c.validate()?;
+        }
+        self.add_ports_locked(&mut ctl, &now)?;
+        let names = wait.iter().map(|c| c.name.clone()).collect();
+        for c in wait {
+            tracing::warn!(
+                port = %c.name,
+                ifname = waits_for(&c).unwrap_or_default(),
+                "port down: waiting for its interface"
+            );
+            ctl.waiting.push(c);
+        }
+        Ok(names)
+    }
+
+    /// Opens the waiting ports ([`Switch::add_ports_or_wait`]) whose interface exists now;
+    /// one that still cannot open (a driver not ready yet) keeps waiting. Returns how many
+    /// are still waiting.
+    pub fn attach_waiting(&self) -> usize {
+        let mut ctl = self.control.lock();
+        let waiting = std::mem::take(&mut ctl.waiting);
+        for c in waiting {
+            let ifname = waits_for(&c).unwrap_or_default();
+            if !qswitch_sys::netif::exists(ifname) {
+                ctl.waiting.push(c);
+                continue;
+            }
+            match self.add_ports_locked(&mut ctl, std::slice::from_ref(&c)) {
+                Ok(_) => tracing::info!(port = %c.name, ifname, "interface appeared: port up"),
+                Err(e) => {
+                    tracing::warn!(port = %c.name, ifname, error = %e, "interface appeared but the port cannot open yet");
+                    ctl.waiting.push(c);
+                }
+            }
+        }
+        ctl.waiting.len()
+    }
+
+    fn add_ports_locked(
+        &self,
+        ctl: &mut super::runtime::Control,
+        configs: &[PortConfig],
+    ) -> Result<Vec<PortId>, SwitchError> {
         let table = self.shared.ports.load_full();
         let mut new_table = (*table).clone();
         let mut ids = Vec::with_capacity(configs.len());
         for config in configs {
+            for w in &ctl.waiting {
+                if w.name == config.name {
+                    return Err(SwitchError::PortExists(config.name.clone()));
+                }
+                if let Some(ifname) = config.ifname().filter(|&i| w.ifname() == Some(i)) {
+                    return Err(SwitchError::IfnameInUse {
+                        ifname: ifname.to_string(),
+                        port: w.name.clone(),
+                    });
+                }
+            }
             let id = self.prepare(&new_table, config)?;
             let dev = self.open_device(id, config)?;
             let slot = usize::from(id.0);
@@ -64,8 +133,8 @@ impl Switch {
                 self.shared.fdb.set_port_limit(id, limit);
             }
         }
-        self.replan(&mut ctl, &new_table);
-        self.apply(&mut ctl, Some(new_table));
+        self.replan(ctl, &new_table);
+        self.apply(ctl, Some(new_table));
         self.sync_fastpath(self.shared.now());
         for c in configs {
             tracing::info!(port = %c.name, kind = %c.kind, "port added");
@@ -353,6 +422,11 @@ impl Switch {
     /// a TAP qswitch created disappears).
     pub fn del_port(&self, name: &str) -> Result<(), SwitchError> {
         let mut ctl = self.control.lock();
+        if let Some(i) = ctl.waiting.iter().position(|w| w.name == name) {
+            ctl.waiting.remove(i);
+            tracing::info!(port = %name, "waiting port removed");
+            return Ok(());
+        }
         let table = self.shared.ports.load_full();
         let Some(entry) = table
             .iter()
@@ -396,5 +470,15 @@ impl Switch {
             Device::VhostUser(v) => Ok(v.reta()),
             _ => Err(SwitchError::NoRss(name.to_string())),
         }
+    }
+}
+
+/// The interface a port needs to exist before it can open: veth and afxdp ports, whose
+/// interface someone else makes (a container runtime, a NIC driver).
+fn waits_for(config: &PortConfig) -> Option<&str> {
+    match &config.kind {
+        PortKind::Veth(v) => Some(v.ifname.as_str()),
+        PortKind::AfXdp(a) => Some(a.ifname.as_str()),
+        _ => None,
     }
 }

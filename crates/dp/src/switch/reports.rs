@@ -101,8 +101,10 @@ impl Switch {
                         Device::Veth(_) => Some(super::drivers::eligible(p).is_some()),
                         _ => None,
                     },
+                    waiting: None,
                 }
             })
+            .chain(ctl.waiting.iter().map(waiting_info))
             .collect()
     }
 
@@ -110,6 +112,7 @@ impl Switch {
     /// (`vlans`, `security`, `storm`) as last set live ([`Switch::set_port_policy`]).
     pub fn port_configs(&self) -> Vec<qswitch_api::PortConfig> {
         let table = self.shared.ports.load_full();
+        let waiting = self.control.lock().waiting.clone();
         table
             .iter()
             .flatten()
@@ -118,6 +121,7 @@ impl Switch {
                 p.policy.load().settings.write_config(&mut c);
                 c
             })
+            .chain(waiting)
             .collect()
     }
 
@@ -449,5 +453,37 @@ fn vxlan_stats(s: &crate::port::vxlan::VxlanStats) -> VxlanStats {
         udp_gro: s.udp_gro,
         gro_frames: s.gro_frames,
         gro_segments: s.gro_segments,
+    }
+}
+
+/// A waiting port ([`Switch::add_ports_or_wait`]) as `port list` shows it: its config, no
+/// queue, and the interface it waits for.
+fn waiting_info(c: &qswitch_api::PortConfig) -> PortInfo {
+    PortInfo {
+        name: c.name.clone(),
+        kind: c.kind.to_string(),
+        ifname: c.ifname().map(ToString::to_string),
+        vlan: c.vlan.map(u16::from),
+        mac: None,
+        created: false,
+        offloads: Vec::new(),
+        socket: None,
+        mode: None,
+        connected: None,
+        enabled_queues: None,
+        dirty_log: None,
+        queues: Vec::new(),
+        xdp_mode: None,
+        inner_mtu: None,
+        kernel: None,
+        fastpath: None,
+        vlans: c.vlans.clone(),
+        security: c.security.as_deref().cloned(),
+        storm: c.storm.as_deref().cloned(),
+        owner: c.owner.as_deref().cloned(),
+        link_local_forward: None,
+        bpdu_guard: false,
+        disabled: None,
+        waiting: c.ifname().map(ToString::to_string),
     }
 }

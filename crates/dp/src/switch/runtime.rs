@@ -83,6 +83,10 @@ pub(super) struct Control {
     pub(super) moves: VecDeque<MoveInfo>,
     pub(super) moves_total: u64,
     pub(super) next_sweep: u64,
+    /// Ports added with [`Switch::add_ports_or_wait`](super::Switch::add_ports_or_wait)
+    /// whose interface did not exist: listed, switching nothing, until it appears
+    /// ([`Switch::attach_waiting`](super::Switch::attach_waiting)).
+    pub(super) waiting: Vec<qswitch_api::PortConfig>,
 }
 
 impl Control {
