@@ -712,7 +712,7 @@ fn a_port_whose_interface_is_missing_at_start_waits_for_it() {
     // The restart (same config, so the same recorded state) comes up.
     assert!(lab.daemon.terminate(Duration::from_secs(10)).is_some());
     let _ = std::fs::remove_file(&control);
-    lab.daemon = Daemon::start(lab.dir.path(), "qswitch", &lab.config, &control);
+    lab.daemon = DaemonChild::start(lab.dir.path(), "qswitch", &lab.config, &control);
     lab.assert_ping('a', 'b');
     let c = port_entry(&lab, 'c');
     assert_eq!(c["waiting"], ifc.as_str(), "{c}");
