@@ -159,7 +159,7 @@ impl DropCounters {
 /// A burst-local tally of drops, added into [`DropCounters`] once per burst. It remembers
 /// which reasons it counted, so that flushing a tally with no drops (nearly every burst) is
 /// one branch however many reasons there are.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Default, Clone, Copy)]
 pub struct DropTally {
     counts: [u32; DropReason::COUNT],
     /// Bit *r*: reason *r* was counted since the last flush.
@@ -168,6 +168,22 @@ pub struct DropTally {
 
 // `touched` has a bit per reason.
 const _: () = assert!(DropReason::COUNT <= 64);
+
+/// The reasons counted, by name (`DropTally { oversize: 1 }`): what a tally means, whatever
+/// bookkeeping (`touched`) a port's path left behind, so two tallies that count the same
+/// print the same.
+impl std::fmt::Debug for DropTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("DropTally");
+        for &r in DropReason::ALL {
+            let n = self.counts[r as usize];
+            if n != 0 {
+                d.field(r.name(), &n);
+            }
+        }
+        d.finish()
+    }
+}
 
 impl DropTally {
     #[inline]
