@@ -3,38 +3,14 @@
 bench (crates/dp/benches/engine.rs): the inclusive instructions of calls to
 `Forwarder::poll`, less those of the inject ports' rx_burst and tx_burst it calls, over the
 frames injected (calls to `InjectPort::inject`)."""
+import os
 import re
 import sys
 
-fn_names = {}  # callgrind's name compression: "(id) name" defines, "(id)" refers
-calls, inclusive = {}, {}
-callee, pending = None, None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cg_per_frame import call_costs  # noqa: E402
 
-
-def resolve(v):
-    m = re.match(r"\((\d+)\)(?: (.*))?", v)
-    if not m:
-        return v
-    if m.group(2):
-        fn_names[m.group(1)] = m.group(2)
-    return fn_names.get(m.group(1), "?")
-
-
-with open(sys.argv[1]) as f:
-    for line in f:
-        line = line.rstrip("\n")
-        if line.startswith("fn="):
-            resolve(line[3:])
-        elif line.startswith("cfn="):
-            callee = resolve(line[4:])
-        elif line.startswith("calls="):
-            pending = int(line[6:].split()[0])
-        elif pending is not None:
-            parts = line.split()
-            if len(parts) >= 2:
-                calls[callee] = calls.get(callee, 0) + pending
-                inclusive[callee] = inclusive.get(callee, 0) + int(parts[1])
-            pending = None
+calls, inclusive = call_costs(sys.argv[1])
 
 
 def one(pattern):
