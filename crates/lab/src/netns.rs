@@ -192,6 +192,23 @@ pub fn require_root(what: &str) -> anyhow::Result<()> {
 }
 
 /// A `qswitch run` child on a generated config, stopped (SIGTERM) on drop.
+/// The `qswitch` binary the lab starts as the switch (`qswitch run`): `$QSWITCH_DAEMON` when
+/// set, else this binary. Pointing it at another build measures that build's data path under
+/// this build's harness, so a before/after comparison runs one load, one topology and one
+/// report (bench/README.md, "Before and after").
+pub fn daemon_exe() -> anyhow::Result<std::path::PathBuf> {
+    match std::env::var_os("QSWITCH_DAEMON") {
+        Some(p) if !p.is_empty() => {
+            let p = std::path::PathBuf::from(p);
+            if !p.is_file() {
+                bail!("QSWITCH_DAEMON={} is not a file", p.display());
+            }
+            Ok(p)
+        }
+        _ => std::env::current_exe().context("cannot find the qswitch binary"),
+    }
+}
+
 pub struct LabDaemon {
     pub control: PathBuf,
     child: ChildGuard,
@@ -206,7 +223,7 @@ impl LabDaemon {
         std::fs::write(&config, config_text)?;
         let parsed = qswitch_api::Config::from_toml(config_text)?;
         let control = parsed.switch.control.clone();
-        let exe = std::env::current_exe().context("cannot find the qswitch binary")?;
+        let exe = daemon_exe()?;
         let child = Command::new(exe)
             .args(["run", "--config"])
             .arg(&config)

@@ -65,7 +65,7 @@ fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<OverlayTopo> {
     let vm_b = Netns::create(&format!("qsbench-ov-vb-{id}"))?;
     let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-ov-{id}")));
     std::fs::create_dir_all(&dir.0)?;
-    let exe = std::env::current_exe()?;
+    let exe = crate::netns::daemon_exe()?;
     let mut daemons = Vec::new();
     for (i, (host, local, remote)) in [
         (&ha, "10.97.0.1", "10.97.0.2"),

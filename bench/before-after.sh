@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Before/after of one scenario with one harness: alternates OLD and NEW as the switch
+# (QSWITCH_DAEMON), one run each per round, in the order AB, BA, AB ...; the harness is
+# NEW's. Prints, per metric of the runs, the median [min-max] of each build and new/old.
+#   bench/before-after.sh OLD NEW ROUNDS -- SCENARIO [bench options]
+# e.g. bench/before-after.sh /tmp/qswitch-old target/release/qswitch 5 -- pvp --only qswitch --seconds 5
+set -euo pipefail
+[ $# -ge 5 ] && [ "$4" = "--" ] || { echo "usage: $0 OLD NEW ROUNDS -- SCENARIO [options]" >&2; exit 2; }
+old=$(readlink -f "$1"); new=$(readlink -f "$2"); rounds=$3; shift 4
+scenario=$1
+out=$(mktemp -d /tmp/qswitch-before-after.XXXXXX)
+for r in $(seq 1 "$rounds"); do
+  if [ $((r % 2)) -eq 1 ]; then order="old new"; else order="new old"; fi
+  for who in $order; do
+    if [ "$who" = old ]; then bin=$old; else bin=$new; fi
+    echo "== round $r: $who ($bin)" >&2
+    QSWITCH_DAEMON=$bin "$new" bench "$@" --runs 1 --out "$out/$who-$r" >"$out/$who-$r.log" 2>&1 \
+      || { echo "run failed, see $out/$who-$r.log" >&2; tail -5 "$out/$who-$r.log" >&2; exit 1; }
+  done
+done
+python3 - "$out" "$scenario" "$rounds" <<'PY'
+import json, statistics, sys, os
+out, scenario, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def leaves(v, path=""):
+    if isinstance(v, bool): return
+    if isinstance(v, (int, float)): yield path, float(v); return
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if k in ("samples", "round", "seq"): continue
+            yield from leaves(x, f"{path}.{k}" if path else k)
+vals = {}
+for who in ("old", "new"):
+    for r in range(1, rounds + 1):
+        rep = json.load(open(os.path.join(out, f"{who}-{r}", f"{scenario}.json")))
+        for run in rep["runs"]:
+            for p, x in leaves(run):
+                c = run["contender"] + (f" {run['frame_size']} B" if "frame_size" in run else "")
+                vals.setdefault((c, p), {}).setdefault(who, []).append(x)
+print(f"{scenario}: {rounds} rounds, interleaved; median [min-max]; results in {out}")
+for (c, p), d in sorted(vals.items()):
+    o, n = d.get("old", []), d.get("new", [])
+    if not o or not n: continue
+    mo, mn = statistics.median(o), statistics.median(n)
+    ratio = f"{mn / mo:.3f}" if mo else "-"
+    print(f"{c:>18} {p:<24} old {mo:10.3f} [{min(o):.3f}-{max(o):.3f}]  new {mn:10.3f} [{min(n):.3f}-{max(n):.3f}]  new/old {ratio}")
+PY
