@@ -35,6 +35,7 @@ for who in ("old", "new"):
         for run in rep["runs"]:
             for p, x in leaves(run):
                 c = run["contender"] + (f" {run['frame_size']} B" if "frame_size" in run else "")
+                c += f" {run['load_pools']}p" if run.get("load_pools") else ""
                 vals.setdefault((c, p), {}).setdefault(who, []).append(x)
 print(f"{scenario}: {rounds} rounds, interleaved; median [min-max]; results in {out}")
 for (c, p), d in sorted(vals.items()):

@@ -10,11 +10,14 @@
  *   qsload --no-huge -m 1024 --no-pci --iova-mode=va --file-prefix qsl$$ -l 0 \
  *       --vdev net_virtio_user0,path=/run/a.sock,queues=1[,server=1] \
  *       --vdev net_virtio_user1,path=/run/b.sock,queues=1[,server=1] \
- *       -- --size 64 --seconds 10 [--warmup 2] [--flows 4] [--link-timeout 15]
+ *       -- --size 64 --seconds 10 [--warmup 2] [--flows 4] [--link-timeout 15] [--pools 1|2]
  *
  * Port 0 sends from 02:00:00:00:00:0a to 02:00:00:00:00:0b; port 1 has 02:00:00:00:00:0b and
  * first announces itself (a few broadcast frames) so a learning switch knows where it is before
- * the measurement. Prints one JSON object on stdout: frames sent and received in the measured
+ * the measurement. The buffers come from one pool of 8191 mbufs (`--pools 1`, the default) or,
+ * as a guest with a larger working set has them, from two pools of 16383 mbufs, one that the
+ * generator sends from and one that the receive rings are filled from (`--pools 2`).
+ * Prints one JSON object on stdout: frames sent and received in the measured
  * window, Mpps each way, and the received count of every second.
  */
 #include <getopt.h>
@@ -111,12 +114,13 @@ int main(int argc, char **argv)
 	}
 	argc -= eal;
 	argv += eal;
-	unsigned size = 64, flows = 4;
+	unsigned size = 64, flows = 4, pools = 1;
 	double seconds = 10, warmup = 2, link_timeout = 15;
 	static const struct option opts[] = {
 		{"size", required_argument, 0, 's'},   {"seconds", required_argument, 0, 't'},
 		{"warmup", required_argument, 0, 'w'}, {"flows", required_argument, 0, 'f'},
-		{"link-timeout", required_argument, 0, 'l'}, {0, 0, 0, 0},
+		{"link-timeout", required_argument, 0, 'l'}, {"pools", required_argument, 0, 'p'},
+		{0, 0, 0, 0},
 	};
 	int c;
 	optind = 1;
@@ -127,12 +131,14 @@ int main(int argc, char **argv)
 		case 'w': warmup = strtod(optarg, NULL); break;
 		case 'f': flows = (unsigned)strtoul(optarg, NULL, 10); break;
 		case 'l': link_timeout = strtod(optarg, NULL); break;
+		case 'p': pools = (unsigned)strtoul(optarg, NULL, 10); break;
 		default: fprintf(stderr, "qsload: bad argument\n"); return 2;
 		}
 	}
 	if (size < 60 || size > 9000 || flows < 1 || flows > 65535 || !(seconds > 0) ||
-	    seconds > MAX_SECONDS || warmup < 0) {
-		fprintf(stderr, "qsload: --size 60..9000, --flows 1..65535, 0 < --seconds <= %d\n",
+	    seconds > MAX_SECONDS || warmup < 0 || pools < 1 || pools > 2) {
+		fprintf(stderr, "qsload: --size 60..9000, --flows 1..65535, 0 < --seconds <= %d, "
+				"--pools 1 or 2\n",
 			MAX_SECONDS);
 		return 2;
 	}
@@ -146,15 +152,19 @@ int main(int argc, char **argv)
 	unsigned data = size + RTE_PKTMBUF_HEADROOM > RTE_MBUF_DEFAULT_BUF_SIZE
 				? size + RTE_PKTMBUF_HEADROOM
 				: RTE_MBUF_DEFAULT_BUF_SIZE;
-	struct rte_mempool *pool =
-		rte_pktmbuf_pool_create("qsload", 8191, 256, 0, data, rte_socket_id());
-	if (!pool) {
+	/* `pool` is what the generator sends from; `rx_pool` fills both ports' receive rings. */
+	struct rte_mempool *pool = rte_pktmbuf_pool_create(
+		"qsload", pools == 1 ? 8191 : 16383, 256, 0, data, rte_socket_id());
+	struct rte_mempool *rx_pool =
+		pools == 1 ? pool
+			   : rte_pktmbuf_pool_create("qsload-rx", 16383, 256, 0, data, rte_socket_id());
+	if (!pool || !rx_pool) {
 		fprintf(stderr, "qsload: no mbuf pool: %s\n", rte_strerror(rte_errno));
 		return 2;
 	}
 	const uint16_t gen = 0, sink = 1;
 	for (uint16_t p = 0; p < 2; p++) {
-		int r = port_init(p, pool);
+		int r = port_init(p, rx_pool);
 		if (r < 0) {
 			fprintf(stderr, "qsload: port %u: %s\n", p, rte_strerror(-r));
 			return 2;
@@ -237,9 +247,9 @@ int main(int argc, char **argv)
 	uint64_t end = rte_get_timer_cycles();
 	double window = measuring ? (double)((end < t1 ? end : t1) - t0) / hz : 0;
 	uint64_t s = sent - sent0, g = got - got0;
-	printf("{\"size\":%u,\"flows\":%u,\"seconds\":%.3f,\"sent\":%" PRIu64 ",\"received\":%" PRIu64
+	printf("{\"size\":%u,\"flows\":%u,\"pools\":%u,\"seconds\":%.3f,\"sent\":%" PRIu64 ",\"received\":%" PRIu64
 	       ",\"tx_mpps\":%.4f,\"rx_mpps\":%.4f,\"tx_ring_full_bursts\":%" PRIu64 ",\"per_second\":[",
-	       size, flows, window, s, g, window > 0 ? s / window / 1e6 : 0,
+	       size, flows, pools, window, s, g, window > 0 ? s / window / 1e6 : 0,
 	       window > 0 ? g / window / 1e6 : 0, tx_full);
 	for (unsigned i = 0; i < sec; i++)
 		printf("%s%" PRIu64, i ? "," : "", per_sec[i]);

@@ -12,7 +12,10 @@
 //! to both switches, as the guests users run (DPDK applications, or any virtio driver) are.
 //! One qsload process per (switch, frame size): it attaches, lets the switch learn both
 //! stations, warms up 2 s and measures `--seconds`; the switch's CPU is read every 250 ms
-//! and taken over the measured window. The idle measurement then has no frontend attached.
+//! and taken over the measured window. Every frame size runs under both of qsload's load
+//! shapes: one mbuf pool of 8191 (what this bench always used) and a transmit and a receive
+//! pool of 16383 each (a guest with more buffers in flight; issue 30 found qswitch's 1518 B
+//! lead over OVS-DPDK turned into a deficit there), so no comparison quotes one shape alone. The idle measurement then has no frontend attached.
 //!
 //! With `--load own` the generator is `qswitch_virtio_driver` (what QEMU and a guest's
 //! virtio-net driver do, in one process, no VM). It transmits on A and receives on B in one
@@ -66,6 +69,26 @@ const IDLE_S: u64 = 3;
 /// (RFC 2544 frame size with FCS, bytes we send without it).
 const SIZES: [(u32, usize); 2] = [(64, 60), (1518, 1514)];
 const CONTENDERS: [&str; 3] = ["qswitch", "ovs-dpdk", "testpmd-io"];
+
+/// A measured case: (frame size, the load's mbuf pools: 1 or 2, see [`qsload::POOLS`]; 0
+/// under `--load own`).
+type Case = (u32, u32);
+
+fn case_label((size, pools): Case) -> String {
+    match pools {
+        0 => format!("{size} B"),
+        1 => format!("{size} B 1 pool"),
+        n => format!("{size} B {n} pools"),
+    }
+}
+
+/// The cases of `items`, once each, in the order of [`SIZES`], then pools.
+fn cases<T>(items: &[T], case: impl Fn(&T) -> Case) -> Vec<Case> {
+    let mut v: Vec<Case> = items.iter().map(case).collect();
+    v.sort_by_key(|&(size, pools)| (SIZES.iter().position(|s| s.0 == size), pools));
+    v.dedup();
+    v
+}
 const TESTPMD: &str = "dpdk-testpmd";
 const MAC_A: [u8; 6] = [0x02, 0x51, 0x50, 0x56, 0x50, 0x0a];
 const MAC_B: [u8; 6] = [0x02, 0x51, 0x50, 0x56, 0x50, 0x0b];
@@ -97,6 +120,9 @@ pub struct PvpMetrics {
     pub frame_size: u32,
     /// Bytes sent per frame (without FCS).
     pub frame_len: usize,
+    /// The DPDK load's mbuf pools (1: one of 8191, 2: transmit and receive of 16383 each;
+    /// [`qsload::POOLS`]); 0 under `--load own`.
+    pub load_pools: u32,
     pub tx_pkts: u64,
     pub rx_pkts: u64,
     /// Sent and received per second of traffic (frames received in the final 100 ms
@@ -136,10 +162,11 @@ pub struct PvpMetrics {
 /// One run of one contender: [`PvpMetrics`] and a [`PvpSample`] per second.
 pub type PvpRun = Run<PvpMetrics, PvpSample>;
 
-/// Medians (and ranges) of one contender at one frame size.
+/// Medians (and ranges) of one contender at one frame size and load shape.
 #[derive(Debug, Clone, Serialize)]
 pub struct PvpSummary {
     pub frame_size: u32,
+    pub load_pools: u32,
     pub contender: String,
     pub runs: usize,
     pub mpps_median: f64,
@@ -159,10 +186,11 @@ pub struct PvpSummary {
     pub spread_pct: f64,
 }
 
-/// qswitch's medians over a peer's (OVS-DPDK, testpmd-io) at one frame size.
+/// qswitch's medians over a peer's (OVS-DPDK, testpmd-io) at one frame size and load shape.
 #[derive(Debug, Clone, Serialize)]
 pub struct PvpRatio {
     pub frame_size: u32,
+    pub load_pools: u32,
     pub of: String,
     pub mpps: f64,
     pub mpps_per_cpu_s: f64,
@@ -306,17 +334,24 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             idle.0, idle.1
         );
 
-        let sizes: Vec<(u32, usize)> = if round % 2 == 0 {
-            SIZES.to_vec()
+        // Every frame size under every load shape, in reverse order in odd rounds.
+        let pools: &[u32] = if qsload_bin.is_some() {
+            &qsload::POOLS
         } else {
-            SIZES.iter().rev().copied().collect()
+            &[0]
         };
-        for (size, len) in sizes {
-            b.say_start(format_args!("{prefix} {size:>4} B "));
+        let mut runs_here: Vec<(u32, usize, u32)> = (SIZES.iter())
+            .flat_map(|&(size, len)| pools.iter().map(move |&p| (size, len, p)))
+            .collect();
+        if round % 2 == 1 {
+            runs_here.reverse();
+        }
+        for (size, len, pools) in runs_here {
+            b.say_start(format_args!("{prefix} {:>14} ", case_label((size, pools))));
             let mut r = match (&gen, &qsload_bin) {
                 (Some(gen), _) => traffic(b, sw.as_ref(), gen, (size, len), seconds)?,
                 (None, Some(bin)) => {
-                    match traffic_dpdk(b, sw.as_ref(), bin, (size, len), seconds) {
+                    match traffic_dpdk(b, sw.as_ref(), bin, (size, len, pools), seconds) {
                         Ok(r) => r,
                         Err(e) if c > 0 => {
                             println!();
@@ -329,6 +364,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 (None, None) => unreachable!("a load is chosen"),
             };
             r.contender = name.to_string();
+            r.load_pools = pools;
             r.round = round + 1;
             r.seq = seq + 1;
             (r.idle_cpu_pct, r.idle_worker_cpu_pct) = idle;
@@ -362,13 +398,17 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         "contenders": CONTENDERS,
         "order": order.iter().map(|&(_, c)| CONTENDERS[c]).collect::<Vec<_>>(),
         "frame_sizes": SIZES.iter().map(|s| s.0).collect::<Vec<_>>(),
+        "load_pools": match b.args.load {
+            Load::Own => vec![0],
+            Load::Dpdk => qsload::POOLS.to_vec(),
+        },
         "frame": "IPv4/UDP 198.18.0.1:1024 -> 198.18.0.2:9, unicast A -> B after learning",
         "generator_cpu": GEN_CPU,
         "switch_cpu": SWITCH_CPU,
         "load": b.args.load,
         "generator": match b.args.load {
             Load::Own => "qswitch-virtio-driver poll_loop_between, 1 queue pair, 256 entries, bursts of 32, no calls".to_string(),
-            Load::Dpdk => format!("qsload (bench/dpdk-load/qsload.c): DPDK {} net_virtio_user, 1 queue pair each, 1024 entries, bursts of 32, tx and rx in one loop on one lcore, {} s warm-up; its CPU counted as 100% of CPU {GEN_CPU} (it polls)", dpdk_version(), qsload::WARMUP_S),
+            Load::Dpdk => format!("qsload (bench/dpdk-load/qsload.c): DPDK {} net_virtio_user, 1 queue pair each, 1024 entries, bursts of 32, tx and rx in one loop on one lcore, {} s warm-up; mbufs from one pool of 8191 (load_pools 1) or a transmit and a receive pool of 16383 each (load_pools 2); its CPU counted as 100% of CPU {GEN_CPU} (it polls)", dpdk_version(), qsload::WARMUP_S),
         },
         "generator_drivers": drivers,
         "generator_ceiling": "not measured (needs a trivial vhost-user loopback back-end); see tx_ring_full per run",
@@ -494,7 +534,7 @@ fn traffic_dpdk(
     b: &Bench,
     sw: &dyn Switch,
     bin: &Path,
-    (size, len): (u32, usize),
+    (size, len, pools): (u32, usize, u32),
     seconds: u32,
 ) -> anyhow::Result<PvpRun> {
     let (a, s) = sw.sockets();
@@ -504,7 +544,7 @@ fn traffic_dpdk(
         server: matches!(sw.attach(), Attach::Accept),
     };
     let mut snaps: Vec<Snap> = vec![Snap::take(sw)?];
-    let out = qsload::run(b, bin, &sockets, GEN_CPU, len, seconds, || {
+    let out = qsload::run(b, bin, &sockets, GEN_CPU, (len, pools), seconds, || {
         snaps.push(Snap::take(sw)?);
         Ok(())
     })?;
@@ -589,6 +629,7 @@ fn metrics((size, len): (u32, usize), m: &Moved, c: &CpuOver) -> PvpMetrics {
     PvpMetrics {
         frame_size: size,
         frame_len: len,
+        load_pools: 0,
         tx_pkts: m.tx_pkts,
         rx_pkts: m.rx_pkts,
         mpps_tx: m.tx_pkts as f64 / secs / 1e6,
@@ -654,20 +695,22 @@ fn run_line(r: &PvpRun) -> String {
     s
 }
 
-/// Per (frame size, contender) medians, in the order of `SIZES` and `names`; and
-/// qswitch / OVS-DPDK per frame size when both ran.
+/// Per (case, contender) medians, in the order of the cases and `names`; and qswitch over
+/// each peer per case when both ran.
 fn summarise(names: &[&str], runs: &[PvpRun]) -> (Vec<PvpSummary>, Vec<PvpRatio>) {
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
     let max = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let mut summary = Vec::new();
     let mut ratio = Vec::new();
-    for (size, _) in SIZES {
+    for (size, pools) in cases(runs, |r| (r.frame_size, r.load_pools)) {
         let mine: Vec<PvpSummary> = names
             .iter()
             .filter_map(|&name| {
                 let rs: Vec<&PvpRun> = runs
                     .iter()
-                    .filter(|r| r.contender == name && r.frame_size == size)
+                    .filter(|r| {
+                        r.contender == name && r.frame_size == size && r.load_pools == pools
+                    })
                     .collect();
                 if rs.is_empty() {
                     return None;
@@ -680,6 +723,7 @@ fn summarise(names: &[&str], runs: &[PvpRun]) -> (Vec<PvpSummary>, Vec<PvpRatio>
                 );
                 Some(PvpSummary {
                     frame_size: size,
+                    load_pools: pools,
                     contender: name.to_string(),
                     runs: rs.len(),
                     mpps_median: median(&mpps),
@@ -706,6 +750,7 @@ fn summarise(names: &[&str], runs: &[PvpRun]) -> (Vec<PvpSummary>, Vec<PvpRatio>
                 if o.mpps_median > 0.0 && o.mpps_per_cpu_s_median > 0.0 {
                     ratio.push(PvpRatio {
                         frame_size: size,
+                        load_pools: pools,
                         of: format!("{} / {}", q.contender, o.contender),
                         mpps: q.mpps_median / o.mpps_median,
                         mpps_per_cpu_s: q.mpps_per_cpu_s_median / o.mpps_per_cpu_s_median,
@@ -723,8 +768,8 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
     println!();
     println!("{title}");
     println!(
-        "  {:<7}{:<27}{:<28}{:>7}{:>12}{:>16}{:>10}",
-        "size",
+        "  {:<15}{:<27}{:<28}{:>7}{:>12}{:>16}{:>10}",
+        "size, load",
         "contender",
         "Mpps rx (median [min-max])",
         "lost %",
@@ -732,12 +777,14 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
         "Mpps per CPU-s",
         "idle CPU"
     );
-    for (size, _) in SIZES {
-        for s in summary.iter().filter(|s| s.frame_size == size) {
+    for case in cases(summary, |s| (s.frame_size, s.load_pools)) {
+        let label = case_label(case);
+        let of_case = |s: &&PvpSummary| (s.frame_size, s.load_pools) == case;
+        for s in summary.iter().filter(of_case) {
             let m = format!("{:.2} [{:.2}-{:.2}]", s.mpps_median, s.mpps_min, s.mpps_max);
             println!(
-                "  {:<7}{:<27}{m:<28}{:>7.2}{:>11.0}%{:>16.2}{:>9.1}%",
-                format!("{size} B"),
+                "  {:<15}{:<27}{m:<28}{:>7.2}{:>11.0}%{:>16.2}{:>9.1}%",
+                label,
                 s.contender,
                 s.loss_pct_median,
                 s.switch_cpu_pct_median,
@@ -745,19 +792,22 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
                 s.idle_cpu_pct_median
             );
         }
-        let spreads: Vec<String> = (summary.iter().filter(|s| s.frame_size == size))
+        let spreads: Vec<String> = (summary.iter().filter(of_case))
             .map(|s| format!("{} {:.1}%", s.contender, s.spread_pct))
             .collect();
         println!(
-            "  {:<7}{:<27}{}",
-            format!("{size} B"),
+            "  {:<15}{:<27}{}",
+            label,
             "spread (max-min)/median",
             spreads.join(", ")
         );
-        for r in ratio.iter().filter(|r| r.frame_size == size) {
+        for r in ratio
+            .iter()
+            .filter(|r| (r.frame_size, r.load_pools) == case)
+        {
             println!(
-                "  {:<7}{:<27}{:<28.2}{:>7}{:>12}{:>16.2}",
-                format!("{size} B"),
+                "  {:<15}{:<27}{:<28.2}{:>7}{:>12}{:>16.2}",
+                label,
                 format!("ratio {}", r.of),
                 r.mpps,
                 "",
@@ -769,10 +819,11 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
     println!();
     for s in summary {
         println!(
-            "RESULT pvp {} size={} mpps={:.3} mpps_tx={:.3} loss_pct={:.3} cpu_pct={:.1} \
+            "RESULT pvp {} size={} pools={} mpps={:.3} mpps_tx={:.3} loss_pct={:.3} cpu_pct={:.1} \
              mpps_per_cpu_s={:.3} idle_cpu_pct={:.1} spread_pct={:.1} runs={}",
             s.contender,
             s.frame_size,
+            s.load_pools,
             s.mpps_median,
             s.mpps_tx_median,
             s.loss_pct_median,
@@ -785,9 +836,10 @@ fn print_table(title: &str, summary: &[PvpSummary], ratio: &[PvpRatio]) {
     }
     for r in ratio {
         println!(
-            "RESULT pvp {} size={} mpps_ratio={:.3} mpps_per_cpu_s_ratio={:.3}",
+            "RESULT pvp {} size={} pools={} mpps_ratio={:.3} mpps_per_cpu_s_ratio={:.3}",
             r.of.replace(' ', ""),
             r.frame_size,
+            r.load_pools,
             r.mpps,
             r.mpps_per_cpu_s
         );
@@ -815,8 +867,11 @@ fn warn_if_busy(runs: &[PvpRun], loadavg: &str) {
         .filter(|r| r.idle_other_busy_cpus > 0.3 || r.other_busy_cpus > 0.3)
         .map(|r| {
             format!(
-                "#{} {} B ({:.2} idle, {:.2} under load)",
-                r.seq, r.frame_size, r.idle_other_busy_cpus, r.other_busy_cpus
+                "#{} {} ({:.2} idle, {:.2} under load)",
+                r.seq,
+                case_label((r.frame_size, r.load_pools)),
+                r.idle_other_busy_cpus,
+                r.other_busy_cpus
             )
         })
         .collect();
@@ -837,10 +892,12 @@ fn pvp_svg(summary: &[PvpSummary], runs: &[PvpRun]) -> String {
     let by_size = |f: fn(&PvpSummary) -> (f64, f64, f64)| {
         let mut groups: Groups = Vec::new();
         let mut ranges: Vec<Vec<(f64, f64)>> = Vec::new();
-        for (size, _) in SIZES {
-            let mine: Vec<&PvpSummary> = summary.iter().filter(|s| s.frame_size == size).collect();
+        for case in cases(summary, |s| (s.frame_size, s.load_pools)) {
+            let mine: Vec<&PvpSummary> = (summary.iter())
+                .filter(|s| (s.frame_size, s.load_pools) == case)
+                .collect();
             groups.push((
-                format!("{size} B frames"),
+                case_label(case),
                 mine.iter().map(|s| (s.contender.clone(), f(s).0)).collect(),
             ));
             ranges.push(mine.iter().map(|s| (f(s).1, f(s).2)).collect());
@@ -857,9 +914,10 @@ fn pvp_svg(summary: &[PvpSummary], runs: &[PvpRun]) -> String {
     // CPU: idle, then under load per frame size.
     let mut groups: Groups = Vec::new();
     let mut ranges: Vec<Vec<(f64, f64)>> = Vec::new();
+    let all_cases = cases(summary, |s| (s.frame_size, s.load_pools));
     let first: Vec<&PvpSummary> = summary
         .iter()
-        .filter(|s| s.frame_size == SIZES[0].0)
+        .filter(|s| Some(&(s.frame_size, s.load_pools)) == all_cases.first())
         .collect();
     groups.push((
         format!("idle ({IDLE_S} s, ports connected)"),
@@ -874,12 +932,12 @@ fn pvp_svg(summary: &[PvpSummary], runs: &[PvpRun]) -> String {
             .map(|s| (s.idle_cpu_pct_min, s.idle_cpu_pct_max))
             .collect(),
     );
-    for (size, _) in SIZES {
+    for &case in &all_cases {
         groups.push((
-            format!("{size} B load"),
+            format!("{} load", case_label(case)),
             summary
                 .iter()
-                .filter(|s| s.frame_size == size)
+                .filter(|s| (s.frame_size, s.load_pools) == case)
                 .map(|s| (s.contender.clone(), s.switch_cpu_pct_median))
                 .collect(),
         ));
@@ -905,8 +963,10 @@ fn pvp_svg(summary: &[PvpSummary], runs: &[PvpRun]) -> String {
         &r,
     );
     let mut charts = vec![mpps, cpu, eff];
-    for (size, _) in SIZES {
-        let mut mine: Vec<&PvpRun> = runs.iter().filter(|r| r.frame_size == size).collect();
+    for case in cases(runs, |r| (r.frame_size, r.load_pools)) {
+        let mut mine: Vec<&PvpRun> = (runs.iter())
+            .filter(|r| (r.frame_size, r.load_pools) == case)
+            .collect();
         if mine.is_empty() {
             continue;
         }
@@ -919,7 +979,10 @@ fn pvp_svg(summary: &[PvpSummary], runs: &[PvpRun]) -> String {
             })
             .collect();
         charts.push(plot::line_chart(
-            &format!("{size} B: Mpps received per second, every run (#: setup order)"),
+            &format!(
+                "{}: Mpps received per second, every run (#: setup order)",
+                case_label(case)
+            ),
             "seconds since the traffic started",
             "Mpps",
             &series,
@@ -1871,6 +1934,7 @@ mod tests {
             metrics: PvpMetrics {
                 frame_size: size,
                 frame_len: size as usize - 4,
+                load_pools: 1,
                 tx_pkts: 100,
                 rx_pkts: 90,
                 mpps_tx: mpps * 1.1,

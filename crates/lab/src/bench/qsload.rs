@@ -8,6 +8,11 @@
 //! or as server for a switch that connects, like OVS's `dpdkvhostuserclient`), announces
 //! both stations, sends for `warmup` s unmeasured, then `seconds` s measured, and prints one
 //! JSON object.
+//!
+//! Two load shapes ([`POOLS`]): the generator's and the sink's buffers from one pool of 8191
+//! mbufs, or from two pools of 16383 mbufs (transmit, receive), the working set of a guest
+//! with more memory in flight: a switch that reads the guest's buffers pays for the larger
+//! set in cache misses.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -22,6 +27,9 @@ use super::Bench;
 const SOURCE: &str = include_str!("../../../../bench/dpdk-load/qsload.c");
 /// Unmeasured seconds of traffic before the measured window.
 pub const WARMUP_S: u32 = 2;
+/// The load shapes every DPDK-load comparison measures: 1 = one pool of 8191 mbufs, 2 = two
+/// pools of 16383 (transmit, receive).
+pub const POOLS: [u32; 2] = [1, 2];
 /// Seconds qsload waits for both links.
 const LINK_TIMEOUT_S: u32 = 15;
 
@@ -83,14 +91,15 @@ pub struct Sockets<'a> {
     pub server: bool,
 }
 
-/// Runs qsload once on `cpu` on `sockets`. `on_tick` runs about every 250 ms while it does
+/// Runs qsload once on `cpu` on `sockets`: frames of `len` bytes, buffers from `pools`
+/// (see [`POOLS`]). `on_tick` runs about every 250 ms while it does
 /// (for CPU samples). Returns what it printed.
 pub fn run(
     b: &Bench,
     bin: &Path,
     sockets: &Sockets<'_>,
     cpu: usize,
-    len: usize,
+    (len, pools): (usize, u32),
     seconds: u32,
     mut on_tick: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Output> {
@@ -101,7 +110,7 @@ pub fn run(
             if sockets.server { ",server=1" } else { "" }
         )
     };
-    let prefix = format!("qsl{}x{}", b.id, len);
+    let prefix = format!("qsl{}x{}p{pools}", b.id, len);
     // DPDK's runtime directory goes however this ends (interrupt, timeout, error).
     let _runtime = crate::topology::RemoveDir(format!("/var/run/dpdk/{prefix}").into());
     let mut child = Command::new(bin)
@@ -126,6 +135,8 @@ pub fn run(
             &len.to_string(),
             "--seconds",
             &seconds.to_string(),
+            "--pools",
+            &pools.to_string(),
         ])
         .args(["--warmup", &WARMUP_S.to_string()])
         .args(["--link-timeout", &LINK_TIMEOUT_S.to_string()])
