@@ -8,7 +8,9 @@
 # give D1 and last-level misses per frame; the worker's sleeps and wake-ups per frame come
 # from its counters. Deterministic where `bench pvp`'s Mpps are noisy; valgrind makes the
 # worker ~50x slower, so the rings stay full and bursts are whole.
-# Usage: [SIZES="64 1518"] [KEEP=1] bench/callgrind-dpdk.sh [QSWITCH_BINARY]
+# Usage: [SIZES="64 1518"] [POOLS=1|2] [KEEP=1] bench/callgrind-dpdk.sh [QSWITCH_BINARY]
+#        POOLS: qsload's load shape (1: one pool of 8191 mbufs, default; 2: transmit and
+#        receive pools of 16383, the larger working set `bench pvp` also measures)
 #        (default binary: target/release/qswitch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +53,7 @@ EOF
     "$dir/qsload" --no-huge -m 1024 --no-pci --iova-mode=va --file-prefix "qscg$$" -l 0 \
         --vdev "net_virtio_user0,path=$dir/a.sock,queues=1" \
         --vdev "net_virtio_user1,path=$dir/b.sock,queues=1" \
-        -- --size "$len" --seconds 4 --warmup 1 --link-timeout 60 >"$dir/qsload.json" 2>"$dir/qsload.log" || true
+        -- --size "$len" --pools "${POOLS:-1}" --seconds 4 --warmup 1 --link-timeout 60 >"$dir/qsload.json" 2>"$dir/qsload.log" || true
     stats=$("$bin" stats --json --control "$dir/control.sock")
     kill -TERM "$pid"
     wait "$pid" || true
