@@ -20,6 +20,8 @@ if [ "$(id -u)" = 0 ]; then
     command -v chromium >/dev/null || need+=(chromium)
     [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
     command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
+    command -v ovs-vswitchd >/dev/null || need+=(openvswitch-switch)
+    command -v lldpd >/dev/null || need+=(lldpd)
     python3 -c 'import prometheus_client' 2>/dev/null || need_pip=1
     if [ ${#need[@]} -gt 0 ]; then
         echo "== installing ${need[*]}"

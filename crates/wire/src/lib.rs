@@ -8,6 +8,8 @@
 //! [`flow::extract`] (flow keys for RSS and QoS), [`virtio_net_hdr`] and [`checksum`]; for
 //! tunnels, port security and capture, [`vxlan`] (encapsulation and decapsulation),
 //! [`guard::inspect`] (the facts port security checks) and [`pcapng`] (a capture writer).
+//! For the link control protocols a bond and its members speak: [`lacp`] (LACPDUs, IEEE
+//! 802.1AX) and [`lldp`] (LLDPDUs, IEEE 802.1AB).
 //!
 //! # The contract
 //!
@@ -65,6 +67,8 @@ pub mod ipv4;
 pub mod ipv6;
 mod ipv6_ext;
 pub mod l2;
+pub mod lacp;
+pub mod lldp;
 pub mod mac;
 pub mod pcapng;
 pub mod tcp;

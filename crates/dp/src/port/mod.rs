@@ -17,6 +17,7 @@
 //! link state, behind one port.
 
 pub mod afxdp;
+pub mod bond;
 pub mod gen;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod inject;

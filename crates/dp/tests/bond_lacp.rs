@@ -1,0 +1,459 @@
+//! LACP against a real partner (root): Open vSwitch's userspace datapath
+//! (`datapath_type=netdev`, no kernel module) in a namespace this test creates, with its own
+//! ovsdb and run directory in the test's temp dir, bonding `p0` and `p1`
+//! (`bond_mode=balance-tcp lacp=active|passive other_config:lacp-time=fast`). The other ends
+//! of the two veth pairs stay in the test's namespace, where a small loop drives
+//! `qswitch_dp::port::bond::lacp` over AF_PACKET sockets, as the bond port's driver will.
+//!
+//! - active against active, and passive against active: `ovs-appctl lacp/show` reports both
+//!   members current with this side as a partner in sync, collecting and distributing, and
+//!   this side distributes on both members;
+//! - passive against passive: nobody sends a LACPDU and nothing forms;
+//! - a silent partner (ovs-vswitchd stopped with SIGSTOP) is detected within 3 s at the fast
+//!   rate; the measured time is printed.
+//!
+//! OVS 3.1's userspace bond sends no LACPDU on a member until it has seen its carrier change,
+//! so this side's veth ends are brought up only after the bond exists (as a cable plugged in).
+//! Everything is stopped by PID and removed on drop, also when an assertion fails.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use qswitch_dp::port::bond::lacp::{Config, Lacp, Mode, Rate, RxState};
+use qswitch_sys::packet::{PacketOptions, PacketSocket};
+use qswitch_test_support::harness::{signal, ChildGuard, LinkGuard};
+use qswitch_test_support::{have_tool, root_or_skip, run_timeout, sh_ok, skip, wait_until};
+use qswitch_test_support::{Netns, TempDir};
+use qswitch_wire::lacp::Lacpdu;
+use qswitch_wire::MacAddr;
+
+const WAIT: Duration = Duration::from_secs(20);
+const SYSTEM: MacAddr = MacAddr([0x02, 0x51, 0x53, 0x00, 0x00, 0x01]);
+
+fn tools_or_skip() -> bool {
+    if !root_or_skip() {
+        return false;
+    }
+    for tool in [
+        "ovs-vswitchd",
+        "ovsdb-server",
+        "ovsdb-tool",
+        "ovs-vsctl",
+        "ovs-appctl",
+    ] {
+        if !have_tool(tool, &["--version"]) {
+            skip(&format!("needs {tool} (Debian package openvswitch-switch)"));
+            return false;
+        }
+    }
+    true
+}
+
+/// Open vSwitch in namespace `ns`, bonding p0 and p1; this side's ends are `ours`.
+struct Ovs {
+    vswitchd: ChildGuard,
+    _ovsdb: ChildGuard,
+    _links: Vec<LinkGuard>,
+    _ns: Netns,
+    dir: TempDir,
+    ours: Vec<String>,
+}
+
+impl Ovs {
+    fn start(tag: &str, ovs_lacp: &str) -> Ovs {
+        let pid = std::process::id();
+        let dir = TempDir::new(&format!("lacp-{tag}"));
+        let ns = Netns::new(&format!("qs-lacp-{pid}-{tag}"));
+        let mut links = Vec::new();
+        let mut ours = Vec::new();
+        for i in 0..2 {
+            let name = format!("ql{}{tag}{i}", pid % 100_000);
+            sh_ok(&[
+                "ip",
+                "link",
+                "add",
+                &name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &format!("p{i}"),
+                "netns",
+                &ns.name,
+            ]);
+            links.push(LinkGuard(name.clone()));
+            ns.sysctl(&format!("net.ipv6.conf.p{i}.disable_ipv6"), "1");
+            ns.ok(&["ip", "link", "set", "dev", &format!("p{i}"), "up"]);
+            sh_ok(&[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{name}.disable_ipv6=1"),
+            ]);
+            ours.push(name);
+        }
+        let d = dir.path().to_str().expect("utf-8 temp dir").to_string();
+        let db = format!("{d}/conf.db");
+        sh_ok(&[
+            "ovsdb-tool",
+            "create",
+            &db,
+            "/usr/share/openvswitch/vswitch.ovsschema",
+        ]);
+        let env = [
+            format!("OVS_RUNDIR={d}"),
+            format!("OVS_LOGDIR={d}"),
+            format!("OVS_DBDIR={d}"),
+            format!("OVS_SYSCONFDIR={d}"),
+        ];
+        let spawn = |args: &[String], log: &str| {
+            let mut all: Vec<&str> = vec!["env"];
+            all.extend(env.iter().map(String::as_str));
+            all.extend(args.iter().map(String::as_str));
+            ns.spawn(&all, &dir.join(log))
+        };
+        let ovsdb = spawn(
+            &[
+                "ovsdb-server".into(),
+                db,
+                format!("--remote=punix:{d}/db.sock"),
+                format!("--pidfile={d}/ovsdb-server.pid"),
+                format!("--unixctl={d}/ovsdb-server.ctl"),
+                format!("--log-file={d}/ovsdb-server.log"),
+            ],
+            "ovsdb-server.out",
+        );
+        let sock = dir.join("db.sock");
+        assert!(
+            wait_until(WAIT, || sock.exists()),
+            "ovsdb-server did not start"
+        );
+        let vswitchd = spawn(
+            &[
+                "ovs-vswitchd".into(),
+                format!("unix:{d}/db.sock"),
+                format!("--pidfile={d}/vswitchd.pid"),
+                format!("--unixctl={d}/vswitchd.ctl"),
+                format!("--log-file={d}/vswitchd.log"),
+            ],
+            "vswitchd.out",
+        );
+        let ovs = Ovs {
+            vswitchd,
+            _ovsdb: ovsdb,
+            _links: links,
+            _ns: ns,
+            dir,
+            ours,
+        };
+        ovs.vsctl(&["--no-wait", "init"]);
+        let ctl = ovs.dir.join("vswitchd.ctl");
+        assert!(
+            wait_until(WAIT, || ctl.exists()),
+            "ovs-vswitchd did not start"
+        );
+        ovs.vsctl(&[
+            "add-br",
+            "br0",
+            "--",
+            "set",
+            "bridge",
+            "br0",
+            "datapath_type=netdev",
+            "--",
+            "add-bond",
+            "br0",
+            "bond0",
+            "p0",
+            "p1",
+            "bond_mode=balance-tcp",
+            &format!("lacp={ovs_lacp}"),
+            "other_config:lacp-time=fast",
+        ]);
+        ovs
+    }
+
+    fn vsctl(&self, args: &[&str]) {
+        let db = format!("--db=unix:{}", self.dir.join("db.sock").display());
+        let mut all = vec![db.as_str(), "--timeout=10"];
+        all.extend_from_slice(args);
+        let out = run_timeout(
+            std::process::Command::new("ovs-vsctl").args(&all),
+            Duration::from_secs(15),
+        );
+        assert!(
+            out.ok(),
+            "ovs-vsctl {args:?}: {}\n{}",
+            out.stderr,
+            self.log()
+        );
+    }
+
+    fn appctl(&self, args: &[&str]) -> String {
+        let ctl = self.dir.join("vswitchd.ctl");
+        let mut cmd = std::process::Command::new("ovs-appctl");
+        cmd.arg("-t").arg(&ctl).args(args);
+        run_timeout(&mut cmd, Duration::from_secs(10)).stdout
+    }
+
+    fn log(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("vswitchd.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Whether `lacp/show` has both members current, with `partner` as their partner in
+    /// sync, collecting and distributing.
+    fn formed_with(&self, partner: MacAddr) -> bool {
+        let show = self.appctl(&["lacp/show", "bond0"]);
+        let sections: Vec<&str> = show.split("\nmember: ").skip(1).collect();
+        sections.len() == 2
+            && sections.iter().all(|s| {
+                let partner_line = format!("partner sys_id: {partner}");
+                let state = s
+                    .lines()
+                    .find(|l| l.trim_start().starts_with("partner state:"))
+                    .unwrap_or("");
+                s.lines().next().is_some_and(|l| l.contains("current"))
+                    && s.contains(&partner_line)
+                    && s.contains("may_enable: true")
+                    && ["synchronized", "collecting", "distributing"]
+                        .iter()
+                        .all(|w| state.contains(w))
+            })
+    }
+}
+
+/// This side: the LACP machine of two members, driven over AF_PACKET by a thread.
+struct Side {
+    lacp: Arc<Mutex<Lacp>>,
+    stop: Arc<AtomicBool>,
+    /// LACPDUs sent and received.
+    sent: Arc<AtomicUsize>,
+    received: Arc<AtomicUsize>,
+    /// When the last LACPDU arrived, and when the machine last went from some member
+    /// current to none (its own time, not the test's observation of it).
+    last_rx: Arc<Mutex<Option<Instant>>>,
+    lost_at: Arc<Mutex<Option<Instant>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn ifindex(name: &str) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .expect("ifindex")
+        .trim()
+        .parse()
+        .expect("ifindex")
+}
+
+fn mac_of(name: &str) -> MacAddr {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/address"))
+        .expect("address")
+        .trim()
+        .parse()
+        .expect("mac")
+}
+
+impl Side {
+    /// Opens the sockets, brings the links up and starts the loop.
+    fn start(ifnames: &[String], mode: Mode) -> Side {
+        let mut lacp = Lacp::new(Config {
+            mode,
+            rate: Rate::Fast,
+            system_priority: 32768,
+            system: SYSTEM,
+            key: 17,
+        });
+        let opts = PacketOptions {
+            slot_size: 2048,
+            slots: 64,
+            promisc: false,
+        };
+        let mut socks = Vec::new();
+        let mut macs = Vec::new();
+        let now = Instant::now();
+        for (i, name) in ifnames.iter().enumerate() {
+            socks.push(PacketSocket::open(ifindex(name), opts).expect("AF_PACKET socket"));
+            macs.push(mac_of(name));
+            let m = lacp.add_member(i as u16 + 1, 32768);
+            sh_ok(&["ip", "link", "set", "dev", name, "up"]);
+            lacp.set_link(m, true, now);
+        }
+        let lacp = Arc::new(Mutex::new(lacp));
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let received = Arc::new(AtomicUsize::new(0));
+        let last_rx = Arc::new(Mutex::new(None));
+        let lost_at = Arc::new(Mutex::new(None));
+        let thread = {
+            let (lacp, stop, sent, received, last_rx, lost_at) = (
+                lacp.clone(),
+                stop.clone(),
+                sent.clone(),
+                received.clone(),
+                last_rx.clone(),
+                lost_at.clone(),
+            );
+            let current = |l: &Lacp| {
+                (0..l.len()).any(|m| l.status(m).is_some_and(|s| s.rx == RxState::Current))
+            };
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut pdus = Vec::new();
+                    for (m, s) in socks.iter_mut().enumerate() {
+                        s.rx.recv(32, |f| {
+                            if let Ok((_, pdu)) = Lacpdu::parse_frame(f.data) {
+                                pdus.push((m, pdu));
+                            }
+                        });
+                    }
+                    let now = Instant::now();
+                    let mut out = Vec::new();
+                    {
+                        let mut l = lacp.lock().unwrap();
+                        received.fetch_add(pdus.len(), Ordering::Relaxed);
+                        if !pdus.is_empty() {
+                            *last_rx.lock().unwrap() = Some(now);
+                        }
+                        for (m, pdu) in &pdus {
+                            l.receive(*m, pdu, now);
+                        }
+                        let was = current(&l);
+                        l.poll(now, |m, pdu| out.push((m, pdu.frame(macs[m]))));
+                        if was && !current(&l) {
+                            *lost_at.lock().unwrap() = Some(now);
+                        }
+                    }
+                    for (m, frame) in &out {
+                        if socks[*m].tx.send(&[&frame[..]]).is_ok() {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        Side {
+            lacp,
+            stop,
+            sent,
+            received,
+            last_rx,
+            lost_at,
+            thread: Some(thread),
+        }
+    }
+
+    fn distributing(&self) -> bool {
+        let l = self.lacp.lock().unwrap();
+        (0..l.len()).all(|m| l.distributing(m))
+    }
+
+    fn any_current(&self) -> bool {
+        let l = self.lacp.lock().unwrap();
+        (0..l.len()).any(|m| l.status(m).is_some_and(|s| s.rx == RxState::Current))
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn forms(tag: &str, ours: Mode, theirs: &str) -> Option<(Ovs, Side)> {
+    if !tools_or_skip() {
+        return None;
+    }
+    let ovs = Ovs::start(tag, theirs);
+    let side = Side::start(&ovs.ours, ours);
+    let ok = wait_until(WAIT, || side.distributing() && ovs.formed_with(SYSTEM));
+    assert!(
+        ok,
+        "LACP did not form ({ours:?} against {theirs}); ours: {:?} {:?}\n{}\n{}",
+        side.lacp.lock().unwrap().status(0),
+        side.lacp.lock().unwrap().status(1),
+        ovs.appctl(&["lacp/show", "bond0"]),
+        ovs.log()
+    );
+    let bond = ovs.appctl(&["bond/show", "bond0"]);
+    assert!(bond.contains("lacp_status: negotiated"), "{bond}");
+    Some((ovs, side))
+}
+
+#[test]
+fn active_against_active_ovs_forms_and_a_silent_partner_is_detected() {
+    let Some((ovs, side)) = forms("aa", Mode::Active, "active") else {
+        return;
+    };
+    // Silence: ovs-vswitchd stopped (its links stay up).
+    let pid = ovs.vswitchd.pid();
+    signal(pid, "STOP");
+    let stopped = Instant::now();
+    let detected = wait_until(Duration::from_secs(6), || !side.any_current());
+    signal(pid, "CONT");
+    assert!(detected, "a silent partner was not detected in 6 s");
+    let at = side
+        .lost_at
+        .lock()
+        .unwrap()
+        .expect("the loop saw the members expire");
+    let last = side.last_rx.lock().unwrap().expect("a LACPDU was received");
+    let took = at.saturating_duration_since(stopped);
+    println!(
+        "silent partner detected {} ms after it stopped, {} ms after its last LACPDU (fast rate)",
+        took.as_millis(),
+        (at - last).as_millis()
+    );
+    // The information expires 3 s after the last LACPDU, which came before the partner
+    // stopped; the margin is the loop's period (5 ms) and its scheduling on a loaded machine.
+    assert!(
+        at - last <= Duration::from_millis(3_100),
+        "took {:?}",
+        at - last
+    );
+    assert!(took <= Duration::from_millis(3_100), "took {took:?}");
+    assert!(!side.distributing());
+    // It speaks again: the bond forms again.
+    assert!(
+        wait_until(WAIT, || side.distributing() && ovs.formed_with(SYSTEM)),
+        "did not form again"
+    );
+}
+
+#[test]
+fn passive_against_active_ovs_forms() {
+    let _ = forms("pa", Mode::Passive, "active");
+}
+
+#[test]
+fn active_against_passive_ovs_forms() {
+    let _ = forms("ap", Mode::Active, "passive");
+}
+
+#[test]
+fn passive_against_passive_ovs_never_forms() {
+    if !tools_or_skip() {
+        return;
+    }
+    let ovs = Ovs::start("pp", "passive");
+    let side = Side::start(&ovs.ours, Mode::Passive);
+    // Nothing can happen, so there is no event to wait for: watch for 3 fast timeouts.
+    let start = Instant::now();
+    let formed = wait_until(Duration::from_secs(4), || {
+        side.any_current() || side.received.load(Ordering::Relaxed) > 0
+    });
+    assert!(!formed, "passive sides talked after {:?}", start.elapsed());
+    assert_eq!(
+        side.sent.load(Ordering::Relaxed),
+        0,
+        "a passive side sent LACPDUs"
+    );
+    let show = ovs.appctl(&["lacp/show", "bond0"]);
+    assert!(!show.contains("current"), "{show}");
+    assert!(!ovs.formed_with(SYSTEM));
+}
