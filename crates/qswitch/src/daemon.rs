@@ -89,6 +89,10 @@ pub fn run(path: &Path) -> ExitCode {
     if let Err(e) = file.validate(&online) {
         return config_error(&e);
     }
+    if let Some(e) = file.switch.export_not_wired() {
+        eprintln!("qswitch: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let start = match crate::state::Persist::open(path, &text, &file) {
         Ok(s) => s,
         Err(e) => {
