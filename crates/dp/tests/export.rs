@@ -546,3 +546,58 @@ fn tshark_decodes_our_sflow() {
     let want = "3,4|10000000000,0|123456789,5|987654,0|4242,1|17,0|1,1";
     assert!(line.starts_with(want), "{want} not in {line}");
 }
+
+/// 300 flows take several messages (each within 1400 bytes) over several exports: nfdump
+/// reads every flow. Its sequence check counts flow records only, while RFC 7011 §3.1
+/// counts every data record, the sampling options record too: so nfdump reports exactly one
+/// "failure", at the message after the one that carried the templates, and none after.
+#[test]
+fn many_flows_span_messages_in_sequence() {
+    if !tools() {
+        return;
+    }
+    let dir = TempDir::new("export-seq");
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = free_udp_port();
+    let to: SocketAddr = ([127, 0, 0, 1], port).into();
+    let collector = nfcapd(dir.path(), port, 1);
+    let mut enc = IpfixEncoder::new(9, 1, 1400);
+    let t = now_ms();
+    let mut messages = 0;
+    for round in 0..3u16 {
+        let fl: Vec<Flow> = (0..100u16)
+            .map(|i| Flow {
+                src: if i % 2 == 0 {
+                    V4_A.to_vec()
+                } else {
+                    v6(1).to_vec()
+                },
+                dst: if i % 2 == 0 {
+                    V4_B.to_vec()
+                } else {
+                    v6(2).to_vec()
+                },
+                ports: (10_000 + round * 100 + i, 80),
+                tcp: i % 3 == 0,
+                payload: 10,
+                n: 1 + u64::from(i % 5),
+            })
+            .collect();
+        let msgs = enc.encode(&records(&fl, 1, t - 2_000), t);
+        assert!(msgs.iter().all(|m| m.len() <= 1400));
+        messages += msgs.len();
+        send(&sock, to, &msgs);
+    }
+    assert!(messages >= 6, "{messages}");
+    let got = collected(collector, port, dir.path());
+    assert_eq!(got.len(), 300);
+    let stat = Command::new("nfdump")
+        .arg("-R")
+        .arg(dir.path())
+        .arg("-I")
+        .output()
+        .expect("nfdump -I");
+    let text = String::from_utf8_lossy(&stat.stdout);
+    assert!(text.contains("Sequence failures: 1\n"), "{text}");
+    assert!(text.contains("Flows: 300"), "{text}");
+}
