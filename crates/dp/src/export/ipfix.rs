@@ -17,7 +17,7 @@
 //! number of data records sent before it in this observation domain (mod 2³²), options
 //! records included (RFC 7011 §3.1).
 
-use super::cache::{EndReason, FlowRecord};
+use super::cache::FlowRecord;
 use qswitch_wire::flow::IpPair;
 
 /// The IPFIX version number.
@@ -273,14 +273,4 @@ fn put_record(m: &mut Vec<u8>, r: &FlowRecord) {
     m.extend_from_slice(&r.start_ms.to_be_bytes());
     m.extend_from_slice(&r.end_ms.to_be_bytes());
     m.push(r.end_reason as u8);
-}
-
-/// The end reasons as IANA names them (for logs and docs).
-pub fn end_reason_name(r: EndReason) -> &'static str {
-    match r {
-        EndReason::IdleTimeout => "idle timeout",
-        EndReason::ActiveTimeout => "active timeout",
-        EndReason::ForcedEnd => "forced end",
-        EndReason::LackOfResources => "lack of resources",
-    }
 }
