@@ -1,6 +1,7 @@
 //! Flow export settings (issue 32): `[switch.ipfix]` and `[switch.sflow]` parse and are
 //! checked, but export is not wired to the data path yet, so `qswitch run` (and `--check`)
-//! refuse a configuration that asks for it with one line, rather than run without it.
+//! refuse a configuration that asks for it with one line, rather than run without it; so
+//! does a reload.
 
 mod common;
 
@@ -59,4 +60,40 @@ fn run_refuses_export_it_cannot_do_yet() {
             assert!(!control.exists(), "{case}: the daemon did not start");
         }
     }
+}
+
+/// A reload of a file that now asks for export changes nothing and says why in one line.
+#[test]
+fn reload_refuses_export_it_cannot_do_yet() {
+    let dir = TempDir::new("vis-reload");
+    let control = dir.join("control.sock");
+    let base = format!(
+        "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nstate_dir = \"{}\"\n\
+         [[port]]\nname = \"a\"\ntype = \"gen\"\n",
+        first_cpu(),
+        control.display(),
+        dir.join("state").display()
+    );
+    let mut daemon = common::DaemonChild::start(dir.path(), "v", &base, &control);
+    let file = dir.join("v.toml");
+    std::fs::write(
+        &file,
+        base.replace(
+            "[[port]]",
+            "[switch.sflow]\ncollector = \"127.0.0.1:6343\"\nsampling = 10\n\
+             [[port]]\nname = \"b\"\ntype = \"gen\"\n[[port]]",
+        ),
+    )
+    .unwrap();
+    let out = common::qs(&control, &["reload"]);
+    assert!(!out.ok(), "{out:?}");
+    let lines = out.stderr_lines();
+    assert_eq!(lines.len(), 1, "{out:?}");
+    assert!(
+        lines[0].contains("[switch.sflow]: flow export is not wired")
+            && lines[0].contains("nothing changed"),
+        "{out:?}"
+    );
+    assert_eq!(common::port_names(&control), ["a"], "nothing changed");
+    assert!(daemon.terminate(Duration::from_secs(10)).is_some());
 }
