@@ -22,10 +22,14 @@ if [ "$(id -u)" = 0 ]; then
     command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
     command -v ovs-vswitchd >/dev/null || need+=(openvswitch-switch)
     command -v lldpd >/dev/null || need+=(lldpd)
+    command -v nfcapd >/dev/null || need+=(nfdump)
+    command -v tshark >/dev/null || need+=(tshark)
     python3 -c 'import prometheus_client' 2>/dev/null || need_pip=1
     if [ ${#need[@]} -gt 0 ]; then
         echo "== installing ${need[*]}"
         apt-get update -qq
+        echo "wireshark-common wireshark-common/install-setuid boolean false" |
+            debconf-set-selections
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     fi
     if ! command -v cnitool >/dev/null && command -v go >/dev/null; then

@@ -41,6 +41,7 @@
 pub mod balance;
 pub mod capture;
 pub mod engine;
+pub mod export;
 pub mod fdb;
 pub mod ids;
 pub mod link_local;

@@ -89,6 +89,10 @@ pub fn run(path: &Path) -> ExitCode {
     if let Err(e) = file.validate(&online) {
         return config_error(&e);
     }
+    if let Some(e) = file.switch.export_not_wired() {
+        eprintln!("qswitch: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let start = match crate::state::Persist::open(path, &text, &file) {
         Ok(s) => s,
         Err(e) => {
@@ -150,9 +154,10 @@ fn keep_off_worker_cpus(online: &[usize], workers: &[usize]) {
     }
 }
 
-/// Puts the QoS settings and allocations into the history: the dashboard's QoS table (ports
-/// that compete for an uplink) and one gauge per such port, `qos.<port>.alloc_bps`, on every
-/// following one-second point. No uplink: "no QoS configured", and the gauges go.
+/// Puts the QoS settings and allocations into the history: the dashboard's QoS table (every
+/// port with a setting, as `qos show` lists them: see [`crate::http::qos_rows`]) and one
+/// gauge per shaped port, `qos.<port>.alloc_bps`, on every following one-second point. No
+/// setting anywhere: "no QoS configured", and the gauges go.
 fn feed_qos(
     history: &mut crate::series::History,
     qos: &qswitch_api::request::QosReport,
@@ -161,18 +166,8 @@ fn feed_qos(
     for g in gauges.drain(..) {
         history.clear_gauge(&g);
     }
-    let rows: Vec<crate::series::QosRow> = qos
-        .ports
-        .iter()
-        .filter(|p| p.uplink.is_some())
-        .map(|p| crate::series::QosRow {
-            port: p.name.clone(),
-            min_bps: p.min.unwrap_or(0) as f64,
-            max_bps: p.max.unwrap_or(0) as f64,
-            alloc_bps: p.alloc_bps.unwrap_or(0) as f64,
-        })
-        .collect();
-    for r in &rows {
+    let rows = crate::http::qos_rows(qos);
+    for r in rows.iter().filter(|r| r.alloc_bps > 0.0) {
         let g = format!("qos.{}.alloc_bps", r.port);
         history.set_gauge(&g, r.alloc_bps);
         gauges.push(g);

@@ -358,6 +358,33 @@ fn reply(status: StatusCode, kind: &'static str, body: Vec<u8>) -> Response<Full
     r
 }
 
+/// The dashboard's QoS table (`qos` of `/api/series`): every port that has a setting, as
+/// `qos show` lists them: a guarantee, a limit or a weight (with or without an uplink to
+/// compete for), an uplink's capacity, or a port that competes for an uplink (it gets an
+/// allocation). Empty: "no QoS configured".
+pub fn qos_rows(report: &qswitch_api::request::QosReport) -> Vec<crate::series::QosRow> {
+    report
+        .ports
+        .iter()
+        .filter(|p| {
+            p.min.is_some()
+                || p.max.is_some()
+                || p.weight != 1
+                || p.capacity.is_some()
+                || p.uplink.is_some()
+        })
+        .map(|p| crate::series::QosRow {
+            port: p.name.clone(),
+            min_bps: p.min.unwrap_or(0) as f64,
+            max_bps: p.max.unwrap_or(0) as f64,
+            alloc_bps: p.alloc_bps.unwrap_or(0) as f64,
+            uplink: p.uplink.clone(),
+            capacity_bps: p.capacity.unwrap_or(0) as f64,
+            weight: p.weight,
+        })
+        .collect()
+}
+
 fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}").into_bytes())
 }
@@ -392,6 +419,68 @@ mod tests {
         assert!(public.allows(Some(b"switch.example:80")));
         assert!(public.allows(Some(b"192.0.2.1:80")));
         assert!(!public.allows(Some(b"attacker.example")));
+    }
+
+    fn qos_port(name: &str) -> qswitch_api::request::QosPort {
+        qswitch_api::request::QosPort {
+            name: name.into(),
+            uplink: None,
+            capacity: None,
+            min: None,
+            max: None,
+            weight: 1,
+            alloc_bps: None,
+            demand_bps: 0,
+            rate_bps: 0.0,
+            alloc_last_second: None,
+            throttled: 0,
+            history: Vec::new(),
+        }
+    }
+
+    /// Issue 32 item 5: a port with only `max = "300M"` and no uplink is a QoS setting (the
+    /// CLI lists it); so are an uplink's capacity, a weight and competing for an uplink. A
+    /// port with nothing set is not a row.
+    #[test]
+    fn qos_rows_list_every_port_with_a_setting() {
+        let report = |ports| qswitch_api::request::QosReport {
+            ticks: 0,
+            seconds: 0,
+            reservable: 0.9,
+            ports,
+        };
+        assert!(qos_rows(&report(vec![qos_port("plain")])).is_empty());
+        let capped = qswitch_api::request::QosPort {
+            max: Some(300_000_000),
+            alloc_bps: Some(300_000_000),
+            ..qos_port("capped")
+        };
+        let rows = qos_rows(&report(vec![qos_port("plain"), capped]));
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].port, "capped");
+        assert_eq!(rows[0].max_bps, 3e8);
+        assert_eq!(rows[0].uplink, None);
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json[0]["max_bps"], 3e8);
+        assert!(json[0]["uplink"].is_null());
+
+        let up = qswitch_api::request::QosPort {
+            capacity: Some(1_000_000_000),
+            ..qos_port("up")
+        };
+        let toward = qswitch_api::request::QosPort {
+            uplink: Some("up".into()),
+            ..qos_port("toward")
+        };
+        let heavy = qswitch_api::request::QosPort {
+            weight: 3,
+            ..qos_port("heavy")
+        };
+        let names: Vec<String> = qos_rows(&report(vec![up, toward, heavy, qos_port("plain")]))
+            .into_iter()
+            .map(|r| r.port)
+            .collect();
+        assert_eq!(names, ["up", "toward", "heavy"]);
     }
 
     #[test]

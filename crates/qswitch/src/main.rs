@@ -227,10 +227,15 @@ fn closed_stdout(e: &anyhow::Error) -> bool {
 fn check_config(path: &std::path::Path) -> ExitCode {
     let checked = qswitch_api::config::Config::load(path).and_then(|config| {
         let online = qswitch_sys::thread::online_cpus().unwrap_or_default();
-        config.validate(&online).map(|_| ())
+        config.validate(&online)?;
+        Ok(config.switch.export_not_wired())
     });
     match checked {
-        Ok(()) => {
+        Ok(Some(unwired)) => {
+            eprintln!("qswitch: {unwired}");
+            ExitCode::from(2)
+        }
+        Ok(None) => {
             println!("{}: ok", path.display());
             ExitCode::SUCCESS
         }

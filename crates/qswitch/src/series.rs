@@ -120,8 +120,14 @@ pub struct QosRow {
     pub min_bps: f64,
     /// Limit, bits per second (0: none).
     pub max_bps: f64,
-    /// What the allocator currently grants, bits per second.
+    /// What the allocator currently grants, bits per second (0: not shaped).
     pub alloc_bps: f64,
+    /// The uplink the port competes for (`None`: none in its VLAN, or it is an uplink).
+    pub uplink: Option<String>,
+    /// Set for uplinks: their capacity, bits per second (0: not an uplink).
+    pub capacity_bps: f64,
+    /// Relative share of what the guarantees leave (1 unless set).
+    pub weight: u32,
 }
 
 /// The ring of points plus what other subsystems fed in.
@@ -521,6 +527,7 @@ mod tests {
             min_bps: 1e8,
             max_bps: 0.0,
             alloc_bps: 5e8,
+            ..Default::default()
         }]));
         let mut moved = report(2000, 0, &[]);
         moved.workers.push(WorkerStats {

@@ -40,7 +40,7 @@ fn config(control: &Path, http: SocketAddr, rate: u32) -> String {
 }
 
 /// [`config`] with QoS: the sink is an uplink of 100 Mbit/s, and src has a 20M guarantee
-/// and a 60M limit toward it.
+/// and a 60M limit toward it; lonely (VLAN 7, no uplink there) has a 300M limit only.
 fn qos_config(control: &Path, http: SocketAddr, rate: u32) -> String {
     config(control, http, rate)
         .replace(
@@ -50,6 +50,10 @@ fn qos_config(control: &Path, http: SocketAddr, rate: u32) -> String {
         .replace(
             "name = \"src\"\ntype = \"gen\"\n",
             "name = \"src\"\ntype = \"gen\"\nqos = { min = \"20M\", max = \"60M\" }\n",
+        )
+        .replace(
+            "name = \"lonely\"\ntype = \"gen\"\n",
+            "name = \"lonely\"\ntype = \"gen\"\nqos = { max = \"300M\" }\n",
         )
 }
 
@@ -357,8 +361,9 @@ fn json_api_and_bad_clients() {
     assert!(st.is_some_and(|s| s.success()), "{}", daemon.log_text());
 }
 
-/// With an uplink, the series carries the QoS table (settings vs allocations) for the
-/// dashboard and a per-second allocation gauge per competing port.
+/// The series carries the QoS table (settings vs allocations) for the dashboard: every port
+/// with a setting, as `qos show` lists them (issue 32: a limit without an uplink is one), and
+/// a per-second allocation gauge per shaped port.
 #[test]
 fn qos_settings_and_allocations_reach_the_series() {
     let dir = TempDir::new("http-qos");
@@ -370,12 +375,36 @@ fn qos_settings_and_allocations_reach_the_series() {
     let rows = series["qos"]
         .as_array()
         .unwrap_or_else(|| panic!("no qos rows: {series}"));
-    assert_eq!(rows.len(), 1, "only src competes for the uplink: {rows:?}");
-    assert_eq!(rows[0]["port"], "src");
-    assert_eq!(rows[0]["min_bps"], 2e7);
-    assert_eq!(rows[0]["max_bps"], 6e7);
-    let alloc = rows[0]["alloc_bps"].as_f64().unwrap();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r["port"] == name)
+            .unwrap_or_else(|| panic!("no QoS row for {name}: {rows:?}"))
+    };
+    assert_eq!(rows.len(), 3, "sink (uplink), src and lonely: {rows:?}");
+    let src = row("src");
+    assert_eq!(src["uplink"], "sink");
+    assert_eq!(src["min_bps"], 2e7);
+    assert_eq!(src["max_bps"], 6e7);
+    let alloc = src["alloc_bps"].as_f64().unwrap();
     assert!(alloc > 0.0 && alloc <= 6e7, "{alloc}");
+    assert_eq!(row("sink")["capacity_bps"], 1e8);
+    let lonely = row("lonely");
+    assert!(lonely["uplink"].is_null(), "{lonely}");
+    assert_eq!(lonely["max_bps"], 3e8);
+    assert_eq!(lonely["min_bps"], 0.0);
+    // What `qos show` lists with a setting, the panel lists.
+    let out = Command::new(QSWITCH)
+        .arg("--control")
+        .arg(&control)
+        .args(["qos", "show"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("lonely") && l.contains("300M")),
+        "{text}"
+    );
     let p = series["points"].as_array().unwrap().last().unwrap();
     assert!(
         p["gauges"]["qos.src.alloc_bps"].as_f64().is_some(),
@@ -514,6 +543,12 @@ fn dashboard_in_headless_chromium() {
             );
             assert!(dom.contains(">live<"), "not live: {dom}");
             assert!(dom.contains("guarantee Mbit/s"), "QoS table missing: {dom}");
+            // qosCells: a limit without an uplink is a row (issue 32).
+            assert!(
+                dom.contains("<tr data-qos-port=\"lonely\"><td>lonely</td><td>-</td><td class=\"num\">-</td><td class=\"num\">300</td>"),
+                "lonely's limit missing from the QoS panel: {dom}"
+            );
+            assert!(dom.contains("<td>cap 100M</td>"), "uplink capacity: {dom}");
             assert!(dom.contains("worker 0"), "{dom}");
         }
     }
