@@ -535,6 +535,33 @@ pub fn tcx_attach(prog: &Program, ifindex: u32, hook: TcHook) -> io::Result<Link
     bpf(BPF_LINK_CREATE, &mut a).map(Link::from_fd)
 }
 
+/// Adds a `clsact` qdisc to interface `ifindex`, for [`tc_attach_classic`]; `EEXIST` if it
+/// has one. Best done while the interface is down (adding it to a running one stops its
+/// queues for a moment).
+pub fn tc_clsact(ifindex: u32) -> io::Result<()> {
+    crate::rtnl::Rtnl::open()?.add_clsact(ifindex)
+}
+
+/// Attaches each `(program, hook, name)` to interface `ifindex` the classic way: a
+/// direct-action `bpf` filter on its `clsact` qdisc ([`tc_clsact`]). Unlike [`tcx_attach`],
+/// which waits for an RCU grace period under the RTNL lock (5 to 20 ms), this costs
+/// microseconds, provided one grace period has passed since the qdisc was added (else the
+/// first filter waits for an expedited one; docs/veth.md). But nothing of it belongs to the
+/// process: the filters stay until the interface goes. So only for an interface that goes
+/// with the process (a TAP it created and holds the only fds of).
+pub fn tc_attach_classic(ifindex: u32, progs: &[(&Program, TcHook, &str)]) -> io::Result<()> {
+    let mut rtnl = crate::rtnl::Rtnl::open()?;
+    for &(prog, hook, name) in progs {
+        rtnl.add_bpf_filter(
+            ifindex,
+            hook == TcHook::Ingress,
+            prog.as_raw_fd() as u32,
+            name,
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
