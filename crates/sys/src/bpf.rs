@@ -5,7 +5,9 @@
 //! ports are both a few dozen instructions, built with [`Insn`]'s constructors and loaded
 //! with [`Program::load`]. A program is attached through a BPF link ([`tcx_attach`],
 //! [`crate::xdp::attach`]) that belongs to this process: when the process exits, even by
-//! `kill -9`, the kernel detaches the program. Nothing is pinned in bpffs.
+//! `kill -9`, the kernel detaches the program. Nothing is pinned in bpffs. The one
+//! exception, [`tc_attach_classic`] (a classic tc filter, much cheaper to attach), is only
+//! for interfaces that go with the process themselves.
 //!
 //! Why by hand and not a crate: `aya` and `libbpf-rs` load ELF objects that a BPF compiler
 //! (clang) produced at build time, which the project does not want to require; the programs

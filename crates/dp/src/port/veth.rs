@@ -39,9 +39,11 @@
 //! refreshes (and clears) the fdb entries the program marked seen, so that addresses in
 //! use on the fast path do not age out.
 //!
-//! The programs are attached with tcx links owned by the process (see [`qswitch_sys::bpf`]):
-//! removing the port, stopping qswitch or `kill -9` detaches them, and the companion TAP
-//! goes with its last fd. The veth pair itself belongs to whoever made it.
+//! The root end's program is attached with a tcx link owned by the process (see
+//! [`qswitch_sys::bpf`]): removing the port, stopping qswitch or `kill -9` detaches it. The
+//! companion TAP goes with its last fd, and with it its two programs, classic tc filters
+//! (a tcx link costs an RCU grace period under RTNL, a filter microseconds: docs/veth.md,
+//! "How the programs are attached"). The veth pair itself belongs to whoever made it.
 //!
 //! The root end is never a door into the host (audit finding F2): before it is brought up,
 //! [`qswitch_sys::netif::seal`] turns its IPv6 address generation off (no link-local, now or
