@@ -1,8 +1,10 @@
 //! rtnetlink, the few messages qswitch sends: an interface's IPv6 address generation mode,
-//! and its addresses (listed and deleted); and link notifications ([`LinkWatch`]).
+//! its addresses (listed and deleted), a `clsact` qdisc and direct-action `bpf` filters on it
+//! (a veth port's slow path TAP, [`crate::bpf::tc_attach_classic`]); and link notifications
+//! ([`LinkWatch`]).
 //!
-//! Why by hand and not `netlink-packet-route` + `netlink-sys`: three fixed-layout messages
-//! (a header, `ifinfomsg`/`ifaddrmsg`, two nested attributes) are shorter to write and to
+//! Why by hand and not `netlink-packet-route` + `netlink-sys`: five fixed-layout messages
+//! (a header, `ifinfomsg`/`ifaddrmsg`/`tcmsg`, a few attributes) are shorter to write and to
 //! read than the crates' type tree, and bring no dependencies; the socket needs `unsafe`
 //! (`sendto`/`recv` on raw bytes) either way, which belongs here.
 //!
