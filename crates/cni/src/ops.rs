@@ -342,20 +342,21 @@ pub fn add(input: &Input) -> Result<Value> {
             add_veth_link_first(input, &att, &netns, &names, &mac)
         }
         Mode::Veth => {
-            // IPAM does not depend on the pair nor the port, and the port only on the pair:
-            // IPAM beside both (ADD latency is mostly processes starting and the kernel
-            // attaching the port's programs).
-            let (ipam, port) = std::thread::scope(|s| {
+            // IPAM and the pair need nothing of each other, nor do the port (with IPAM's
+            // addresses) and the container's configuration: two steps of two at once (ADD
+            // latency is mostly processes starting, the kernel attaching the port's programs
+            // and the daemon saving its state: docs/kubernetes.md).
+            let (ipam, pair) = std::thread::scope(|s| {
                 let ipam = s.spawn(|| ipam::run(input, add));
-                let port = add_pair_and_port(input, &att, &netns, &names, &mac);
-                (ipam.join().expect("the IPAM thread does not panic"), port)
+                let pair = create_pair(input, &att, &netns, &names, &mac);
+                (ipam.join().expect("the IPAM thread does not panic"), pair)
             });
-            match (ipam, port) {
+            match (ipam, pair) {
                 (Ok(ipam), Ok(())) => add_veth(input, &att, &netns, &names, &mac, &ipam),
                 (Ok(_), Err(e)) => Err(e),
-                (Err(e), port) => {
-                    if port.is_ok() {
-                        undo_veth(input, &names);
+                (Err(e), pair) => {
+                    if pair.is_ok() {
+                        let _ = link::delete(&names.host);
                     }
                     Err(e)
                 }
@@ -368,8 +369,10 @@ pub fn add(input: &Input) -> Result<Value> {
     made.inspect_err(|_| undo_ipam())
 }
 
-/// The veth pair: `names.host` up in the root namespace, `CNI_IFNAME` with its MAC (and
-/// both with the MTU) in the container's.
+/// The veth pair: `names.host` in the root namespace, `CNI_IFNAME` with its MAC (and both
+/// with the MTU) in the container's. The host end stays down: qswitch brings it up once it
+/// has sealed it (docs/security.md, F2), and until then nothing the container sends goes
+/// anywhere.
 fn create_pair(
     input: &Input,
     att: &Attachment,
@@ -403,32 +406,9 @@ fn create_pair(
         None,
         &format!("cannot create the veth pair {host} / {ifname}"),
         &format!(
-            "link add name {host}{mtu} type veth peer name {ifname}{mtu} address {mac} netns {ns}\n\
-             link set dev {host} up\n"
+            "link add name {host}{mtu} type veth peer name {ifname}{mtu} address {mac} netns {ns}\n"
         ),
     )
-}
-
-/// What port security allows until IPAM has answered: the unspecified address only (which
-/// it allows anyway), so nothing; an empty list would allow any source.
-const NO_ADDRESS: &str = "0.0.0.0";
-
-/// [`create_pair`], then the port, with port security allowing no address yet (see
-/// [`NO_ADDRESS`]); the pair deleted when the port cannot be added.
-fn add_pair_and_port(
-    input: &Input,
-    att: &Attachment,
-    netns: &Path,
-    names: &Names,
-    mac: &str,
-) -> Result<()> {
-    create_pair(input, att, netns, names, mac)?;
-    let port = port_config(input, att, names, mac, &[NO_ADDRESS.to_string()])
-        .and_then(|port| daemon(&input.conf.control(), &Request::PortAdd { port }));
-    if port.is_err() {
-        let _ = link::delete(&names.host);
-    }
-    port.map(drop)
 }
 
 /// Removes the port and the host veth (and with it the container's end).
@@ -442,9 +422,10 @@ fn undo_veth(input: &Input, names: &Names) {
     let _ = link::delete(&names.host);
 }
 
-/// After [`add_pair_and_port`] and IPAM: the container's interface configured and, with port
-/// security, the port's allowed addresses set to IPAM's (at once: neither needs the other);
-/// the port and the host veth removed when either fails.
+/// After the pair and IPAM: the port, with IPAM's addresses as its allowed ones under port
+/// security, and the container's interface configured (at once: neither needs the other;
+/// the host end is down until qswitch has sealed it); the port and the host veth removed
+/// when either fails.
 fn add_veth(
     input: &Input,
     att: &Attachment,
@@ -463,13 +444,14 @@ fn add_veth(
                     &script,
                 )
             });
-            let port = allow_addresses(input, names, ipam);
+            let port = port_config(input, att, names, mac, &ipam_addrs(ipam))
+                .and_then(|port| daemon(&input.conf.control(), &Request::PortAdd { port }));
             (
                 configured.join().expect("the netns thread does not panic"),
                 port,
             )
         });
-        configured.and(port)
+        configured.and(port.map(drop))
     });
     if let Err(e) = done {
         undo_veth(input, names);

@@ -385,6 +385,12 @@ fn kill_9_hands_the_veth_back_to_the_kernel_and_a_restart_takes_it_again() {
     let index = std::fs::read_to_string(format!("/sys/class/net/{ifa}/ifindex")).unwrap();
     let tap = format!("qsv{}", index.trim());
     assert!(common::link_exists(&tap), "slow path TAP {tap}");
+    // The TAP's programs are classic tc filters (no grace period to wait for: docs/veth.md),
+    // which go with the TAP; the root end's is a tcx link, which goes with the process.
+    for (hook, name) in [("ingress", "qs_veth_out"), ("egress", "qs_veth_guard")] {
+        let filters = sh_ok(&["tc", "filter", "show", "dev", &tap, hook]).stdout;
+        assert!(filters.contains(name), "{hook} of {tap}: {filters}");
+    }
     lab.daemon.kill();
     // The TAP went with the process, and so did the programs: the root end carries the
     // namespace's frames to the host's stack again.

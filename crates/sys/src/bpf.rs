@@ -5,7 +5,9 @@
 //! ports are both a few dozen instructions, built with [`Insn`]'s constructors and loaded
 //! with [`Program::load`]. A program is attached through a BPF link ([`tcx_attach`],
 //! [`crate::xdp::attach`]) that belongs to this process: when the process exits, even by
-//! `kill -9`, the kernel detaches the program. Nothing is pinned in bpffs.
+//! `kill -9`, the kernel detaches the program. Nothing is pinned in bpffs. The one
+//! exception, [`tc_attach_classic`] (a classic tc filter, much cheaper to attach), is only
+//! for interfaces that go with the process themselves.
 //!
 //! Why by hand and not a crate: `aya` and `libbpf-rs` load ELF objects that a BPF compiler
 //! (clang) produced at build time, which the project does not want to require; the programs
@@ -533,6 +535,33 @@ pub fn tcx_attach(prog: &Program, ifindex: u32, hook: TcHook) -> io::Result<Link
         .u32(8, attach_type)
         .u32(12, 0);
     bpf(BPF_LINK_CREATE, &mut a).map(Link::from_fd)
+}
+
+/// Adds a `clsact` qdisc to interface `ifindex`, for [`tc_attach_classic`]; `EEXIST` if it
+/// has one. Best done while the interface is down (adding it to a running one stops its
+/// queues for a moment).
+pub fn tc_clsact(ifindex: u32) -> io::Result<()> {
+    crate::rtnl::Rtnl::open()?.add_clsact(ifindex)
+}
+
+/// Attaches each `(program, hook, name)` to interface `ifindex` the classic way: a
+/// direct-action `bpf` filter on its `clsact` qdisc ([`tc_clsact`]). Unlike [`tcx_attach`],
+/// which waits for an RCU grace period under the RTNL lock (5 to 20 ms), this costs
+/// microseconds, provided one grace period has passed since the qdisc was added (else the
+/// first filter waits for an expedited one; docs/veth.md). But nothing of it belongs to the
+/// process: the filters stay until the interface goes. So only for an interface that goes
+/// with the process (a TAP it created and holds the only fds of).
+pub fn tc_attach_classic(ifindex: u32, progs: &[(&Program, TcHook, &str)]) -> io::Result<()> {
+    let mut rtnl = crate::rtnl::Rtnl::open()?;
+    for &(prog, hook, name) in progs {
+        rtnl.add_bpf_filter(
+            ifindex,
+            hook == TcHook::Ingress,
+            prog.as_raw_fd() as u32,
+            name,
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! rtnetlink, the few messages qswitch sends: an interface's IPv6 address generation mode,
-//! and its addresses (listed and deleted); and link notifications ([`LinkWatch`]).
+//! its addresses (listed and deleted), a `clsact` qdisc and direct-action `bpf` filters on it
+//! (a veth port's slow path TAP, [`crate::bpf::tc_attach_classic`]); and link notifications
+//! ([`LinkWatch`]).
 //!
-//! Why by hand and not `netlink-packet-route` + `netlink-sys`: three fixed-layout messages
-//! (a header, `ifinfomsg`/`ifaddrmsg`, two nested attributes) are shorter to write and to
+//! Why by hand and not `netlink-packet-route` + `netlink-sys`: five fixed-layout messages
+//! (a header, `ifinfomsg`/`ifaddrmsg`/`tcmsg`, a few attributes) are shorter to write and to
 //! read than the crates' type tree, and bring no dependencies; the socket needs `unsafe`
 //! (`sendto`/`recv` on raw bytes) either way, which belongs here.
 //!
@@ -19,6 +21,20 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_ACK: u16 = 4;
 const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+const RTM_NEWQDISC: u16 = 36;
+const RTM_NEWTFILTER: u16 = 44;
+const TCA_KIND: u16 = 1;
+const TCA_OPTIONS: u16 = 2;
+const TCA_BPF_FD: u16 = 6;
+const TCA_BPF_NAME: u16 = 7;
+const TCA_BPF_FLAGS: u16 = 8;
+const TCA_BPF_FLAG_ACT_DIRECT: u32 = 1;
+/// `TC_H_CLSACT` (= `TC_H_INGRESS`), and the minor numbers of its two hooks.
+const TC_H_CLSACT: u32 = 0xffff_fff1;
+const TC_H_MIN_INGRESS: u32 = 0xfff2;
+const TC_H_MIN_EGRESS: u32 = 0xfff3;
 const RTM_SETLINK: u16 = 19;
 const RTM_GETADDR: u16 = 22;
 const RTM_DELADDR: u16 = 21;
@@ -131,7 +147,12 @@ impl Rtnl {
 
     /// Sends a request and waits for its ACK (or error).
     fn request(&mut self, ty: u16, body: &[u8]) -> io::Result<()> {
-        let m = self.message(ty, NLM_F_ACK, body);
+        self.request_with(ty, 0, body)
+    }
+
+    /// [`Rtnl::request`] with more `flags` than `NLM_F_REQUEST | NLM_F_ACK`.
+    fn request_with(&mut self, ty: u16, flags: u16, body: &[u8]) -> io::Result<()> {
+        let m = self.message(ty, NLM_F_ACK | flags, body);
         self.send(&m)?;
         let mut buf = vec![0u8; 16384];
         loop {
@@ -203,6 +224,60 @@ impl Rtnl {
         }
         Ok(n)
     }
+}
+
+impl Rtnl {
+    /// Adds a `clsact` qdisc to interface `ifindex` (as `tc qdisc add dev IF clsact`);
+    /// `EEXIST` if it has one.
+    pub fn add_clsact(&mut self, ifindex: u32) -> io::Result<()> {
+        let mut body = tcmsg(ifindex, TC_H_CLSACT & 0xffff_0000, TC_H_CLSACT, 0);
+        attr(&mut body, TCA_KIND, b"clsact\0");
+        self.request_with(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, &body)
+    }
+
+    /// Adds BPF program `prog_fd` named `name`, in direct-action mode, as a filter on the
+    /// `clsact` qdisc of interface `ifindex`, at its ingress hook or (`ingress = false`) its
+    /// egress hook, for every protocol, at priority 1 (as `tc filter add dev IF ingress prio
+    /// 1 bpf da fd PROG`). The filter holds the program.
+    pub fn add_bpf_filter(
+        &mut self,
+        ifindex: u32,
+        ingress: bool,
+        prog_fd: u32,
+        name: &str,
+    ) -> io::Result<()> {
+        let minor = if ingress {
+            TC_H_MIN_INGRESS
+        } else {
+            TC_H_MIN_EGRESS
+        };
+        let parent = (TC_H_CLSACT & 0xffff_0000) | minor;
+        // tcm_info: priority above, protocol (ETH_P_ALL, network order) below.
+        let info = 1 << 16 | u32::from((libc::ETH_P_ALL as u16).to_be());
+        let mut body = tcmsg(ifindex, 0, parent, info);
+        attr(&mut body, TCA_KIND, b"bpf\0");
+        let mut opts = Vec::new();
+        attr(&mut opts, TCA_BPF_FD, &prog_fd.to_ne_bytes());
+        let mut n = name.as_bytes().to_vec();
+        n.push(0);
+        attr(&mut opts, TCA_BPF_NAME, &n);
+        attr(
+            &mut opts,
+            TCA_BPF_FLAGS,
+            &TCA_BPF_FLAG_ACT_DIRECT.to_ne_bytes(),
+        );
+        attr(&mut body, TCA_OPTIONS, &opts);
+        self.request_with(RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL, &body)
+    }
+}
+
+/// A `struct tcmsg` (family, padding, ifindex, handle, parent, info).
+fn tcmsg(ifindex: u32, handle: u32, parent: u32, info: u32) -> Vec<u8> {
+    let mut m = vec![0u8; 4];
+    for v in [ifindex, handle, parent, info] {
+        m.extend_from_slice(&v.to_ne_bytes());
+    }
+    m
 }
 
 /// A socket subscribed to the kernel's link notifications (`RTNLGRP_LINK`): it becomes

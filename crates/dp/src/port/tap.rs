@@ -157,7 +157,7 @@ impl TapPort {
     /// Opens (creating if needed) TAP `ifname` with `queues` queues, sets the offloads and
     /// brings the link up.
     pub fn open(ifname: &str, queues: u16) -> Result<TapPort, TapError> {
-        TapPort::open_as(ifname, queues, false)
+        TapPort::open_as(ifname, queues, false, true)
     }
 
     /// [`TapPort::open`] for a TAP that only carries another port's frames (a veth port's
@@ -166,10 +166,16 @@ impl TapPort {
     /// of its own (router solicitations, duplicate address detection) to send into it. The
     /// veth port drops whatever the host sends there anyway.
     pub fn open_internal(ifname: &str, queues: u16) -> Result<TapPort, TapError> {
-        TapPort::open_as(ifname, queues, true)
+        TapPort::open_as(ifname, queues, true, true)
     }
 
-    fn open_as(ifname: &str, queues: u16, internal: bool) -> Result<TapPort, TapError> {
+    /// [`TapPort::open_internal`], left down for the caller to set up (a veth port attaches
+    /// its slow path's programs first: cheaper on a link that is down, docs/veth.md).
+    pub fn open_internal_down(ifname: &str, queues: u16) -> Result<TapPort, TapError> {
+        TapPort::open_as(ifname, queues, true, false)
+    }
+
+    fn open_as(ifname: &str, queues: u16, internal: bool, up: bool) -> Result<TapPort, TapError> {
         let existed = netif::exists(ifname);
         let multi_queue = if existed {
             let flags = tun_flags(ifname).ok_or_else(|| TapError::NotTap(ifname.to_string()))?;
@@ -209,10 +215,12 @@ impl TapPort {
                 tracing::debug!(%ifname, error = %e, "IPv6 stays on (no writable /proc/sys)");
             }
         }
-        netif::set_up(ifname, true).map_err(|source| TapError::Up {
-            ifname: ifname.to_string(),
-            source,
-        })?;
+        if up {
+            netif::set_up(ifname, true).map_err(|source| TapError::Up {
+                ifname: ifname.to_string(),
+                source,
+            })?;
+        }
         Ok(TapPort {
             ifname: ifname.to_string(),
             dead: qs.iter().map(|_| AtomicBool::new(false)).collect(),

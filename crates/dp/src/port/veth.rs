@@ -39,9 +39,11 @@
 //! refreshes (and clears) the fdb entries the program marked seen, so that addresses in
 //! use on the fast path do not age out.
 //!
-//! The programs are attached with tcx links owned by the process (see [`qswitch_sys::bpf`]):
-//! removing the port, stopping qswitch or `kill -9` detaches them, and the companion TAP
-//! goes with its last fd. The veth pair itself belongs to whoever made it.
+//! The root end's program is attached with a tcx link owned by the process (see
+//! [`qswitch_sys::bpf`]): removing the port, stopping qswitch or `kill -9` detaches it. The
+//! companion TAP goes with its last fd, and with it its two programs, classic tc filters
+//! (a tcx link costs an RCU grace period under RTNL, a filter microseconds: docs/veth.md,
+//! "How the programs are attached"). The veth pair itself belongs to whoever made it.
 //!
 //! The root end is never a door into the host (audit finding F2): before it is brought up,
 //! [`qswitch_sys::netif::seal`] turns its IPv6 address generation off (no link-local, now or
@@ -487,11 +489,13 @@ impl VethPort {
         }
         let ifindex = qswitch_sys::xdp::ifindex(ifname).map_err(bpf_err("reading the ifindex"))?;
         let tap_if = tap_name(ifindex);
-        let tap = TapPort::open_internal(&tap_if, queues).map_err(|source| VethError::Tap {
-            ifname: ifname.to_string(),
-            tap: tap_if.clone(),
-            source,
-        })?;
+        // Down until its programs are on (docs/veth.md: cheaper so).
+        let tap =
+            TapPort::open_internal_down(&tap_if, queues).map_err(|source| VethError::Tap {
+                ifname: ifname.to_string(),
+                tap: tap_if.clone(),
+                source,
+            })?;
         let tap_ifindex =
             qswitch_sys::xdp::ifindex(&tap_if).map_err(bpf_err("reading the TAP's ifindex"))?;
         if let Some(fp) = fast {
@@ -499,8 +503,6 @@ impl VethPort {
                 tracing::warn!(port = %port, error = %e, "cannot reset fast path counters");
             }
         }
-        // Out first: the slow path's way back to the namespace, and its guard; then the way
-        // in.
         let out = Program::load(
             ProgKind::SchedCls,
             &redirect_insns(ifindex, true),
@@ -522,14 +524,42 @@ impl VethPort {
             ),
         }
         .map_err(bpf_err("loading the ingress program"))?;
-        let links = vec![
-            bpf::tcx_attach(&out, tap_ifindex, TcHook::Ingress)
-                .map_err(bpf_err("attaching to the slow path TAP"))?,
-            bpf::tcx_attach(&guard, tap_ifindex, TcHook::Egress)
-                .map_err(bpf_err("attaching to the slow path TAP's egress"))?,
-            bpf::tcx_attach(&into, ifindex, TcHook::Ingress)
-                .map_err(bpf_err("attaching to the veth's ingress"))?,
+        // The TAP's two programs are classic tc filters where the TAP goes with the process
+        // (taking them along): that spares the two RCU grace periods of tcx links (docs/
+        // veth.md). Its qdisc now, while the TAP is down, its filters after the grace period
+        // the veth's link waits for (so that they wait for none).
+        let classic = tap.created()
+            && bpf::tc_clsact(tap_ifindex)
+                .inspect_err(|e| {
+                    tracing::debug!(%ifname, error = %e, "no classic tc on the slow path TAP");
+                })
+                .is_ok();
+        // The way in first: into the TAP, which drops what it is sent while it is down. The
+        // root end's program is a tcx link: it must go with the process, and the veth does
+        // not.
+        let mut links = vec![bpf::tcx_attach(&into, ifindex, TcHook::Ingress)
+            .map_err(bpf_err("attaching to the veth's ingress"))?];
+        // The slow path's way back to the namespace, and its guard.
+        let tap_progs = [
+            (&out, TcHook::Ingress, "qs_veth_out"),
+            (&guard, TcHook::Egress, "qs_veth_guard"),
         ];
+        let classic = classic
+            && bpf::tc_attach_classic(tap_ifindex, &tap_progs)
+                .inspect_err(|e| {
+                    tracing::debug!(%ifname, error = %e, "no classic tc on the slow path TAP");
+                })
+                .is_ok();
+        if !classic {
+            for (prog, hook, _) in tap_progs {
+                links.push(
+                    bpf::tcx_attach(prog, tap_ifindex, hook)
+                        .map_err(bpf_err("attaching to the slow path TAP"))?,
+                );
+            }
+        }
+        qswitch_sys::netif::set_up(&tap_if, true)
+            .map_err(bpf_err("bringing the slow path TAP up"))?;
         // No door into the host (audit F2): no addresses, no link-local ever, no ARP answers,
         // before it is up; and down again when the port goes ([`Drop`]).
         qswitch_sys::netif::seal(ifname)
