@@ -21,9 +21,9 @@
 //! touches a closed fd, and traffic between the other ports is not disturbed.
 //!
 //! # Placement and queue hand-off
-//! Every rx queue has one owning worker. Where it goes comes from [`crate::placement::plan`]
+//! Every rx queue has one owning worker. Where it goes comes from [`crate::control::placement::plan`]
 //! (the static rules: operator and default sets, SMT, NUMA, reserved CPUs), from operator
-//! pins, and in dynamic mode from [`crate::balance`], which a housekeeping thread runs every
+//! pins, and in dynamic mode from [`crate::control::balance`], which a housekeeping thread runs every
 //! [`BALANCE_EVERY_NS`] on the queues' measured busy time. A queue moves between workers in
 //! two published steps: first it is taken from its old worker (and given to nobody), and only
 //! once that worker has acknowledged the new epoch, which it does between bursts, is it given
@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 use qswitch_api::PlacementMode;
 
 use crate::ids::CpuId;
-use crate::placement::Topology;
+use crate::control::placement::Topology;
 use crate::port::tap::TapError;
 use crate::port::vhost_user::VhostUserError;
 use crate::table::{Shared, WorkerShared};
