@@ -46,6 +46,8 @@ mod reports;
 mod runtime;
 pub(crate) mod start;
 
+pub use inspect::Capture;
+
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -55,6 +57,7 @@ use qswitch_api::PlacementMode;
 
 use crate::ids::CpuId;
 use crate::control::placement::Topology;
+use crate::control::qos;
 use crate::port::tap::TapError;
 use crate::port::vhost_user::VhostUserError;
 use crate::table::{Shared, WorkerShared};
@@ -125,6 +128,15 @@ pub enum SwitchError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<qos::ops::SetError> for SwitchError {
+    fn from(e: qos::ops::SetError) -> SwitchError {
+        match e {
+            qos::ops::SetError::NoSuchPort(p) => SwitchError::NoSuchPort(p),
+            qos::ops::SetError::Refused(m) => SwitchError::Qos(m),
+        }
+    }
 }
 
 /// Switch-wide settings.

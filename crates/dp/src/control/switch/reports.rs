@@ -16,7 +16,7 @@ use super::{Core, Switch};
 use crate::ids::{PortId, WorkerId};
 use crate::port::vxlan::{RemoteMac, TrafficStats, VxlanPort};
 use crate::port::{Device, Port};
-use crate::qos;
+use crate::control::qos;
 use crate::stats::{DropCounters, DropReason};
 use crate::table::PortEntry;
 

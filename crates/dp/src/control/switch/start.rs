@@ -19,7 +19,7 @@ use crate::engine::ManualWorker;
 use crate::fdb::Fdb;
 use crate::ids::{CpuId, WorkerId};
 use crate::control::placement::Topology;
-use crate::qos;
+use crate::control::qos;
 use crate::stats::WorkerCounters;
 use crate::table::{Clock, Shared, WorkerShared};
 use crate::worker::Worker;
