@@ -67,5 +67,5 @@ pub mod table;
 pub mod trace;
 pub mod worker;
 
-pub use ids::{CpuId, PortId, WorkerId};
 pub use control::switch::{Options, Switch, SwitchError};
+pub use ids::{CpuId, PortId, WorkerId};

@@ -359,11 +359,24 @@ fn dp_has_no_import_circle() {
 fn dp_hot_path_does_not_import_the_control_side() {
     let graph = module_graph(&crates().join("dp/src"));
     let control = |m: &str| m == "control" || m.starts_with("control::");
-    for m in ["control::switch", "control::placement", "control::balance", "control::qos"] {
-        assert!(graph.contains_key(m), "{m} is not on the control side: {:?}", graph.keys());
+    for m in [
+        "control::switch",
+        "control::placement",
+        "control::balance",
+        "control::qos",
+    ] {
+        assert!(
+            graph.contains_key(m),
+            "{m} is not on the control side: {:?}",
+            graph.keys()
+        );
     }
     for m in ["engine", "worker", "table", "port", "fdb", "packet", "qos"] {
-        assert!(graph.contains_key(m), "{m} is not on the hot path: {:?}", graph.keys());
+        assert!(
+            graph.contains_key(m),
+            "{m} is not on the hot path: {:?}",
+            graph.keys()
+        );
     }
     let mut found = Vec::new();
     for (m, tos) in &graph {
@@ -389,10 +402,16 @@ fn reexports_are_followed() {
     let dir = TempDir::new("structure");
     std::fs::create_dir_all(dir.join("control")).unwrap();
     let write = |f: &str, text: &str| std::fs::write(dir.join(f), text).unwrap();
-    write("lib.rs", "pub mod control;\npub mod engine;\npub use control::switch::{Options, Switch};\n");
+    write(
+        "lib.rs",
+        "pub mod control;\npub mod engine;\npub use control::switch::{Options, Switch};\n",
+    );
     write("control/mod.rs", "pub mod switch;\n");
     write("control/switch.rs", "use crate::engine::Forwarder;\n");
-    write("engine.rs", "pub struct Forwarder;\nfn f(_: &crate::Switch) {}\n");
+    write(
+        "engine.rs",
+        "pub struct Forwarder;\nfn f(_: &crate::Switch) {}\n",
+    );
     let graph = module_graph(dir.path());
     assert!(graph["engine"].contains("control::switch"), "{graph:?}");
     assert_eq!(circles(&graph), vec![vec!["control", "engine"]]);

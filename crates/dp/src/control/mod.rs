@@ -12,6 +12,6 @@
 //! | [`balance`] | dynamic placement: coalesce queues at low load, spread them at high load |
 
 pub mod balance;
-pub mod qos;
 pub mod placement;
+pub mod qos;
 pub mod switch;

@@ -12,8 +12,8 @@ use qswitch_api::request::{QosPort, QosReport};
 use qswitch_api::QosSettings;
 
 use super::alloc::{allocate, Claim};
-use crate::qos::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
 use crate::policy::Policy;
+use crate::qos::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
 use crate::stats::Counter;
 use crate::table::{PortEntry, PortTable, Shared};
 
@@ -114,8 +114,7 @@ pub(crate) fn set(
     let new = update.apply(entry.qos.settings());
     new.check()
         .map_err(|m| SetError::Refused(format!("port '{name}': {m}")))?;
-    admit(&table, shared.qos.reservable, Some((name, new)), None)
-        .map_err(SetError::Refused)?;
+    admit(&table, shared.qos.reservable, Some((name, new)), None).map_err(SetError::Refused)?;
     *entry.qos.settings.lock() = new;
     shared.qos.settings_gen.fetch_add(1, Ordering::Release);
     tracing::info!(port = %name, ?new, "qos settings changed");

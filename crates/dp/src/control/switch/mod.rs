@@ -55,9 +55,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use qswitch_api::PlacementMode;
 
-use crate::ids::CpuId;
 use crate::control::placement::Topology;
 use crate::control::qos;
+use crate::ids::CpuId;
 use crate::port::tap::TapError;
 use crate::port::vhost_user::VhostUserError;
 use crate::table::{Shared, WorkerShared};

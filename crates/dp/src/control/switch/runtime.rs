@@ -15,8 +15,8 @@ use qswitch_api::PlacementMode;
 
 use super::{Core, SwitchError, BALANCE_EVERY_NS};
 use crate::control::balance::{Balancer, Decision, QueueLoad};
-use crate::ids::{CpuId, PortId, WorkerId};
 use crate::control::placement::{self, Plan, PortReq, Rule};
+use crate::ids::{CpuId, PortId, WorkerId};
 use crate::table::{PortEntry, PortTable};
 
 /// How often learned addresses are aged out.
