@@ -22,7 +22,7 @@ fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
 fn bench(c: &mut Criterion) {
     let (ma, mb) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
     let options = Options {
-        topology: Some(qswitch_dp::placement::Topology::synthetic(1, 4, 1)),
+        topology: Some(qswitch_dp::control::placement::Topology::synthetic(1, 4, 1)),
         ..Options::default()
     };
     let sw = Switch::manual(&[0], &options).unwrap();

@@ -28,14 +28,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use qswitch_wire::MacAddr;
 
 use crate::packet::Pkt;
-use crate::table::PortEntry;
 
 /// Largest snaplen.
 pub const MAX_SNAPLEN: usize = 65_535;
@@ -425,48 +424,6 @@ impl PortCapture {
         if cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, tap)) {
             self.on.store(false, Ordering::Release);
             self.tap.compare_and_swap(&cur, None);
-        }
-    }
-}
-
-/// A running capture on one port; it stops (detaches) when dropped.
-#[derive(Debug)]
-pub struct Capture {
-    pub(crate) tap: Arc<Tap>,
-    pub(crate) port: Weak<PortEntry>,
-    pub(crate) name: String,
-}
-
-impl Capture {
-    /// The port's name.
-    pub fn port(&self) -> &str {
-        &self.name
-    }
-
-    pub fn tap(&self) -> &Tap {
-        &self.tap
-    }
-
-    /// Moves up to `max` records into `out`.
-    pub fn drain(&self, out: &mut Vec<Record>, max: usize) -> usize {
-        self.tap.drain(out, max)
-    }
-
-    /// Moves up to `max` records and about `max_bytes` of frame data into `out`.
-    pub fn drain_within(&self, out: &mut Vec<Record>, max: usize, max_bytes: usize) -> usize {
-        self.tap.drain_within(out, max, max_bytes)
-    }
-
-    /// Whether the port is gone from the switch (the capture can end).
-    pub fn port_gone(&self) -> bool {
-        self.port.strong_count() == 0
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        if let Some(p) = self.port.upgrade() {
-            p.capture.detach(&self.tap);
         }
     }
 }

@@ -13,24 +13,37 @@
 //! ```
 //!
 //! # Modules
-//! - [`switch`]: the control plane: port lifecycle, the placement runtime, reports, start-up
-//!   (threads, or none under a manual clock); every change under one lock.
+//! Two rooms: what runs per frame (the hot path, the modules at this level) and what runs
+//! per change ([`control`]). The hot path never imports the control side; the control side
+//! builds what the workers read (the port table, the queue lists, QoS allocations) and
+//! publishes it.
+//!
+//! Hot path:
 //! - [`engine`]: the forwarding engine: one burst classified, learned, looked up, flooded,
 //!   admitted by QoS and transmitted, with no threads and time passed in.
 //! - [`worker`]: the worker thread: a loop around the engine, adaptive spin, sleep in epoll.
 //! - [`table`]: the port table and the state the switch shares with its workers.
-//! - [`port`]: the [`port::Port`] trait and the TAP, gen and (tests) inject ports.
+//! - [`port`]: the [`port::Port`] trait and the port kinds (TAP, veth, AF_XDP, vhost-user,
+//!   VXLAN, gen and, for tests, inject).
 //! - [`policy`]: per-port VLAN trunks, port security and storm control.
 //! - [`fdb`]: the MAC learning table with aging.
 //! - [`packet`]: packet buffers with virtio-net header headroom; bursts.
 //! - [`rss`]: the Toeplitz hash (Microsoft's RSS) and the 128-entry indirection table.
-//! - [`qos`]: port QoS — the rate allocator, token buckets, admission control.
-//! - [`placement`]: which CPU each rx queue runs on (disjoint, SMT- and NUMA-aware sets).
+//! - [`qos`]: port QoS as the workers see it: token buckets, admission per poll.
 //! - [`capture`]: packet capture taps (a bounded ring per capture, drained by the control
-//!   plane) and [`trace`]: what the switch would do with a frame, without doing it.
-//! - [`balance`]: dynamic placement: coalesce queues at low load, spread them at high load.
+//!   side) and [`trace`]: what the switch would do with a frame, without doing it.
+//! - [`link_local`]: link-local groups (relay, BPDU guard).
 //! - [`stats`]: single-writer counters and the drop reasons.
 //! - [`ids`]: `PortId`, `WorkerId`, `CpuId`.
+//!
+//! Control side ([`control`]):
+//! - [`control::switch`]: the [`Switch`]: port lifecycle, the placement runtime, reports,
+//!   start-up (threads, or none under a manual clock), the port kinds' drivers; every change
+//!   under one lock.
+//! - [`control::placement`]: which CPU each rx queue runs on (disjoint, SMT- and NUMA-aware
+//!   sets).
+//! - [`control::balance`]: dynamic placement: coalesce queues at low load, spread them at
+//!   high load.
 //!
 //! # Limitations
 //! One 802.1Q tag is understood (trunks, see [`engine`]); 802.1ad double tags are not.
@@ -38,24 +51,22 @@
 
 #![deny(unsafe_code)]
 
-pub mod balance;
 pub mod capture;
+pub mod control;
 pub mod engine;
 pub mod export;
 pub mod fdb;
 pub mod ids;
 pub mod link_local;
 pub mod packet;
-pub mod placement;
 pub mod policy;
 pub mod port;
 pub mod qos;
 pub mod rss;
 pub mod stats;
-pub mod switch;
 pub mod table;
 pub mod trace;
 pub mod worker;
 
+pub use control::switch::{Options, Switch, SwitchError};
 pub use ids::{CpuId, PortId, WorkerId};
-pub use switch::{Options, Switch, SwitchError};

@@ -8,7 +8,7 @@ use common::{frame, numbered, Sim, BCAST, MAC_A, MAC_B, MAC_C};
 use qswitch_dp::capture::{Direction, Filter, Record, Spec};
 use qswitch_dp::SwitchError;
 
-fn drain(c: &qswitch_dp::capture::Capture) -> Vec<Record> {
+fn drain(c: &qswitch_dp::control::switch::Capture) -> Vec<Record> {
     let mut out = Vec::new();
     c.drain(&mut out, usize::MAX);
     out

@@ -936,7 +936,7 @@ fn vnis_share_one_udp_port() {
 fn config_port_in_a_switch() {
     use qswitch_api::{PortConfig, PortKind};
     let options = qswitch_dp::Options {
-        topology: Some(qswitch_dp::placement::Topology::synthetic(1, 4, 1)),
+        topology: Some(qswitch_dp::control::placement::Topology::synthetic(1, 4, 1)),
         ..Default::default()
     };
     let sw = qswitch_dp::Switch::manual(&[0], &options).expect("manual switch");
@@ -1272,7 +1272,7 @@ fn switch_with_vxlan(
     u16,
 ) {
     let options = qswitch_dp::Options {
-        topology: Some(qswitch_dp::placement::Topology::synthetic(1, 4, 1)),
+        topology: Some(qswitch_dp::control::placement::Topology::synthetic(1, 4, 1)),
         ..Default::default()
     };
     let sw = qswitch_dp::Switch::manual(&[0], &options).expect("manual switch");

@@ -5,7 +5,9 @@
 //!   library and binary) is started by `qswitch_sys::thread::spawn`.
 //! - `qswitch-dp` keeps no process-wide state: no `static` items (a switch's state is its
 //!   own; two switches in one process share nothing).
-//! - `qswitch-dp`'s modules import each other without a circle.
+//! - `qswitch-dp`'s modules import each other without a circle, and the hot path (what runs
+//!   per frame: every module outside `control/`) imports nothing of the control side (what
+//!   runs per change: `control/`).
 //!
 //! The source checks read each file up to its unit tests (`#[cfg(test)]` followed by
 //! `mod tests`, at the end of every file that has them); tests may start threads and keep
@@ -145,7 +147,8 @@ fn dp_has_no_static_items() {
 }
 
 /// The module graph of a crate's `src`: module path (`port::veth`) → the modules it names
-/// (`crate::x::y`, `super::x`, and a child `x::` from its parent).
+/// (`crate::x::y`, `super::x`, and a child `x::` from its parent). A name the crate root
+/// re-exports (`pub use x::y::{A, B};` in `lib.rs`: `crate::A`) counts as naming `x::y`.
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut mods = BTreeMap::new();
     for f in rust_files(src) {
@@ -170,6 +173,36 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             .collect::<String>()
             .trim_end_matches(':')
             .to_string()
+    };
+    // The crate root's re-exports: name → the module that defines it.
+    let mut reexports: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(lib) = mods.get("") {
+        for line in product_code(lib).lines() {
+            let Some(rest) = line.trim().strip_prefix("pub use ") else {
+                continue;
+            };
+            let rest = rest.trim_end_matches(';');
+            let (from, names) = match rest.split_once("::{") {
+                Some((from, names)) => (from, names.trim_end_matches('}').split(',').collect()),
+                None => match rest.rsplit_once("::") {
+                    Some((from, name)) => (from, vec![name]),
+                    None => continue,
+                },
+            };
+            if let Some(m) = resolve(from) {
+                for name in names {
+                    let name = name.trim();
+                    let name = name.rsplit(" as ").next().unwrap_or(name);
+                    reexports.insert(name.to_string(), m.clone());
+                }
+            }
+        }
+    }
+    let resolve = |path: &str| -> Option<String> {
+        resolve(path).or_else(|| {
+            let first = path.split("::").next().unwrap_or(path);
+            reexports.get(first).cloned()
+        })
     };
     let mut graph = BTreeMap::new();
     for (m, f) in &mods {
@@ -307,32 +340,81 @@ fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     t.out
 }
 
-/// `qswitch-dp` has no import circle through its port kinds and the switch: the port
-/// modules do not reach up into the switch or its port table (the switch's drivers feed
-/// them). The circles left are listed here, so that none is added; each is to go.
+/// `qswitch-dp`'s modules import each other without a circle: each one can be read (and
+/// tested) after the ones it imports, never together with them.
 #[test]
-fn dp_import_circles_are_known() {
+fn dp_has_no_import_circle() {
     let graph = module_graph(&crates().join("dp/src"));
     assert!(graph.contains_key("port::veth"), "{:?}", graph.keys());
-    // Table state types owned by the stages whose operations read the table (capture,
-    // QoS, policy): to be split when the pipeline's stages become modules (issue 26, 1).
-    let known: Vec<Vec<String>> = vec![vec![
-        "capture".into(),
-        "policy".into(),
-        "qos".into(),
-        "table".into(),
-    ]];
     let found = circles(&graph);
-    for c in &found {
+    assert!(found.is_empty(), "import circles in qswitch-dp: {found:?}");
+}
+
+/// `qswitch-dp` has two rooms: the hot path (what runs per frame: the engine, the worker
+/// loop, the port table, the ports, the fdb ...; every module outside `control/`) and the
+/// control side (what runs per change: `control/`, the switch handle, placement, balance,
+/// the QoS allocator). The hot path imports nothing of the control side; the control side
+/// builds what the workers read and publishes it.
+#[test]
+fn dp_hot_path_does_not_import_the_control_side() {
+    let graph = module_graph(&crates().join("dp/src"));
+    let control = |m: &str| m == "control" || m.starts_with("control::");
+    for m in [
+        "control::switch",
+        "control::placement",
+        "control::balance",
+        "control::qos",
+    ] {
         assert!(
-            !c.iter().any(|m| m == "port" || m == "switch"),
-            "an import circle through the ports or the switch: {c:?}"
+            graph.contains_key(m),
+            "{m} is not on the control side: {:?}",
+            graph.keys()
         );
     }
+    for m in ["engine", "worker", "table", "port", "fdb", "packet", "qos"] {
+        assert!(
+            graph.contains_key(m),
+            "{m} is not on the hot path: {:?}",
+            graph.keys()
+        );
+    }
+    let mut found = Vec::new();
+    for (m, tos) in &graph {
+        // The crate root declares both rooms and re-exports the switch.
+        if m.is_empty() || control(m) {
+            continue;
+        }
+        for to in tos.iter().filter(|t| control(t)) {
+            found.push(format!("{m} -> {to}"));
+        }
+    }
     assert!(
-        found.iter().all(|c| known.contains(c)),
-        "import circles in qswitch-dp: {found:?} (known: {known:?})"
+        found.is_empty(),
+        "hot-path modules of qswitch-dp import the control side:\n{}",
+        found.join("\n")
     );
+}
+
+/// The import checks see what they look for: a root re-export (`crate::Switch`) counts as
+/// naming its module, and a circle through one is found.
+#[test]
+fn reexports_are_followed() {
+    let dir = TempDir::new("structure");
+    std::fs::create_dir_all(dir.join("control")).unwrap();
+    let write = |f: &str, text: &str| std::fs::write(dir.join(f), text).unwrap();
+    write(
+        "lib.rs",
+        "pub mod control;\npub mod engine;\npub use control::switch::{Options, Switch};\n",
+    );
+    write("control/mod.rs", "pub mod switch;\n");
+    write("control/switch.rs", "use crate::engine::Forwarder;\n");
+    write(
+        "engine.rs",
+        "pub struct Forwarder;\nfn f(_: &crate::Switch) {}\n",
+    );
+    let graph = module_graph(dir.path());
+    assert!(graph["engine"].contains("control::switch"), "{graph:?}");
+    assert_eq!(circles(&graph), vec![vec!["control", "engine"]]);
 }
 
 /// The circle check finds a circle (the check of the check).

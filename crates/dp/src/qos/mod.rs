@@ -6,7 +6,7 @@
 //!  per port: wire bytes, throttled polls since last tick       budget = rx_budget(q, now)
 //!    → measured rate (EWMA), demand estimate                     0 → port not polled
 //!  per uplink: a_i = min(d_i, max_i, max(min_i, w_i·L))          n = rx_burst(.., ≤ budget)
-//!    (alloc::allocate, water-filling for L)                    charge(q, frames): wire bytes
+//!    (control::qos::alloc, water-filling for L)                charge(q, frames): wire bytes
 //!  publish a_i → PortQos::rate (one atomic store)  ──────────▶   taken from the port's bucket
 //! ```
 //!
@@ -40,8 +40,6 @@
 //! - A port's allocation is shared by all its rx queues through one lock-free bucket.
 //! - Traffic arriving on the uplink (toward the ports) is not shaped.
 
-pub mod alloc;
-pub(crate) mod ops;
 pub mod token_bucket;
 
 use std::collections::VecDeque;
@@ -81,34 +79,35 @@ fn depth(rate_bps: u64) -> u64 {
 #[derive(Debug)]
 pub struct PortQos {
     /// The allocation in bits/s ([`UNLIMITED`]: not shaped). Written by the allocator only.
-    rate: AtomicU64,
+    pub(crate) rate: AtomicU64,
     bucket: TokenBucket,
     /// Wire bytes received, per rx queue (single writer: the queue's worker).
     wire_bytes: Box<[Counter]>,
     /// Polls skipped for lack of tokens, per rx queue (single writer: the queue's worker).
-    throttled: Box<[Counter]>,
+    pub(crate) throttled: Box<[Counter]>,
     /// Uplink capacity, bits/s.
-    capacity: Option<u64>,
+    pub(crate) capacity: Option<u64>,
     /// Live settings (control plane only; workers never take this lock).
-    settings: Mutex<QosSettings>,
+    pub(crate) settings: Mutex<QosSettings>,
     /// The allocator's bookkeeping (allocator and `qos show` only).
-    state: Mutex<AllocState>,
+    pub(crate) state: Mutex<AllocState>,
 }
 
+/// The allocator's bookkeeping of one port (the control side's `control::qos` keeps it).
 #[derive(Debug, Default)]
-struct AllocState {
-    last_bytes: u64,
-    last_throttled: u64,
-    ewma_bps: f64,
-    demand: f64,
-    alloc: Option<u64>,
-    second_bytes: u64,
-    second_at: u64,
-    rate_bps: f64,
-    alloc_last_second: Option<u64>,
-    history: VecDeque<f64>,
+pub(crate) struct AllocState {
+    pub(crate) last_bytes: u64,
+    pub(crate) last_throttled: u64,
+    pub(crate) ewma_bps: f64,
+    pub(crate) demand: f64,
+    pub(crate) alloc: Option<u64>,
+    pub(crate) second_bytes: u64,
+    pub(crate) second_at: u64,
+    pub(crate) rate_bps: f64,
+    pub(crate) alloc_last_second: Option<u64>,
+    pub(crate) history: VecDeque<f64>,
     /// The allocator tick that last measured this port (0: never).
-    measured_tick: u64,
+    pub(crate) measured_tick: u64,
 }
 
 impl PortQos {
@@ -190,7 +189,7 @@ impl PortQos {
         *self.settings.lock()
     }
 
-    fn wire_total(&self) -> u64 {
+    pub(crate) fn wire_total(&self) -> u64 {
         self.wire_bytes.iter().map(Counter::get).sum()
     }
 }
@@ -199,11 +198,11 @@ impl PortQos {
 #[derive(Debug)]
 pub(crate) struct QosShared {
     pub(crate) reservable: f64,
-    ticks: AtomicU64,
-    seconds: AtomicU64,
+    pub(crate) ticks: AtomicU64,
+    pub(crate) seconds: AtomicU64,
     /// Bumped by every settings change, so the allocator redoes the rates that only change
     /// with the settings (ports with no uplink) only then.
-    settings_gen: AtomicU64,
+    pub(crate) settings_gen: AtomicU64,
 }
 
 impl QosShared {

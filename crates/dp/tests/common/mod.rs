@@ -4,7 +4,7 @@
 // Each test crate uses its own subset.
 #![allow(dead_code)]
 
-use qswitch_dp::placement::Topology;
+use qswitch_dp::control::placement::Topology;
 use qswitch_dp::port::inject::InjectPort;
 use qswitch_dp::{Options, Switch};
 

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use qswitch_api::request::QosReport;
 use qswitch_api::{Request, Response};
-use qswitch_dp::qos::alloc::{allocate, Claim};
+use qswitch_dp::control::qos::alloc::{allocate, Claim};
 use serde::Serialize;
 
 use super::{median, Bench, RemoveDir};

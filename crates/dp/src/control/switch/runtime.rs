@@ -1,9 +1,9 @@
 //! The queue-placement runtime: which worker polls each rx queue, and how a queue moves.
 //!
-//! [`Core::replan`] turns the static plan ([`crate::placement::plan`]) and the operator's pins
+//! [`Core::replan`] turns the static plan ([`crate::control::placement::plan`]) and the operator's pins
 //! into a worker per queue; [`Core::apply`] publishes that to the workers, handing a moving
 //! queue off in two steps (see [`super`]); [`Core::housekeep`] ages addresses and, in dynamic
-//! mode, lets [`crate::balance`] move queues by load. All of it runs under the control lock.
+//! mode, lets [`crate::control::balance`] move queues by load. All of it runs under the control lock.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -14,9 +14,9 @@ use qswitch_api::request::{MoveInfo, PortSetInfo};
 use qswitch_api::PlacementMode;
 
 use super::{Core, SwitchError, BALANCE_EVERY_NS};
-use crate::balance::{Balancer, Decision, QueueLoad};
+use crate::control::balance::{Balancer, Decision, QueueLoad};
+use crate::control::placement::{self, Plan, PortReq, Rule};
 use crate::ids::{CpuId, PortId, WorkerId};
-use crate::placement::{self, Plan, PortReq, Rule};
 use crate::table::{PortEntry, PortTable};
 
 /// How often learned addresses are aged out.

@@ -3,7 +3,7 @@
 //!
 //! [`Balancer::evaluate`] is a pure function of the loads it is given (plus a little memory
 //! for hysteresis); the switch measures, calls it about every half second, and carries out
-//! the moves it returns (each one a lossless hand-off, see `switch/mod.rs`).
+//! the moves it returns (each one a lossless hand-off, see `control/switch/mod.rs`).
 //!
 //! # Rules
 //! - A queue's *load* is the fraction of a core its worker spent on its bursts (rx, switching

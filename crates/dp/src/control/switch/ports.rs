@@ -8,6 +8,7 @@ use arc_swap::ArcSwap;
 use qswitch_api::{PortConfig, PortKind, VhostMode, XdpMode};
 
 use super::{Switch, SwitchError, MAX_PORTS};
+use crate::control::qos;
 use crate::fdb::DEFAULT_PORT_LIMIT;
 use crate::ids::PortId;
 use crate::policy::{Policy, PortPolicy};
@@ -18,7 +19,6 @@ use crate::port::veth::{VethError, VethPort};
 use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
 use crate::port::vxlan::{VxlanConfig, VxlanPort};
 use crate::port::Device;
-use crate::qos;
 use crate::stats::PortCounters;
 use crate::table::{PortEntry, PortTable};
 
@@ -415,7 +415,7 @@ impl Switch {
         update: &qos::QosUpdate,
     ) -> Result<qswitch_api::QosSettings, SwitchError> {
         let _ctl = self.control.lock();
-        qos::ops::set(&self.shared, name, update)
+        Ok(qos::ops::set(&self.shared, name, update)?)
     }
 
     /// Removes a port. Returns once no worker uses it any more (its device is then closed:

@@ -29,7 +29,7 @@
 //!
 //! # Limitations
 //! This is the static plan; moving queues by measured load (Dynamic VMQ) is
-//! [`crate::balance`]'s, and the switch carries both out (`switch/runtime.rs`). A port with no queues
+//! [`crate::control::balance`]'s, and the switch carries both out (`control/switch/runtime.rs`). A port with no queues
 //! gets an empty set.
 
 use std::cmp::Reverse;

@@ -1,7 +1,7 @@
 //! Switch-wide QoS operations over the port table: admission control, settings changes,
 //! the allocator thread and `qos show`.
 //!
-//! The per-port state these work on ([`super::PortQos`]) lives in the parent module, which
+//! The per-port state these work on ([`crate::qos::PortQos`]) is the hot path's, which
 //! imports nothing of the port table, so the table can hold it without an import circle.
 
 use std::sync::atomic::Ordering;
@@ -12,8 +12,8 @@ use qswitch_api::request::{QosPort, QosReport};
 use qswitch_api::QosSettings;
 
 use super::alloc::{allocate, Claim};
-use super::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
 use crate::policy::Policy;
+use crate::qos::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
 use crate::stats::Counter;
 use crate::table::{PortEntry, PortTable, Shared};
 
@@ -82,6 +82,15 @@ fn toward(up: &PortEntry, p: &PortEntry) -> bool {
         .is_some()
 }
 
+/// Why [`set`] changed nothing (the switch turns it into its own error).
+#[derive(Debug)]
+pub(crate) enum SetError {
+    /// No port of that name.
+    NoSuchPort(String),
+    /// Bad settings, an uplink, or more than admission control allows: the message says.
+    Refused(String),
+}
+
 /// Applies `update` to port `name` if admission control allows it. The caller holds the
 /// switch's control lock, which every change that admission depends on takes (port add and
 /// remove too), so the sum admitted here cannot move under it.
@@ -89,24 +98,23 @@ pub(crate) fn set(
     shared: &Shared,
     name: &str,
     update: &QosUpdate,
-) -> Result<QosSettings, crate::SwitchError> {
+) -> Result<QosSettings, SetError> {
     let table = shared.ports.load_full();
     let entry = table
         .iter()
         .flatten()
         .find(|p| p.config.name == name)
-        .ok_or_else(|| crate::SwitchError::NoSuchPort(name.to_string()))?;
+        .ok_or_else(|| SetError::NoSuchPort(name.to_string()))?;
     if entry.qos.capacity.is_some() {
-        return Err(crate::SwitchError::Qos(format!(
+        return Err(SetError::Refused(format!(
             "port '{name}' is an uplink (capacity {}); its ports share it, it takes no qos settings",
             format_rate(entry.qos.capacity.unwrap_or(0))
         )));
     }
     let new = update.apply(entry.qos.settings());
     new.check()
-        .map_err(|m| crate::SwitchError::Qos(format!("port '{name}': {m}")))?;
-    admit(&table, shared.qos.reservable, Some((name, new)), None)
-        .map_err(crate::SwitchError::Qos)?;
+        .map_err(|m| SetError::Refused(format!("port '{name}': {m}")))?;
+    admit(&table, shared.qos.reservable, Some((name, new)), None).map_err(SetError::Refused)?;
     *entry.qos.settings.lock() = new;
     shared.qos.settings_gen.fetch_add(1, Ordering::Release);
     tracing::info!(port = %name, ?new, "qos settings changed");

@@ -14,12 +14,12 @@ use qswitch_sys::eventfd::EventFd;
 
 use super::runtime::Control;
 use super::{spawn, Core, Options, Switch, SwitchError};
-use crate::balance::Balancer;
+use crate::control::balance::Balancer;
+use crate::control::placement::Topology;
+use crate::control::qos;
 use crate::engine::ManualWorker;
 use crate::fdb::Fdb;
 use crate::ids::{CpuId, WorkerId};
-use crate::placement::Topology;
-use crate::qos;
 use crate::stats::WorkerCounters;
 use crate::table::{Clock, Shared, WorkerShared};
 use crate::worker::Worker;
@@ -166,7 +166,7 @@ impl Switch {
                 queues: BTreeMap::new(),
                 pins: BTreeMap::new(),
                 mode: options.placement,
-                plan: crate::placement::Plan::default(),
+                plan: crate::control::placement::Plan::default(),
                 port_sets: Vec::new(),
                 plan_stale: false,
                 balancer: Balancer::default(),

@@ -1,11 +1,11 @@
 //! Looking at traffic without changing it: packet capture on a port and `trace`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use qswitch_api::request::TraceReport;
 
 use super::{Switch, SwitchError};
-use crate::capture::{Capture, Spec, Tap};
+use crate::capture::{Record, Spec, Tap};
 use crate::table::PortEntry;
 
 impl Switch {
@@ -56,5 +56,47 @@ impl Switch {
             frame,
             self.shared.now(),
         ))
+    }
+}
+
+/// A running capture on one port; it stops (detaches) when dropped.
+#[derive(Debug)]
+pub struct Capture {
+    pub(crate) tap: Arc<Tap>,
+    pub(crate) port: Weak<PortEntry>,
+    pub(crate) name: String,
+}
+
+impl Capture {
+    /// The port's name.
+    pub fn port(&self) -> &str {
+        &self.name
+    }
+
+    pub fn tap(&self) -> &Tap {
+        &self.tap
+    }
+
+    /// Moves up to `max` records into `out`.
+    pub fn drain(&self, out: &mut Vec<Record>, max: usize) -> usize {
+        self.tap.drain(out, max)
+    }
+
+    /// Moves up to `max` records and about `max_bytes` of frame data into `out`.
+    pub fn drain_within(&self, out: &mut Vec<Record>, max: usize, max_bytes: usize) -> usize {
+        self.tap.drain_within(out, max, max_bytes)
+    }
+
+    /// Whether the port is gone from the switch (the capture can end).
+    pub fn port_gone(&self) -> bool {
+        self.port.strong_count() == 0
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if let Some(p) = self.port.upgrade() {
+            p.capture.detach(&self.tap);
+        }
     }
 }

@@ -21,9 +21,9 @@
 //! touches a closed fd, and traffic between the other ports is not disturbed.
 //!
 //! # Placement and queue hand-off
-//! Every rx queue has one owning worker. Where it goes comes from [`crate::placement::plan`]
+//! Every rx queue has one owning worker. Where it goes comes from [`crate::control::placement::plan`]
 //! (the static rules: operator and default sets, SMT, NUMA, reserved CPUs), from operator
-//! pins, and in dynamic mode from [`crate::balance`], which a housekeeping thread runs every
+//! pins, and in dynamic mode from [`crate::control::balance`], which a housekeeping thread runs every
 //! [`BALANCE_EVERY_NS`] on the queues' measured busy time. A queue moves between workers in
 //! two published steps: first it is taken from its old worker (and given to nobody), and only
 //! once that worker has acknowledged the new epoch, which it does between bursts, is it given
@@ -46,6 +46,8 @@ mod reports;
 mod runtime;
 pub(crate) mod start;
 
+pub use inspect::Capture;
+
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -53,8 +55,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use qswitch_api::PlacementMode;
 
+use crate::control::placement::Topology;
+use crate::control::qos;
 use crate::ids::CpuId;
-use crate::placement::Topology;
 use crate::port::tap::TapError;
 use crate::port::vhost_user::VhostUserError;
 use crate::table::{Shared, WorkerShared};
@@ -125,6 +128,15 @@ pub enum SwitchError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<qos::ops::SetError> for SwitchError {
+    fn from(e: qos::ops::SetError) -> SwitchError {
+        match e {
+            qos::ops::SetError::NoSuchPort(p) => SwitchError::NoSuchPort(p),
+            qos::ops::SetError::Refused(m) => SwitchError::Qos(m),
+        }
+    }
 }
 
 /// Switch-wide settings.

@@ -13,10 +13,10 @@ use qswitch_api::request::{
 
 use super::runtime::Reason;
 use super::{Core, Switch};
+use crate::control::qos;
 use crate::ids::{PortId, WorkerId};
 use crate::port::vxlan::{RemoteMac, TrafficStats, VxlanPort};
 use crate::port::{Device, Port};
-use crate::qos;
 use crate::stats::{DropCounters, DropReason};
 use crate::table::PortEntry;
 
