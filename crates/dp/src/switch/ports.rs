@@ -5,18 +5,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use qswitch_api::{PortConfig, PortKind, VhostMode, XdpMode};
+use qswitch_api::{PortConfig, PortKind};
 
 use super::{Switch, SwitchError, MAX_PORTS};
 use crate::fdb::DEFAULT_PORT_LIMIT;
 use crate::ids::PortId;
 use crate::policy::{Policy, PortPolicy};
-use crate::port::afxdp::{self, AfXdpPort};
+use crate::port::afxdp::AfXdpPort;
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
 use crate::port::veth::{VethError, VethPort};
-use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
-use crate::port::vxlan::{VxlanConfig, VxlanPort};
+use crate::port::vhost_user::{VhostUserError, VhostUserPort};
+use crate::port::vxlan::VxlanPort;
 use crate::port::Device;
 use crate::qos;
 use crate::stats::PortCounters;
@@ -213,14 +213,10 @@ impl Switch {
         Ok(match &config.kind {
             PortKind::Tap(t) => Device::Tap(TapPort::open(t.ifname.as_str(), config.queues)?),
             PortKind::VhostUser(v) => {
-                let mode = match v.mode {
-                    VhostMode::Server => Mode::Server,
-                    VhostMode::Client => Mode::Client,
-                };
                 Device::VhostUser(VhostUserPort::new(
                     &config.name,
                     v.socket.as_path(),
-                    mode,
+                    v.mode,
                     config.queues,
                     &self
                         .drivers
@@ -230,26 +226,15 @@ impl Switch {
                 )?)
             }
             PortKind::Vxlan(v) => {
-                let mut c = VxlanConfig::new(v.vni, v.local);
-                c.remotes = v.remotes.clone();
-                c.dstport = v.dstport;
-                c.learning = v.learning;
-                c.udp_csum = v.udp_csum;
                 Device::Vxlan(Arc::new(VxlanPort::open(
                     &config.name,
-                    &c,
+                    v,
                     &self.drivers.vxlan,
                 )?))
             }
             PortKind::AfXdp(a) => {
-                let mode = match a.mode {
-                    XdpMode::Auto => afxdp::Mode::Auto,
-                    XdpMode::Native => afxdp::Mode::Native,
-                    XdpMode::Skb => afxdp::Mode::Skb,
-                    XdpMode::Packet => afxdp::Mode::Packet,
-                };
                 Device::AfXdp(
-                    AfXdpPort::open(&config.name, a.ifname.as_str(), a.queues, mode).map_err(
+                    AfXdpPort::open(&config.name, a.ifname.as_str(), a.queues, a.mode).map_err(
                         |error| SwitchError::AfXdp {
                             port: config.name.clone(),
                             error,
