@@ -57,4 +57,4 @@ pub mod trace;
 pub mod worker;
 
 pub use ids::{CpuId, PortId, WorkerId};
-pub use switch::{Options, Switch, SwitchError};
+pub use switch::{Options, Record, Switch, SwitchError};

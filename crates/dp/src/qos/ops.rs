@@ -82,13 +82,15 @@ fn toward(up: &PortEntry, p: &PortEntry) -> bool {
         .is_some()
 }
 
-/// Applies `update` to port `name` if admission control allows it. The caller holds the
-/// switch's control lock, which every change that admission depends on takes (port add and
-/// remove too), so the sum admitted here cannot move under it.
+/// Applies `update` to port `name` if admission control allows it and `record` (given the
+/// new settings) succeeds. The caller holds the switch's control lock, which every change
+/// that admission depends on takes (port add and remove too), so the sum admitted here
+/// cannot move under it.
 pub(crate) fn set(
     shared: &Shared,
     name: &str,
     update: &QosUpdate,
+    record: impl FnOnce(QosSettings) -> Result<(), crate::SwitchError>,
 ) -> Result<QosSettings, crate::SwitchError> {
     let table = shared.ports.load_full();
     let entry = table
@@ -107,6 +109,7 @@ pub(crate) fn set(
         .map_err(|m| crate::SwitchError::Qos(format!("port '{name}': {m}")))?;
     admit(&table, shared.qos.reservable, Some((name, new)), None)
         .map_err(crate::SwitchError::Qos)?;
+    record(new)?;
     *entry.qos.settings.lock() = new;
     shared.qos.settings_gen.fetch_add(1, Ordering::Release);
     tracing::info!(port = %name, ?new, "qos settings changed");
