@@ -101,10 +101,14 @@ pub struct Persist {
     /// The ports as the state file holds them, each with its `"\n" + [[port]] TOML`
     /// escaped for a JSON string: a cache of the file, so that a change re-renders only the
     /// ports it touched (see [`Persist::state_bytes`]); empty until the first record.
-    rendered: Vec<(PortConfig, String)>,
+    rendered: Vec<Rendered>,
     /// `base_text` escaped for a JSON string.
     base_escaped: String,
 }
+
+/// A port as the state file holds it, and its `"\n" + [[port]] TOML` escaped for a JSON
+/// string.
+type Rendered = (PortConfig, String);
 
 /// What start-up found: the configuration to start with, its pins, and the record.
 pub struct Start {
@@ -374,12 +378,12 @@ impl Persist {
         pins: &Pins,
         generation: u64,
         base_escaped: &str,
-    ) -> anyhow::Result<(Vec<u8>, Vec<(PortConfig, String)>)> {
+    ) -> anyhow::Result<(Vec<u8>, Vec<Rendered>)> {
         let escape = |text: &str| -> anyhow::Result<String> {
             let quoted = serde_json::to_string(text)?;
             Ok(quoted[1..quoted.len() - 1].to_string())
         };
-        let old: HashMap<&str, &(PortConfig, String)> = (self.rendered.iter())
+        let old: HashMap<&str, &Rendered> = (self.rendered.iter())
             .map(|r| (r.0.name.as_str(), r))
             .collect();
         let mut rendered = Vec::with_capacity(ports.len());

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use qswitch_api::{PortConfig, PortKind};
+use qswitch_api::{PortConfig, PortKind, QosSettings};
 
 use super::{Switch, SwitchError, MAX_PORTS};
 use crate::fdb::DEFAULT_PORT_LIMIT;
@@ -31,7 +31,6 @@ use crate::port::Device;
 use crate::qos;
 use crate::stats::PortCounters;
 use crate::table::{PortEntry, PortTable};
-use qswitch_api::QosSettings;
 
 /// Records the port configurations a change leaves (what [`Switch::port_configs`] returns
 /// once it is published). Called under the control lock after every check of the change and
