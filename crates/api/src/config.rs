@@ -607,6 +607,20 @@ pub struct VxlanConfig {
     pub udp_csum: Option<bool>,
 }
 
+impl VxlanConfig {
+    /// `vni` over `local`: no remotes, port [`VXLAN_PORT`], learning on, default checksums.
+    pub fn new(vni: u32, local: IpAddr) -> VxlanConfig {
+        VxlanConfig {
+            vni,
+            local,
+            remotes: Vec::new(),
+            dstport: VXLAN_PORT,
+            learning: true,
+            udp_csum: None,
+        }
+    }
+}
+
 /// The default VXLAN UDP port (IANA).
 pub const VXLAN_PORT: u16 = 4789;
 /// The largest VNI.
@@ -742,6 +756,21 @@ pub enum QosError {
 }
 
 impl QosSettings {
+    /// The settings as a port's `qos` table (`None` for the defaults), the inverse of
+    /// [`QosConfig::settings`].
+    pub fn to_config(self) -> Option<QosConfig> {
+        if self == QosSettings::default() {
+            return None;
+        }
+        Some(QosConfig {
+            min: self.min.map(Rate::from_bps),
+            max: self.max.map(Rate::from_bps),
+            weight: (self.weight != 1)
+                .then(|| Weight::try_from(self.weight).ok())
+                .flatten(),
+        })
+    }
+
     /// Checks the settings on their own (a live change builds them from plain numbers).
     pub fn check(&self) -> Result<(), QosError> {
         if Weight::try_from(self.weight).is_err() {

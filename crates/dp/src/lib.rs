@@ -68,5 +68,5 @@ pub mod table;
 pub mod trace;
 pub mod worker;
 
-pub use control::switch::{Options, Switch, SwitchError};
+pub use control::switch::{Options, Record, Switch, SwitchError};
 pub use ids::{CpuId, PortId, WorkerId};

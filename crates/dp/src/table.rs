@@ -29,6 +29,9 @@ use crate::stats::{PortCounters, WorkerCounters};
 #[derive(Debug)]
 pub struct PortEntry {
     pub id: PortId,
+    /// The keys fixed when the port was added. Those a live change sets (the policy keys and
+    /// `qos`) are cleared here: they live in `policy` and `qos` only (see
+    /// [`crate::Switch::port_configs`]).
     pub config: PortConfig,
     /// The port's access (native, untagged) VLAN; 0 = none configured. A trunk without one
     /// has no native VLAN (see [`crate::policy::Policy`]).

@@ -769,18 +769,12 @@ fn kill_9_leaves_nothing_behind() {
     child.0.kill().unwrap(); // SIGKILL
     child.0.wait().unwrap();
     // The kernel releases the link and the promiscuous hold with the process's fds.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let link = wire.sw_link("qb");
-        if !link.contains("xdp") && link.contains("promiscuity 0") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "left behind by a killed process: {link}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut link = String::new();
+    let clean = qswitch_test_support::harness::wait_until(Duration::from_secs(3), || {
+        link = wire.sw_link("qb");
+        !link.contains("xdp") && link.contains("promiscuity 0")
+    });
+    assert!(clean, "left behind by a killed process: {link}");
     // A restart attaches again.
     let port = wire.open("qb", None, Mode::Native).unwrap();
     assert_eq!(port.mode_in_use(), "native-copy");

@@ -204,11 +204,11 @@ impl Lab {
     /// The link-local groups from `src` the guest receives up to `src`'s end marker.
     fn guest_receives(&mut self, src: [u8; 6]) -> Vec<u8> {
         let hl = self.v.hdr_len();
-        let deadline = Instant::now() + WAIT;
         let mut buf = Vec::new();
         let mut groups = Vec::new();
-        loop {
-            while self.v.recv(0, &mut buf).unwrap().is_some() {
+        let mut ended = false;
+        let got = wait_until(WAIT, || {
+            while !ended && self.v.recv(0, &mut buf).unwrap().is_some() {
                 let f = &buf[hl..];
                 if f.len() < 14 || f[6..12] != src {
                     continue;
@@ -216,15 +216,13 @@ impl Lab {
                 if f[..5] == [0x01, 0x80, 0xc2, 0, 0] && f[5] < 16 {
                     groups.push(f[5]);
                 } else if f[..6] == [0xff; 6] && f[12..14] == END_TYPE.to_be_bytes() {
-                    return groups;
+                    ended = true;
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "the guest never got the end marker"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+            ended
+        });
+        assert!(got, "the guest never got the end marker");
+        groups
     }
 
     fn drops(&self, port: &str, reason: &str) -> u64 {

@@ -192,19 +192,15 @@ fn recv_from(d: &mut Driver, pair: u16, src: [u8; 6]) -> (NetHdr, Vec<u8>) {
 /// Whether a frame from `src` shows up on `pair` within `t` (frames from others skipped).
 fn frame_from_within(d: &mut Driver, pair: u16, src: [u8; 6], t: Duration) -> bool {
     let hl = d.hdr_len();
-    let deadline = Instant::now() + t;
     let mut buf = Vec::new();
-    loop {
+    qswitch_test_support::harness::wait_until(t, || {
         while d.recv(pair, &mut buf).unwrap().is_some() {
             if buf.len() >= hl + 12 && buf[hl + 6..hl + 12] == src {
                 return true;
             }
         }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+        false
+    })
 }
 
 /// Sends `frames` from `from` (pair 0) and returns, in arrival order, what reaches `to`

@@ -1088,15 +1088,14 @@ fn receive_with_hdr(
     let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
     let mut drops = DropTally::default();
     let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while got.len() < want && Instant::now() < deadline {
+    qswitch_test_support::harness::wait_until(Duration::from_secs(5), || loop {
         let n = port.rx_burst(0, &mut pkts, 1, &mut drops);
         port.rx_accepted(0, u32::MAX);
         got.extend(pkts[..n].iter().map(|p| (p.frame().to_vec(), p.hdr)));
-        if n == 0 {
-            std::thread::sleep(Duration::from_millis(1));
+        if n == 0 || got.len() >= want {
+            return got.len() >= want;
         }
-    }
+    });
     got
 }
 
@@ -1572,12 +1571,11 @@ fn a_coalesced_message_is_switched_completely_before_sleeping() {
     );
     let mut pkts: Vec<Pkt> = (0..32).map(|_| Pkt::new()).collect();
     let mut drops = DropTally::default();
-    let deadline = Instant::now() + Duration::from_secs(5);
     let mut got = 0;
-    while got == 0 && Instant::now() < deadline {
+    qswitch_test_support::harness::wait_until(Duration::from_secs(5), || {
         got = y.rx_burst(0, &mut pkts, 1, &mut drops);
-        std::thread::sleep(Duration::from_millis(1));
-    }
+        got != 0
+    });
     assert_eq!(got, 32);
     assert_eq!(y.stats().udp_gro, 1, "one coalesced message");
     assert!(!y.rx_arm(0), "datagrams of the message are still waiting");

@@ -55,7 +55,7 @@ impl Daemon {
 
     /// `config dump`.
     pub fn dump(&self) -> qswitch_api::Response {
-        match self.persist.lock().dump() {
+        match self.persist.lock().dump(&self.switch) {
             Ok(toml) => qswitch_api::Response::Config { toml },
             Err(e) => qswitch_api::Response::Error {
                 message: crate::chain(&e),
@@ -103,7 +103,7 @@ pub fn run(path: &Path) -> ExitCode {
     for n in &start.notes {
         tracing::info!("{n}");
     }
-    let config = start.persist.live().config.clone();
+    let config = start.live.config.clone();
     let workers = match config.validate(&online) {
         Ok(w) => w,
         Err(e) => {
@@ -119,7 +119,7 @@ pub fn run(path: &Path) -> ExitCode {
         }
     };
     keep_off_worker_cpus(&online, workers.cpus());
-    match serve(start.persist, &text, &file, workers.cpus()) {
+    match serve(start.persist, start.live, &text, &file, workers.cpus()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("qswitch: {}", crate::chain(&e));
@@ -201,11 +201,12 @@ fn config_error(e: &qswitch_api::ConfigError) -> ExitCode {
 
 fn serve(
     mut persist: crate::state::Persist,
+    live: crate::state::Live,
     text: &str,
     file: &Config,
     cpus: &[usize],
 ) -> anyhow::Result<()> {
-    let config = &persist.live().config.clone();
+    let config = &live.config;
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, term.clone()).context("cannot install signal handler")?;
@@ -272,8 +273,8 @@ fn serve(
     // afxdp port whose interface is missing waits for it, down, and keeps no other port
     // from starting (issue 27 F6).
     let waiting = switch.add_ports_or_wait(&config.ports)?;
-    let mut live = persist.live().clone();
-    live.pins.retain(|(port, queue), cpu| {
+    let mut pins = live.pins.clone();
+    pins.retain(|(port, queue), cpu| {
         // A waiting port's pins stay recorded; they apply at a start where it opens.
         if waiting.contains(port) {
             return true;
@@ -287,7 +288,12 @@ fn serve(
         }
     });
     // The state now reconciled with this file.
-    persist.commit(live, Some((file.clone(), text.to_string())))?;
+    persist.commit(
+        &switch,
+        live.config.switch.clone(),
+        pins,
+        Some((file.clone(), text.to_string())),
+    )?;
     let daemon = Arc::new(Daemon {
         switch,
         rates: Mutex::new(None),

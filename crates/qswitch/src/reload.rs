@@ -8,13 +8,16 @@
 //! added, and the placement mode is set. Untouched ports are not touched at all: a change
 //! publishes a new port table, and workers keep switching between the other ports across it.
 //! `[switch]` keys other than `placement` take effect at the next restart.
+//!
+//! What runs is read from the switch ([`Persist::live`]) and what is recorded afterwards is
+//! what runs then, so a reload that stops half-way records the steps it did.
 
 use anyhow::{anyhow, Context};
 use qswitch_api::config::SwitchConfig;
 use qswitch_api::Config;
 use qswitch_dp::Switch;
 
-use crate::state::{merge, qos_update, same_but_qos, Live, Persist};
+use crate::state::{merge, qos_update, same_but_qos, Live, Persist, Pins};
 
 /// Reloads; returns one line per change applied. Holds no lock of its own: the caller holds
 /// the persistence mutex.
@@ -29,7 +32,7 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     if let Some(e) = file.switch.export_not_wired() {
         anyhow::bail!("{e}; nothing changed");
     }
-    let live = p.live().clone();
+    let live = p.live(sw);
     let mut target = merge(p.base(), &live, &file);
     let mut changes = Vec::new();
     let restart = restart_keys(&live.config.switch, &file.switch);
@@ -45,10 +48,10 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     target.config.validate(&online).map_err(|e| {
         anyhow!("the file with the live changes on top is invalid: {e}; nothing changed")
     })?;
-    let mut reached = live.clone();
-    match apply(sw, &live, &target, &mut reached, &mut changes) {
+    let mut pins = live.pins.clone();
+    match apply(sw, &live, &target, &mut pins, &mut changes) {
         Ok(()) => {
-            p.commit(target, Some((file, text)))?;
+            p.commit(sw, target.config.switch, target.pins, Some((file, text)))?;
             for c in &changes {
                 tracing::info!("reload: {c}");
             }
@@ -56,7 +59,7 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
         }
         Err(e) => {
             // Record what did happen; the next reload retries the rest.
-            let recorded = p.commit(reached, None);
+            let recorded = p.commit(sw, live.config.switch, pins, None);
             let done = if changes.is_empty() {
                 "nothing".to_string()
             } else {
@@ -74,13 +77,13 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     }
 }
 
-/// Applies the differences between `live` and `target`, keeping `cur` (which starts as
-/// `live`) what runs, also when a step fails.
+/// Applies the differences between `live` and `target`, keeping `pins` (which start as
+/// `live`'s) those of the ports still running as they were, also when a step fails.
 fn apply(
     sw: &Switch,
     live: &Live,
     target: &Live,
-    cur: &mut Live,
+    pins: &mut Pins,
     changes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let find = |c: &Config, name: &str| c.ports.iter().position(|p| p.name == name);
@@ -91,23 +94,17 @@ fn apply(
             Some(new) if new == old => {}
             Some(new) if same_but_qos(old, new) => {
                 sw.qos_set(name, &qos_update(new.qos_settings()))?;
-                if let Some(i) = find(&cur.config, name) {
-                    cur.config.ports[i].qos = new.qos.clone();
-                }
                 changes.push(format!("port {name}: qos set"));
             }
             Some(new) => {
                 sw.del_port(name)?;
-                cur.config.ports.retain(|p| p.name != name);
-                cur.pins.retain(|(p, _), _| p != name);
+                pins.retain(|(p, _), _| p != name);
                 sw.add_port(new)?;
-                cur.config.ports.push(new.clone());
                 changes.push(format!("port {name}: changed, removed and added again"));
             }
             None => {
                 sw.del_port(name)?;
-                cur.config.ports.retain(|p| p.name != name);
-                cur.pins.retain(|(p, _), _| p != name);
+                pins.retain(|(p, _), _| p != name);
                 changes.push(format!("port {name}: removed"));
             }
         }
@@ -115,7 +112,6 @@ fn apply(
     for new in &target.config.ports {
         if find(&live.config, &new.name).is_none() {
             sw.add_port(new)?;
-            cur.config.ports.push(new.clone());
             changes.push(format!("port {}: added", new.name));
         }
     }

@@ -12,13 +12,22 @@
 //! hundred ports), reading it back is the config parser every file already goes through
 //! (with its validation), and there is no log to replay, compact, or get half-written.
 //!
+//! # One copy of a port's settings
+//! The switch's port table is the truth: [`qswitch_dp::Switch::port_configs`] puts each
+//! port's configuration together from what runs (the keys it was added with, its live policy
+//! and QoS). What is recorded and what `config dump` prints are derived from it; [`Persist`]
+//! keeps no port settings of its own, only the `[switch]` table, the pins and, as a cache of
+//! what the file holds, each port's rendered TOML.
+//!
 //! # Ordering
-//! Every change (port add/del, qos set, placement pin and mode, reload) runs under one mutex,
-//! [`Persist`]'s: the change is applied to the switch, then recorded, then acknowledged, all
-//! while holding it. Two concurrent changes are therefore recorded in the order they were
-//! applied. A change whose record cannot be written is undone and reported as an error, so
-//! an acknowledged change is on disk and an unacknowledged one is either undone or (after a
-//! crash between apply and record) absent after a restart.
+//! Every change (port add/del, port set, qos set, placement pin and mode, reload) runs under
+//! one mutex, [`Persist`]'s, and is recorded before it is acknowledged. A port change is
+//! checked by the switch, recorded with the port configurations it will leave
+//! ([`qswitch_dp::Record`]), and only then published; a change whose record cannot be written
+//! is refused and nothing changes (nothing to undo). Two concurrent changes are therefore
+//! recorded in the order they were applied, an acknowledged change is on disk, and after a
+//! crash between record and publish the restart applies the recorded change (which had
+//! passed every check). A placement pin is applied first and undone if its record fails.
 //!
 //! # The config file and the live state
 //! The file declares ports; live changes override it. At start and on reload the three
@@ -35,7 +44,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use qswitch_api::config::{PortConfig, QosConfig, QosSettings, Rate, Weight};
+use qswitch_api::config::{PortConfig, SwitchConfig};
 use qswitch_api::{Config, Request, Response};
 use qswitch_dp::Switch;
 use serde::{Deserialize, Serialize};
@@ -44,12 +53,16 @@ use serde::{Deserialize, Serialize};
 pub const STATE_FILE: &str = "state.json";
 const VERSION: u32 = 1;
 
-/// What runs: the effective configuration and the pins.
+/// Placement pins: (port, queue) -> CPU.
+pub type Pins = BTreeMap<(String, u16), usize>;
+
+/// A whole state: an effective configuration and the pins. What runs is one
+/// ([`Persist::live`], derived from the switch); so are the recorded state and the result of
+/// a merge.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Live {
     pub config: Config,
-    /// (port, queue) -> CPU.
-    pub pins: BTreeMap<(String, u16), usize>,
+    pub pins: Pins,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -81,18 +94,27 @@ pub struct Persist {
     config_path: PathBuf,
     base: Config,
     base_text: String,
-    live: Live,
+    /// The `[switch]` table as it runs (the file's, with the live placement mode).
+    switch: SwitchConfig,
+    pins: Pins,
     generation: u64,
-    /// `live.config.ports[i]` as `"\n" + [[port]] TOML`, escaped for a JSON string; empty
-    /// until the first commit (see [`Persist::state_bytes`]).
-    rendered: Vec<String>,
+    /// The ports as the state file holds them, each with its `"\n" + [[port]] TOML`
+    /// escaped for a JSON string: a cache of the file, so that a change re-renders only the
+    /// ports it touched (see [`Persist::state_bytes`]); empty until the first record.
+    rendered: Vec<Rendered>,
     /// `base_text` escaped for a JSON string.
     base_escaped: String,
 }
 
+/// A port as the state file holds it, and its `"\n" + [[port]] TOML` escaped for a JSON
+/// string.
+type Rendered = (PortConfig, String);
+
 /// What start-up found: the configuration to start with, its pins, and the record.
 pub struct Start {
     pub persist: Persist,
+    /// What to start: the file merged with the recorded state.
+    pub live: Live,
     /// Lines for the log: where the state came from, pins dropped, ...
     pub notes: Vec<String>,
 }
@@ -205,7 +227,8 @@ impl Persist {
             config_path,
             base: file.clone(),
             base_text: text.to_string(),
-            live: fresh.clone(),
+            switch: file.switch.clone(),
+            pins: Pins::new(),
             generation: 0,
             rendered: Vec::new(),
             base_escaped: {
@@ -214,7 +237,11 @@ impl Persist {
             },
         };
         let Some(dir) = persist.dir.clone() else {
-            return Ok(Start { persist, notes });
+            return Ok(Start {
+                persist,
+                live: fresh,
+                notes,
+            });
         };
         let state_path = dir.join(STATE_FILE);
         let read = |p: &Path| -> std::io::Result<Vec<u8>> {
@@ -229,7 +256,11 @@ impl Persist {
                     "no state in {}: starting from the file",
                     dir.display()
                 ));
-                return Ok(Start { persist, notes });
+                return Ok(Start {
+                    persist,
+                    live: fresh,
+                    notes,
+                });
             }
             Err(e) => {
                 return Err(e).with_context(|| format!("cannot read {}", state_path.display()))
@@ -257,7 +288,11 @@ impl Persist {
                     persist.config_path.display()
                 );
                 persist.dir = None;
-                return Ok(Start { persist, notes });
+                return Ok(Start {
+                    persist,
+                    live: fresh,
+                    notes,
+                });
             }
             // A state directory of its own identifies the daemon: the config file moved.
             notes.push(format!(
@@ -289,74 +324,85 @@ impl Persist {
                 ""
             }
         ));
-        persist.live = merged;
+        persist.switch = merged.config.switch.clone();
+        persist.pins = merged.pins.clone();
         persist.generation = state.generation;
-        Ok(Start { persist, notes })
+        Ok(Start {
+            persist,
+            live: merged,
+            notes,
+        })
     }
 
-    /// The configuration to run.
-    pub fn live(&self) -> &Live {
-        &self.live
+    /// What runs: the switch's ports ([`Switch::port_configs`]), the `[switch]` table and
+    /// the pins.
+    pub fn live(&self, sw: &Switch) -> Live {
+        Live {
+            config: Config {
+                switch: self.switch.clone(),
+                ports: sw.port_configs(),
+            },
+            pins: self.pins.clone(),
+        }
     }
 
-    /// `config dump`: the effective configuration, and the pins as comments.
-    pub fn dump(&self) -> anyhow::Result<String> {
-        let mut s = self.live.config.to_toml().context("cannot write TOML")?;
-        if !self.live.pins.is_empty() {
+    /// `config dump`: the effective configuration (what runs), and the pins as comments.
+    pub fn dump(&self, sw: &Switch) -> anyhow::Result<String> {
+        let live = self.live(sw);
+        let mut s = live.config.to_toml().context("cannot write TOML")?;
+        if !live.pins.is_empty() {
             s.push_str(
                 "\n# Placement pins (live state only; `qswitch placement pin` sets them):\n",
             );
-            for ((port, queue), cpu) in &self.live.pins {
+            for ((port, queue), cpu) in &live.pins {
                 s.push_str(&format!("#   {port} queue {queue} -> CPU {cpu}\n"));
             }
         }
         Ok(s)
     }
 
-    /// The state file's bytes for `live` (generation `generation`, file text `base_text`) and
-    /// the port fragments to keep for the next call.
+    /// The state file's bytes for `ports`, `switch` and `pins` (generation `generation`,
+    /// file text `base_escaped`) and the port fragments to keep for the next call.
     ///
     /// The file is JSON whose `effective` string is the TOML of [`Config::to_toml`]. It is
     /// assembled from pieces kept between changes: each port's `[[port]]` TOML, already
-    /// escaped as JSON, in [`Persist::rendered`] (aligned with `self.live`'s ports), and the
-    /// escaped file text. A change re-renders only the ports it touched: rendering and
-    /// escaping a thousand unchanged ports made every `port add` at that scale several times
-    /// slower than at ten. JSON escaping works per character, so the escaped pieces
-    /// concatenated are the escaped whole; the file reads back with [`StateFile`].
+    /// escaped as JSON, in [`Persist::rendered`], and the escaped file text. A change
+    /// re-renders only the ports it touched: rendering and escaping a thousand unchanged
+    /// ports made every `port add` at that scale several times slower than at ten. JSON
+    /// escaping works per character, so the escaped pieces concatenated are the escaped
+    /// whole; the file reads back with [`StateFile`].
     fn state_bytes(
         &self,
-        live: &Live,
+        ports: &[PortConfig],
+        switch: &SwitchConfig,
+        pins: &Pins,
         generation: u64,
         base_escaped: &str,
-    ) -> anyhow::Result<(Vec<u8>, Vec<String>)> {
+    ) -> anyhow::Result<(Vec<u8>, Vec<Rendered>)> {
         let escape = |text: &str| -> anyhow::Result<String> {
             let quoted = serde_json::to_string(text)?;
             Ok(quoted[1..quoted.len() - 1].to_string())
         };
-        let aligned = self.rendered.len() == self.live.config.ports.len();
-        let old: HashMap<&str, usize> = if aligned {
-            (self.live.config.ports.iter().enumerate())
-                .map(|(i, p)| (p.name.as_str(), i))
-                .collect()
-        } else {
-            HashMap::new()
-        };
-        let mut rendered = Vec::with_capacity(live.config.ports.len());
-        for p in &live.config.ports {
-            let kept = old
-                .get(p.name.as_str())
-                .filter(|&&i| self.live.config.ports[i] == *p)
-                .map(|&i| self.rendered[i].clone());
-            rendered.push(match kept {
-                Some(text) => text,
+        let old: HashMap<&str, &Rendered> = (self.rendered.iter())
+            .map(|r| (r.0.name.as_str(), r))
+            .collect();
+        let mut rendered = Vec::with_capacity(ports.len());
+        for p in ports {
+            let text = match old.get(p.name.as_str()).filter(|(c, _)| c == p) {
+                Some((_, text)) => text.clone(),
                 None => {
                     let toml = qswitch_api::config::port_toml(p).context("cannot write TOML")?;
                     escape(&format!("\n{toml}"))?
                 }
-            });
+            };
+            rendered.push((p.clone(), text));
         }
-        let switch = escape(&live.config.switch_toml().context("cannot write TOML")?)?;
-        let pins: Vec<Pin> = (live.pins.iter())
+        let config = Config {
+            switch: switch.clone(),
+            ports: Vec::new(),
+        };
+        let switch = escape(&config.switch_toml().context("cannot write TOML")?)?;
+        let pins: Vec<Pin> = (pins.iter())
             .map(|((port, queue), cpu)| Pin {
                 port: port.clone(),
                 queue: *queue,
@@ -364,14 +410,14 @@ impl Persist {
             })
             .collect();
         let size =
-            base_escaped.len() + switch.len() + rendered.iter().map(String::len).sum::<usize>();
+            base_escaped.len() + switch.len() + rendered.iter().map(|r| r.1.len()).sum::<usize>();
         let mut out = Vec::with_capacity(size + 512);
         write!(
             out,
             "{{\n  \"version\": {VERSION},\n  \"generation\": {generation},\n  \"config_path\": {},\n  \"base\": \"{base_escaped}\",\n  \"effective\": \"{switch}",
             serde_json::to_string(&self.config_path.display().to_string())?,
         )?;
-        for text in &rendered {
+        for (_, text) in &rendered {
             out.extend_from_slice(text.as_bytes());
         }
         write!(
@@ -382,9 +428,16 @@ impl Persist {
         Ok((out, rendered))
     }
 
-    /// Makes `live` the recorded state (and the in-memory one), with `base` as the file's
-    /// text when given. Durable before it returns.
-    pub fn commit(&mut self, live: Live, base: Option<(Config, String)>) -> anyhow::Result<()> {
+    /// Records `ports`, `switch` and `pins` (and `base` as the file's text, when given) as
+    /// the state; durable before it returns. The caller keeps `switch` and `pins` as what
+    /// runs only once this succeeds.
+    fn write(
+        &mut self,
+        ports: &[PortConfig],
+        switch: &SwitchConfig,
+        pins: &Pins,
+        base: Option<(Config, String)>,
+    ) -> anyhow::Result<()> {
         let mut rendered = Vec::new();
         let mut base_escaped = None;
         if let Some(dir) = &self.dir {
@@ -393,7 +446,7 @@ impl Persist {
                 base_escaped = Some(quoted[1..quoted.len() - 1].to_string());
             }
             let escaped = base_escaped.as_deref().unwrap_or(&self.base_escaped);
-            let (bytes, r) = self.state_bytes(&live, self.generation + 1, escaped)?;
+            let (bytes, r) = self.state_bytes(ports, switch, pins, self.generation + 1, escaped)?;
             rendered = r;
             write_atomic(dir, STATE_FILE, &bytes)
                 .with_context(|| format!("cannot record the state in {}", dir.display()))?;
@@ -405,34 +458,39 @@ impl Persist {
         if let Some(e) = base_escaped {
             self.base_escaped = e;
         }
-        self.live = live;
         self.rendered = rendered;
         self.generation += 1;
         Ok(())
     }
 
-    /// Applies one change request to the switch and records it; undoes it if the record
-    /// fails. Called with the daemon's persistence mutex held.
+    /// Records what runs: the switch's ports, with `switch` and `pins` (which become this
+    /// record's), and `base` as the file's text when given. Durable before it returns.
+    pub fn commit(
+        &mut self,
+        sw: &Switch,
+        switch: SwitchConfig,
+        pins: Pins,
+        base: Option<(Config, String)>,
+    ) -> anyhow::Result<()> {
+        self.write(&sw.port_configs(), &switch, &pins, base)?;
+        self.switch = switch;
+        self.pins = pins;
+        Ok(())
+    }
+
+    /// Applies one change request to the switch, recorded before it is published (see the
+    /// module docs); a change that cannot be recorded is refused whole. Called with the
+    /// daemon's persistence mutex held.
     pub fn change(&mut self, sw: &Switch, req: Request) -> anyhow::Result<Response> {
-        let mut next = self.live.clone();
+        let switch = self.switch.clone();
+        let mut pins = self.pins.clone();
         match req {
             Request::PortAdd { port } => {
-                sw.add_port(&port)?;
-                next.config.ports.push(port.clone());
-                self.commit(next, None).inspect_err(|_| {
-                    let _ = sw.del_port(&port.name);
-                })?;
+                sw.add_port_recorded(&port, &mut self.recorder(&switch, &pins))?;
             }
             Request::PortDel { name } => {
-                sw.del_port(&name)?;
-                let old = next.config.ports.iter().find(|p| p.name == name).cloned();
-                next.config.ports.retain(|p| p.name != name);
-                next.pins.retain(|(p, _), _| *p != name);
-                self.commit(next, None).inspect_err(|_| {
-                    if let Some(old) = &old {
-                        let _ = sw.add_port(old);
-                    }
-                })?;
+                pins.retain(|(p, _), _| *p != name);
+                sw.del_port_recorded(&name, &mut self.recorder(&switch, &pins))?;
             }
             Request::QosSet {
                 port,
@@ -441,64 +499,40 @@ impl Persist {
                 weight,
                 clear,
             } => {
-                let old = next
-                    .config
-                    .ports
-                    .iter()
-                    .find(|p| p.name == port)
-                    .map(PortConfig::qos_settings);
                 let update = qswitch_dp::qos::QosUpdate {
                     min,
                     max,
                     weight,
                     clear,
                 };
-                let new = sw.qos_set(&port, &update)?;
-                if let Some(p) = next.config.ports.iter_mut().find(|p| p.name == port) {
-                    p.qos = qos_config(new);
-                }
-                self.commit(next, None).inspect_err(|_| {
-                    if let Some(old) = old {
-                        let _ = sw.qos_set(&port, &qos_update(old));
-                    }
-                })?;
-            }
-            Request::PlacementPin { port, queue, cpu } => {
-                let key = (port.clone(), queue);
-                let old = next.pins.get(&key).copied();
-                sw.pin(&port, queue, cpu)?;
-                match cpu {
-                    Some(c) => next.pins.insert(key, c),
-                    None => next.pins.remove(&key),
-                };
-                self.commit(next, None).inspect_err(|_| {
-                    let _ = sw.pin(&port, queue, old);
-                })?;
+                sw.qos_set_recorded(&port, &update, &mut self.recorder(&switch, &pins))?;
             }
             Request::PortSet { name, update } => {
-                let old = sw.port_policy(&name)?;
-                sw.update_port_policy(&name, &update)?;
-                let now = sw.port_configs().into_iter().find(|p| p.name == name);
-                if let (Some(now), Some(p)) =
-                    (now, next.config.ports.iter_mut().find(|p| p.name == name))
-                {
-                    p.vlans = now.vlans;
-                    p.security = now.security;
-                    p.storm = now.storm;
-                    p.link_local_forward = now.link_local_forward;
-                    p.bpdu_guard = now.bpdu_guard;
-                }
-                self.commit(next, None).inspect_err(|_| {
-                    let _ = sw.set_port_policy(&name, old.clone());
+                let mut record = self.recorder(&switch, &pins);
+                sw.update_port_policy_recorded(&name, &update, &mut record)?;
+            }
+            Request::PlacementPin { port, queue, cpu } => {
+                // Pins are placement, not port settings: applied, then recorded (and undone
+                // if the record fails).
+                let key = (port.clone(), queue);
+                let old = pins.get(&key).copied();
+                sw.pin(&port, queue, cpu)?;
+                match cpu {
+                    Some(c) => pins.insert(key, c),
+                    None => pins.remove(&key),
+                };
+                self.commit(sw, switch, pins, None).inspect_err(|_| {
+                    let _ = sw.pin(&port, queue, old);
                 })?;
+                return Ok(Response::Ok);
             }
             Request::PlacementMode { mode } => {
-                let old = next.config.switch.placement;
+                // Setting the mode cannot fail: recorded first, then set.
+                let mut switch = switch;
+                switch.placement = mode;
+                self.commit(sw, switch, pins, None)?;
                 sw.set_placement_mode(mode);
-                next.config.switch.placement = mode;
-                self.commit(next, None).inspect_err(|_| {
-                    sw.set_placement_mode(old);
-                })?;
+                return Ok(Response::Ok);
             }
             Request::Reload => {
                 let changes = crate::reload::reload(self, sw)?;
@@ -506,7 +540,21 @@ impl Persist {
             }
             other => bail!("not a change: {other:?}"),
         }
+        self.pins = pins;
         Ok(Response::Ok)
+    }
+
+    /// A [`qswitch_dp::Record`] that writes the state file with the ports it is given, and
+    /// `switch` and `pins`.
+    fn recorder<'a>(
+        &'a mut self,
+        switch: &'a SwitchConfig,
+        pins: &'a Pins,
+    ) -> impl FnMut(&[PortConfig]) -> Result<(), String> + 'a {
+        move |ports| {
+            self.write(ports, switch, pins, None)
+                .map_err(|e| crate::chain(&e))
+        }
     }
 
     /// The config file's path.
@@ -520,22 +568,8 @@ impl Persist {
     }
 }
 
-/// The settings as a port's `qos` table (`None` for the defaults).
-pub fn qos_config(s: QosSettings) -> Option<QosConfig> {
-    if s == QosSettings::default() {
-        return None;
-    }
-    Some(QosConfig {
-        min: s.min.map(Rate::from_bps),
-        max: s.max.map(Rate::from_bps),
-        weight: (s.weight != 1)
-            .then(|| Weight::try_from(s.weight).ok())
-            .flatten(),
-    })
-}
-
 /// An update that sets exactly `s`.
-pub fn qos_update(s: QosSettings) -> qswitch_dp::qos::QosUpdate {
+pub fn qos_update(s: qswitch_api::QosSettings) -> qswitch_dp::qos::QosUpdate {
     qswitch_dp::qos::QosUpdate {
         min: s.min,
         max: s.max,
@@ -699,14 +733,23 @@ mod tests {
                 l.pins.insert(("c".into(), 0), 1);
             }),
         ];
+        let mut live = Live {
+            config: file.clone(),
+            pins: Pins::new(),
+        };
         for (i, step) in steps.iter().enumerate() {
-            let mut live = persist.live().clone();
             step(&mut live);
             let base = (i == 3).then(|| {
                 let t = format!("# \"Größe\"\\ {i}\n{text}");
                 (cfg(&t), t)
             });
-            persist.commit(live.clone(), base.clone()).unwrap();
+            (persist.write(
+                &live.config.ports,
+                &live.config.switch,
+                &live.pins,
+                base.clone(),
+            ))
+            .unwrap();
             let (state, effective) = read_back(&persist);
             assert_eq!(effective, live.config, "step {i}");
             assert_eq!(state.effective, live.config.to_toml().unwrap(), "step {i}");

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::wait_until;
 use common::{
     counter, first_cpu, link_exists, port_names, qs, qs_json, request, run_timeout, DaemonChild,
     Out, TempDir, CMD_TIMEOUT, QSWITCH,
@@ -229,17 +230,15 @@ fn closed_stdout_ends_quietly() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + CMD_TIMEOUT;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("{args:?}: still running after {CMD_TIMEOUT:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let mut exited = None;
+        if !wait_until(CMD_TIMEOUT, || {
+            exited = child.try_wait().unwrap();
+            exited.is_some()
+        }) {
+            let _ = child.kill();
+            panic!("{args:?}: still running after {CMD_TIMEOUT:?}");
+        }
+        let status = exited.expect("exited");
         let mut stderr = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
         let out = (status.code(), stderr);
@@ -416,14 +415,11 @@ fn daemon_with_gen_ports_serves_the_cli() {
     qs(&control, &["stats"]).assert_ok("stats");
 
     // The generator's 500 frames reach g2's sink (flooded: g2 never sends, so is never learned).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let stats = loop {
-        let s = daemon.stats();
-        if counter(&s, "g2", "tx_packets") >= 500 || Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mut stats = Value::Null;
+    wait_until(Duration::from_secs(10), || {
+        stats = daemon.stats();
+        counter(&stats, "g2", "tx_packets") >= 500
+    });
     assert!(
         stats["uptime_ms"].is_u64() && stats["workers"].is_array(),
         "{stats}"
@@ -645,14 +641,11 @@ fn generator_before_sink_loses_nothing_uncounted() {
         &format!("{GENERATOR}{SINK}"),
     );
     let daemon = DaemonChild::start(dir.path(), "order", &text, &control);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let stats = loop {
-        let s = daemon.stats();
-        if counter(&s, "g1", "rx_packets") >= 500 || Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mut stats = Value::Null;
+    wait_until(Duration::from_secs(5), || {
+        stats = daemon.stats();
+        counter(&stats, "g1", "rx_packets") >= 500
+    });
     std::thread::sleep(Duration::from_millis(200));
     let stats = if counter(&stats, "g1", "rx_packets") >= 500 {
         daemon.stats()

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use common::{counter, qs_json, DaemonChild, Netns, TempDir};
+use common::{counter, qs_json, wait_until, DaemonChild, Netns, TempDir};
 use common_guest::{Guest, GuestConfig, SocketMode};
 use serde_json::Value;
 
@@ -87,12 +87,8 @@ impl Qmp {
 
 /// Waits until the destination QEMU listens for the migration stream on `mig`.
 fn wait_incoming(mig: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !mig.exists() {
-        if Instant::now() > deadline {
-            bail!("the destination QEMU does not listen on {}", mig.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if !wait_until(Duration::from_secs(30), || mig.exists()) {
+        bail!("the destination QEMU does not listen on {}", mig.display());
     }
     Ok(())
 }
@@ -237,12 +233,8 @@ fn run(dir: &TempDir, control: &Path, ns: &Netns, announce: bool) -> Result<()> 
 
     // Connectivity before the move; the MAC is on p1.
     src.run_ok(&format!("ping -c 2 -W 2 {NS_IP}"), T)?;
-    let deadline = Instant::now() + T;
-    while fdb_port(control).as_deref() != Some("p1") {
-        if Instant::now() > deadline {
-            bail!("guest MAC not learned on p1");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if !wait_until(T, || fdb_port(control).as_deref() == Some("p1")) {
+        bail!("guest MAC not learned on p1");
     }
     let ping_log = dir.join("ping.log");
     let mut ping = ns.spawn(
@@ -423,12 +415,10 @@ fn five(dir: &TempDir, control: &Path) -> Result<()> {
         let mut next = Guest::start(guest_cfg(&format!("m5{i}"), &sock(i), extra))?;
         let took = migrate(&qmp(i - 1), &mig)?;
         let port = if i.is_multiple_of(2) { "p1" } else { "p2" };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while fdb_port(control).as_deref() != Some(port) {
-            if Instant::now() > deadline {
-                bail!("migration {i}: the fdb did not move the MAC to {port}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !wait_until(Duration::from_secs(10), || {
+            fdb_port(control).as_deref() == Some(port)
+        }) {
+            bail!("migration {i}: the fdb did not move the MAC to {port}");
         }
         cur.kill();
         next.adopt_migrated(&cur);

@@ -441,3 +441,170 @@ fn a_state_directory_others_can_write_is_refused() {
     let _d = DaemonChild::start(dir.path(), "good", &text, &control);
     assert_eq!(port_names(&control), ["up", "g1"]);
 }
+
+/// The settings `config dump` gives each port equal what the daemon runs with: the policy
+/// keys `port list` shows and the QoS settings `qos show` shows.
+fn assert_dump_is_live(control: &Path, dump: &str) -> qswitch_api::Config {
+    let parsed = qswitch_api::Config::from_toml(dump).expect("dump parses");
+    let list = qs_json(control, &["port", "list", "--json"]);
+    let listed = list.as_array().expect("port array");
+    assert_eq!(parsed.ports.len(), listed.len(), "{dump}\n{list}");
+    for p in &parsed.ports {
+        let shown = listed
+            .iter()
+            .find(|l| l["name"] == p.name.as_str())
+            .unwrap_or_else(|| panic!("{} in the dump, not running: {list}", p.name));
+        let keys = [
+            ("vlans", serde_json::to_value(&p.vlans).unwrap()),
+            ("security", serde_json::to_value(&p.security).unwrap()),
+            ("storm", serde_json::to_value(&p.storm).unwrap()),
+            (
+                "link_local_forward",
+                serde_json::to_value(p.link_local_forward).unwrap(),
+            ),
+        ];
+        for (key, value) in keys {
+            assert_eq!(shown[key], value, "port {} key {key}: {dump}", p.name);
+        }
+        // `port list` leaves out a false bpdu_guard.
+        let guard = shown["bpdu_guard"].as_bool().unwrap_or(false);
+        assert_eq!(guard, p.bpdu_guard, "port {} bpdu_guard: {dump}", p.name);
+        if p.capacity.is_none() {
+            let q = qos_of(control, &p.name);
+            let s = p.qos_settings();
+            assert_eq!(q["min"].as_u64(), s.min, "{} min: {q}\n{dump}", p.name);
+            assert_eq!(q["max"].as_u64(), s.max, "{} max: {q}\n{dump}", p.name);
+            assert_eq!(
+                q["weight"].as_u64(),
+                Some(u64::from(s.weight)),
+                "{} weight: {q}\n{dump}",
+                p.name
+            );
+        }
+    }
+    parsed
+}
+
+/// One copy of a port's settings (issue 26): after a series of `port set`, `qos set` and
+/// port changes, `config dump` and the state a restart starts from are exactly what runs;
+/// a change the switch refuses, and one that cannot be recorded, change nothing (not the
+/// switch, not the dump, not what a restart brings back).
+#[test]
+fn dump_and_restart_show_exactly_the_live_settings_and_failed_changes_change_nothing() {
+    let dir = TempDir::new("persist-one-copy");
+    let control = dir.join("control.sock");
+    let text = config(&dir, &control, &first_cpu().to_string());
+    let mut d = DaemonChild::start(dir.path(), "a", &text, &control);
+    let ok = |args: &[&str]| {
+        qs(&control, args).assert_ok(&args.join(" "));
+    };
+    ok(&["port", "add", "g2", "--type", "gen"]);
+    ok(&[
+        "port",
+        "set",
+        "g1",
+        "--vlans",
+        "10,20",
+        "--macs",
+        "02:00:00:00:00:01",
+        "--storm-broadcast",
+        "100",
+        "--bpdu-guard",
+        "on",
+        "--link-local-forward",
+        "lldp",
+    ]);
+    ok(&["qos", "set", "g1", "--min", "100M", "--weight", "3"]);
+    ok(&[
+        "port",
+        "set",
+        "g2",
+        "--mac-limit",
+        "5",
+        "--dhcp-guard",
+        "on",
+    ]);
+    ok(&["qos", "set", "g2", "--max", "200M"]);
+    // Later changes to the same keys: the last one counts.
+    ok(&[
+        "port",
+        "set",
+        "g1",
+        "--vlans",
+        "none",
+        "--storm-multicast",
+        "50",
+    ]);
+    ok(&["qos", "set", "g2", "--clear", "--max", "300M"]);
+    ok(&["port", "add", "gone", "--type", "gen"]);
+    ok(&["qos", "set", "gone", "--min", "10M"]);
+    ok(&["port", "del", "gone"]);
+
+    let dump = qs(&control, &["config", "dump"]).stdout.clone();
+    let parsed = assert_dump_is_live(&control, &dump);
+    let port = |name: &str| parsed.ports.iter().find(|p| p.name == name).unwrap();
+    let (g1, g2) = (port("g1"), port("g2"));
+    assert!(g1.vlans.is_none(), "{dump}");
+    assert_eq!(
+        g1.storm.as_ref().map(|s| (s.broadcast, s.multicast)),
+        Some((Some(100), Some(50)))
+    );
+    assert!(g1.bpdu_guard, "{dump}");
+    assert_eq!(g1.qos_settings().min, Some(100_000_000), "{dump}");
+    assert_eq!(g1.qos_settings().weight, 3, "{dump}");
+    assert_eq!(
+        g2.security.as_ref().and_then(|s| s.mac_limit),
+        Some(5),
+        "{dump}"
+    );
+    assert_eq!(g2.qos_settings().max, Some(300_000_000), "{dump}");
+    assert!(!dump.contains("gone"), "{dump}");
+
+    // Refused by the switch: nothing changes.
+    for args in [
+        &["qos", "set", "g2", "--min", "2G"][..],
+        &["port", "set", "nope", "--vlans", "5"],
+        &["port", "add", "g1", "--type", "gen"],
+    ] {
+        assert!(!qs(&control, args).ok(), "{args:?} accepted");
+        assert_eq!(
+            qs(&control, &["config", "dump"]).stdout,
+            dump,
+            "after {args:?}"
+        );
+    }
+
+    // Not recordable (the state file's temporary name is taken by a directory): refused,
+    // and nothing changes either.
+    let blocker = dir
+        .join("state")
+        .join(format!(".state.json.{}.tmp", d.pid()));
+    std::fs::create_dir(&blocker).unwrap();
+    for args in [
+        &["port", "set", "g1", "--vlans", "30"][..],
+        &["qos", "set", "g2", "--max", "400M"],
+        &["port", "add", "g3", "--type", "gen"],
+        &["port", "del", "g2"],
+    ] {
+        let out = qs(&control, args);
+        assert!(!out.ok(), "{args:?} accepted without a record");
+        assert!(
+            out.stderr.contains("cannot record") && out.stderr.contains("nothing changed"),
+            "{args:?}: {out:?}"
+        );
+        assert_eq!(
+            qs(&control, &["config", "dump"]).stdout,
+            dump,
+            "after {args:?}"
+        );
+    }
+    assert_dump_is_live(&control, &dump);
+    std::fs::remove_dir(&blocker).unwrap();
+
+    // A restart (kill -9: no chance to write anything more) starts exactly that.
+    d.kill();
+    let _d = DaemonChild::start(dir.path(), "a", &text, &control);
+    let again = qs(&control, &["config", "dump"]).stdout.clone();
+    assert_eq!(again, dump);
+    assert_dump_is_live(&control, &again);
+}

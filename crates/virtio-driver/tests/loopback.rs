@@ -3,6 +3,7 @@
 //! socket in a temporary directory.
 
 use qswitch_test_support::frames;
+use qswitch_test_support::harness::wait_until;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -444,11 +445,8 @@ fn loops_1000_frames_on_pair_0() {
 /// Send one frame and wait (without consuming rx) until it is in the rx used ring.
 fn one_frame_used(d: &mut Driver, n: u16) {
     assert!(d.send(0, &hdr(), &frame(0, 60)).unwrap());
-    let deadline = Instant::now() + WAIT;
-    while d.raw(0).used_idx().unwrap() != n {
-        assert!(Instant::now() < deadline, "frame not looped");
-        thread::sleep(Duration::from_millis(1));
-    }
+    let looped = wait_until(WAIT, || d.raw(0).used_idx().unwrap() == n);
+    assert!(looped, "frame not looped");
 }
 
 #[test]
@@ -472,11 +470,8 @@ fn calls_only_when_requested() {
                 one_frame_used(&mut d, n);
                 // The back-end writes the call eventfd after publishing the used index.
                 if request_calls {
-                    let deadline = Instant::now() + WAIT;
-                    while d.calls(0).unwrap() < u64::from(n) {
-                        assert!(Instant::now() < deadline, "event_idx {event_idx}: no call");
-                        thread::sleep(Duration::from_millis(1));
-                    }
+                    let called = wait_until(WAIT, || d.calls(0).unwrap() >= u64::from(n));
+                    assert!(called, "event_idx {event_idx}: no call");
                     let mut out = Vec::new();
                     assert!(d.recv(0, &mut out).unwrap().is_some());
                 } else {

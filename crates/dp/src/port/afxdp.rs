@@ -119,46 +119,9 @@ const PACKET_RING_BYTES: u32 = 4 << 20;
 /// Segmentation scratch: headers plus the largest MSS.
 const SCRATCH: usize = 65_535 + 256;
 
-/// Which data path to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Native zero-copy, native copy, generic (skb), AF_PACKET: the first that works.
-    #[default]
-    Auto,
-    /// XDP in the driver, zero-copy when the driver can, copy otherwise.
-    Native,
-    /// Generic XDP on the skb (every interface has it).
-    Skb,
-    /// AF_PACKET (no XDP).
-    Packet,
-}
-
-impl Mode {
-    /// The mode's name in configuration.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Auto => "auto",
-            Mode::Native => "native",
-            Mode::Skb => "skb",
-            Mode::Packet => "packet",
-        }
-    }
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Mode, String> {
-        match s {
-            "auto" => Ok(Mode::Auto),
-            "native" => Ok(Mode::Native),
-            "skb" | "generic" => Ok(Mode::Skb),
-            "packet" => Ok(Mode::Packet),
-            _ => Err(format!(
-                "unknown afxdp mode {s:?} (auto, native, skb, packet)"
-            )),
-        }
-    }
-}
+/// Which data path to use: the port's `mode` key (auto tries native zero-copy, native copy,
+/// generic (skb) and AF_PACKET, and takes the first that works).
+pub use qswitch_api::XdpMode as Mode;
 
 /// Errors opening an AF_XDP port. Each is one line naming the interface.
 #[derive(Debug, thiserror::Error)]
@@ -1008,13 +971,5 @@ mod tests {
             None,
             "field beyond the frame"
         );
-    }
-
-    #[test]
-    fn modes_parse() {
-        for m in [Mode::Auto, Mode::Native, Mode::Skb, Mode::Packet] {
-            assert_eq!(m.name().parse::<Mode>(), Ok(m));
-        }
-        assert!("zerocopy".parse::<Mode>().is_err());
     }
 }

@@ -198,49 +198,13 @@ const RX_MSGS: usize = 32;
 const RX_BUF: usize = 65_536;
 const SEC: u64 = 1_000_000_000;
 
-/// A VXLAN port's settings (the `type = "vxlan"` port keys). The switch VLAN the VNI
-/// carries is the port's ordinary `vlan` key: the engine floods and learns in it as for any
-/// port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VxlanConfig {
-    /// The VNI (24 bits).
-    pub vni: u32,
-    /// The local underlay address: the outer source, and where the port listens.
-    pub local: IpAddr,
-    /// The static flood list: broadcast, multicast and unknown unicast go to each.
-    pub remotes: Vec<IpAddr>,
-    /// The UDP destination port (4789; Linux's default is 8472).
-    pub dstport: u16,
-    /// Learn remote MAC → VTEP from received frames (only a trusted VTEP's frame moves a
-    /// MAC); when off, frames from VTEPs not in the flood list or the static/EVPN entries
-    /// are dropped, and the switch learns only the sources those entries put behind the
-    /// sending VTEP.
-    pub learning: bool,
-    /// UDP checksum on transmit; `None`: on (over IPv4 it could be zero, but the kernel
-    /// refuses `UDP_SEGMENT` without it; `Some(false)` over IPv4 sends TSO frames as one
-    /// `sendmmsg` of segments instead).
-    pub udp_csum: Option<bool>,
-    /// Age of learned entries.
-    pub aging: Duration,
-    /// The underlay IP MTU; `None`: the kernel's route MTU toward the first remote.
-    pub underlay_mtu: Option<u32>,
-}
+/// A VXLAN port's settings: the `type = "vxlan"` port keys, as the configuration holds
+/// them. The switch VLAN the VNI carries is the port's ordinary `vlan` key: the engine floods
+/// and learns in it as for any port.
+pub use qswitch_api::VxlanConfig;
 
-impl VxlanConfig {
-    /// `vni` over `local`, no remotes, port 4789, learning on, default checksums and aging.
-    pub fn new(vni: u32, local: IpAddr) -> VxlanConfig {
-        VxlanConfig {
-            vni,
-            local,
-            remotes: Vec::new(),
-            dstport: vxlan::UDP_PORT,
-            learning: true,
-            udp_csum: None,
-            aging: Duration::from_secs(300),
-            underlay_mtu: None,
-        }
-    }
-}
+/// Age of learned remote entries.
+const AGING: Duration = Duration::from_secs(300);
 
 /// Errors opening a VXLAN port.
 #[derive(Debug, thiserror::Error)]
@@ -574,14 +538,13 @@ impl VxlanPort {
         join_group(&mut groups, &netns, addr, vni, &rx, &gro_leftovers)
             .map_err(|source| VxlanError::Bind { addr, source })?;
         drop(groups);
-        let underlay_mtu = config.underlay_mtu.unwrap_or_else(|| {
-            config
-                .remotes
-                .iter()
-                .filter_map(|&r| udp::route_mtu(config.local, r).ok())
-                .min()
-                .unwrap_or(DEFAULT_UNDERLAY_MTU)
-        });
+        // The kernel's route MTU toward the remotes ([`VxlanPort::set_underlay_mtu`] changes it).
+        let underlay_mtu = config
+            .remotes
+            .iter()
+            .filter_map(|&r| udp::route_mtu(config.local, r).ok())
+            .min()
+            .unwrap_or(DEFAULT_UNDERLAY_MTU);
         let mut header = [0u8; vxlan::HEADER_LEN];
         Header::new_unchecked(&mut header[..]).emit(vni);
         let port = VxlanPort {
@@ -590,7 +553,7 @@ impl VxlanPort {
             local: config.local,
             dstport: config.dstport,
             learning: config.learning,
-            aging_ns: config.aging.as_nanos() as u64,
+            aging_ns: AGING.as_nanos() as u64,
             ip_header: if v6 { 40 } else { 20 },
             underlay_mtu: AtomicU32::new(underlay_mtu),
             header,

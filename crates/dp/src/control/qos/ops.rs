@@ -91,14 +91,16 @@ pub(crate) enum SetError {
     Refused(String),
 }
 
-/// Applies `update` to port `name` if admission control allows it. The caller holds the
-/// switch's control lock, which every change that admission depends on takes (port add and
-/// remove too), so the sum admitted here cannot move under it.
-pub(crate) fn set(
+/// Applies `update` to port `name` if admission control allows it and `record` (given the
+/// new settings) succeeds. The caller holds the switch's control lock, which every change
+/// that admission depends on takes (port add and remove too), so the sum admitted here
+/// cannot move under it.
+pub(crate) fn set<E: From<SetError>>(
     shared: &Shared,
     name: &str,
     update: &QosUpdate,
-) -> Result<QosSettings, SetError> {
+    record: impl FnOnce(QosSettings) -> Result<(), E>,
+) -> Result<QosSettings, E> {
     let table = shared.ports.load_full();
     let entry = table
         .iter()
@@ -109,12 +111,14 @@ pub(crate) fn set(
         return Err(SetError::Refused(format!(
             "port '{name}' is an uplink (capacity {}); its ports share it, it takes no qos settings",
             format_rate(entry.qos.capacity.unwrap_or(0))
-        )));
+        ))
+        .into());
     }
     let new = update.apply(entry.qos.settings());
     new.check()
         .map_err(|m| SetError::Refused(format!("port '{name}': {m}")))?;
     admit(&table, shared.qos.reservable, Some((name, new)), None).map_err(SetError::Refused)?;
+    record(new)?;
     *entry.qos.settings.lock() = new;
     shared.qos.settings_gen.fetch_add(1, Ordering::Release);
     tracing::info!(port = %name, ?new, "qos settings changed");

@@ -42,6 +42,7 @@
 pub(crate) mod drivers;
 mod inspect;
 mod ports;
+pub use ports::Record;
 mod reports;
 mod runtime;
 pub(crate) mod start;
@@ -99,6 +100,9 @@ pub enum SwitchError {
     Full,
     #[error("{0}")]
     Qos(String),
+    /// The change could not be recorded ([`Record`]); it was not made.
+    #[error("{0}; nothing changed")]
+    NotRecorded(String),
     #[error("cannot start the QoS allocator thread")]
     QosThread(#[source] std::io::Error),
     #[error(transparent)]

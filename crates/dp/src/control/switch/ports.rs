@@ -1,32 +1,118 @@
 //! The port lifecycle: add (validate, open, admit, place, publish), remove, and live QoS
 //! and policy settings. Every change here runs under the switch's one control lock.
+//!
+//! # Where a port's settings live
+//! Once, in its table entry: the keys fixed when it was added in [`PortEntry::config`]
+//! (its live-changeable keys cleared there), its VLAN trunk, security, storm and link-local
+//! keys in its compiled [`Policy`], its QoS settings in its [`qos::PortQos`]. A port's
+//! configuration as it runs ([`Switch::port_configs`]) is put together from these; nothing
+//! else keeps a copy. A change that must be recorded (the daemon's state file) takes a
+//! [`Record`]: it is called with the port configurations the change will leave, once the
+//! change has passed every check and before anything is published, so a change that cannot
+//! be recorded is refused whole and nothing needs undoing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use qswitch_api::{PortConfig, PortKind, VhostMode, XdpMode};
+use qswitch_api::{PortConfig, PortKind, QosSettings};
 
 use super::{Switch, SwitchError, MAX_PORTS};
 use crate::control::qos;
 use crate::fdb::DEFAULT_PORT_LIMIT;
 use crate::ids::PortId;
 use crate::policy::{Policy, PortPolicy};
-use crate::port::afxdp::{self, AfXdpPort};
+use crate::port::afxdp::AfXdpPort;
 use crate::port::gen::GenPort;
 use crate::port::tap::TapPort;
 use crate::port::veth::{VethError, VethPort};
-use crate::port::vhost_user::{Mode, VhostUserError, VhostUserPort};
-use crate::port::vxlan::{VxlanConfig, VxlanPort};
+use crate::port::vhost_user::{VhostUserError, VhostUserPort};
+use crate::port::vxlan::VxlanPort;
 use crate::port::Device;
 use crate::stats::PortCounters;
 use crate::table::{PortEntry, PortTable};
 
+/// Records the port configurations a change leaves (what [`Switch::port_configs`] returns
+/// once it is published). Called under the control lock after every check of the change and
+/// before anything of it is published; an error (its message) refuses the change, and
+/// nothing changes ([`SwitchError::NotRecorded`]).
+pub type Record<'a> = dyn FnMut(&[PortConfig]) -> Result<(), String> + 'a;
+
+/// A change checked but not published yet, as [`port_configs`] shows it.
+enum Pending<'a> {
+    Nothing,
+    Policy(&'a str, &'a PortPolicy),
+    Qos(&'a str, QosSettings),
+}
+
+/// `config` without the keys a live change sets (policy and QoS): those live in the entry's
+/// [`Policy`] and [`qos::PortQos`] only.
+fn fixed(config: &PortConfig) -> PortConfig {
+    let mut c = config.clone();
+    PortPolicy::default().write_config(&mut c);
+    c.qos = None;
+    c
+}
+
+/// A port's configuration as it runs: its fixed keys with `policy` and `qos` written in.
+fn settings(p: &PortEntry, policy: &PortPolicy, qos: QosSettings) -> PortConfig {
+    let mut c = p.config.clone();
+    policy.write_config(&mut c);
+    c.qos = qos.to_config();
+    c
+}
+
+/// The configurations of the ports of `table` (in slot order), then of the waiting ports,
+/// with `pending` applied.
+fn port_configs(
+    table: &PortTable,
+    waiting: &[PortConfig],
+    pending: Pending<'_>,
+) -> Vec<PortConfig> {
+    table
+        .iter()
+        .flatten()
+        .map(|p| {
+            let name = p.config.name.as_str();
+            let policy = p.policy.load();
+            match pending {
+                Pending::Policy(n, pol) if n == name => settings(p, pol, p.qos.settings()),
+                Pending::Qos(n, q) if n == name => settings(p, &policy.settings, q),
+                _ => settings(p, &policy.settings, p.qos.settings()),
+            }
+        })
+        .chain(waiting.iter().cloned())
+        .collect()
+}
+
 impl Switch {
+    /// Each port's configuration as it runs: what it was added with, its policy keys
+    /// (`vlans`, `security`, `storm`, `link_local_forward`, `bpdu_guard`) and its `qos` as
+    /// last set live; the ports waiting for their interface last.
+    pub fn port_configs(&self) -> Vec<PortConfig> {
+        let ctl = self.control.lock();
+        port_configs(
+            &self.shared.ports.load_full(),
+            &ctl.waiting,
+            Pending::Nothing,
+        )
+    }
+
     /// Adds a port from its config: validates it, opens the device, assigns its rx queues
     /// to the least-loaded workers, and publishes it.
     pub fn add_port(&self, config: &PortConfig) -> Result<PortId, SwitchError> {
         self.add_ports(std::slice::from_ref(config))
+            .map(|ids| ids[0])
+    }
+
+    /// [`Switch::add_port`], recorded by `record` before it is published (see [`Record`]).
+    pub fn add_port_recorded(
+        &self,
+        config: &PortConfig,
+        record: &mut Record<'_>,
+    ) -> Result<PortId, SwitchError> {
+        let mut ctl = self.control.lock();
+        self.add_ports_locked(&mut ctl, std::slice::from_ref(config), Some(record))
             .map(|ids| ids[0])
     }
 
@@ -35,7 +121,7 @@ impl Switch {
     /// none is added (devices already opened are closed again).
     pub fn add_ports(&self, configs: &[PortConfig]) -> Result<Vec<PortId>, SwitchError> {
         let mut ctl = self.control.lock();
-        self.add_ports_locked(&mut ctl, configs)
+        self.add_ports_locked(&mut ctl, configs, None)
     }
 
     /// [`Switch::add_ports`] at start-up: a veth or afxdp port whose interface does not
@@ -52,7 +138,7 @@ impl Switch {
         for c in &wait {
             c.validate()?;
         }
-        self.add_ports_locked(&mut ctl, &now)?;
+        self.add_ports_locked(&mut ctl, &now, None)?;
         let names = wait.iter().map(|c| c.name.clone()).collect();
         for c in wait {
             tracing::warn!(
@@ -77,7 +163,7 @@ impl Switch {
                 ctl.waiting.push(c);
                 continue;
             }
-            match self.add_ports_locked(&mut ctl, std::slice::from_ref(&c)) {
+            match self.add_ports_locked(&mut ctl, std::slice::from_ref(&c), None) {
                 Ok(_) => tracing::info!(port = %c.name, ifname, "interface appeared: port up"),
                 Err(e) => {
                     tracing::warn!(port = %c.name, ifname, error = %e, "interface appeared but the port cannot open yet");
@@ -92,6 +178,7 @@ impl Switch {
         &self,
         ctl: &mut super::runtime::Control,
         configs: &[PortConfig],
+        record: Option<&mut Record<'_>>,
     ) -> Result<Vec<PortId>, SwitchError> {
         let table = self.shared.ports.load_full();
         let mut new_table = (*table).clone();
@@ -128,6 +215,10 @@ impl Switch {
         }
         qos::ops::admit(&new_table, self.shared.qos.reservable, None, None)
             .map_err(SwitchError::Qos)?;
+        if let Some(record) = record {
+            record(&port_configs(&new_table, &ctl.waiting, Pending::Nothing))
+                .map_err(SwitchError::NotRecorded)?;
+        }
         for (&id, config) in ids.iter().zip(configs) {
             if let Some(limit) = config.security.as_ref().and_then(|s| s.mac_limit) {
                 self.shared.fdb.set_port_limit(id, limit);
@@ -212,51 +303,30 @@ impl Switch {
     fn open_device(&self, id: PortId, config: &PortConfig) -> Result<Device, SwitchError> {
         Ok(match &config.kind {
             PortKind::Tap(t) => Device::Tap(TapPort::open(t.ifname.as_str(), config.queues)?),
-            PortKind::VhostUser(v) => {
-                let mode = match v.mode {
-                    VhostMode::Server => Mode::Server,
-                    VhostMode::Client => Mode::Client,
-                };
-                Device::VhostUser(VhostUserPort::new(
-                    &config.name,
-                    v.socket.as_path(),
-                    mode,
-                    config.queues,
-                    &self
-                        .drivers
-                        .vhost
-                        .reactor(&self.shared)
-                        .map_err(VhostUserError::Setup)?,
-                )?)
-            }
-            PortKind::Vxlan(v) => {
-                let mut c = VxlanConfig::new(v.vni, v.local);
-                c.remotes = v.remotes.clone();
-                c.dstport = v.dstport;
-                c.learning = v.learning;
-                c.udp_csum = v.udp_csum;
-                Device::Vxlan(Arc::new(VxlanPort::open(
-                    &config.name,
-                    &c,
-                    &self.drivers.vxlan,
-                )?))
-            }
-            PortKind::AfXdp(a) => {
-                let mode = match a.mode {
-                    XdpMode::Auto => afxdp::Mode::Auto,
-                    XdpMode::Native => afxdp::Mode::Native,
-                    XdpMode::Skb => afxdp::Mode::Skb,
-                    XdpMode::Packet => afxdp::Mode::Packet,
-                };
-                Device::AfXdp(
-                    AfXdpPort::open(&config.name, a.ifname.as_str(), a.queues, mode).map_err(
-                        |error| SwitchError::AfXdp {
-                            port: config.name.clone(),
-                            error,
-                        },
-                    )?,
-                )
-            }
+            PortKind::VhostUser(v) => Device::VhostUser(VhostUserPort::new(
+                &config.name,
+                v.socket.as_path(),
+                v.mode,
+                config.queues,
+                &self
+                    .drivers
+                    .vhost
+                    .reactor(&self.shared)
+                    .map_err(VhostUserError::Setup)?,
+            )?),
+            PortKind::Vxlan(v) => Device::Vxlan(Arc::new(VxlanPort::open(
+                &config.name,
+                v,
+                &self.drivers.vxlan,
+            )?)),
+            PortKind::AfXdp(a) => Device::AfXdp(
+                AfXdpPort::open(&config.name, a.ifname.as_str(), a.queues, a.mode).map_err(
+                    |error| SwitchError::AfXdp {
+                        port: config.name.clone(),
+                        error,
+                    },
+                )?,
+            ),
             PortKind::Veth(v) => {
                 let fp = if v.fastpath {
                     Some(
@@ -303,7 +373,7 @@ impl Switch {
     fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {
         Arc::new(PortEntry {
             id,
-            config: config.clone(),
+            config: fixed(config),
             vlan: config.vlan_id(),
             dev,
             counters: PortCounters::new(usize::from(config.queues), self.workers.len()),
@@ -324,7 +394,8 @@ impl Switch {
     /// and the table is republished, so each worker switches with the new policy from its
     /// next burst on.
     pub fn set_port_policy(&self, name: &str, policy: PortPolicy) -> Result<(), SwitchError> {
-        self.change_port_policy(name, |p| *p = policy).map(drop)
+        self.change_port_policy(name, |p| *p = policy, None)
+            .map(drop)
     }
 
     /// Applies a live change to a port's policy ([`Switch::set_port_policy`]), read and
@@ -335,13 +406,25 @@ impl Switch {
         name: &str,
         update: &qswitch_api::policy::PolicyUpdate,
     ) -> Result<PortPolicy, SwitchError> {
-        self.change_port_policy(name, |p| p.update(update))
+        self.change_port_policy(name, |p| p.update(update), None)
+    }
+
+    /// [`Switch::update_port_policy`], recorded by `record` before it is published (see
+    /// [`Record`]).
+    pub fn update_port_policy_recorded(
+        &self,
+        name: &str,
+        update: &qswitch_api::policy::PolicyUpdate,
+        record: &mut Record<'_>,
+    ) -> Result<PortPolicy, SwitchError> {
+        self.change_port_policy(name, |p| p.update(update), Some(record))
     }
 
     fn change_port_policy(
         &self,
         name: &str,
         change: impl FnOnce(&mut PortPolicy),
+        record: Option<&mut Record<'_>>,
     ) -> Result<PortPolicy, SwitchError> {
         let mut ctl = self.control.lock();
         let table = self.shared.ports.load_full();
@@ -368,6 +451,11 @@ impl Switch {
             Some((name, &compiled)),
         )
         .map_err(SwitchError::Qos)?;
+        if let Some(record) = record {
+            let pending = Pending::Policy(name, &compiled.settings);
+            record(&port_configs(&table, &ctl.waiting, pending))
+                .map_err(SwitchError::NotRecorded)?;
+        }
         entry.policy.store(compiled);
         let id = entry.id;
         let new_table = (*table).clone();
@@ -409,20 +497,55 @@ impl Switch {
 
     /// Changes a port's QoS settings live (effective at the next allocator tick), unless
     /// admission control refuses; a refused change changes nothing.
-    pub fn qos_set(
+    pub fn qos_set(&self, name: &str, update: &qos::QosUpdate) -> Result<QosSettings, SwitchError> {
+        let _ctl = self.control.lock();
+        qos::ops::set(&self.shared, name, update, |_| Ok(()))
+    }
+
+    /// [`Switch::qos_set`], recorded by `record` before it takes effect (see [`Record`]).
+    pub fn qos_set_recorded(
         &self,
         name: &str,
         update: &qos::QosUpdate,
-    ) -> Result<qswitch_api::QosSettings, SwitchError> {
-        let _ctl = self.control.lock();
-        Ok(qos::ops::set(&self.shared, name, update)?)
+        record: &mut Record<'_>,
+    ) -> Result<QosSettings, SwitchError> {
+        let ctl = self.control.lock();
+        qos::ops::set(&self.shared, name, update, |new| {
+            let table = self.shared.ports.load_full();
+            record(&port_configs(&table, &ctl.waiting, Pending::Qos(name, new)))
+                .map_err(SwitchError::NotRecorded)
+        })
     }
 
     /// Removes a port. Returns once no worker uses it any more (its device is then closed:
     /// a TAP qswitch created disappears).
     pub fn del_port(&self, name: &str) -> Result<(), SwitchError> {
+        self.del_port_locked(name, None)
+    }
+
+    /// [`Switch::del_port`], recorded by `record` before it is published (see [`Record`]).
+    pub fn del_port_recorded(
+        &self,
+        name: &str,
+        record: &mut Record<'_>,
+    ) -> Result<(), SwitchError> {
+        self.del_port_locked(name, Some(record))
+    }
+
+    fn del_port_locked(
+        &self,
+        name: &str,
+        record: Option<&mut Record<'_>>,
+    ) -> Result<(), SwitchError> {
         let mut ctl = self.control.lock();
         if let Some(i) = ctl.waiting.iter().position(|w| w.name == name) {
+            if let Some(record) = record {
+                let mut waiting = ctl.waiting.clone();
+                waiting.remove(i);
+                let table = self.shared.ports.load_full();
+                record(&port_configs(&table, &waiting, Pending::Nothing))
+                    .map_err(SwitchError::NotRecorded)?;
+            }
             ctl.waiting.remove(i);
             tracing::info!(port = %name, "waiting port removed");
             return Ok(());
@@ -440,6 +563,10 @@ impl Switch {
         new_table[usize::from(entry.id.0)] = None;
         while new_table.last().is_some_and(Option::is_none) {
             new_table.pop();
+        }
+        if let Some(record) = record {
+            record(&port_configs(&new_table, &ctl.waiting, Pending::Nothing))
+                .map_err(SwitchError::NotRecorded)?;
         }
         ctl.pins.retain(|(port, _), _| port != name);
         drop(table);

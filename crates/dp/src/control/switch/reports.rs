@@ -108,23 +108,6 @@ impl Switch {
             .collect()
     }
 
-    /// Each port's config as it is now: what it was added with, with the policy keys
-    /// (`vlans`, `security`, `storm`) as last set live ([`Switch::set_port_policy`]).
-    pub fn port_configs(&self) -> Vec<qswitch_api::PortConfig> {
-        let table = self.shared.ports.load_full();
-        let waiting = self.control.lock().waiting.clone();
-        table
-            .iter()
-            .flatten()
-            .map(|p| {
-                let mut c = p.config.clone();
-                p.policy.load().settings.write_config(&mut c);
-                c
-            })
-            .chain(waiting)
-            .collect()
-    }
-
     /// The MAC learning table, with port names; MACs behind a VXLAN port carry their VTEP
     /// and origin, and the port's remote MACs the switch has not seen yet (static and EVPN
     /// entries) are listed too.

@@ -201,14 +201,10 @@ pub fn feature_names(features: u64) -> Vec<&'static str> {
 
 const VIRTIO_F_LOG_ALL_BIT: u32 = F_LOG_ALL.trailing_zeros();
 
-/// Who opens the socket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// qswitch listens; the frontend (QEMU `-chardev socket,...,reconnect=1`) connects.
-    Server,
-    /// qswitch connects to the frontend's socket (QEMU `server=on`), retrying every second.
-    Client,
-}
+/// Who opens the socket: qswitch listens (server; the frontend, QEMU
+/// `-chardev socket,...,reconnect=1`, connects) or connects to the frontend's socket
+/// (client; QEMU `server=on`), retrying every second. The port's `mode` key.
+pub use qswitch_api::VhostMode as Mode;
 
 /// One virtqueue as the device sees it.
 #[derive(Debug)]
