@@ -89,6 +89,11 @@ pub fn run(path: &Path) -> ExitCode {
     if let Err(e) = file.validate(&online) {
         return config_error(&e);
     }
+    // Security groups parse but the data path does not enforce them yet: refuse, never run
+    // a config that asks for a firewall without one (docs/firewall.md).
+    if let Err(e) = file.check_firewall_enforced() {
+        return config_error(&e);
+    }
     let start = match crate::state::Persist::open(path, &text, &file) {
         Ok(s) => s,
         Err(e) => {

@@ -227,7 +227,8 @@ fn closed_stdout(e: &anyhow::Error) -> bool {
 fn check_config(path: &std::path::Path) -> ExitCode {
     let checked = qswitch_api::config::Config::load(path).and_then(|config| {
         let online = qswitch_sys::thread::online_cpus().unwrap_or_default();
-        config.validate(&online).map(|_| ())
+        config.validate(&online)?;
+        config.check_firewall_enforced()
     });
     match checked {
         Ok(()) => {

@@ -26,6 +26,8 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     let online = qswitch_sys::thread::online_cpus().context("cannot read the online CPUs")?;
     file.validate(&online)
         .map_err(|e| anyhow!("{e}; nothing changed"))?;
+    file.check_firewall_enforced()
+        .map_err(|e| anyhow!("{e}; nothing changed"))?;
     let live = p.live().clone();
     let mut target = merge(p.base(), &live, &file);
     let mut changes = Vec::new();

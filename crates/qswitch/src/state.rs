@@ -570,7 +570,13 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
     if file.switch.placement == base.switch.placement {
         switch.placement = live.config.switch.placement;
     }
-    let config = Config { switch, ports };
+    let config = Config {
+        switch,
+        ports,
+        // The firewall's tables have no live changes yet: the file's.
+        firewall: file.firewall,
+        security_groups: file.security_groups.clone(),
+    };
     let pins = live
         .pins
         .iter()
