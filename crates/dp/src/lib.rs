@@ -42,6 +42,7 @@ pub mod balance;
 pub mod capture;
 pub mod engine;
 pub mod fdb;
+pub mod firewall;
 pub mod ids;
 pub mod link_local;
 pub mod packet;

@@ -108,6 +108,8 @@ pub struct TcpInfo {
     pub window: u16,
     /// Bytes of payload after the header.
     pub payload_len: u32,
+    /// The window scale option of a SYN (RFC 7323), when it has one.
+    pub wscale: Option<u8>,
 }
 
 /// Whether a packet is a fragment.
@@ -250,6 +252,11 @@ pub fn parse(frame: &[u8]) -> Result<CtPacket, CtError> {
                 window: read_u16(h, 14..16),
                 // An IP payload is below 64 KiB (no jumbograms here).
                 payload_len: u32::try_from(l4.len() - header_len).unwrap_or(u32::MAX),
+                wscale: if h[13] & 0x02 != 0 {
+                    window_scale(&l4[20..header_len])
+                } else {
+                    None
+                },
             })
         }
         PROTO_UDP | PROTO_SCTP => {
@@ -279,6 +286,27 @@ pub fn parse(frame: &[u8]) -> Result<CtPacket, CtError> {
         fragment,
         vlan,
     })
+}
+
+/// The window scale option among TCP options, capped at 14 as RFC 7323 says.
+fn window_scale(mut options: &[u8]) -> Option<u8> {
+    while let Some(&kind) = options.first() {
+        match kind {
+            0 => return None,
+            1 => options = &options[1..],
+            _ => {
+                let len = usize::from(*options.get(1)?);
+                if len < 2 || len > options.len() {
+                    return None;
+                }
+                if kind == 3 && len == 3 {
+                    return Some(options[2].min(14));
+                }
+                options = &options[len..];
+            }
+        }
+    }
+    None
 }
 
 /// The ICMP/ICMPv6 message at the start of `l4`; sets the key's identifier for an echo.
@@ -492,7 +520,8 @@ pub(crate) mod tests {
                 seq: 7,
                 ack: 9,
                 window: 65535,
-                payload_len: 5
+                payload_len: 5,
+                wscale: None,
             })
         );
         assert_eq!((p.fragment, p.vlan), (Fragment::No, None));
@@ -501,6 +530,12 @@ pub(crate) mod tests {
         // The captured SYN of the test data.
         let syn = parse(&TCP_SYN).unwrap();
         assert!(matches!(syn.l4, L4::Tcp(t) if t.flags == FLAG_SYN));
+        // A SYN with MSS, NOP and window scale 7.
+        let mut h = tcp(1, 2, FLAG_SYN, 0, 0, 0);
+        h[12] = 7 << 4;
+        h.extend_from_slice(&[2, 4, 5, 0xb4, 1, 3, 3, 7]);
+        let p = parse(&v4(A, B, 6, &h)).unwrap();
+        assert!(matches!(p.l4, L4::Tcp(t) if t.wscale == Some(7) && t.payload_len == 0));
     }
 
     #[test]
