@@ -8,7 +8,7 @@
 //! not. A non-first fragment carries no upper-layer header: its key has ports 0 and its
 //! [`L4`] is [`L4::LaterFragment`] (the firewall decides what to do with it).
 //!
-//! Bad input is an [`CtError`], never a panic; nothing is allocated.
+//! Bad input is a [`CtError`], never a panic; nothing is allocated.
 
 use crate::ethernet::{EtherType, Frame};
 use crate::flow::IpPair;
