@@ -56,6 +56,7 @@ pub mod control;
 pub mod engine;
 pub mod export;
 pub mod fdb;
+pub mod firewall;
 pub mod ids;
 pub mod link_local;
 pub mod packet;

@@ -32,6 +32,8 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     if let Some(e) = file.switch.export_not_wired() {
         anyhow::bail!("{e}; nothing changed");
     }
+    file.check_firewall_enforced()
+        .map_err(|e| anyhow!("{e}; nothing changed"))?;
     let live = p.live(sw);
     let mut target = merge(p.base(), &live, &file);
     let mut changes = Vec::new();

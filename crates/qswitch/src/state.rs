@@ -341,6 +341,9 @@ impl Persist {
             config: Config {
                 switch: self.switch.clone(),
                 ports: sw.port_configs(),
+                // The firewall's tables have no live changes yet: the file's.
+                firewall: self.base.firewall,
+                security_groups: self.base.security_groups.clone(),
             },
             pins: self.pins.clone(),
         }
@@ -399,7 +402,7 @@ impl Persist {
         }
         let config = Config {
             switch: switch.clone(),
-            ports: Vec::new(),
+            ..Config::default()
         };
         let switch = escape(&config.switch_toml().context("cannot write TOML")?)?;
         let pins: Vec<Pin> = (pins.iter())
@@ -604,7 +607,13 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
     if file.switch.placement == base.switch.placement {
         switch.placement = live.config.switch.placement;
     }
-    let config = Config { switch, ports };
+    let config = Config {
+        switch,
+        ports,
+        // The firewall's tables have no live changes yet: the file's.
+        firewall: file.firewall,
+        security_groups: file.security_groups.clone(),
+    };
     let pins = live
         .pins
         .iter()

@@ -7,7 +7,8 @@
 //! On top of the views sit the datapath helpers: [`l2::classify`] (run on every frame),
 //! [`flow::extract`] (flow keys for RSS and QoS), [`virtio_net_hdr`] and [`checksum`]; for
 //! tunnels, port security and capture, [`vxlan`] (encapsulation and decapsulation),
-//! [`guard::inspect`] (the facts port security checks) and [`pcapng`] (a capture writer).
+//! [`guard::inspect`] (the facts port security checks) and [`pcapng`] (a capture writer); for
+//! the firewall, [`ct::parse`] (a frame's connection key, TCP flags, ICMP errors, fragments).
 //! For the link control protocols a bond and its members speak: [`lacp`] (LACPDUs, IEEE
 //! 802.1AX) and [`lldp`] (LLDPDUs, IEEE 802.1AB).
 //!
@@ -58,6 +59,7 @@
 
 pub mod arp;
 pub mod checksum;
+pub mod ct;
 pub mod ethernet;
 pub mod flow;
 pub mod gro;

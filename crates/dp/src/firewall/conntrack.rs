@@ -1,0 +1,582 @@
+//! The connection table: fixed capacity, sharded, one short lock per shard.
+//!
+//! ```text
+//!   key (zone, addresses, protocol, ports) ──symmetric keyed hash──▶ h
+//!   shard = h & (S-1)      (both directions of a connection: the same shard)
+//!   ┌─ shard 0 ─────────────────┐ ┌─ shard 1 ──┐      ┌─ shard S-1 ─┐
+//!   │ Mutex {                   │ │    ...     │ .... │     ...     │
+//!   │   buckets: [u32; B]  ─────┼─┼─▶ chains of entry indices       │
+//!   │   entries: [Entry; C]     │ │            │      │             │
+//!   │   free list, used         │ └────────────┘      └─────────────┘
+//!   │ }  (128-byte aligned)     │
+//!   └───────────────────────────┘
+//! ```
+//!
+//! Everything is allocated when the table is made: `S × C` entries and `S × B` bucket heads,
+//! with `C` the switch-wide limit divided among the shards plus slack, so the memory is known
+//! in advance ([`CtTable::memory_bytes`]). A worker looking a frame up takes the lock of one
+//! shard for the few tens of nanoseconds of a chain walk and a state update; the two directions
+//! of a connection meet in the same shard whichever worker polls them, and different
+//! connections rarely share a shard (256 shards by default). Listing, flushing and expiry go
+//! shard by shard, each lock held only for one shard's entries: a worker never waits longer
+//! than one shard's walk. See docs/firewall.md for the argument for 16 workers.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+use qswitch_wire::ct::CtKey;
+use qswitch_wire::flow::IpPair;
+
+const NIL: u32 = u32::MAX;
+
+/// Default number of shards (a power of two).
+pub const DEFAULT_SHARDS: usize = 256;
+
+/// Which rule made a connection: group index (in [`super::rules::RuleSet::groups`]) and rule
+/// index in that group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RuleRef {
+    pub group: u16,
+    pub index: u16,
+}
+
+/// The state of a tracked connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CtState {
+    /// TCP: the first SYN seen.
+    #[default]
+    SynSent,
+    /// TCP: the SYN-ACK seen.
+    SynRecv,
+    /// TCP: the handshake done.
+    Established,
+    /// TCP: one side sent a FIN.
+    FinWait,
+    /// TCP: both sides sent a FIN, the last not yet acknowledged.
+    Closing,
+    /// TCP: both FINs acknowledged.
+    TimeWait,
+    /// TCP: reset.
+    Close,
+    /// UDP, SCTP, ICMP echo and other protocols: seen one way only.
+    Unreplied,
+    /// ... and seen both ways.
+    Replied,
+}
+
+impl CtState {
+    /// The name `ct list` and trace show.
+    pub fn name(self) -> &'static str {
+        match self {
+            CtState::SynSent => "SYN_SENT",
+            CtState::SynRecv => "SYN_RECV",
+            CtState::Established => "ESTABLISHED",
+            CtState::FinWait => "FIN_WAIT",
+            CtState::Closing => "CLOSING",
+            CtState::TimeWait => "TIME_WAIT",
+            CtState::Close => "CLOSE",
+            CtState::Unreplied => "UNREPLIED",
+            CtState::Replied => "REPLIED",
+        }
+    }
+}
+
+/// TCP sequence tracking of one direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpDir {
+    /// One past the highest sequence number this side sent (SYN and FIN count one).
+    pub end: u32,
+    /// The largest window this side advertised, in bytes (scaled when both sides scale).
+    pub max_win: u32,
+    /// The window scale of this side's SYN, if it had one.
+    pub wscale: Option<u8>,
+    /// This side sent a FIN.
+    pub fin: bool,
+}
+
+/// One tracked connection, as [`CtTable::for_each`] shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// The zone: the port whose filter tracks the connection.
+    pub zone: u32,
+    /// The key of the first packet (the original direction).
+    pub key: CtKey,
+    pub state: CtState,
+    /// Nanoseconds (of the clock the caller passes in) when the connection expires.
+    pub expires: u64,
+    /// The rule that allowed the first packet.
+    pub rule: RuleRef,
+    /// TCP tracking: original direction, reply direction.
+    pub tcp: [TcpDir; 2],
+    next: u32,
+}
+
+impl Entry {
+    /// A connection of `zone` opened by a packet with `key`.
+    pub fn new(zone: u32, key: CtKey, state: CtState, expires: u64, rule: RuleRef) -> Entry {
+        Entry {
+            zone,
+            key,
+            state,
+            expires,
+            rule,
+            ..EMPTY
+        }
+    }
+}
+
+const EMPTY: Entry = Entry {
+    zone: 0,
+    key: CtKey {
+        ips: IpPair::V4 {
+            src: [0; 4],
+            dst: [0; 4],
+        },
+        proto: 0,
+        src: 0,
+        dst: 0,
+    },
+    state: CtState::SynSent,
+    expires: 0,
+    rule: RuleRef { group: 0, index: 0 },
+    tcp: [TcpDir {
+        end: 0,
+        max_win: 0,
+        wscale: None,
+        fin: false,
+    }; 2],
+    next: NIL,
+};
+
+/// Which way a packet goes on its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// As the first packet.
+    Original,
+    /// Back.
+    Reply,
+}
+
+impl Dir {
+    pub fn index(self) -> usize {
+        match self {
+            Dir::Original => 0,
+            Dir::Reply => 1,
+        }
+    }
+}
+
+struct Shard {
+    buckets: Box<[u32]>,
+    entries: Box<[Entry]>,
+    free: u32,
+    used: u32,
+}
+
+/// A shard on its own cache lines, so that two workers on neighbouring shards do not
+/// invalidate each other's lock word.
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
+/// Why [`CtTable::insert`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The switch-wide `max_sessions`.
+    Switch,
+    /// The zone's (port's) `max_sessions`.
+    Zone,
+    /// The shard the connection hashes to has no free entry (the hash is keyed and the
+    /// shards have slack, so this happens only near the switch-wide limit).
+    Shard,
+}
+
+/// The connection table.
+pub struct CtTable {
+    shards: Box<[Padded]>,
+    shard_mask: u64,
+    bucket_mask: u64,
+    seeds: [u64; 4],
+    count: AtomicU32,
+    /// Connections per zone.
+    zones: Box<[AtomicU32]>,
+    max: u32,
+    capacity: usize,
+}
+
+/// 64 × 64 → 128-bit multiply folded to 64 bits: the mixing step of foldhash/wyhash.
+#[inline]
+fn fold(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+impl CtTable {
+    /// A table for at most `max_sessions` connections of `zones` zones over `shards` shards
+    /// (rounded up to a power of two). Every entry is allocated now.
+    pub fn new(max_sessions: u32, shards: usize, zones: usize) -> CtTable {
+        let max = max_sessions.max(1);
+        let shards = shards.max(1).next_power_of_two();
+        // Each shard holds its share plus an eighth and 8 more: a keyed hash spreads
+        // connections evenly, so a shard fills only when the switch nearly is.
+        let share = (max as usize).div_ceil(shards);
+        let per_shard = share + share / 8 + 8;
+        let buckets = per_shard.next_power_of_two();
+        let seed = std::collections::hash_map::RandomState::new();
+        let mut seeds = [0u64; 4];
+        for (i, s) in seeds.iter_mut().enumerate() {
+            let mut h = seed.build_hasher();
+            h.write_usize(i);
+            *s = h.finish() | 1;
+        }
+        let shard_vec = (0..shards)
+            .map(|_| {
+                let mut entries = vec![EMPTY; per_shard].into_boxed_slice();
+                for (i, e) in entries.iter_mut().enumerate() {
+                    e.next = if i + 1 < per_shard {
+                        u32::try_from(i + 1).unwrap_or(NIL)
+                    } else {
+                        NIL
+                    };
+                }
+                Padded(Mutex::new(Shard {
+                    buckets: vec![NIL; buckets].into_boxed_slice(),
+                    entries,
+                    free: 0,
+                    used: 0,
+                }))
+            })
+            .collect();
+        CtTable {
+            shards: shard_vec,
+            shard_mask: (shards - 1) as u64,
+            bucket_mask: (buckets - 1) as u64,
+            seeds,
+            count: AtomicU32::new(0),
+            zones: (0..zones).map(|_| AtomicU32::new(0)).collect(),
+            max,
+            capacity: per_shard * shards,
+        }
+    }
+
+    /// Bytes the table holds, all allocated at creation.
+    pub fn memory_bytes(&self) -> usize {
+        let per_shard = self.shards.first().map_or(0, |s| {
+            let s = s.0.lock();
+            s.entries.len() * std::mem::size_of::<Entry>()
+                + s.buckets.len() * std::mem::size_of::<u32>()
+        });
+        per_shard * self.shards.len() + self.shards.len() * std::mem::size_of::<Padded>()
+    }
+
+    /// Entries allocated (the switch-wide limit plus the shards' slack).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The switch-wide limit.
+    pub fn max_sessions(&self) -> u32 {
+        self.max
+    }
+
+    /// Connections tracked now.
+    pub fn len(&self) -> u32 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Connections of `zone` tracked now.
+    pub fn zone_len(&self, zone: u32) -> u32 {
+        self.zones
+            .get(zone as usize)
+            .map_or(0, |z| z.load(Ordering::Relaxed))
+    }
+
+    fn gone(&self, zone: u32, n: u32) {
+        self.count.fetch_sub(n, Ordering::Relaxed);
+        if let Some(z) = self.zones.get(zone as usize) {
+            z.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether no connection is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn endpoint(&self, ip: &[u8], port: u16) -> u64 {
+        let (hi, lo) = if ip.len() == 4 {
+            (
+                0,
+                u64::from(u32::from_be_bytes([ip[0], ip[1], ip[2], ip[3]])),
+            )
+        } else {
+            let mut a = [0u8; 8];
+            let mut b = [0u8; 8];
+            a.copy_from_slice(&ip[..8]);
+            b.copy_from_slice(&ip[8..16]);
+            (u64::from_ne_bytes(a), u64::from_ne_bytes(b))
+        };
+        fold(
+            hi ^ self.seeds[0],
+            (lo ^ (u64::from(port) << 48)) ^ self.seeds[1],
+        )
+    }
+
+    /// A hash of the connection the same for both directions: each endpoint is hashed on
+    /// its own and the two are added.
+    #[inline]
+    pub fn hash(&self, zone: u32, key: &CtKey) -> u64 {
+        let (a, b) = match &key.ips {
+            IpPair::V4 { src, dst } => (self.endpoint(src, key.src), self.endpoint(dst, key.dst)),
+            IpPair::V6 { src, dst } => (self.endpoint(src, key.src), self.endpoint(dst, key.dst)),
+        };
+        let z = (u64::from(zone) << 8) | u64::from(key.proto);
+        fold(a.wrapping_add(b) ^ self.seeds[2], z ^ self.seeds[3])
+    }
+
+    fn locate(&self, h: u64) -> (&Mutex<Shard>, usize) {
+        let shard = &self.shards[(h & self.shard_mask) as usize].0;
+        // The bucket uses other bits of the hash than the shard.
+        (shard, ((h >> 20) & self.bucket_mask) as usize)
+    }
+
+    /// Finds the connection of `key` in `zone` and runs `f` on it under the shard's lock,
+    /// with the direction the key goes. An expired entry is removed and not shown.
+    /// `f` returns whether to remove the entry.
+    #[inline]
+    pub fn with<R>(
+        &self,
+        zone: u32,
+        key: &CtKey,
+        now: u64,
+        f: impl FnOnce(&mut Entry, Dir) -> (R, bool),
+    ) -> Option<R> {
+        let h = self.hash(zone, key);
+        let (shard, bucket) = self.locate(h);
+        let mut s = shard.lock();
+        let reversed = key.reversed();
+        let mut prev = NIL;
+        let mut i = s.buckets[bucket];
+        while i != NIL {
+            let e = &mut s.entries[i as usize];
+            let next = e.next;
+            if e.zone == zone {
+                let dir = if e.key == *key {
+                    Some(Dir::Original)
+                } else if e.key == reversed {
+                    Some(Dir::Reply)
+                } else {
+                    None
+                };
+                if let Some(dir) = dir {
+                    if e.expires <= now {
+                        s.unlink(bucket, prev, i);
+                        self.gone(zone, 1);
+                        return None;
+                    }
+                    let (r, remove) = f(e, dir);
+                    if remove {
+                        s.unlink(bucket, prev, i);
+                        self.gone(zone, 1);
+                    }
+                    return Some(r);
+                }
+            }
+            prev = i;
+            i = next;
+        }
+        None
+    }
+
+    /// Adds a connection (its key must not be in the table: look first). Fails when the
+    /// switch-wide limit, the zone's `zone_max` or the shard is full; expired entries of
+    /// the shard are reclaimed first in the last case.
+    pub fn insert(&self, entry: Entry, now: u64, zone_max: Option<u32>) -> Result<(), Full> {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.max {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return Err(Full::Switch);
+        }
+        let Some(zone) = self.zones.get(entry.zone as usize) else {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return Err(Full::Zone);
+        };
+        if zone.fetch_add(1, Ordering::Relaxed) >= zone_max.unwrap_or(u32::MAX) {
+            self.gone(entry.zone, 1);
+            return Err(Full::Zone);
+        }
+        let h = self.hash(entry.zone, &entry.key);
+        let (shard, bucket) = self.locate(h);
+        let mut s = shard.lock();
+        if s.free == NIL {
+            s.sweep(now, None, self);
+        }
+        let i = s.free;
+        if i == NIL {
+            self.gone(entry.zone, 1);
+            return Err(Full::Shard);
+        }
+        s.free = s.entries[i as usize].next;
+        s.entries[i as usize] = Entry {
+            next: s.buckets[bucket],
+            ..entry
+        };
+        s.buckets[bucket] = i;
+        s.used += 1;
+        Ok(())
+    }
+
+    /// Calls `f` on every live entry, one shard at a time; stops when `f` returns false.
+    /// Each shard's lock is held while its entries are copied out, not while `f` runs.
+    pub fn for_each(&self, now: u64, mut f: impl FnMut(&Entry) -> bool) {
+        let mut batch = Vec::new();
+        for shard in self.shards.iter() {
+            batch.clear();
+            {
+                let s = shard.0.lock();
+                for &head in s.buckets.iter() {
+                    let mut i = head;
+                    while i != NIL {
+                        let e = &s.entries[i as usize];
+                        if e.expires > now {
+                            batch.push(*e);
+                        }
+                        i = e.next;
+                    }
+                }
+            }
+            for e in &batch {
+                if !f(e) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Removes the expired entries, and with `remove` those it says to (a flush of one zone,
+    /// connections a changed rule no longer allows), shard by shard. Returns how many went.
+    pub fn sweep(&self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>) -> u32 {
+        self.shards
+            .iter()
+            .map(|shard| shard.0.lock().sweep(now, remove, self))
+            .sum()
+    }
+}
+
+impl Shard {
+    fn unlink(&mut self, bucket: usize, prev: u32, i: u32) {
+        let next = self.entries[i as usize].next;
+        if prev == NIL {
+            self.buckets[bucket] = next;
+        } else {
+            self.entries[prev as usize].next = next;
+        }
+        self.entries[i as usize].next = self.free;
+        self.free = i;
+        self.used -= 1;
+    }
+
+    fn sweep(&mut self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>, t: &CtTable) -> u32 {
+        let mut freed = 0;
+        for bucket in 0..self.buckets.len() {
+            let mut prev = NIL;
+            let mut i = self.buckets[bucket];
+            while i != NIL {
+                let e = &self.entries[i as usize];
+                let next = e.next;
+                if e.expires <= now || remove.is_some_and(|r| r(e)) {
+                    t.gone(e.zone, 1);
+                    self.unlink(bucket, prev, i);
+                    freed += 1;
+                } else {
+                    prev = i;
+                }
+                i = next;
+            }
+        }
+        freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(src: u8, sport: u16) -> CtKey {
+        CtKey {
+            ips: IpPair::V4 {
+                src: [10, 0, 0, src],
+                dst: [10, 0, 0, 200],
+            },
+            proto: 17,
+            src: sport,
+            dst: 53,
+        }
+    }
+
+    fn entry(zone: u32, key: CtKey, expires: u64) -> Entry {
+        Entry {
+            zone,
+            key,
+            expires,
+            state: CtState::Unreplied,
+            ..EMPTY
+        }
+    }
+
+    #[test]
+    fn both_directions_find_one_entry() {
+        let t = CtTable::new(100, 4, 3);
+        assert_eq!(t.hash(1, &key(1, 9)), t.hash(1, &key(1, 9).reversed()));
+        assert_ne!(t.hash(1, &key(1, 9)), t.hash(2, &key(1, 9)));
+        t.insert(entry(1, key(1, 9), 100), 0, None).unwrap();
+        assert_eq!(
+            t.with(1, &key(1, 9), 0, |_, d| (d, false)),
+            Some(Dir::Original)
+        );
+        assert_eq!(
+            t.with(1, &key(1, 9).reversed(), 0, |_, d| (d, false)),
+            Some(Dir::Reply)
+        );
+        assert_eq!(t.with(2, &key(1, 9), 0, |_, d| (d, false)), None);
+        assert_eq!(t.with(1, &key(1, 10), 0, |_, d| (d, false)), None);
+        // Expired: gone.
+        assert_eq!(t.with(1, &key(1, 9), 100, |_, d| (d, false)), None);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn limit_and_reuse() {
+        let t = CtTable::new(50, 4, 1);
+        for i in 0..50u16 {
+            t.insert(entry(0, key(1, i), 10), 0, None).unwrap();
+        }
+        assert_eq!(
+            t.insert(entry(0, key(2, 1), 10), 0, None),
+            Err(Full::Switch)
+        );
+        assert_eq!(t.len(), 50);
+        // Removing one makes room for one.
+        assert_eq!(t.with(0, &key(1, 3), 0, |_, _| ((), true)), Some(()));
+        t.insert(entry(0, key(2, 1), 10), 0, None).unwrap();
+        let mut n = 0;
+        t.for_each(0, |_| {
+            n += 1;
+            true
+        });
+        assert_eq!(n, 50);
+        // A flush of what matches, then expiry of the rest.
+        assert_eq!(t.zone_len(0), 50);
+        assert_eq!(t.sweep(0, Some(&|e: &Entry| e.key.src < 10)), 10);
+        assert_eq!(t.len(), 40);
+        assert_eq!(t.sweep(10, None), 40);
+        assert_eq!(t.zone_len(0), 0);
+        // A zone's own limit.
+        t.insert(entry(0, key(1, 1), 10), 0, Some(1)).unwrap();
+        assert_eq!(
+            t.insert(entry(0, key(1, 2), 10), 0, Some(1)),
+            Err(Full::Zone)
+        );
+        assert_eq!((t.len(), t.zone_len(0)), (1, 1));
+        assert!(t.memory_bytes() >= t.capacity() * std::mem::size_of::<Entry>());
+    }
+}

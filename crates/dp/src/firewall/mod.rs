@@ -1,0 +1,1171 @@
+//! The stateful firewall: security groups with connection tracking (docs/firewall.md).
+//!
+//! [`Firewall::check`] gives the verdict on one frame crossing one filtered port in one
+//! direction (ingress: toward the port's VM; egress: from it). Each port is its own zone:
+//! a frame from port A to port B is checked by A's egress filter, then by B's ingress
+//! filter, and each tracks the connection in its own zone, as OVN and Neutron do.
+//!
+//! A frame is, in order: not IP (ARP, ...) → allowed (spoofing is port security's job);
+//! malformed IP → `ct_invalid`; neighbour discovery, MLD and DHCP client traffic → allowed,
+//! as Neutron does; a non-first fragment → dropped and counted (`ct_fragment`: the ports
+//! are in the first fragment, and this version keeps no fragment table); an ICMP error →
+//! allowed as related when it quotes a tracked connection; a packet of a tracked connection
+//! → the TCP state machine or the datagram state, then allowed or `ct_invalid`; otherwise
+//! the port's rules: no rule → denied; a stateless rule → allowed untracked; a stateful
+//! rule → a new connection (TCP must open with a SYN) if the switch and port limits allow
+//! (`ct_limit` otherwise).
+//!
+//! Time is passed in (`now`, nanoseconds of any monotonic clock); nothing here reads the
+//! clock. Not wired into the pipeline yet: see docs/firewall.md for what remains.
+
+pub mod conntrack;
+pub mod rules;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use qswitch_api::config::{Config, FirewallConfig, RuleDirection};
+use qswitch_wire::ct::{self, CtError, CtPacket, Fragment, TcpInfo, L4};
+use qswitch_wire::tcp::{FLAG_ACK, FLAG_FIN, FLAG_RST, FLAG_SYN};
+
+pub use conntrack::{CtState, CtTable, Dir, Entry, RuleRef, TcpDir};
+pub use rules::{PortRules, Rule, RuleSet};
+
+const SEC: u64 = 1_000_000_000;
+
+/// Default switch-wide `max_sessions`.
+pub const DEFAULT_MAX_SESSIONS: u32 = 262_144;
+
+/// How long a connection lives without traffic, by state, in nanoseconds. The defaults are
+/// Linux's nf_conntrack ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// SYN_SENT, SYN_RECV (Linux: 120 s, 60 s).
+    pub tcp_handshake: u64,
+    /// ESTABLISHED (Linux: 5 days).
+    pub tcp_established: u64,
+    /// FIN_WAIT, CLOSING (Linux: fin_wait 120 s).
+    pub tcp_closing: u64,
+    /// TIME_WAIT (Linux: 120 s).
+    pub tcp_time_wait: u64,
+    /// CLOSE, after a RST (Linux: 10 s).
+    pub tcp_close: u64,
+    /// UDP and SCTP one way (Linux: 30 s).
+    pub udp_unreplied: u64,
+    /// UDP and SCTP both ways (Linux: udp_stream 120 s).
+    pub udp_replied: u64,
+    /// ICMP echo (Linux: 30 s).
+    pub icmp: u64,
+    /// Other protocols (Linux: generic 600 s).
+    pub other: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Timeouts {
+        Timeouts {
+            tcp_handshake: 120 * SEC,
+            tcp_established: 5 * 24 * 3600 * SEC,
+            tcp_closing: 120 * SEC,
+            tcp_time_wait: 120 * SEC,
+            tcp_close: 10 * SEC,
+            udp_unreplied: 30 * SEC,
+            udp_replied: 120 * SEC,
+            icmp: 30 * SEC,
+            other: 600 * SEC,
+        }
+    }
+}
+
+impl Timeouts {
+    /// The defaults with the config's `[firewall]` keys on top.
+    pub fn from_config(c: &FirewallConfig) -> Timeouts {
+        let d = Timeouts::default();
+        let s = |v: Option<u32>, default: u64| v.map_or(default, |v| u64::from(v) * SEC);
+        Timeouts {
+            tcp_handshake: s(c.tcp_handshake, d.tcp_handshake),
+            tcp_established: s(c.tcp_established, d.tcp_established),
+            tcp_closing: s(c.tcp_closing, d.tcp_closing),
+            tcp_time_wait: s(c.tcp_time_wait, d.tcp_time_wait),
+            tcp_close: s(c.tcp_close, d.tcp_close),
+            udp_unreplied: s(c.udp_unreplied, d.udp_unreplied),
+            udp_replied: s(c.udp_replied, d.udp_replied),
+            icmp: s(c.icmp, d.icmp),
+            other: s(c.other, d.other),
+        }
+    }
+
+    fn of(&self, proto: u8, state: CtState) -> u64 {
+        match state {
+            CtState::SynSent | CtState::SynRecv => self.tcp_handshake,
+            CtState::Established => self.tcp_established,
+            CtState::FinWait | CtState::Closing => self.tcp_closing,
+            CtState::TimeWait => self.tcp_time_wait,
+            CtState::Close => self.tcp_close,
+            CtState::Unreplied | CtState::Replied => match proto {
+                1 | 58 => self.icmp,
+                17 | ct::PROTO_SCTP => {
+                    if state == CtState::Replied {
+                        self.udp_replied
+                    } else {
+                        self.udp_unreplied
+                    }
+                }
+                _ => self.other,
+            },
+        }
+    }
+}
+
+/// Why a frame passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allowed {
+    /// The port has no security groups.
+    Unfiltered,
+    /// Not IP: not the firewall's to filter.
+    NotIp,
+    /// Neighbour discovery, MLD or DHCP client traffic, always allowed.
+    Always,
+    /// A stateless rule.
+    Stateless(RuleRef),
+    /// A rule opened a new connection.
+    New(RuleRef),
+    /// A packet of a tracked connection (opened by that rule), in that direction.
+    Tracked(RuleRef, Dir),
+    /// An ICMP error about a tracked connection.
+    Related(RuleRef),
+}
+
+/// Why a frame was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// No rule of the port's groups allows it in this direction.
+    NoRule(RuleDirection),
+    /// `ct_invalid`: malformed, or not a valid next packet of its connection (an ACK with
+    /// no connection, a RST out of window, ...).
+    Invalid,
+    /// `ct_limit`: a new connection over the switch's or the port's `max_sessions`.
+    Limit,
+    /// `ct_fragment`: a non-first fragment.
+    Fragment,
+}
+
+/// The verdict on a frame, with the connection's state after it (for trace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allow(Allowed, Option<CtState>),
+    Deny(Denied, Option<CtState>),
+}
+
+impl Verdict {
+    /// Whether the frame goes on.
+    pub fn allowed(&self) -> bool {
+        matches!(self, Verdict::Allow(..))
+    }
+}
+
+/// The counters of one zone (port): rare events only, so that workers do not share a
+/// cache line per packet; per-packet allowed/denied counts belong to the pipeline's own
+/// per-worker statistics.
+#[derive(Debug, Default)]
+pub struct ZoneCounters {
+    /// Connections opened.
+    pub new: AtomicU64,
+    pub ct_invalid: AtomicU64,
+    pub ct_limit: AtomicU64,
+    pub ct_fragment: AtomicU64,
+}
+
+/// The firewall of a switch: rules, the connection table and counters.
+pub struct Firewall {
+    table: CtTable,
+    rules: ArcSwap<RuleSet>,
+    zones: Box<[ZoneCounters]>,
+    timeouts: Timeouts,
+}
+
+impl Firewall {
+    /// The firewall of a validated config; `None` when no port has security groups (then
+    /// nothing is allocated and nothing is checked).
+    pub fn from_config(config: &Config) -> Option<Firewall> {
+        if config.ports.iter().all(|p| p.security_groups.is_empty()) {
+            return None;
+        }
+        let fw = config.firewall.unwrap_or_default();
+        let max = fw.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
+        Some(Firewall::new(
+            RuleSet::compile(config),
+            max,
+            Timeouts::from_config(&fw),
+            conntrack::DEFAULT_SHARDS,
+        ))
+    }
+
+    /// A firewall over `rules`, with a table for `max_sessions` connections in `shards`
+    /// shards.
+    pub fn new(rules: RuleSet, max_sessions: u32, timeouts: Timeouts, shards: usize) -> Firewall {
+        let zones = (0..rules.ports.len())
+            .map(|_| ZoneCounters::default())
+            .collect();
+        Firewall {
+            table: CtTable::new(max_sessions, shards, rules.ports.len()),
+            rules: ArcSwap::from_pointee(rules),
+            zones,
+            timeouts,
+        }
+    }
+
+    /// The connection table (listing, flushing, expiry, memory).
+    pub fn table(&self) -> &CtTable {
+        &self.table
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> arc_swap::Guard<std::sync::Arc<RuleSet>> {
+        self.rules.load()
+    }
+
+    /// A zone's counters.
+    pub fn zone(&self, zone: u32) -> Option<&ZoneCounters> {
+        self.zones.get(zone as usize)
+    }
+
+    /// Removes expired connections; returns how many. The control thread calls it about
+    /// once a second; it locks one shard at a time.
+    pub fn expire(&self, now: u64) -> u32 {
+        self.sweep(now, None)
+    }
+
+    /// Removes every connection of `zone`, or of every zone.
+    pub fn flush(&self, zone: Option<u32>, now: u64) -> u32 {
+        self.sweep(
+            now,
+            Some(&move |e: &Entry| zone.is_none_or(|z| e.zone == z)),
+        )
+    }
+
+    fn sweep(&self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>) -> u32 {
+        self.table.sweep(now, remove)
+    }
+
+    /// Connections of `zone` tracked now.
+    pub fn sessions(&self, zone: u32) -> u32 {
+        self.table.zone_len(zone)
+    }
+
+    /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
+    pub fn check(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
+        let Some(counters) = self.zones.get(zone as usize) else {
+            return Verdict::Allow(Allowed::Unfiltered, None);
+        };
+        let p = match ct::parse(frame) {
+            Ok(p) => p,
+            Err(CtError::NotIp) => return Verdict::Allow(Allowed::NotIp, None),
+            Err(_) => return self.invalid(counters, None),
+        };
+        if always_allowed(&p, direction) {
+            return Verdict::Allow(Allowed::Always, None);
+        }
+        if p.fragment == Fragment::Later {
+            counters.ct_fragment.fetch_add(1, Ordering::Relaxed);
+            return Verdict::Deny(Denied::Fragment, None);
+        }
+        if let L4::IcmpError { inner, .. } = p.l4 {
+            let related = self
+                .table
+                .with(zone, &inner, now, |e, _| ((e.rule, e.state), false));
+            if let Some((rule, state)) = related {
+                return Verdict::Allow(Allowed::Related(rule), Some(state));
+            }
+        }
+        // A packet of a tracked connection.
+        let tracked = self.table.with(zone, &p.key, now, |e, dir| {
+            let step = advance(e, dir, &p);
+            let reopen = step == Step::Reopen;
+            if let Step::Valid = step {
+                e.expires = now.saturating_add(self.timeouts.of(e.key.proto, e.state));
+            }
+            ((step, e.rule, e.state, dir), reopen)
+        });
+        match tracked {
+            Some((Step::Valid, rule, state, dir)) => {
+                return Verdict::Allow(Allowed::Tracked(rule, dir), Some(state))
+            }
+            Some((Step::Invalid, _, state, _)) => return self.invalid(counters, Some(state)),
+            Some((Step::Reopen, ..)) | None => {}
+        }
+        // A new connection: the rules decide.
+        let rules = self.rules.load();
+        let Some(port) = rules.ports.get(zone as usize).and_then(Option::as_ref) else {
+            return Verdict::Allow(Allowed::Unfiltered, None);
+        };
+        let Some(rule) = port.first_match(direction, &p) else {
+            return Verdict::Deny(Denied::NoRule(direction), None);
+        };
+        if rule.stateless || matches!(p.l4, L4::IcmpError { .. } | L4::IcmpOther { .. }) {
+            // ICMP errors about nothing tracked and other ICMP messages pass by rule alone.
+            return Verdict::Allow(Allowed::Stateless(rule.id), None);
+        }
+        let Some(state) = first_state(&p) else {
+            return self.invalid(counters, None);
+        };
+        let expires = now.saturating_add(self.timeouts.of(p.key.proto, state));
+        let mut entry = Entry::new(zone, p.key, state, expires, rule.id);
+        if let L4::Tcp(t) = p.l4 {
+            entry.tcp[0] = TcpDir {
+                end: t.seq.wrapping_add(1).wrapping_add(t.payload_len),
+                max_win: u32::from(t.window).max(1),
+                wscale: t.wscale,
+                fin: false,
+            };
+        }
+        match self.table.insert(entry, now, port.max_sessions) {
+            Ok(()) => {
+                counters.new.fetch_add(1, Ordering::Relaxed);
+                Verdict::Allow(Allowed::New(rule.id), Some(state))
+            }
+            Err(_) => {
+                counters.ct_limit.fetch_add(1, Ordering::Relaxed);
+                Verdict::Deny(Denied::Limit, None)
+            }
+        }
+    }
+
+    fn invalid(&self, counters: &ZoneCounters, state: Option<CtState>) -> Verdict {
+        counters.ct_invalid.fetch_add(1, Ordering::Relaxed);
+        Verdict::Deny(Denied::Invalid, state)
+    }
+}
+
+/// Neighbour discovery, MLD and DHCP client traffic: what Neutron lets through whatever the
+/// groups say (port security polices who may send it).
+fn always_allowed(p: &CtPacket, direction: RuleDirection) -> bool {
+    match p.l4 {
+        // MLD 130-132 and 143, router and neighbour solicitations and advertisements
+        // 133-136, redirect 137.
+        L4::IcmpOther { ty, .. } if p.key.is_ipv6() => matches!(ty, 130..=137 | 143),
+        L4::Udp => {
+            let (client, server) = if p.key.is_ipv6() {
+                (546, 547)
+            } else {
+                (68, 67)
+            };
+            match direction {
+                RuleDirection::Egress => (p.key.src, p.key.dst) == (client, server),
+                RuleDirection::Ingress => (p.key.src, p.key.dst) == (server, client),
+            }
+        }
+        _ => false,
+    }
+}
+
+/// The state of a connection opened by `p`; `None` if `p` cannot open one (a TCP segment
+/// other than a SYN, an echo reply).
+fn first_state(p: &CtPacket) -> Option<CtState> {
+    match p.l4 {
+        L4::Tcp(t) => (t.flags & (FLAG_SYN | FLAG_ACK | FLAG_RST | FLAG_FIN) == FLAG_SYN)
+            .then_some(CtState::SynSent),
+        L4::Echo { request, .. } => request.then_some(CtState::Unreplied),
+        L4::Udp | L4::Sctp | L4::Other => Some(CtState::Unreplied),
+        L4::IcmpError { .. } | L4::IcmpOther { .. } | L4::LaterFragment => None,
+    }
+}
+
+/// What a packet does to its tracked connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Valid,
+    Invalid,
+    /// A SYN on a closed connection (TIME_WAIT, CLOSE): the old entry goes, the packet is
+    /// judged as a new connection.
+    Reopen,
+}
+
+/// Moves the connection on by `p` going `dir`.
+fn advance(e: &mut Entry, dir: Dir, p: &CtPacket) -> Step {
+    match p.l4 {
+        L4::Tcp(t) => tcp_step(e, dir, &t),
+        L4::Echo { request, .. } => {
+            // A reply comes back; a request may not come from the replying side's reply
+            // direction as a reply.
+            if dir == Dir::Reply && request {
+                return Step::Invalid;
+            }
+            if dir == Dir::Reply {
+                e.state = CtState::Replied;
+            }
+            Step::Valid
+        }
+        _ => {
+            if dir == Dir::Reply {
+                e.state = CtState::Replied;
+            }
+            Step::Valid
+        }
+    }
+}
+
+/// Sequence-number arithmetic: whether `a` is before `b`.
+fn before(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+/// The TCP state machine (after Linux's nf_conntrack_proto_tcp and OVS's conntrack-tcp,
+/// simplified: windows are checked loosely, by the largest window the receiver announced).
+fn tcp_step(e: &mut Entry, dir: Dir, t: &TcpInfo) -> Step {
+    let d = dir.index();
+    let o = 1 - d;
+    let flags = t.flags & (FLAG_SYN | FLAG_ACK | FLAG_RST | FLAG_FIN);
+    let syn = flags & FLAG_SYN != 0;
+    if matches!(e.state, CtState::TimeWait | CtState::Close) && flags == FLAG_SYN {
+        return if dir == Dir::Original {
+            Step::Reopen
+        } else {
+            Step::Invalid
+        };
+    }
+    match e.state {
+        CtState::SynSent => {
+            if dir == Dir::Original {
+                // A retransmitted SYN.
+                return if flags == FLAG_SYN {
+                    Step::Valid
+                } else {
+                    Step::Invalid
+                };
+            }
+            if flags == FLAG_SYN | FLAG_ACK && t.ack == e.tcp[0].end {
+                e.tcp[1] = TcpDir {
+                    end: t.seq.wrapping_add(1),
+                    max_win: u32::from(t.window).max(1),
+                    wscale: t.wscale,
+                    fin: false,
+                };
+                // Scaling holds only when both SYNs asked for it (RFC 7323).
+                if e.tcp[0].wscale.is_none() || e.tcp[1].wscale.is_none() {
+                    e.tcp[0].wscale = None;
+                    e.tcp[1].wscale = None;
+                }
+                e.state = CtState::SynRecv;
+                return Step::Valid;
+            }
+            if flags & FLAG_RST != 0 && flags & FLAG_ACK != 0 && t.ack == e.tcp[0].end {
+                e.state = CtState::Close;
+                return Step::Valid;
+            }
+            return Step::Invalid;
+        }
+        // Retransmitted SYN and SYN-ACK.
+        CtState::SynRecv
+            if (dir == Dir::Reply && flags == FLAG_SYN | FLAG_ACK)
+                || (dir == Dir::Original && flags == FLAG_SYN) =>
+        {
+            return Step::Valid;
+        }
+        _ => {}
+    }
+    if syn {
+        return Step::Invalid;
+    }
+    // In window: within the largest window the other side announced of what this side
+    // has sent so far (backwards for retransmissions, forwards for new data).
+    let win = e.tcp[o].max_win.max(1);
+    let off = t.seq.wrapping_sub(e.tcp[d].end) as i32;
+    let in_window = i64::from(off).abs() <= i64::from(win);
+    if !in_window {
+        return Step::Invalid;
+    }
+    if flags & FLAG_RST != 0 {
+        e.state = CtState::Close;
+        return Step::Valid;
+    }
+    let fin = flags & FLAG_FIN != 0;
+    let end = t
+        .seq
+        .wrapping_add(t.payload_len)
+        .wrapping_add(u32::from(fin));
+    if before(e.tcp[d].end, end) {
+        e.tcp[d].end = end;
+    }
+    let w = u32::from(t.window) << e.tcp[d].wscale.unwrap_or(0);
+    e.tcp[d].max_win = e.tcp[d].max_win.max(w);
+    let ack = flags & FLAG_ACK != 0;
+    if fin {
+        e.tcp[d].fin = true;
+    }
+    e.state = match e.state {
+        CtState::SynRecv if dir == Dir::Original && ack && t.ack == e.tcp[1].end => {
+            if fin {
+                CtState::FinWait
+            } else {
+                CtState::Established
+            }
+        }
+        CtState::SynRecv => CtState::SynRecv,
+        CtState::Established if fin => CtState::FinWait,
+        CtState::FinWait if e.tcp[0].fin && e.tcp[1].fin => {
+            if ack && t.ack == e.tcp[o].end && !fin {
+                CtState::TimeWait
+            } else {
+                CtState::Closing
+            }
+        }
+        CtState::Closing if ack && t.ack == e.tcp[o].end => CtState::TimeWait,
+        s => s,
+    };
+    Step::Valid
+}
+
+#[cfg(test)]
+mod tests {
+    // The behaviours Open vSwitch's userspace conntrack system tests check (TCP handshake and
+    // teardown states, invalid packets, UDP single direction, ICMP related over IPv4 and IPv6,
+    // fragments), written against [`Firewall::check`], plus limits, rules and two threads.
+
+    use super::*;
+    use qswitch_api::config::RuleDirection::{Egress, Ingress};
+    use qswitch_wire::tcp::FLAG_PSH;
+
+    const VM: [u8; 4] = [10, 0, 0, 5];
+    const PEER: [u8; 4] = [10, 0, 0, 9];
+    const OUT: [u8; 4] = [192, 0, 2, 1];
+    const S: u64 = SEC;
+
+    fn eth(ethertype: [u8; 2]) -> Vec<u8> {
+        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
+        f.extend_from_slice(&ethertype);
+        f
+    }
+
+    fn v4_frag(src: [u8; 4], dst: [u8; 4], proto: u8, frag: u16, l4: &[u8]) -> Vec<u8> {
+        let mut f = eth([0x08, 0x00]);
+        let total = u16::try_from(20 + l4.len()).unwrap();
+        f.extend_from_slice(&[0x45, 0]);
+        f.extend_from_slice(&total.to_be_bytes());
+        f.extend_from_slice(&[0, 1]);
+        f.extend_from_slice(&frag.to_be_bytes());
+        f.extend_from_slice(&[64, proto, 0, 0]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(l4);
+        f
+    }
+
+    fn v4(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
+        v4_frag(src, dst, proto, 0, l4)
+    }
+
+    fn v6(src: &str, dst: &str, proto: u8, l4: &[u8]) -> Vec<u8> {
+        let mut f = eth([0x86, 0xdd]);
+        f.extend_from_slice(&[0x60, 0, 0, 0]);
+        f.extend_from_slice(&u16::try_from(l4.len()).unwrap().to_be_bytes());
+        f.extend_from_slice(&[proto, 64]);
+        f.extend_from_slice(&src.parse::<std::net::Ipv6Addr>().unwrap().octets());
+        f.extend_from_slice(&dst.parse::<std::net::Ipv6Addr>().unwrap().octets());
+        f.extend_from_slice(l4);
+        f
+    }
+
+    fn tcp(sport: u16, dport: u16, flags: u8, seq: u32, ack: u32, payload: usize) -> Vec<u8> {
+        let mut h = vec![0u8; 20 + payload];
+        h[0..2].copy_from_slice(&sport.to_be_bytes());
+        h[2..4].copy_from_slice(&dport.to_be_bytes());
+        h[4..8].copy_from_slice(&seq.to_be_bytes());
+        h[8..12].copy_from_slice(&ack.to_be_bytes());
+        h[12] = 5 << 4;
+        h[13] = flags;
+        h[14..16].copy_from_slice(&1000u16.to_be_bytes());
+        h
+    }
+
+    fn udp(sport: u16, dport: u16) -> Vec<u8> {
+        let mut h = vec![0u8; 12];
+        h[0..2].copy_from_slice(&sport.to_be_bytes());
+        h[2..4].copy_from_slice(&dport.to_be_bytes());
+        h[4..6].copy_from_slice(&12u16.to_be_bytes());
+        h
+    }
+
+    fn icmp(ty: u8, code: u8, rest: &[u8]) -> Vec<u8> {
+        let mut h = vec![ty, code, 0, 0];
+        h.extend_from_slice(rest);
+        h
+    }
+
+    /// Port `vm` (zone 0) in group `g` with `rules`; port `other` (zone 1) unfiltered.
+    fn firewall(rules: &str, extra: &str) -> Firewall {
+        let text = format!(
+            r#"
+    [[security_group]]
+    name = "g"
+    rules = [
+    {rules}
+    ]
+    {extra}
+    [[port]]
+    name = "vm"
+    type = "gen"
+    security = {{ ips = ["10.0.0.5", "fd00::5"] }}
+    security_groups = ["g"]
+    [[port]]
+    name = "other"
+    type = "gen"
+    "#
+        );
+        let config = Config::from_toml(&text).unwrap();
+        Firewall::from_config(&config).unwrap()
+    }
+
+    /// Egress anything, ingress nothing: the OpenStack default group without its ingress rule.
+    fn egress_only() -> Firewall {
+        firewall(r#"{ direction = "egress" },"#, "")
+    }
+
+    fn state(v: Verdict) -> Option<CtState> {
+        match v {
+            Verdict::Allow(_, s) | Verdict::Deny(_, s) => s,
+        }
+    }
+
+    #[test]
+    fn tcp_handshake_and_teardown_states() {
+        let fw = egress_only();
+        let c = |dir, f: &[u8]| fw.check(0, dir, f, S);
+        // VM opens: SYN out, SYN-ACK in, ACK out.
+        let v = c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_SYN, 100, 0, 0)),
+        );
+        assert_eq!(
+            v,
+            Verdict::Allow(
+                Allowed::New(RuleRef { group: 0, index: 0 }),
+                Some(CtState::SynSent)
+            )
+        );
+        let v = c(
+            Ingress,
+            &v4(
+                OUT,
+                VM,
+                6,
+                &tcp(80, 40000, FLAG_SYN | FLAG_ACK, 500, 101, 0),
+            ),
+        );
+        assert_eq!(state(v), Some(CtState::SynRecv));
+        assert!(matches!(
+            v,
+            Verdict::Allow(Allowed::Tracked(_, Dir::Reply), _)
+        ));
+        // Retransmissions of the SYN and the SYN-ACK.
+        let v = c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_SYN, 100, 0, 0)),
+        );
+        assert_eq!(state(v), Some(CtState::SynRecv));
+        let v = c(
+            Ingress,
+            &v4(
+                OUT,
+                VM,
+                6,
+                &tcp(80, 40000, FLAG_SYN | FLAG_ACK, 500, 101, 0),
+            ),
+        );
+        assert_eq!(state(v), Some(CtState::SynRecv));
+        let v = c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_ACK, 101, 501, 0)),
+        );
+        assert_eq!(state(v), Some(CtState::Established));
+        // Data both ways.
+        let v = c(
+            Egress,
+            &v4(
+                VM,
+                OUT,
+                6,
+                &tcp(40000, 80, FLAG_ACK | FLAG_PSH, 101, 501, 10),
+            ),
+        );
+        assert_eq!(state(v), Some(CtState::Established));
+        let v = c(
+            Ingress,
+            &v4(OUT, VM, 6, &tcp(80, 40000, FLAG_ACK, 501, 111, 20)),
+        );
+        assert_eq!(state(v), Some(CtState::Established));
+        // FIN from the VM, FIN-ACK from the server, the last ACK: TIME_WAIT.
+        let v = c(
+            Egress,
+            &v4(
+                VM,
+                OUT,
+                6,
+                &tcp(40000, 80, FLAG_FIN | FLAG_ACK, 111, 521, 0),
+            ),
+        );
+        assert_eq!(state(v), Some(CtState::FinWait));
+        let v = c(
+            Ingress,
+            &v4(
+                OUT,
+                VM,
+                6,
+                &tcp(80, 40000, FLAG_FIN | FLAG_ACK, 521, 112, 0),
+            ),
+        );
+        assert_eq!(state(v), Some(CtState::Closing));
+        let v = c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_ACK, 112, 522, 0)),
+        );
+        assert_eq!(state(v), Some(CtState::TimeWait));
+        // A new SYN on the same ports reopens it.
+        let v = c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_SYN, 9000, 0, 0)),
+        );
+        assert_eq!(state(v), Some(CtState::SynSent));
+        assert_eq!(fw.sessions(0), 1);
+        // TIME_WAIT ends after its timeout.
+        let entry = |fw: &Firewall, now| {
+            let mut n = 0;
+            fw.table().for_each(now, |_| {
+                n += 1;
+                true
+            });
+            n
+        };
+        assert_eq!(entry(&fw, S), 1);
+        assert_eq!(entry(&fw, S + 121 * S), 0);
+        assert_eq!(fw.expire(S + 121 * S), 1);
+        assert_eq!(fw.sessions(0), 0);
+    }
+
+    #[test]
+    fn tcp_rst_teardown_and_refused_connection() {
+        let fw = egress_only();
+        let c = |dir, f: &[u8]| fw.check(0, dir, f, S);
+        c(Egress, &v4(VM, OUT, 6, &tcp(40001, 81, FLAG_SYN, 7, 0, 0)));
+        // The server refuses: RST-ACK acknowledging the SYN.
+        let v = c(
+            Ingress,
+            &v4(OUT, VM, 6, &tcp(81, 40001, FLAG_RST | FLAG_ACK, 0, 8, 0)),
+        );
+        assert_eq!(state(v), Some(CtState::Close));
+        assert!(v.allowed());
+        // An established connection reset in window.
+        c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40002, 80, FLAG_SYN, 100, 0, 0)),
+        );
+        c(
+            Ingress,
+            &v4(
+                OUT,
+                VM,
+                6,
+                &tcp(80, 40002, FLAG_SYN | FLAG_ACK, 500, 101, 0),
+            ),
+        );
+        c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40002, 80, FLAG_ACK, 101, 501, 0)),
+        );
+        let v = c(
+            Ingress,
+            &v4(OUT, VM, 6, &tcp(80, 40002, FLAG_RST, 501, 0, 0)),
+        );
+        assert_eq!(state(v), Some(CtState::Close));
+    }
+
+    #[test]
+    fn invalid_packets() {
+        let fw = firewall(
+            r#"{ direction = "egress" }, { direction = "ingress", protocol = "tcp", ports = 22 },"#,
+            "",
+        );
+        let c = |dir, f: &[u8]| fw.check(0, dir, f, S);
+        let invalid = || fw.zone(0).unwrap().ct_invalid.load(Ordering::Relaxed);
+        // An ACK with no connection, even where a rule allows the port.
+        let v = c(Ingress, &v4(OUT, VM, 6, &tcp(5555, 22, FLAG_ACK, 1, 1, 0)));
+        assert_eq!(v, Verdict::Deny(Denied::Invalid, None));
+        assert_eq!(invalid(), 1);
+        // A SYN-ACK that acknowledges nothing sent.
+        c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_SYN, 100, 0, 0)),
+        );
+        let v = c(
+            Ingress,
+            &v4(
+                OUT,
+                VM,
+                6,
+                &tcp(80, 40000, FLAG_SYN | FLAG_ACK, 500, 999, 0),
+            ),
+        );
+        assert_eq!(v, Verdict::Deny(Denied::Invalid, Some(CtState::SynSent)));
+        // A RST out of window on an established connection.
+        c(
+            Ingress,
+            &v4(
+                OUT,
+                VM,
+                6,
+                &tcp(80, 40000, FLAG_SYN | FLAG_ACK, 500, 101, 0),
+            ),
+        );
+        c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_ACK, 101, 501, 0)),
+        );
+        let v = c(
+            Ingress,
+            &v4(OUT, VM, 6, &tcp(80, 40000, FLAG_RST, 501 + 1_000_000, 0, 0)),
+        );
+        assert_eq!(
+            v,
+            Verdict::Deny(Denied::Invalid, Some(CtState::Established))
+        );
+        // Data far beyond the window; a SYN in an established connection.
+        let v = c(
+            Egress,
+            &v4(
+                VM,
+                OUT,
+                6,
+                &tcp(40000, 80, FLAG_ACK, 101 + 3_000_000, 501, 10),
+            ),
+        );
+        assert!(!v.allowed());
+        let v = c(
+            Egress,
+            &v4(VM, OUT, 6, &tcp(40000, 80, FLAG_SYN, 101, 0, 0)),
+        );
+        assert!(!v.allowed());
+        // A malformed IP packet; an echo reply with no request.
+        let mut bad = v4(VM, OUT, 6, &tcp(1, 2, FLAG_SYN, 0, 0, 0));
+        bad[14] = 0x44;
+        assert_eq!(c(Egress, &bad), Verdict::Deny(Denied::Invalid, None));
+        let v = c(Egress, &v4(VM, OUT, 1, &icmp(0, 0, &[0, 1, 0, 1])));
+        assert_eq!(v, Verdict::Deny(Denied::Invalid, None));
+        assert_eq!(invalid(), 7);
+        // Still established after all that.
+        let v = c(
+            Ingress,
+            &v4(OUT, VM, 6, &tcp(80, 40000, FLAG_ACK, 501, 101, 5)),
+        );
+        assert_eq!(state(v), Some(CtState::Established));
+    }
+
+    #[test]
+    fn ingress_default_deny_and_rules_that_open() {
+        let fw = egress_only();
+        let v = fw.check(
+            0,
+            Ingress,
+            &v4(OUT, VM, 6, &tcp(5555, 22, FLAG_SYN, 1, 0, 0)),
+            S,
+        );
+        assert_eq!(v, Verdict::Deny(Denied::NoRule(Ingress), None));
+        let fw = firewall(
+            r#"{ direction = "ingress", protocol = "tcp", ports = "80,443", remote = "192.0.2.0/24" },
+               { direction = "ingress", protocol = "icmp", remote_group = "g" },"#,
+            "",
+        );
+        let syn = |src, port| v4(src, VM, 6, &tcp(5555, port, FLAG_SYN, 1, 0, 0));
+        assert!(fw.check(0, Ingress, &syn(OUT, 443), S).allowed());
+        assert!(!fw.check(0, Ingress, &syn(OUT, 22), S).allowed());
+        assert!(!fw.check(0, Ingress, &syn(PEER, 80), S).allowed());
+        // remote_group: the group's members' addresses (vm's own 10.0.0.5 here).
+        let ping = |src| v4(src, VM, 1, &icmp(8, 0, &[0, 9, 0, 1]));
+        let v = fw.check(0, Ingress, &ping(VM), S);
+        assert_eq!(
+            v,
+            Verdict::Allow(
+                Allowed::New(RuleRef { group: 0, index: 1 }),
+                Some(CtState::Unreplied)
+            )
+        );
+        assert!(!fw.check(0, Ingress, &ping(PEER), S).allowed());
+        assert_eq!(fw.rules().name(RuleRef { group: 0, index: 1 }), "g/1");
+        // Egress is denied: no egress rule.
+        let v = fw.check(0, Egress, &v4(VM, OUT, 17, &udp(1, 2)), S);
+        assert_eq!(v, Verdict::Deny(Denied::NoRule(Egress), None));
+        // ARP, ND and DHCP pass whatever the rules.
+        let mut arp = eth([0x08, 0x06]);
+        arp.extend_from_slice(&[0; 28]);
+        assert_eq!(
+            fw.check(0, Egress, &arp, S),
+            Verdict::Allow(Allowed::NotIp, None)
+        );
+        let ns = v6("fd00::9", "fd00::5", 58, &icmp(135, 0, &[0; 20]));
+        assert_eq!(
+            fw.check(0, Ingress, &ns, S),
+            Verdict::Allow(Allowed::Always, None)
+        );
+        let dhcp = v4([0; 4], [255; 4], 17, &udp(68, 67));
+        assert_eq!(
+            fw.check(0, Egress, &dhcp, S),
+            Verdict::Allow(Allowed::Always, None)
+        );
+    }
+
+    #[test]
+    fn udp_single_direction_then_replied() {
+        let fw = egress_only();
+        let out = v4(VM, OUT, 17, &udp(5000, 53));
+        let back = v4(OUT, VM, 17, &udp(53, 5000));
+        assert_eq!(
+            state(fw.check(0, Egress, &out, S)),
+            Some(CtState::Unreplied)
+        );
+        assert_eq!(
+            state(fw.check(0, Egress, &out, 2 * S)),
+            Some(CtState::Unreplied)
+        );
+        // Unreplied lives 30 s from the last packet: a reply after 33 s finds nothing.
+        assert_eq!(
+            fw.check(0, Ingress, &back, 33 * S),
+            Verdict::Deny(Denied::NoRule(Ingress), None)
+        );
+        assert_eq!(
+            state(fw.check(0, Egress, &out, 40 * S)),
+            Some(CtState::Unreplied)
+        );
+        let v = fw.check(0, Ingress, &back, 41 * S);
+        assert_eq!(
+            v,
+            Verdict::Allow(
+                Allowed::Tracked(RuleRef::default(), Dir::Reply),
+                Some(CtState::Replied)
+            )
+        );
+        // Replied lives 120 s.
+        assert!(fw.check(0, Ingress, &back, 150 * S).allowed());
+        assert!(!fw.check(0, Ingress, &back, 271 * S).allowed());
+        // Another source port from outside is a different connection: denied.
+        assert!(!fw
+            .check(0, Ingress, &v4(OUT, VM, 17, &udp(54, 5000)), 41 * S)
+            .allowed());
+    }
+
+    #[test]
+    fn icmp_echo_by_identifier() {
+        let fw = egress_only();
+        let req = v4(VM, OUT, 1, &icmp(8, 0, &[0x12, 0x34, 0, 1]));
+        assert_eq!(
+            state(fw.check(0, Egress, &req, S)),
+            Some(CtState::Unreplied)
+        );
+        let rep = |id: u8| v4(OUT, VM, 1, &icmp(0, 0, &[0x12, id, 0, 1]));
+        assert_eq!(
+            state(fw.check(0, Ingress, &rep(0x34), S)),
+            Some(CtState::Replied)
+        );
+        assert!(!fw.check(0, Ingress, &rep(0x35), S).allowed());
+        // IPv6.
+        let req = v6("fd00::5", "fd00::9", 58, &icmp(128, 0, &[0, 7, 0, 1]));
+        let rep = v6("fd00::9", "fd00::5", 58, &icmp(129, 0, &[0, 7, 0, 1]));
+        assert!(fw.check(0, Egress, &req, S).allowed());
+        assert_eq!(state(fw.check(0, Ingress, &rep, S)), Some(CtState::Replied));
+    }
+
+    #[test]
+    fn icmp_related_v4_and_v6() {
+        let fw = egress_only();
+        let out = v4(VM, OUT, 17, &udp(5000, 53));
+        fw.check(0, Egress, &out, S);
+        // The server's port unreachable quoting the datagram: related.
+        let err = v4(OUT, VM, 1, &icmp(3, 3, &[&[0; 4], &out[14..42]].concat()));
+        let v = fw.check(0, Ingress, &err, S);
+        assert_eq!(
+            v,
+            Verdict::Allow(
+                Allowed::Related(RuleRef::default()),
+                Some(CtState::Unreplied)
+            )
+        );
+        // A router's time exceeded (another source) about it: related too.
+        let err = v4(PEER, VM, 1, &icmp(11, 0, &[&[0; 4], &out[14..42]].concat()));
+        assert!(fw.check(0, Ingress, &err, S).allowed());
+        // An error about a connection never made: denied.
+        let never = v4(VM, OUT, 17, &udp(6000, 53));
+        let err = v4(OUT, VM, 1, &icmp(3, 3, &[&[0; 4], &never[14..42]].concat()));
+        assert_eq!(
+            fw.check(0, Ingress, &err, S),
+            Verdict::Deny(Denied::NoRule(Ingress), None)
+        );
+        // IPv6: packet too big about a TCP connection.
+        let syn = v6("fd00::5", "fd00::9", 6, &tcp(40000, 443, FLAG_SYN, 1, 0, 0));
+        fw.check(0, Egress, &syn, S);
+        let err = v6(
+            "fd00::9",
+            "fd00::5",
+            58,
+            &icmp(2, 0, &[&[0, 0, 5, 0], &syn[14..]].concat()),
+        );
+        assert!(matches!(
+            fw.check(0, Ingress, &err, S),
+            Verdict::Allow(Allowed::Related(_), _)
+        ));
+    }
+
+    #[test]
+    fn fragments_first_tracked_later_dropped_and_counted() {
+        let fw = egress_only();
+        // The first fragment (MF, offset 0) carries the ports: tracked like a whole datagram.
+        let first = v4_frag(VM, OUT, 17, 0x2000, &udp(5000, 53));
+        assert_eq!(
+            state(fw.check(0, Egress, &first, S)),
+            Some(CtState::Unreplied)
+        );
+        let later = v4_frag(VM, OUT, 17, 0x0010, &[0; 16]);
+        assert_eq!(
+            fw.check(0, Egress, &later, S),
+            Verdict::Deny(Denied::Fragment, None)
+        );
+        assert_eq!(fw.zone(0).unwrap().ct_fragment.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn session_limits_deny_new_and_keep_existing() {
+        let fw = firewall(
+            r#"{ direction = "egress" },"#,
+            "[firewall]\nmax_sessions = 3\n",
+        );
+        let out = |sport| v4(VM, OUT, 17, &udp(sport, 53));
+        for sport in 1..=3 {
+            assert!(fw.check(0, Egress, &out(sport), S).allowed());
+        }
+        assert_eq!(
+            fw.check(0, Egress, &out(4), S),
+            Verdict::Deny(Denied::Limit, None)
+        );
+        assert_eq!(fw.zone(0).unwrap().ct_limit.load(Ordering::Relaxed), 1);
+        // Existing connections go on, both ways.
+        assert!(fw.check(0, Egress, &out(2), S).allowed());
+        assert!(fw
+            .check(0, Ingress, &v4(OUT, VM, 17, &udp(53, 2)), S)
+            .allowed());
+        // A flush frees them.
+        assert_eq!(fw.flush(Some(0), S), 3);
+        assert!(fw.check(0, Egress, &out(4), S).allowed());
+
+        // The port's own limit.
+        let text = r#"{ direction = "egress" },"#;
+        let config = Config::from_toml(&format!(
+            "[[security_group]]\nname = \"g\"\nrules = [{text}]\n[[port]]\nname = \"vm\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\nmax_sessions = 2\n"
+        ))
+        .unwrap();
+        let fw = Firewall::from_config(&config).unwrap();
+        assert!(fw.check(0, Egress, &out(1), S).allowed());
+        assert!(fw.check(0, Egress, &out(2), S).allowed());
+        assert_eq!(
+            fw.check(0, Egress, &out(3), S),
+            Verdict::Deny(Denied::Limit, None)
+        );
+        assert!(fw.check(0, Egress, &out(1), S).allowed());
+    }
+
+    #[test]
+    fn fifty_rules_only_the_last_matches() {
+        let mut rules = String::new();
+        for i in 0..49 {
+            rules.push_str(&format!(
+                "{{ direction = \"egress\", protocol = \"tcp\", ports = {} }},\n",
+                1000 + i
+            ));
+        }
+        rules.push_str(r#"{ direction = "egress", protocol = "udp", ports = 53 },"#);
+        let fw = firewall(&rules, "");
+        let v = fw.check(0, Egress, &v4(VM, OUT, 17, &udp(5000, 53)), S);
+        assert_eq!(
+            v,
+            Verdict::Allow(
+                Allowed::New(RuleRef {
+                    group: 0,
+                    index: 49
+                }),
+                Some(CtState::Unreplied)
+            )
+        );
+        // Then the table, not the rules, answers.
+        let v = fw.check(0, Egress, &v4(VM, OUT, 17, &udp(5000, 53)), S);
+        assert!(matches!(
+            v,
+            Verdict::Allow(Allowed::Tracked(_, Dir::Original), _)
+        ));
+    }
+
+    #[test]
+    fn stateless_groups_track_nothing() {
+        let text = r#"
+    [[security_group]]
+    name = "acl"
+    stateless = true
+    rules = [ { direction = "egress", protocol = "udp" } ]
+    [[port]]
+    name = "vm"
+    type = "gen"
+    security_groups = ["acl"]
+    "#;
+        let fw = Firewall::from_config(&Config::from_toml(text).unwrap()).unwrap();
+        let v = fw.check(0, Egress, &v4(VM, OUT, 17, &udp(5000, 53)), S);
+        assert_eq!(
+            v,
+            Verdict::Allow(Allowed::Stateless(RuleRef::default()), None)
+        );
+        assert!(fw.table().is_empty());
+        // The reply needs its own rule.
+        assert!(!fw
+            .check(0, Ingress, &v4(OUT, VM, 17, &udp(53, 5000)), S)
+            .allowed());
+    }
+
+    #[test]
+    fn no_groups_no_firewall() {
+        let text = "[[port]]\nname = \"vm\"\ntype = \"gen\"\n";
+        assert!(Firewall::from_config(&Config::from_toml(text).unwrap()).is_none());
+        // A zone the firewall does not filter (port `other`).
+        let fw = egress_only();
+        let v = fw.check(1, Ingress, &v4(OUT, VM, 17, &udp(1, 2)), S);
+        assert_eq!(v, Verdict::Allow(Allowed::Unfiltered, None));
+    }
+
+    /// The two directions of each connection on two threads at once: every packet allowed,
+    /// every connection ends up replied, the counts agree.
+    #[test]
+    fn two_threads_two_directions() {
+        let fw = firewall(
+            r#"{ direction = "egress" }, { direction = "ingress", protocol = "udp", remote = "192.0.2.0/24" },"#,
+            "",
+        );
+        let n = 2000u16;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for p in 0..n {
+                    assert!(fw
+                        .check(0, Egress, &v4(VM, OUT, 17, &udp(10000 + p, 53)), S)
+                        .allowed());
+                }
+            });
+            s.spawn(|| {
+                for p in 0..n {
+                    // Either direction may come first: the other then finds the entry.
+                    assert!(fw
+                        .check(0, Ingress, &v4(OUT, VM, 17, &udp(53, 10000 + p)), S)
+                        .allowed());
+                }
+            });
+        });
+        assert_eq!(fw.table().len(), u32::from(n));
+        assert_eq!(fw.sessions(0), u32::from(n));
+        let mut replied = 0;
+        fw.table().for_each(S, |e| {
+            replied += u32::from(e.state == CtState::Replied);
+            true
+        });
+        assert_eq!(replied, u32::from(n));
+    }
+}

@@ -1,0 +1,208 @@
+//! Security-group rules compiled for the data path: per port and direction, a flat list of
+//! the rules of the port's groups, with `remote_group` resolved to the member ports'
+//! addresses. Only a packet that no tracked connection knows is matched against it (a new
+//! connection, or a packet of a stateless rule), so its cost is paid once per connection.
+
+use qswitch_api::config::{
+    Config, IpPrefix, RuleDirection, RuleEthertype, RuleRemote, SecurityGroupConfig,
+};
+use qswitch_wire::ct::{CtKey, CtPacket, L4};
+use qswitch_wire::flow::IpPair;
+
+use super::conntrack::RuleRef;
+
+/// A rule ready to match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Group and index, for trace and counters.
+    pub id: RuleRef,
+    /// The group is stateless: a match allows the packet and tracks nothing.
+    pub stateless: bool,
+    v4: bool,
+    v6: bool,
+    proto: Option<u8>,
+    ports: Vec<(u16, u16)>,
+    icmp_type: Option<u8>,
+    icmp_code: Option<u8>,
+    /// `None`: any address; `Some`: one of these (an empty list matches nothing: a
+    /// `remote_group` with no addresses).
+    remote: Option<Vec<IpPrefix>>,
+}
+
+impl Rule {
+    /// Whether the rule allows `p`, where `remote` is the address at the other end (the
+    /// source for ingress, the destination for egress).
+    #[inline]
+    pub fn matches(&self, p: &CtPacket) -> bool {
+        let v6 = p.key.is_ipv6();
+        if !(if v6 { self.v6 } else { self.v4 }) {
+            return false;
+        }
+        if self.proto.is_some_and(|n| n != p.key.proto) {
+            return false;
+        }
+        if !self.ports.is_empty()
+            && !self
+                .ports
+                .iter()
+                .any(|&(lo, hi)| (lo..=hi).contains(&p.key.dst))
+        {
+            return false;
+        }
+        if let Some(t) = self.icmp_type {
+            let (ty, code) = match p.l4 {
+                L4::Echo { request, .. } => match (v6, request) {
+                    (false, true) => (8, 0),
+                    (false, false) => (0, 0),
+                    (true, true) => (128, 0),
+                    (true, false) => (129, 0),
+                },
+                L4::IcmpError { ty, code, .. } | L4::IcmpOther { ty, code } => (ty, code),
+                _ => return false,
+            };
+            if ty != t || self.icmp_code.is_some_and(|c| c != code) {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn remote_matches(&self, remote: std::net::IpAddr) -> bool {
+        match &self.remote {
+            None => true,
+            Some(prefixes) => prefixes.iter().any(|p| p.contains(remote)),
+        }
+    }
+}
+
+/// The rules that filter one port.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortRules {
+    /// Toward the port's VM.
+    pub ingress: Vec<Rule>,
+    /// From the port's VM.
+    pub egress: Vec<Rule>,
+    /// The port's `max_sessions`.
+    pub max_sessions: Option<u32>,
+}
+
+impl PortRules {
+    /// The first rule of `direction` that allows `p`.
+    #[inline]
+    pub fn first_match(&self, direction: RuleDirection, p: &CtPacket) -> Option<&Rule> {
+        let (rules, remote) = match direction {
+            RuleDirection::Ingress => (&self.ingress, src(&p.key)),
+            RuleDirection::Egress => (&self.egress, dst(&p.key)),
+        };
+        rules
+            .iter()
+            .find(|r| r.matches(p) && r.remote_matches(remote))
+    }
+}
+
+fn src(k: &CtKey) -> std::net::IpAddr {
+    match k.ips {
+        IpPair::V4 { src, .. } => src.into(),
+        IpPair::V6 { src, .. } => src.into(),
+    }
+}
+
+fn dst(k: &CtKey) -> std::net::IpAddr {
+    match k.ips {
+        IpPair::V4 { dst, .. } => dst.into(),
+        IpPair::V6 { dst, .. } => dst.into(),
+    }
+}
+
+/// Every filtered port's rules, indexed like the config's ports (the zone of a port is its
+/// index), and the group names for showing a [`RuleRef`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleSet {
+    /// `None`: the port is not filtered.
+    pub ports: Vec<Option<PortRules>>,
+    /// Group names, by [`RuleRef::group`].
+    pub groups: Vec<String>,
+}
+
+impl RuleSet {
+    /// Compiles the config's groups for its ports. The config has been validated (groups
+    /// named by ports and rules exist).
+    pub fn compile(config: &Config) -> RuleSet {
+        let groups: Vec<String> = config
+            .security_groups
+            .iter()
+            .map(|g| g.name.clone())
+            .collect();
+        let find = |name: &str| config.security_groups.iter().position(|g| g.name == name);
+        // The addresses of the members of a group: the `security.ips` of its ports.
+        let members = |name: &str| -> Vec<IpPrefix> {
+            config
+                .ports
+                .iter()
+                .filter(|p| p.security_groups.iter().any(|g| g == name))
+                .filter_map(|p| p.security.as_ref())
+                .flat_map(|s| s.ips.iter().copied())
+                .collect()
+        };
+        let ports = config
+            .ports
+            .iter()
+            .map(|p| {
+                if p.security_groups.is_empty() {
+                    return None;
+                }
+                let mut rules = PortRules {
+                    max_sessions: p.max_sessions,
+                    ..PortRules::default()
+                };
+                for name in &p.security_groups {
+                    let Some(gi) = find(name) else { continue };
+                    compile_group(gi, &config.security_groups[gi], &members, &mut rules);
+                }
+                Some(rules)
+            })
+            .collect();
+        RuleSet { ports, groups }
+    }
+
+    /// `group/index` of a rule, as trace shows it.
+    pub fn name(&self, r: RuleRef) -> String {
+        let g = self
+            .groups
+            .get(usize::from(r.group))
+            .map_or("?", String::as_str);
+        format!("{g}/{}", r.index)
+    }
+}
+
+fn compile_group(
+    gi: usize,
+    g: &SecurityGroupConfig,
+    members: &dyn Fn(&str) -> Vec<IpPrefix>,
+    out: &mut PortRules,
+) {
+    for (i, r) in g.rules.iter().enumerate() {
+        let rule = Rule {
+            id: RuleRef {
+                group: u16::try_from(gi).unwrap_or(u16::MAX),
+                index: u16::try_from(i).unwrap_or(u16::MAX),
+            },
+            stateless: g.stateless,
+            v4: r.ethertype != Some(RuleEthertype::Ipv6),
+            v6: r.ethertype != Some(RuleEthertype::Ipv4),
+            proto: r.protocol.number(),
+            ports: r.ports.as_ref().map(|p| p.0.clone()).unwrap_or_default(),
+            icmp_type: r.icmp_type,
+            icmp_code: r.icmp_code,
+            remote: match &r.remote {
+                None => None,
+                Some(RuleRemote::Prefix(p)) => Some(vec![*p]),
+                Some(RuleRemote::Group(name)) => Some(members(name)),
+            },
+        };
+        match r.direction {
+            RuleDirection::Ingress => out.ingress.push(rule),
+            RuleDirection::Egress => out.egress.push(rule),
+        }
+    }
+}
