@@ -45,6 +45,7 @@ pub mod fdb;
 pub mod ids;
 pub mod link_local;
 pub mod packet;
+pub(crate) mod pipeline;
 pub mod placement;
 pub mod policy;
 pub mod port;
