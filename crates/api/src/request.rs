@@ -207,6 +207,10 @@ pub struct TraceReport {
     pub verdict: String,
     /// Why it is dropped (a drop-counter name), when it is.
     pub drop_reason: Option<String>,
+    /// The pipeline stage that drops it ("classify", "vlan", "port_security",
+    /// "link_local", "lookup", "storm_control", ...), when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_stage: Option<String>,
     /// Source learning: "new", "refresh", "known", "move", "refused: port limit",
     /// "refused: table full" (absent when the frame is dropped before learning).
     pub learn: Option<String>,

@@ -1,4 +1,7 @@
 //! The forwarding engine: one rx burst switched to completion, with no threads and no clock.
+//! It strings together the stages of [`crate::pipeline`] (one module each, their drop
+//! reasons declared in [`crate::stats`]); [`Forwarder::decide`] is generic over a
+//! [`Tracer`], so `qswitch trace` ([`crate::trace`]) runs this same decision.
 //!
 //! ```text
 //!  Forwarder::poll(view, fdb, ingress, queue, now)
@@ -70,17 +73,19 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use qswitch_wire::l2::{self, L2Error};
-use qswitch_wire::MacAddr;
-
 use crate::fdb::{Fdb, REFRESH_NS};
 use crate::ids::PortId;
 use crate::link_local;
 use crate::packet::{Burst, BURST};
-use crate::policy::{self, Egress, Policy, StormClass};
+use crate::pipeline::classify::classify;
+use crate::pipeline::link_local::Step;
+use crate::pipeline::vlan::{self, FrameVlan};
+use crate::pipeline::{self as stage, NoTrace, Tracer};
+use crate::policy::{Egress, Policy};
 use crate::port::{Port, RxLearn};
 use crate::stats::{DropReason, DropTally};
 use crate::table::{PortEntry, PortTable, QueueList, Shared, WorkerShared};
+use qswitch_wire::MacAddr;
 
 /// What a worker switches against: the port table, its own rx queues and the flood domains,
 /// all from one epoch of the switch.
@@ -132,8 +137,14 @@ impl View {
 
     /// The policy of port `p`.
     #[inline]
-    fn policy(&self, p: PortId) -> Option<&Policy> {
+    pub(crate) fn policy(&self, p: PortId) -> Option<&Policy> {
         self.policies.get(usize::from(p.0))?.as_deref()
+    }
+
+    /// Whether some port carries tagged VLANs or has no native VLAN (the VLAN-aware path).
+    #[inline]
+    pub(crate) fn vlan_aware(&self) -> bool {
+        self.vlan_aware
     }
 
     /// The members of VLAN `vlan`'s flood domain.
@@ -156,13 +167,6 @@ impl View {
     }
 }
 
-/// One-entry caches in front of the fdb.
-#[derive(Default)]
-struct FdbCache {
-    learned: Option<(MacAddr, u16, PortId, u64)>,
-    looked_up: Option<(MacAddr, u16, Option<PortId>, u64, u64)>,
-}
-
 /// The per-worker forwarding state: the burst buffers, the per-destination lists and the
 /// fdb cache. One per worker; it is not shared.
 pub struct Forwarder {
@@ -172,6 +176,7 @@ pub struct Forwarder {
     /// Per destination port (indexed by port id): indices into the burst.
     out: Vec<Vec<u8>>,
     touched: Vec<PortId>,
+    /// Stages `learn` and `lookup`: one-entry caches in front of the fdb.
     cache: FdbCache,
     /// VLAN-aware path: each frame's VLAN, the TCI to push, and whether its buffer holds
     /// it tagged now.
@@ -186,11 +191,11 @@ pub struct Forwarder {
     gated: bool,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct FrameVlan {
-    vlan: u16,
-    tci: u16,
-    tagged: bool,
+/// One-entry caches in front of the fdb.
+#[derive(Default)]
+struct FdbCache {
+    learned: Option<(MacAddr, u16, PortId, u64)>,
+    looked_up: Option<(MacAddr, u16, Option<PortId>, u64, u64)>,
 }
 
 impl Forwarder {
@@ -281,13 +286,15 @@ impl Forwarder {
             // BPDU guard: drained, nothing switched.
             return self.drain_disabled(ingress, queue, n, drops);
         }
-        // Decided once per burst: the plain path unless VLANs or the port's policy need more.
+        // Decided once per burst: the plain path unless VLANs or the port's policy need more
+        // (as `decide`, which is this with a tracer; written out here so that the plain
+        // path is inlined into the burst as it was before the tracer).
         let pol = view
             .policy(ingress.id)
             .filter(|p| view.vlan_aware || p.active());
         let rx_bytes = match pol {
-            None => self.decide(view, fdb, ingress, n, now, drops),
-            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops),
+            None => self.decide_plain(view, fdb, ingress, n, now, drops, &mut NoTrace),
+            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops, &mut NoTrace),
         };
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(rx_bytes);
@@ -299,9 +306,12 @@ impl Forwarder {
         }
     }
 
-    /// The plain path: every port an access port, no policy on the ingress. Returns bytes.
+    /// The ingress stages of the first `n` frames of the burst from `ingress`, up to their
+    /// destinations (in the per-destination lists [`Forwarder::transmit`] sends). Returns
+    /// their bytes. Forwarding passes [`NoTrace`]; `trace` a recorder, with one frame.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    fn decide(
+    pub(crate) fn decide<T: Tracer>(
         &mut self,
         view: &View,
         fdb: &Fdb,
@@ -309,6 +319,30 @@ impl Forwarder {
         n: usize,
         now: u64,
         drops: &mut DropTally,
+        t: &mut T,
+    ) -> u64 {
+        // Decided once per burst: the plain path unless VLANs or the port's policy need more.
+        let pol = view
+            .policy(ingress.id)
+            .filter(|p| view.vlan_aware || p.active());
+        match pol {
+            None => self.decide_plain(view, fdb, ingress, n, now, drops, t),
+            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops, t),
+        }
+    }
+
+    /// The plain path: every port an access port, no policy on the ingress. Returns bytes.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn decide_plain<T: Tracer>(
+        &mut self,
+        view: &View,
+        fdb: &Fdb,
+        ingress: &PortEntry,
+        n: usize,
+        now: u64,
+        drops: &mut DropTally,
+        t: &mut T,
     ) -> u64 {
         let id = ingress.id;
         let vlan = ingress.vlan;
@@ -316,17 +350,17 @@ impl Forwarder {
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
             rx_bytes += frame.len() as u64;
-            let Some(l2) = classify(frame, drops) else {
+            let Some(l2) = classify(frame, drops, t) else {
                 continue;
             };
-            if l2.vlan.is_some() {
+            if !vlan::access(vlan, l2.vlan, t) {
                 drops.count(DropReason::VlanTagged);
                 continue;
             }
             // Learning after the link-local test, which only multicast frames pay.
             let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
-                    match link_local_step(view.policy(id), ingress, g, drops) {
+                    match stage::link_local::step(view.policy(id), ingress, g, drops, t) {
                         Step::Relay => {}
                         Step::Dropped => continue,
                         Step::Disabled => {
@@ -335,11 +369,14 @@ impl Forwarder {
                         }
                     }
                 }
-                self.learn(fdb, l2.src, vlan, id, now, i);
+                self.learn(fdb, l2.src, vlan, id, now, i, t);
+                if T::ON {
+                    t.multicast(l2.dst);
+                }
                 None
             } else {
-                self.learn(fdb, l2.src, vlan, id, now, i);
-                self.lookup(fdb, l2.dst, vlan, now)
+                self.learn(fdb, l2.src, vlan, id, now, i, t);
+                self.lookup(fdb, l2.dst, vlan, now, t)
             };
             match dst {
                 Some(p) if p == id => drops.count(DropReason::SamePort),
@@ -349,9 +386,17 @@ impl Forwarder {
                         .get(usize::from(p.0))
                         .is_some_and(|e| e.is_some()) =>
                 {
+                    if T::ON {
+                        t.unicast(p, false);
+                    }
                     self.push_out(p, i)
                 }
-                _ => self.flood(view, id, vlan, i, drops),
+                other => {
+                    if let (true, Some(p)) = (T::ON, other) {
+                        t.unusable(p, vlan);
+                    }
+                    self.flood(view, id, vlan, i, drops, t)
+                }
             }
         }
         rx_bytes
@@ -361,7 +406,7 @@ impl Forwarder {
     /// storm control. Records each frame's VLAN for [`Forwarder::transmit_vlans`].
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    fn decide_policy(
+    fn decide_policy<T: Tracer>(
         &mut self,
         view: &View,
         fdb: &Fdb,
@@ -370,32 +415,34 @@ impl Forwarder {
         n: usize,
         now: u64,
         drops: &mut DropTally,
+        t: &mut T,
     ) -> u64 {
         let id = ingress.id;
         let mut rx_bytes = 0u64;
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
             rx_bytes += frame.len() as u64;
-            let Some(l2) = classify(frame, drops) else {
+            let Some(l2) = classify(frame, drops, t) else {
                 continue;
             };
-            let (vlan, tci, tagged) = match pol.ingress_vlan(l2.vlan) {
-                Ok((v, false)) => (v, v, false),
-                Ok((v, true)) => (v, u16::from_be_bytes([frame[14], frame[15]]), true),
+            let fv = match vlan::ingress(pol, &l2, frame, t) {
+                Ok(fv) => fv,
                 Err(r) => {
                     drops.count(r);
                     continue;
                 }
             };
+            let vlan = fv.vlan;
             if pol.secure {
-                if let Some(r) = policy::security_verdict(&pol.settings.security, frame) {
+                if let Some(r) = stage::security::check(pol, frame, t) {
                     drops.count(r);
                     continue;
                 }
             }
+            // The firewall's ingress stage goes here (docs/architecture.md, the pipeline).
             let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
-                    match link_local_step(Some(pol), ingress, g, drops) {
+                    match stage::link_local::step(Some(pol), ingress, g, drops, t) {
                         Step::Relay => {}
                         Step::Dropped => continue,
                         Step::Disabled => {
@@ -404,28 +451,36 @@ impl Forwarder {
                         }
                     }
                 }
-                self.meta[i] = FrameVlan { vlan, tci, tagged };
-                self.learn(fdb, l2.src, vlan, id, now, i);
+                self.meta[i] = fv;
+                self.learn(fdb, l2.src, vlan, id, now, i, t);
+                if T::ON {
+                    t.multicast(l2.dst);
+                }
                 None
             } else {
-                self.meta[i] = FrameVlan { vlan, tci, tagged };
-                self.learn(fdb, l2.src, vlan, id, now, i);
-                self.lookup(fdb, l2.dst, vlan, now)
+                self.meta[i] = fv;
+                self.learn(fdb, l2.src, vlan, id, now, i, t);
+                self.lookup(fdb, l2.dst, vlan, now, t)
             };
             match dst {
                 Some(p) if p == id => drops.count(DropReason::SamePort),
                 Some(p) if view.policy(p).is_some_and(|d| d.egress(vlan) != Egress::No) => {
+                    if T::ON {
+                        t.unicast(p, pol.storm);
+                    }
                     self.push_out(p, i)
                 }
-                _ => {
+                other => {
+                    if let (true, Some(p)) = (T::ON, other) {
+                        t.unusable(p, vlan);
+                    }
                     if pol.storm {
-                        let class = StormClass::of(l2.dst);
-                        if !pol.storm_admit(class, now) {
-                            drops.count(class.drop_reason());
+                        if let Err(r) = stage::storm::admit(pol, l2.dst, now, t) {
+                            drops.count(r);
                             continue;
                         }
                     }
-                    self.flood(view, id, vlan, i, drops)
+                    self.flood(view, id, vlan, i, drops, t)
                 }
             }
         }
@@ -434,7 +489,18 @@ impl Forwarder {
 
     /// Frame `i` to every member of `vlan` but the ingress.
     #[inline]
-    fn flood(&mut self, view: &View, id: PortId, vlan: u16, i: usize, drops: &mut DropTally) {
+    fn flood<T: Tracer>(
+        &mut self,
+        view: &View,
+        id: PortId,
+        vlan: u16,
+        i: usize,
+        drops: &mut DropTally,
+        t: &mut T,
+    ) {
+        if T::ON {
+            t.flood(vlan);
+        }
         let mut sent = false;
         for &p in view.flood(vlan) {
             if p != id {
@@ -500,30 +566,15 @@ impl Forwarder {
                     sel.retain(|&i| {
                         let m = &mut meta[usize::from(i)];
                         let pkt = &mut pkts[usize::from(i)];
-                        match dpol.egress(m.vlan) {
-                            Egress::Untagged => {
-                                if m.tagged {
-                                    pkt.pop_vlan();
-                                    m.tagged = false;
-                                }
-                                true
-                            }
-                            Egress::Tagged => {
-                                if !m.tagged {
-                                    if !pkt.push_vlan(m.tci) {
-                                        td.count(DropReason::Oversize);
-                                        return false;
-                                    }
-                                    m.tagged = true;
-                                }
-                                true
-                            }
-                            Egress::No => {
-                                td.count(DropReason::VlanNotAllowed);
+                        match vlan::tag(pkt, m, dpol.egress(m.vlan)) {
+                            Ok(()) => true,
+                            Err(r) => {
+                                td.count(r);
                                 false
                             }
                         }
                     });
+                    // The firewall's egress stage goes here (docs/architecture.md).
                     if dst.capture.on() {
                         dst.capture.tx(w, pkts, sel, now);
                     }
@@ -573,9 +624,24 @@ impl Forwarder {
         sel.push(i as u8);
     }
 
-    /// Learns the source of frame `i`, as far as the ingress allows ([`Port::rx_learn`]).
+    /// Stage `learn`: the source (MAC, VLAN) of frame `i` on the ingress, as far as the
+    /// ingress allows ([`Port::rx_learn`]: a VXLAN port's frames from VTEPs not yet
+    /// proven), behind a one-entry cache. A tracer is told instead (a dry run).
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    fn learn(&mut self, fdb: &Fdb, mac: MacAddr, vlan: u16, port: PortId, now: u64, i: usize) {
+    fn learn<T: Tracer>(
+        &mut self,
+        fdb: &Fdb,
+        mac: MacAddr,
+        vlan: u16,
+        port: PortId,
+        now: u64,
+        i: usize,
+        t: &mut T,
+    ) {
+        if T::ON {
+            return t.learn(fdb, mac, vlan, port, now);
+        }
         if self.gated {
             return self.learn_gated(fdb, mac, vlan, port, now, i);
         }
@@ -621,8 +687,20 @@ impl Forwarder {
         }
     }
 
+    /// Stage `lookup`: where `mac` in `vlan` is known, behind a one-entry cache that holds
+    /// the fdb's generation (a flush or move is seen at once). A tracer is asked instead.
     #[inline]
-    fn lookup(&mut self, fdb: &Fdb, mac: MacAddr, vlan: u16, now: u64) -> Option<PortId> {
+    fn lookup<T: Tracer>(
+        &mut self,
+        fdb: &Fdb,
+        mac: MacAddr,
+        vlan: u16,
+        now: u64,
+        t: &mut T,
+    ) -> Option<PortId> {
+        if T::ON {
+            return t.lookup(fdb, mac, vlan, now);
+        }
         let generation = fdb.generation();
         if let Some((m, v, p, g, t)) = self.cache.looked_up {
             if m == mac && v == vlan && g == generation && now.saturating_sub(t) < REFRESH_NS {
@@ -633,61 +711,24 @@ impl Forwarder {
         self.cache.looked_up = Some((mac, vlan, p, generation, now));
         p
     }
-}
 
-/// What the link-local stage did with a frame.
-enum Step {
-    /// Relayed: the frame goes on as any multicast.
-    Relay,
-    /// Dropped and counted.
-    Dropped,
-    /// BPDU guard disabled the ingress port: the rest of the burst is dropped too.
-    Disabled,
-}
-
-/// A frame to link-local group `g` from `ingress`, whose policy is `pol` ([`crate::link_local`]):
-/// relayed only where the port's `link_local_forward` says; else counted, and a BPDU from a
-/// port with `bpdu_guard` disables it (one atomic store: the worker never blocks).
-#[cold]
-#[inline(never)]
-fn link_local_step(
-    pol: Option<&Policy>,
-    ingress: &PortEntry,
-    g: u8,
-    drops: &mut DropTally,
-) -> Step {
-    let settings = pol.map(|p| p.settings.link_local).unwrap_or_default();
-    match link_local::verdict(g, &settings) {
-        link_local::Verdict::Relay => Step::Relay,
-        link_local::Verdict::Drop(r) => {
-            drops.count(r);
-            Step::Dropped
-        }
-        link_local::Verdict::Guard => {
-            drops.count(DropReason::BpduGuard);
-            ingress.disabled.trip();
-            Step::Disabled
-        }
+    /// Loads `frame` as the burst's only frame (for `trace`).
+    pub(crate) fn load_frame(&mut self, frame: &[u8]) {
+        self.burst.pkts[0].fill(frame);
     }
-}
 
-/// Classifies a frame; a frame that cannot be switched is counted and `None`.
-#[inline]
-fn classify(frame: &[u8], drops: &mut DropTally) -> Option<l2::L2Info> {
-    match l2::classify(frame) {
-        Ok(l2) => Some(l2),
-        Err(L2Error::Runt) => {
-            drops.count(DropReason::Runt);
-            None
+    /// The destinations the last decision chose, in the order [`Forwarder::transmit`] and
+    /// [`Forwarder::transmit_vlans`] serve them (with trunks in the switch: the ports that
+    /// carry no tagged VLAN first), for `trace`. Clears the lists.
+    pub(crate) fn take_destinations(&mut self, view: &View) -> Vec<PortId> {
+        let mut out = std::mem::take(&mut self.touched);
+        if view.vlan_aware {
+            out.sort_by_key(|p| view.policy(*p).is_some_and(|d| d.trunk));
         }
-        Err(L2Error::Oversize) => {
-            drops.count(DropReason::Oversize);
-            None
+        for p in &out {
+            self.out[usize::from(p.0)].clear();
         }
-        Err(L2Error::BadSrc) => {
-            drops.count(DropReason::BadSrcMac);
-            None
-        }
+        out
     }
 }
 

@@ -60,6 +60,7 @@ pub mod firewall;
 pub mod ids;
 pub mod link_local;
 pub mod packet;
+pub(crate) mod pipeline;
 pub mod policy;
 pub mod port;
 pub mod qos;

@@ -5,7 +5,8 @@
 //! [`Policy`] is its compiled form in the port's table entry, with the storm-control token
 //! buckets and the flags the engine checks once per burst. A port with the default policy
 //! (an access port, no security, no storm limits) costs the engine nothing per frame.
-//! The VLAN rules are in [`crate::engine`].
+//! The VLAN rules are in [`crate::engine`]; the stages that apply these settings are in
+//! [`crate::pipeline`].
 //!
 //! Order per frame: VLAN admission, port security (before learning, so a refused frame
 //! teaches the fdb nothing: a spoofed source cannot take another port's address), learning,
@@ -376,12 +377,6 @@ impl Policy {
 /// Burst allowance of a storm limit: a tenth of a second's worth, at least one rx burst.
 fn storm_depth(pps: u64) -> u64 {
     (pps / 10).max(BURST as u64)
-}
-
-/// Why port security refuses a frame, if it does.
-#[inline]
-pub(crate) fn security_verdict(sec: &Security, frame: &[u8]) -> Option<DropReason> {
-    security_check(sec, frame).map(|(reason, _)| reason)
 }
 
 /// Why port security refuses a frame, if it does: the drop counter and the check that

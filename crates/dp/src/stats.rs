@@ -11,7 +11,9 @@
 //! | [`WorkerCounters`] of worker *w* | worker *w* |
 //!
 //! Workers add into these once per burst, not per packet. Drop reasons are declared once in
-//! [`DropReason`], with the name used by the CLI, JSON and (later) Prometheus.
+//! [`DropReason`], with the name used by the CLI, JSON and Prometheus and the pipeline
+//! [`Stage`] that counts them (VPP's `foreach_*_error`); the stages are declared in the
+//! same way, in pipeline order.
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
@@ -43,8 +45,76 @@ impl Counter {
     }
 }
 
+macro_rules! stages {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal, $dir:ident,)*) => {
+        /// A stage of the pipeline ([`crate::pipeline`]), in the order a frame meets them.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u8)]
+        pub enum Stage { $($(#[doc = $doc])* $variant,)* }
+
+        impl Stage {
+            /// Every stage, in pipeline order.
+            pub const ALL: &'static [Stage] = &[$(Stage::$variant,)*];
+
+            /// The stage's name (in `trace` and the docs).
+            pub fn name(self) -> &'static str {
+                match self { $(Stage::$variant => $name,)* }
+            }
+
+            /// One line saying what the stage does.
+            pub fn description(self) -> &'static str {
+                match self { $(Stage::$variant => concat!($($doc),*).trim_ascii(),)* }
+            }
+
+            /// Whether the stage runs on a frame's way in (before its destinations are
+            /// known) or out (per destination).
+            pub fn direction(self) -> Direction {
+                match self { $(Stage::$variant => Direction::$dir,)* }
+            }
+
+            /// The drop reasons the stage counts.
+            pub fn reasons(self) -> impl Iterator<Item = DropReason> {
+                DropReason::ALL.iter().copied().filter(move |r| r.stage() == self)
+            }
+        }
+    };
+}
+
+/// Which way a stage sees a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+// The pipeline, one line per stage, in the order a frame meets them (the picture is in
+// docs/architecture.md; `crate::pipeline` has a module per stage). A new stage is one line
+// here, its module and its call in the engine; its drop reasons name it below.
+stages! {
+    /// The ingress port's driver receives a burst (QoS: a port out of tokens is not polled).
+    Rx => "rx", Ingress,
+    /// The Ethernet header is read: runts, oversize frames and bad source MACs stop here.
+    Classify => "classify", Ingress,
+    /// The frame's VLAN: the access VLAN, a trunk's native VLAN, or the tag's VID.
+    Vlan => "vlan", Ingress,
+    /// Port security: source MAC and IP, DHCP and router-advertisement guards.
+    PortSecurity => "port_security", Ingress,
+    /// Link-local groups 01:80:C2:00:00:0X: dropped by group, relayed, or BPDU guard.
+    LinkLocal => "link_local", Ingress,
+    /// The source (MAC, VLAN) is learned on the ingress port.
+    Learn => "learn", Ingress,
+    /// The destination is looked up in the fdb: a known port, or the VLAN's flood domain.
+    Lookup => "lookup", Ingress,
+    /// Storm control: broadcast, multicast and unknown unicast that would be flooded.
+    StormControl => "storm_control", Ingress,
+    /// Per destination: the frame leaves untagged or tagged as the port carries its VLAN.
+    VlanTag => "vlan_tag", Egress,
+    /// The destination port's driver transmits the frames.
+    Tx => "tx", Egress,
+}
+
 macro_rules! drop_reasons {
-    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal @ $stage:ident,)*) => {
         /// Why a frame was dropped. Every drop in the datapath is counted under one of these.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u8)]
@@ -61,6 +131,14 @@ macro_rules! drop_reasons {
                 match self { $(DropReason::$variant => $name,)* }
             }
 
+            /// The pipeline stage that counts it ([`Stage`]). `oversize` (a frame that does
+            /// not fit tagged) and `vlan_not_allowed` (a destination that does not carry the
+            /// VLAN) are also counted at [`Stage::VlanTag`]; `port_disabled` also at
+            /// [`Stage::Tx`] (a destination BPDU guard disabled).
+            pub fn stage(self) -> Stage {
+                match self { $(DropReason::$variant => Stage::$stage,)* }
+            }
+
             /// One line saying what the reason means.
             pub fn description(self) -> &'static str {
                 match self { $(DropReason::$variant => concat!($($doc),*).trim_ascii(),)* }
@@ -71,75 +149,75 @@ macro_rules! drop_reasons {
 
 drop_reasons! {
     /// Shorter than an Ethernet header, or a truncated 802.1Q tag.
-    Runt => "runt",
+    Runt => "runt" @ Classify,
     /// Longer than the largest frame the switch accepts.
-    Oversize => "oversize",
+    Oversize => "oversize" @ Classify,
     /// The virtio-net header does not describe the frame (bad GSO or checksum fields).
-    BadVnetHdr => "bad_vnet_hdr",
+    BadVnetHdr => "bad_vnet_hdr" @ Rx,
     /// Source MAC address is multicast or broadcast.
-    BadSrcMac => "bad_src_mac",
+    BadSrcMac => "bad_src_mac" @ Classify,
     /// An 802.1Q-tagged frame arrived on an access port.
-    VlanTagged => "vlan_tagged",
+    VlanTagged => "vlan_tagged" @ Vlan,
     /// A trunk port does not carry the frame's VLAN (a tagged VID not in its `vlans`, an
     /// untagged frame with no native VLAN), or the destination does not.
-    VlanNotAllowed => "vlan_not_allowed",
+    VlanNotAllowed => "vlan_not_allowed" @ Vlan,
     /// Port security: the source MAC (or ARP sender / ND link-layer address) is not in the
     /// port's `macs`.
-    SrcMacNotAllowed => "src_mac_not_allowed",
+    SrcMacNotAllowed => "src_mac_not_allowed" @ PortSecurity,
     /// Port security: the source IP (or ARP sender / ND target) is not in the port's `ips`.
-    SrcIpNotAllowed => "src_ip_not_allowed",
+    SrcIpNotAllowed => "src_ip_not_allowed" @ PortSecurity,
     /// Port security: a DHCP server message from a port with `dhcp_guard`.
-    DhcpGuard => "dhcp_guard",
+    DhcpGuard => "dhcp_guard" @ PortSecurity,
     /// Port security: an IPv6 router advertisement or redirect from a port with `ra_guard`.
-    RaGuard => "ra_guard",
+    RaGuard => "ra_guard" @ PortSecurity,
     /// Storm control: broadcast frames beyond the port's limit.
-    StormBroadcast => "storm_broadcast",
+    StormBroadcast => "storm_broadcast" @ StormControl,
     /// Storm control: multicast frames beyond the port's limit.
-    StormMulticast => "storm_multicast",
+    StormMulticast => "storm_multicast" @ StormControl,
     /// Storm control: unknown-unicast (flooded) frames beyond the port's limit.
-    StormUnknownUnicast => "storm_unknown_unicast",
+    StormUnknownUnicast => "storm_unknown_unicast" @ StormControl,
     /// Link-local: an STP BPDU (to 01:80:C2:00:00:00), never relayed unless the port's
     /// `link_local_forward` has `stp`.
-    Bpdu => "bpdu",
+    Bpdu => "bpdu" @ LinkLocal,
     /// Link-local: a PAUSE frame (to 01:80:C2:00:00:01), never relayed.
-    Pause => "pause",
+    Pause => "pause" @ LinkLocal,
     /// Link-local: a slow-protocols frame (LACP, marker; to 01:80:C2:00:00:02), never relayed.
-    SlowProtocols => "slow_protocols",
+    SlowProtocols => "slow_protocols" @ LinkLocal,
     /// Link-local: an 802.1X EAPOL frame (to 01:80:C2:00:00:03), never relayed unless the
     /// port's `link_local_forward` has `eapol`.
-    Eapol => "eapol",
+    Eapol => "eapol" @ LinkLocal,
     /// Link-local: an LLDP frame (to 01:80:C2:00:00:0E), never relayed unless the port's
     /// `link_local_forward` has `lldp`.
-    Lldp => "lldp",
+    Lldp => "lldp" @ LinkLocal,
     /// Link-local: a frame to another of 01:80:C2:00:00:04-0D, 0F, never relayed unless the
     /// port's `link_local_forward` has its group.
-    LinkLocal => "link_local",
+    LinkLocal => "link_local" @ LinkLocal,
     /// A BPDU from a port with `bpdu_guard`: the port is disabled.
-    BpduGuard => "bpdu_guard",
+    BpduGuard => "bpdu_guard" @ LinkLocal,
     /// The port is disabled (BPDU guard) until `qswitch port enable`: nothing is received
     /// from it or sent to it.
-    PortDisabled => "port_disabled",
+    PortDisabled => "port_disabled" @ LinkLocal,
     /// The destination MAC was learned on the ingress port.
-    SamePort => "same_port",
+    SamePort => "same_port" @ Lookup,
     /// A flood found no other port in the ingress port's VLAN.
-    NoDestination => "no_destination",
+    NoDestination => "no_destination" @ Lookup,
     /// Reading from the port failed.
-    RxError => "rx_error",
+    RxError => "rx_error" @ Rx,
     /// The destination queue was full.
-    TxFull => "tx_full",
+    TxFull => "tx_full" @ Tx,
     /// Writing to the destination failed.
-    TxError => "tx_error",
+    TxError => "tx_error" @ Tx,
     /// The destination's interface is down (a TAP not up yet, or set down), so the kernel
     /// refused the write.
-    LinkDown => "link_down",
+    LinkDown => "link_down" @ Tx,
     /// A guest's descriptor chain was malformed (out of memory, looping, too long, ...).
-    BadDescriptor => "bad_descriptor",
+    BadDescriptor => "bad_descriptor" @ Tx,
     /// The destination has no usable queue (not connected, or no queue enabled).
-    NoQueue => "no_queue",
+    NoQueue => "no_queue" @ Tx,
     /// A TSO frame the destination cannot take could not be segmented.
-    Offload => "offload",
+    Offload => "offload" @ Tx,
     /// A guest sent a GSO frame of a kind it did not negotiate (HOST_TSO4/TSO6/ECN, UFO).
-    OffloadNotNegotiated => "offload_not_negotiated",
+    OffloadNotNegotiated => "offload_not_negotiated" @ Rx,
 }
 
 /// Per-reason drop counters.
@@ -195,6 +273,13 @@ impl DropTally {
     pub fn count_n(&mut self, reason: DropReason, n: u32) {
         self.counts[reason as usize] += n;
         self.touched |= 1 << reason as u32;
+    }
+    /// The reasons counted (and how many of each), in declaration order.
+    pub fn reasons(&self) -> impl Iterator<Item = (DropReason, u32)> + '_ {
+        DropReason::ALL
+            .iter()
+            .map(|&r| (r, self.counts[r as usize]))
+            .filter(|&(_, n)| n != 0)
     }
     pub fn total(&self) -> u64 {
         self.counts.iter().map(|&n| u64::from(n)).sum()
@@ -287,6 +372,26 @@ mod tests {
             DropReason::Runt.description(),
             "Shorter than an Ethernet header, or a truncated 802.1Q tag."
         );
+    }
+
+    #[test]
+    fn every_reason_belongs_to_a_stage_in_pipeline_order() {
+        let mut names: Vec<_> = Stage::ALL.iter().map(|s| s.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Stage::ALL.len());
+        for (i, s) in Stage::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i);
+            assert!(!s.description().is_empty());
+        }
+        let counted: usize = Stage::ALL.iter().map(|s| s.reasons().count()).sum();
+        assert_eq!(counted, DropReason::COUNT);
+        assert_eq!(DropReason::Runt.stage(), Stage::Classify);
+        assert_eq!(DropReason::BpduGuard.stage(), Stage::LinkLocal);
+        // Ingress stages come before egress stages.
+        let dirs: Vec<_> = Stage::ALL.iter().map(|s| s.direction()).collect();
+        let first_egress = dirs.iter().position(|d| *d == Direction::Egress).unwrap();
+        assert!(dirs[first_egress..].iter().all(|d| *d == Direction::Egress));
     }
 
     #[test]

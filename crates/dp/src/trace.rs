@@ -1,68 +1,51 @@
 //! `trace`: what the switch would do with one frame arriving on a port, and why — a dry run
 //! of the engine's decision, like OVS's `ofproto/trace`.
 //!
-//! It follows the engine's order ([`crate::engine`], [`crate::policy`]): classify; VLAN
-//! admission (access port, trunk with or without a native VLAN: the VLAN the frame is
-//! switched in, or `vlan_tagged` / `vlan_not_allowed`); port security (the check that
-//! refuses the frame, if one does); link-local groups ([`crate::link_local`]: relayed,
-//! dropped by group, or BPDU guard); learning and lookup in that VLAN; storm control for a
-//! frame that would be flooded (its class, and whether the class's bucket holds a frame
-//! now); the destinations (a known one that carries the VLAN, else the VLAN's flood domain
-//! minus the ingress, in the order the engine transmits); and per destination whether the
-//! frame leaves untagged or tagged with its VID, with the destination's QoS and vRSS.
+//! It runs the engine's own decision ([`crate::engine::Forwarder::decide`], the stages of
+//! [`crate::pipeline`]) on a forwarder of its own, with a [`Recorder`] as the
+//! [`Tracer`]: each stage tells it its verdict (classify; VLAN admission: the VLAN the
+//! frame is switched in, or `vlan_tagged` / `vlan_not_allowed`; port security: the check
+//! that refuses the frame, if one does; link-local groups: relayed, dropped by group, or
+//! BPDU guard; learning and lookup in that VLAN; storm control for a frame that would be
+//! flooded: its class, and whether the class's bucket holds a frame now), and the
+//! destinations are the forwarder's, in the order the engine transmits. Then, per
+//! destination, whether the frame leaves untagged or tagged with its VID, with the
+//! destination's QoS and vRSS.
 //!
-//! It changes nothing: no learning, no counters, no tokens (storm buckets are read with
-//! [`crate::policy::Policy::storm_peek`]). The engine's per-frame loop is not shared (it
-//! keeps per-burst caches and batch state that a pure function would have to thread
-//! through); the decisions that have rules of their own are: VLAN admission
-//! ([`crate::policy::Policy::ingress_vlan`]), port security
-//! ([`crate::policy::security_check`]), the storm class ([`crate::policy::StormClass::of`])
-//! and egress encoding ([`crate::policy::Policy::egress`]) are the engine's own functions;
-//! the rest is repeated here, and `crates/dp/tests/capture.rs` and
-//! `crates/dp/tests/policy.rs` check on the manual engine that the two agree.
+//! It changes nothing: with a tracer the stages that change shared state run dry (no
+//! learning, no storm tokens taken, no port disabled: the recorder is asked what they would
+//! do), and the drops are counted in a tally of its own. `crates/dp/tests/capture.rs` and
+//! `crates/dp/tests/policy.rs` check on the manual engine that trace and forwarding agree.
 
 use std::sync::Arc;
 
 use qswitch_api::request::{TraceEgress, TraceFdb, TraceQos, TraceReport, TraceRss, TraceStorm};
-use qswitch_wire::l2::{self, L2Error, MAX_FRAME_LEN};
+use qswitch_wire::l2::{L2Error, L2Info, MAX_FRAME_LEN};
+use qswitch_wire::MacAddr;
 
-use crate::fdb::{Fdb, MAX_ENTRIES, MOVES_PER_SEC};
+use crate::engine::{Forwarder, View};
+use crate::fdb::{Fdb, Learned, MAX_ENTRIES, MOVES_PER_SEC};
 use crate::ids::PortId;
-use crate::link_local;
-use crate::policy::{self, Egress, Policy, StormClass};
+use crate::link_local::{self, Verdict};
+use crate::pipeline::vlan::FrameVlan;
+use crate::pipeline::Tracer;
+use crate::policy::{Egress, Policy, StormClass};
 use crate::port::Device;
 use crate::rss::Toeplitz;
-use crate::stats::DropReason;
+use crate::stats::{DropReason, DropTally};
 use crate::table::{PortEntry, PortTable};
 
 /// The dry run of `frame` arriving on `ingress`, against `table` and `fdb` at `now`.
 pub fn trace(
-    table: &PortTable,
+    table: &Arc<PortTable>,
     fdb: &Fdb,
     ingress: &PortEntry,
     frame: &[u8],
     now: u64,
 ) -> TraceReport {
-    let name = |p: PortId| {
-        table
-            .get(usize::from(p.0))
-            .and_then(Option::as_ref)
-            .map_or_else(|| format!("#{}", p.0), |e| e.config.name.clone())
-    };
-    // The policies as a worker's view holds them (engine::View::new).
-    let policies: Vec<Option<Arc<Policy>>> = table
-        .iter()
-        .map(|slot| slot.as_ref().map(|e| e.policy.load_full()))
-        .collect();
-    let policy_of = |p: PortId| policies.get(usize::from(p.0)).and_then(|x| x.as_deref());
-    let vlan_aware = policies
-        .iter()
-        .flatten()
-        .any(|p| p.trunk || p.native.is_none());
+    // The view a worker would switch against (with no queues of its own).
+    let view = View::new(table.clone(), Arc::new(Vec::new()));
     let pol = ingress.policy.load_full();
-    // The engine decides once per burst: the plain path unless VLANs or the port's policy
-    // need more.
-    let policy_path = vlan_aware || pol.active();
     let mut r = TraceReport {
         port: ingress.config.name.clone(),
         vlan: ingress.vlan,
@@ -73,6 +56,7 @@ pub fn trace(
         ether_type: None,
         verdict: "drop".into(),
         drop_reason: None,
+        drop_stage: None,
         learn: None,
         security: None,
         fdb: None,
@@ -102,275 +86,62 @@ pub fn trace(
         .push(format!("ingress QoS: {}", qos_text(&r.ingress_qos)));
     let drop = |r: &mut TraceReport, why: DropReason| {
         r.drop_reason = Some(why.name().into());
+        r.drop_stage = Some(why.stage().name().into());
         r.steps.push(format!(
-            "drop: {} (counted on the ingress rx queue)",
-            why.name()
+            "drop: {} at {} (counted on the ingress rx queue)",
+            why.name(),
+            why.stage().name()
         ));
     };
+    // As the engine's switch_burst: a disabled port's bursts are drained, nothing decided.
     if ingress.disabled.get() {
         r.steps
             .push("port disabled by bpdu_guard (until `qswitch port enable`)".into());
         drop(&mut r, DropReason::PortDisabled);
         return r;
     }
-    let l2 = match l2::classify(frame) {
-        Ok(l2) => l2,
-        Err(e) => {
-            let why = match e {
-                L2Error::Runt => DropReason::Runt,
-                L2Error::Oversize => DropReason::Oversize,
-                L2Error::BadSrc => DropReason::BadSrcMac,
-            };
-            r.steps.push(format!("classify: {e:?}"));
-            drop(&mut r, why);
-            return r;
-        }
-    };
-    r.src = Some(l2.src.to_string());
-    r.dst = Some(l2.dst.to_string());
-    r.ether_type = Some(format!("{:#06x}", u16::from(l2.ethertype)));
-    r.steps.push(format!(
-        "classify: {} -> {}, ethertype {}{}",
-        l2.src,
-        l2.dst,
-        r.ether_type.as_deref().unwrap_or_default(),
-        l2.vlan
-            .map(|v| format!(", 802.1Q tag {v}"))
-            .unwrap_or_default()
-    ));
 
-    // VLAN admission (the same rule on the plain path: there every port is an access port).
-    let (vlan, tagged_in) = match pol.ingress_vlan(l2.vlan) {
-        Ok(v) => v,
-        Err(why) => {
-            r.steps.push(match l2.vlan {
-                Some(vid) if pol.trunk => {
-                    format!("VLAN: tag {vid} is not one the trunk carries ({vlans})")
-                }
-                Some(vid) => format!("VLAN: tag {vid} on an access port"),
-                None => "VLAN: untagged on a trunk without a native VLAN".to_string(),
-            });
-            drop(&mut r, why);
-            return r;
-        }
+    // The engine's decision, on a forwarder of its own, recorded.
+    let mut fwd = Forwarder::new(0);
+    fwd.set_view(&view);
+    fwd.load_frame(frame);
+    let mut rec = Recorder {
+        r,
+        view: &view,
+        pol: &pol,
+        vlans,
+        ingress: ingress.id,
+        entries: None,
+        frame_vlan: FrameVlan::default(),
+        src: None,
+        learned: false,
+        flooded: false,
     };
-    // The TCI a tag pushed on the way out carries: the received one (its priority bits
-    // kept), or the VLAN alone.
-    let tci = if tagged_in {
-        u16::from_be_bytes([frame[14], frame[15]])
-    } else {
-        vlan
-    };
-    r.vlan = vlan;
-    let source = match (tagged_in, pol.trunk) {
-        (true, _) => "tagged",
-        (false, true) => "native",
-        (false, false) => "access",
-    };
-    r.vlan_source = Some(source.into());
-    r.steps.push(match source {
-        "tagged" => format!(
-            "VLAN {vlan}: tagged (priority {}), carried by the trunk",
-            tci >> 13
-        ),
-        "native" => format!("VLAN {vlan}: untagged, the trunk's native VLAN"),
-        _ => format!("VLAN {vlan}: untagged on an access port"),
-    });
-
-    // Port security, before learning.
-    if policy_path && pol.secure {
-        match policy::security_check(&pol.settings.security, frame) {
-            Some((why, check)) => {
-                r.security = Some(check.into());
-                r.steps.push(format!("port security: {check}"));
-                drop(&mut r, why);
-                return r;
-            }
-            None => {
-                r.security = Some("pass".into());
-                r.steps.push("port security: pass".into());
-            }
-        }
+    let mut drops = DropTally::default();
+    fwd.decide(&view, fdb, ingress, 1, now, &mut drops, &mut rec);
+    let tagged_in = rec.frame_vlan.tagged;
+    let (vlan, tci) = (rec.frame_vlan.vlan, rec.frame_vlan.tci);
+    let flooded = rec.flooded;
+    let mut r = rec.r;
+    let out = fwd.take_destinations(&view);
+    if flooded {
+        let names: Vec<String> = out.iter().map(|&p| name(table, p)).collect();
+        r.steps.push(format!(
+            "flood: VLAN {vlan} members except {}: [{}]",
+            r.port,
+            names.join(", ")
+        ));
     }
-
-    // Link-local groups (crate::link_local): never relayed unless the port says so.
-    if let Some(g) = l2
-        .dst
-        .is_multicast()
-        .then(|| link_local::group(l2.dst))
-        .flatten()
-    {
-        let what = format!(
-            "link-local: {} is 01:80:c2:00:00:0{g:x}, {}",
-            l2.dst,
-            link_local::protocol(g)
-        );
-        match link_local::verdict(g, &pol.settings.link_local) {
-            link_local::Verdict::Relay => {
-                r.steps
-                    .push(format!("{what}: relayed (link_local_forward)"));
-            }
-            link_local::Verdict::Drop(why) => {
-                r.steps.push(format!("{what}: not relayed"));
-                drop(&mut r, why);
-                return r;
-            }
-            link_local::Verdict::Guard => {
-                r.steps.push(format!(
-                    "{what}: bpdu_guard would disable the port (nothing more received from or sent to it until `qswitch port enable`)"
-                ));
-                drop(&mut r, DropReason::BpduGuard);
-                return r;
-            }
-        }
+    if let Some((why, _)) = drops.reasons().next() {
+        drop(&mut r, why);
+        return r;
     }
-
-    // Learning (as Fdb::learn would decide, without doing it).
-    let entries = fdb.entries(now);
-    let find = |mac, v| entries.iter().find(|e| e.mac == mac && e.vlan == v);
-    let learn = match find(l2.src, vlan) {
-        Some(e) if e.port == ingress.id => {
-            if e.age_ns > crate::fdb::REFRESH_NS {
-                "refresh".to_string()
-            } else {
-                "known".to_string()
-            }
-        }
-        Some(e) => format!(
-            "move from {} (unless it moved more than {MOVES_PER_SEC} times in the last second: flap, not moved)",
-            name(e.port)
-        ),
-        None => {
-            let st = fdb.port_stats(ingress.id);
-            if fdb.len() >= MAX_ENTRIES {
-                "refused: table full".to_string()
-            } else if st.entries >= st.limit {
-                format!("refused: port limit ({}/{})", st.entries, st.limit)
-            } else {
-                "new".to_string()
-            }
-        }
-    };
-    r.steps
-        .push(format!("learn: {} on VLAN {vlan} -> {learn}", l2.src));
-    r.learn = Some(learn);
-
-    // Lookup: after learning (the frame's own source is known by then).
-    let dst = if l2.dst.is_multicast() {
-        r.steps
-            .push(format!("lookup: {} is multicast/broadcast", l2.dst));
-        None
-    } else if l2.dst == l2.src
-        && r.learn
-            .as_deref()
-            .is_some_and(|l| !l.starts_with("refused"))
-    {
-        Some(ingress.id)
-    } else {
-        match find(l2.dst, vlan) {
-            Some(e) => {
-                r.fdb = Some(TraceFdb {
-                    port: name(e.port),
-                    age_ms: e.age_ns / 1_000_000,
-                });
-                r.steps.push(format!(
-                    "lookup: {} on VLAN {vlan} -> port {} (seen {} ms ago)",
-                    l2.dst,
-                    name(e.port),
-                    e.age_ns / 1_000_000
-                ));
-                Some(e.port)
-            }
-            None => {
-                r.steps
-                    .push(format!("lookup: {} on VLAN {vlan} -> unknown", l2.dst));
-                None
-            }
-        }
-    };
-    // A known destination is used if it is in the table (plain path) / carries the VLAN.
-    let usable = |p: PortId| {
-        if policy_path {
-            policy_of(p).is_some_and(|d| d.egress(vlan) != Egress::No)
-        } else {
-            table.get(usize::from(p.0)).is_some_and(|e| e.is_some())
-        }
-    };
-    let mut out: Vec<&PortEntry> = Vec::new();
-    match dst {
-        Some(p) if p == ingress.id => {
-            drop(&mut r, DropReason::SamePort);
-            return r;
-        }
-        Some(p) if usable(p) => {
-            r.verdict = "unicast".into();
-            out.extend(table[usize::from(p.0)].as_deref());
-            if policy_path && pol.storm {
-                r.steps
-                    .push("storm control: not applied (known destination)".into());
-            }
-        }
-        _ => {
-            if let Some(p) = dst {
-                r.steps.push(format!(
-                    "lookup: port {} is gone or does not carry VLAN {vlan}: flood instead",
-                    name(p)
-                ));
-            }
-            if policy_path && pol.storm {
-                let class = StormClass::of(l2.dst);
-                let peek = pol.storm_peek(class, now);
-                let admit = peek.is_none_or(|(_, tokens)| tokens >= 1);
-                r.steps.push(match peek {
-                    Some((pps, tokens)) => format!(
-                        "storm control: {} limit {pps}/s, bucket holds {tokens} frames -> {}",
-                        class.name(),
-                        if admit { "pass" } else { "over the limit" }
-                    ),
-                    None => format!("storm control: {}, no limit -> pass", class.name()),
-                });
-                r.storm = Some(TraceStorm {
-                    class: class.name().into(),
-                    limit_pps: peek.map(|(pps, _)| pps),
-                    tokens: peek.map(|(_, t)| t),
-                    admit,
-                });
-                if !admit {
-                    drop(&mut r, class.drop_reason());
-                    return r;
-                }
-            }
-            // The flood domain (engine::View::flood): the ports that carry the VLAN, in
-            // table order.
-            out.extend(
-                table
-                    .iter()
-                    .flatten()
-                    .filter(|e| {
-                        e.id != ingress.id
-                            && policy_of(e.id).is_some_and(|d| d.egress(vlan) != Egress::No)
-                    })
-                    .map(|e| &**e),
-            );
-            let names: Vec<&str> = out.iter().map(|e| e.config.name.as_str()).collect();
-            r.steps.push(format!(
-                "flood: VLAN {vlan} members except {}: [{}]",
-                r.port,
-                names.join(", ")
-            ));
-            if out.is_empty() {
-                drop(&mut r, DropReason::NoDestination);
-                return r;
-            }
-            r.verdict = "flood".into();
-        }
-    }
-    // With trunks in the switch the engine serves the ports that carry no tagged VLAN first,
-    // then the trunks (engine::Forwarder::transmit_vlans).
-    if vlan_aware {
-        out.sort_by_key(|e| policy_of(e.id).is_some_and(|d| d.trunk));
-    }
-    for e in out {
+    r.verdict = if flooded { "flood" } else { "unicast" }.into();
+    let vlan_aware = view.vlan_aware();
+    for p in out {
+        let Some(Some(e)) = table.get(usize::from(p.0)) else {
+            continue;
+        };
         if e.disabled.get() {
             r.steps.push(format!(
                 "output: {}: disabled by bpdu_guard, dropped there (port_disabled, counted on its tx)",
@@ -378,7 +149,7 @@ pub fn trace(
             ));
             continue;
         }
-        let enc = match policy_of(e.id) {
+        let enc = match view.policy(p) {
             Some(d) if vlan_aware => d.egress(vlan),
             _ => Egress::Untagged,
         };
@@ -415,6 +186,236 @@ pub fn trace(
         r.egress.push(eg);
     }
     r
+}
+
+/// A port's name (`#id` for a port gone from the table).
+fn name(table: &PortTable, p: PortId) -> String {
+    table
+        .get(usize::from(p.0))
+        .and_then(Option::as_ref)
+        .map_or_else(|| format!("#{}", p.0), |e| e.config.name.clone())
+}
+
+/// The tracer of `trace`: each stage's verdict in words, into the report.
+struct Recorder<'a> {
+    r: TraceReport,
+    view: &'a View,
+    pol: &'a Policy,
+    /// The ingress port's tagged VLANs, in words.
+    vlans: String,
+    ingress: PortId,
+    /// The fdb as of `now`, read at the first stage that needs it.
+    entries: Option<Vec<Learned>>,
+    /// The frame's VLAN, as the `vlan` stage decided.
+    frame_vlan: FrameVlan,
+    /// The frame's source, and whether learning would take it (so a frame to itself finds
+    /// it).
+    src: Option<MacAddr>,
+    learned: bool,
+    flooded: bool,
+}
+
+impl Recorder<'_> {
+    fn name(&self, p: PortId) -> String {
+        name(&self.view.table, p)
+    }
+
+    fn find(&mut self, fdb: &Fdb, mac: MacAddr, vlan: u16, now: u64) -> Option<Learned> {
+        self.entries
+            .get_or_insert_with(|| fdb.entries(now))
+            .iter()
+            .find(|e| e.mac == mac && e.vlan == vlan)
+            .cloned()
+    }
+}
+
+impl Tracer for Recorder<'_> {
+    const ON: bool = true;
+
+    fn classified(&mut self, l2: Result<&L2Info, L2Error>) {
+        let r = &mut self.r;
+        let l2 = match l2 {
+            Ok(l2) => l2,
+            Err(e) => {
+                r.steps.push(format!("classify: {e:?}"));
+                return;
+            }
+        };
+        self.src = Some(l2.src);
+        r.src = Some(l2.src.to_string());
+        r.dst = Some(l2.dst.to_string());
+        r.ether_type = Some(format!("{:#06x}", u16::from(l2.ethertype)));
+        r.steps.push(format!(
+            "classify: {} -> {}, ethertype {}{}",
+            l2.src,
+            l2.dst,
+            r.ether_type.as_deref().unwrap_or_default(),
+            l2.vlan
+                .map(|v| format!(", 802.1Q tag {v}"))
+                .unwrap_or_default()
+        ));
+    }
+
+    fn vlan(&mut self, tag: Option<u16>, verdict: Result<FrameVlan, DropReason>) {
+        let trunk = self.pol.trunk;
+        let r = &mut self.r;
+        let fv = match verdict {
+            Ok(fv) => fv,
+            Err(_) => {
+                r.steps.push(match tag {
+                    Some(vid) if trunk => format!(
+                        "VLAN: tag {vid} is not one the trunk carries ({})",
+                        self.vlans
+                    ),
+                    Some(vid) => format!("VLAN: tag {vid} on an access port"),
+                    None => "VLAN: untagged on a trunk without a native VLAN".to_string(),
+                });
+                return;
+            }
+        };
+        self.frame_vlan = fv;
+        let (vlan, tci) = (fv.vlan, fv.tci);
+        r.vlan = vlan;
+        let source = match (fv.tagged, trunk) {
+            (true, _) => "tagged",
+            (false, true) => "native",
+            (false, false) => "access",
+        };
+        r.vlan_source = Some(source.into());
+        r.steps.push(match source {
+            "tagged" => format!(
+                "VLAN {vlan}: tagged (priority {}), carried by the trunk",
+                tci >> 13
+            ),
+            "native" => format!("VLAN {vlan}: untagged, the trunk's native VLAN"),
+            _ => format!("VLAN {vlan}: untagged on an access port"),
+        });
+    }
+
+    fn security(&mut self, refused: Option<(DropReason, &'static str)>) {
+        let check = refused.map_or("pass", |(_, check)| check);
+        self.r.security = Some(check.into());
+        self.r.steps.push(format!("port security: {check}"));
+    }
+
+    fn link_local(&mut self, g: u8, verdict: Verdict) {
+        let dst = MacAddr([0x01, 0x80, 0xc2, 0, 0, g]);
+        let what = format!(
+            "link-local: {dst} is 01:80:c2:00:00:0{g:x}, {}",
+            link_local::protocol(g)
+        );
+        self.r.steps.push(match verdict {
+            Verdict::Relay => format!("{what}: relayed (link_local_forward)"),
+            Verdict::Drop(_) => format!("{what}: not relayed"),
+            Verdict::Guard => format!(
+                "{what}: bpdu_guard would disable the port (nothing more received from or sent to it until `qswitch port enable`)"
+            ),
+        });
+    }
+
+    /// As `Fdb::learn` would decide, without doing it.
+    fn learn(&mut self, fdb: &Fdb, src: MacAddr, vlan: u16, port: PortId, now: u64) {
+        let learn = match self.find(fdb, src, vlan, now) {
+            Some(e) if e.port == port => {
+                if e.age_ns > crate::fdb::REFRESH_NS {
+                    "refresh".to_string()
+                } else {
+                    "known".to_string()
+                }
+            }
+            Some(e) => format!(
+                "move from {} (unless it moved more than {MOVES_PER_SEC} times in the last second: flap, not moved)",
+                self.name(e.port)
+            ),
+            None => {
+                let st = fdb.port_stats(port);
+                if fdb.len() >= MAX_ENTRIES {
+                    "refused: table full".to_string()
+                } else if st.entries >= st.limit {
+                    format!("refused: port limit ({}/{})", st.entries, st.limit)
+                } else {
+                    "new".to_string()
+                }
+            }
+        };
+        self.learned = !learn.starts_with("refused");
+        self.r
+            .steps
+            .push(format!("learn: {src} on VLAN {vlan} -> {learn}"));
+        self.r.learn = Some(learn);
+    }
+
+    fn lookup(&mut self, fdb: &Fdb, dst: MacAddr, vlan: u16, now: u64) -> Option<PortId> {
+        // The frame's own source, as learning would have left it.
+        if self.learned && self.src == Some(dst) {
+            return Some(self.ingress);
+        }
+        match self.find(fdb, dst, vlan, now) {
+            Some(e) => {
+                let port = self.name(e.port);
+                self.r.steps.push(format!(
+                    "lookup: {dst} on VLAN {vlan} -> port {port} (seen {} ms ago)",
+                    e.age_ns / 1_000_000
+                ));
+                self.r.fdb = Some(TraceFdb {
+                    port,
+                    age_ms: e.age_ns / 1_000_000,
+                });
+                Some(e.port)
+            }
+            None => {
+                self.r
+                    .steps
+                    .push(format!("lookup: {dst} on VLAN {vlan} -> unknown"));
+                None
+            }
+        }
+    }
+
+    fn multicast(&mut self, dst: MacAddr) {
+        self.r
+            .steps
+            .push(format!("lookup: {dst} is multicast/broadcast"));
+    }
+
+    fn unusable(&mut self, port: PortId, vlan: u16) {
+        let name = self.name(port);
+        self.r.steps.push(format!(
+            "lookup: port {name} is gone or does not carry VLAN {vlan}: flood instead"
+        ));
+    }
+
+    fn unicast(&mut self, _port: PortId, storm: bool) {
+        if storm {
+            self.r
+                .steps
+                .push("storm control: not applied (known destination)".into());
+        }
+    }
+
+    fn storm(&mut self, pol: &Policy, class: StormClass, now: u64) -> bool {
+        let peek = pol.storm_peek(class, now);
+        let admit = peek.is_none_or(|(_, tokens)| tokens >= 1);
+        self.r.steps.push(match peek {
+            Some((pps, tokens)) => format!(
+                "storm control: {} limit {pps}/s, bucket holds {tokens} frames -> {}",
+                class.name(),
+                if admit { "pass" } else { "over the limit" }
+            ),
+            None => format!("storm control: {}, no limit -> pass", class.name()),
+        });
+        self.r.storm = Some(TraceStorm {
+            class: class.name().into(),
+            limit_pps: peek.map(|(pps, _)| pps),
+            tokens: peek.map(|(_, t)| t),
+            admit,
+        });
+        admit
+    }
+
+    fn flood(&mut self, _vlan: u16) {
+        self.flooded = true;
+    }
 }
 
 /// The per-frame policy of an ingress port, in words.

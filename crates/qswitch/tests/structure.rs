@@ -8,6 +8,7 @@
 //! - `qswitch-dp`'s modules import each other without a circle, and the hot path (what runs
 //!   per frame: every module outside `control/`) imports nothing of the control side (what
 //!   runs per change: `control/`).
+//! - `qswitch trace` runs the engine's decision; each pipeline stage has its module.
 //!
 //! The source checks read each file up to its unit tests (`#[cfg(test)]` followed by
 //! `mod tests`, at the end of every file that has them); tests may start threads and keep
@@ -415,6 +416,52 @@ fn reexports_are_followed() {
     let graph = module_graph(dir.path());
     assert!(graph["engine"].contains("control::switch"), "{graph:?}");
     assert_eq!(circles(&graph), vec![vec!["control", "engine"]]);
+}
+
+/// `qswitch trace` runs the engine's decision (`Forwarder::decide` with a recorder as its
+/// tracer), not a copy of it: trace.rs calls none of the stages' rules itself, and every
+/// stage of the pipeline has its module in `crates/dp/src/pipeline/` or is the ports' (rx,
+/// tx) or the forwarder's (learn, lookup; `vlan_tag` is `pipeline/vlan.rs`).
+#[test]
+fn trace_runs_the_engines_decision() {
+    let dp = crates().join("dp/src");
+    let trace = product_code(&dp.join("trace.rs"));
+    assert!(
+        trace.contains(".decide("),
+        "trace.rs does not run Forwarder::decide"
+    );
+    for rule in [
+        "l2::classify(",
+        "ingress_vlan(",
+        "security_check(",
+        "link_local::verdict(",
+        "storm_admit(",
+        ".flood(",
+    ] {
+        assert!(
+            !trace.contains(rule),
+            "trace.rs applies `{rule}` itself: the engine's stages decide (crates/dp/src/pipeline)"
+        );
+    }
+    let stats = product_code(&dp.join("stats.rs"));
+    let stages = &stats[stats.find("stages! {").expect("the stages! list")..];
+    let stages = &stages[..stages.find("\n}").expect("end of the list")];
+    for line in stages.lines().filter(|l| l.contains("=>")) {
+        let name = line.split('"').nth(1).expect("a stage's name");
+        let module = match name {
+            // The ports' own; learn and lookup are the forwarder's (engine.rs: they keep
+            // its per-burst caches).
+            "rx" | "tx" | "learn" | "lookup" => continue,
+            "port_security" => "security",
+            "storm_control" => "storm",
+            "vlan_tag" => "vlan",
+            n => n,
+        };
+        assert!(
+            dp.join("pipeline").join(format!("{module}.rs")).exists(),
+            "stage {name} has no module crates/dp/src/pipeline/{module}.rs"
+        );
+    }
 }
 
 /// The circle check finds a circle (the check of the check).
