@@ -286,16 +286,7 @@ impl Forwarder {
             // BPDU guard: drained, nothing switched.
             return self.drain_disabled(ingress, queue, n, drops);
         }
-        // Decided once per burst: the plain path unless VLANs or the port's policy need more
-        // (as `decide`, which is this with a tracer; written out here so that the plain
-        // path is inlined into the burst as it was before the tracer).
-        let pol = view
-            .policy(ingress.id)
-            .filter(|p| view.vlan_aware || p.active());
-        let rx_bytes = match pol {
-            None => self.decide_plain(view, fdb, ingress, n, now, drops, &mut NoTrace),
-            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops, &mut NoTrace),
-        };
+        let rx_bytes = self.decide(view, fdb, ingress, n, now, drops, &mut NoTrace);
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(rx_bytes);
         drops.flush(&qc.drops);
