@@ -77,7 +77,7 @@ use crate::fdb::{Fdb, REFRESH_NS};
 use crate::ids::PortId;
 use crate::link_local;
 use crate::packet::{Burst, BURST};
-use crate::pipeline::classify::classify;
+use crate::pipeline::classify::{classify, untagged};
 use crate::pipeline::link_local::Step;
 use crate::pipeline::vlan::{self, FrameVlan};
 use crate::pipeline::{self as stage, NoTrace, Tracer};
@@ -286,16 +286,7 @@ impl Forwarder {
             // BPDU guard: drained, nothing switched.
             return self.drain_disabled(ingress, queue, n, drops);
         }
-        // Decided once per burst: the plain path unless VLANs or the port's policy need more
-        // (as `decide`, which is this with a tracer; written out here so that the plain
-        // path is inlined into the burst as it was before the tracer).
-        let pol = view
-            .policy(ingress.id)
-            .filter(|p| view.vlan_aware || p.active());
-        let rx_bytes = match pol {
-            None => self.decide_plain(view, fdb, ingress, n, now, drops, &mut NoTrace),
-            Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops, &mut NoTrace),
-        };
+        let rx_bytes = self.decide(view, fdb, ingress, n, now, drops, &mut NoTrace);
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(rx_bytes);
         drops.flush(&qc.drops);
@@ -350,16 +341,12 @@ impl Forwarder {
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
             rx_bytes += frame.len() as u64;
-            let Some(l2) = classify(frame, drops, t) else {
+            let Some((dmac, smac)) = untagged(frame, vlan, drops, t) else {
                 continue;
             };
-            if !vlan::access(vlan, l2.vlan, t) {
-                drops.count(DropReason::VlanTagged);
-                continue;
-            }
             // Learning after the link-local test, which only multicast frames pay.
-            let dst = if l2.dst.is_multicast() {
-                if let Some(g) = link_local::group(l2.dst) {
+            let dst = if dmac.is_multicast() {
+                if let Some(g) = link_local::group(dmac) {
                     match stage::link_local::step(view.policy(id), ingress, g, drops, t) {
                         Step::Relay => {}
                         Step::Dropped => continue,
@@ -369,14 +356,14 @@ impl Forwarder {
                         }
                     }
                 }
-                self.learn(fdb, l2.src, vlan, id, now, i, t);
+                self.learn(fdb, smac, vlan, id, now, i, t);
                 if T::ON {
-                    t.multicast(l2.dst);
+                    t.multicast(dmac);
                 }
                 None
             } else {
-                self.learn(fdb, l2.src, vlan, id, now, i, t);
-                self.lookup(fdb, l2.dst, vlan, now, t)
+                self.learn(fdb, smac, vlan, id, now, i, t);
+                self.lookup(fdb, dmac, vlan, now, t)
             };
             match dst {
                 Some(p) if p == id => drops.count(DropReason::SamePort),
