@@ -388,10 +388,13 @@ impl CtTable {
         None
     }
 
-    /// Adds a connection (its key must not be in the table: look first). Fails when the
-    /// switch-wide limit, the zone's `zone_max` or the shard is full; expired entries of
-    /// the shard are reclaimed first in the last case.
-    pub fn insert(&self, entry: Entry, now: u64, zone_max: Option<u32>) -> Result<(), Full> {
+    /// Adds a connection (look first: this is for keys [`CtTable::with`] did not find).
+    /// Returns `Ok(false)` and adds nothing when the connection is there after all, in
+    /// either direction: the other direction's worker added it between the look and this
+    /// call (both directions hash to the same bucket, and the check runs under its lock).
+    /// Fails when the switch-wide limit, the zone's `zone_max` or the shard is full;
+    /// expired entries of the shard are reclaimed first in the last case.
+    pub fn insert(&self, entry: Entry, now: u64, zone_max: Option<u32>) -> Result<bool, Full> {
         if self.count.fetch_add(1, Ordering::Relaxed) >= self.max {
             self.count.fetch_sub(1, Ordering::Relaxed);
             return Err(Full::Switch);
@@ -407,6 +410,18 @@ impl CtTable {
         let h = self.hash(entry.zone, &entry.key);
         let (shard, bucket) = self.locate(h);
         let mut s = shard.lock();
+        let reversed = entry.key.reversed();
+        let mut i = s.buckets[bucket];
+        while i != NIL {
+            let e = &s.entries[i as usize];
+            if e.zone == entry.zone && e.expires > now && (e.key == entry.key || e.key == reversed)
+            {
+                drop(s);
+                self.gone(entry.zone, 1);
+                return Ok(false);
+            }
+            i = e.next;
+        }
         if s.free == NIL {
             s.sweep(now, None, self);
         }
@@ -422,7 +437,7 @@ impl CtTable {
         };
         s.buckets[bucket] = i;
         s.used += 1;
-        Ok(())
+        Ok(true)
     }
 
     /// Calls `f` on every live entry, one shard at a time; stops when `f` returns false.

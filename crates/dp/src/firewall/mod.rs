@@ -254,6 +254,19 @@ impl Firewall {
 
     /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
     pub fn check(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
+        self.check_once(zone, direction, frame, now, true)
+    }
+
+    /// [`Firewall::check`]; `retry`: whether to look again when another worker added the
+    /// connection (its other direction) between this one's look and its insert.
+    fn check_once(
+        &self,
+        zone: u32,
+        direction: RuleDirection,
+        frame: &[u8],
+        now: u64,
+        retry: bool,
+    ) -> Verdict {
         let Some(counters) = self.zones.get(zone as usize) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
         };
@@ -319,10 +332,14 @@ impl Firewall {
             };
         }
         match self.table.insert(entry, now, port.max_sessions) {
-            Ok(()) => {
+            Ok(true) => {
                 counters.new.fetch_add(1, Ordering::Relaxed);
                 Verdict::Allow(Allowed::New(rule.id), Some(state))
             }
+            // Another worker tracked it first (the other direction): this packet belongs
+            // to that connection, so its state machine judges it.
+            Ok(false) if retry => self.check_once(zone, direction, frame, now, false),
+            Ok(false) => Verdict::Allow(Allowed::New(rule.id), Some(state)),
             Err(_) => {
                 counters.ct_limit.fetch_add(1, Ordering::Relaxed);
                 Verdict::Deny(Denied::Limit, None)
