@@ -284,6 +284,12 @@ async fn accept_loop(listener: Listener, daemon: &Arc<Daemon>, term: &AtomicBool
                 answered,
                 abort: Some(task.abort_handle()),
             });
+        // Let the connections' tasks run before the next accept: an accept that is ready at
+        // once does not yield (tokio's budget allows a long run of them), so a crowd that
+        // reconnects as fast as it is evicted could otherwise evict, one by one, a newcomer
+        // whose whole request is already waiting in its socket, before its task ever read
+        // it (and marked it answered).
+        tokio::task::yield_now().await;
     }
 }
 
