@@ -168,7 +168,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "overlay",
-        about: "iperf3 TCP VM netns -> VM netns across two namespace-hosts: qswitch VXLAN vs Linux bridge + vxlan",
+        about: "iperf3 TCP VM netns -> VM netns across two namespace-hosts: qswitch VXLAN (TAP and veth ports) vs Linux bridge + vxlan",
         run: overlay::run,
         only: true,
     },

@@ -1,6 +1,8 @@
 //! `qswitch bench overlay`: VM namespace ↔ VM namespace across two namespace-hosts joined by
-//! a veth underlay, (a) through a qswitch per host (TAP port + VXLAN port, VNI 100) and (b)
-//! through a Linux bridge + vxlan device per host; iperf3 TCP, interleaved runs.
+//! a veth underlay, (a) through a qswitch per host (TAP port + VXLAN port, VNI 100), (b)
+//! through a Linux bridge + vxlan device per host, and (c) as (a) with the VMs on veth ports
+//! (the container's case: the kernel fast path for local unicast, the userspace VXLAN port
+//! across hosts); iperf3 TCP, interleaved runs. The ratios printed: (a) / (b) and (c) / (b).
 //!
 //! ```text
 //!   vmA ── TAP/veth ── [host A: qswitch | br+vxlan] ══ veth 10.97.0.1 ↔ 10.97.0.2 ══ [host B] ── vmB
@@ -14,7 +16,7 @@ use super::{
 use crate::netns::{self, ChildGuard, Netns};
 use crate::topology::RemoveDir;
 
-const NAMES: [&str; 2] = ["qswitch-vxlan", "linux-vxlan"];
+const NAMES: [&str; 3] = ["qswitch-vxlan", "linux-vxlan", "qswitch-vxlan-veth"];
 
 /// Field order is drop order: daemons, then namespaces.
 struct OverlayTopo {
@@ -59,7 +61,8 @@ fn vm_in(host: &Netns, ifname: &str, vm: &Netns, addr: &str) -> anyhow::Result<(
     Ok(())
 }
 
-fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<OverlayTopo> {
+/// A qswitch per host; the VMs on TAP ports, or with `veth` on veth ports (fast path on).
+fn setup_qswitch(id: u32, workers: &str, veth: bool) -> anyhow::Result<OverlayTopo> {
     let (ha, hb) = underlay(id)?;
     let vm_a = Netns::create(&format!("qsbench-ov-va-{id}"))?;
     let vm_b = Netns::create(&format!("qsbench-ov-vb-{id}"))?;
@@ -76,12 +79,29 @@ fn setup_qswitch(id: u32, workers: &str) -> anyhow::Result<OverlayTopo> {
     {
         let control = dir.0.join(format!("control{i}.sock"));
         let config = dir.0.join(format!("qswitch{i}.toml"));
+        // The VM's end is `qsovt{i}` either way ([`vm_in`] moves it into the VM).
+        let vm_port = if veth {
+            host.exec(&[
+                "ip",
+                "link",
+                "add",
+                &format!("qsovp{i}"),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &format!("qsovt{i}"),
+            ])?;
+            format!("type = \"veth\"\nifname = \"qsovp{i}\"\nfastpath = true\n")
+        } else {
+            format!("type = \"tap\"\nifname = \"qsovt{i}\"\n")
+        };
         std::fs::write(
             &config,
             format!(
                 "[switch]\nworkers = \"{workers}\"\ncontrol = \"{}\"\n\
                  [[port]]\nname = \"vx\"\ntype = \"vxlan\"\nvni = 100\nlocal = \"{local}\"\nremotes = [\"{remote}\"]\n\
-                 [[port]]\nname = \"vm\"\ntype = \"tap\"\nifname = \"qsovt{i}\"\n",
+                 [[port]]\nname = \"vm\"\n{vm_port}",
                 control.display()
             ),
         )?;
@@ -163,8 +183,8 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     let workers = crate::topology::worker_cpus(1)?;
     let order = super::schedule(b, "overlay", &NAMES)?;
     b.say(format_args!(
-        "{runs} round(s) of {} and {}, {seconds} s each, {streams} stream(s); qswitch workers on CPUs {workers}",
-        NAMES[0], NAMES[1]
+        "{runs} round(s) of {}, {seconds} s each, {streams} stream(s); qswitch workers on CPUs {workers}",
+        NAMES.join(", ")
     ));
     let config = serde_json::json!({
         "runs": runs,
@@ -188,8 +208,9 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             round + 1
         ));
         let topo = match c {
-            0 => setup_qswitch(b.id, &workers)?,
-            _ => setup_linux(b.id)?,
+            0 => setup_qswitch(b.id, &workers, false)?,
+            1 => setup_linux(b.id)?,
+            _ => setup_qswitch(b.id, &workers, true)?,
         };
         let r = super::iperf_run(b, &topo, (name, round + 1, seq + 1))?;
         drop(topo);
@@ -198,7 +219,11 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     }
     let (summary, ratio) = summarise(&NAMES, &results);
     let title = format!("overlay ({streams} stream(s), {seconds} s, {runs} runs each)");
-    print_table("overlay", &title, &summary, ratio.as_slice());
+    // The TAP ratio is the report's `ratio` (as before the veth contender); the veth one is
+    // printed beside it (the summary has its medians).
+    let veth_ratio = super::ratio_of(&summary[2], &summary[1]);
+    let ratios: Vec<_> = ratio.iter().chain(veth_ratio.iter()).cloned().collect();
+    print_table("overlay", &title, &summary, &ratios);
     warn_if_busy(&results);
     let svg = super::tap_tcp_svg(&title, &summary, &results);
     let report = Report {
