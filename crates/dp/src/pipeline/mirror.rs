@@ -23,7 +23,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -112,8 +112,6 @@ pub struct Session {
     sleeping: AtomicBool,
     stop: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Held for tests: while set, the thread sends nothing (a blocked destination).
-    paused: AtomicU32,
 }
 
 impl fmt::Debug for Session {
@@ -153,7 +151,6 @@ impl Session {
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
-            paused: AtomicU32::new(0),
         }
     }
 
@@ -169,11 +166,6 @@ impl Session {
     /// Copies the destination took.
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
-    }
-
-    /// Stops (or resumes) sending, for tests of a blocked destination.
-    pub fn pause(&self, on: bool) {
-        self.paused.store(u32::from(on), Ordering::Relaxed);
     }
 
     /// Starts the thread that sends the copies to `out`.
@@ -244,17 +236,15 @@ impl Session {
         let mut seq = 0u32;
         let sel: Vec<u8> = (0..BURST as u8).collect();
         while !self.stop.load(Ordering::Relaxed) {
-            if self.paused.load(Ordering::Relaxed) == 0 {
-                while slots.len() < BURST {
-                    match self.ready.pop() {
-                        Some(s) => slots.push(s),
-                        None => break,
-                    }
+            while slots.len() < BURST {
+                match self.ready.pop() {
+                    Some(s) => slots.push(s),
+                    None => break,
                 }
             }
             if slots.is_empty() {
                 self.sleeping.store(true, Ordering::SeqCst);
-                if self.ready.is_empty() || self.paused.load(Ordering::Relaxed) != 0 {
+                if self.ready.is_empty() {
                     std::thread::park_timeout(IDLE);
                 }
                 self.sleeping.store(false, Ordering::SeqCst);

@@ -100,13 +100,6 @@ impl Switch {
             .collect()
     }
 
-    /// A session by name (tests pause its thread to play a blocked destination).
-    pub fn mirror_session(&self, name: &str) -> Option<Arc<Session>> {
-        (self.control.lock().mirrors.iter())
-            .find(|s| s.config.name == name)
-            .cloned()
-    }
-
     /// The mirror session that uses port `name` (as a source or output), if any.
     pub(super) fn mirror_using(mirrors: &[Arc<Session>], name: &str) -> Option<String> {
         mirrors
