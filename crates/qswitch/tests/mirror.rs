@@ -491,7 +491,8 @@ fn erspan_reaches_a_collector_and_tshark_decodes_it() {
     let _ = &lab.ports;
 }
 
-/// Bad sessions are refused with one line, naming what is wrong.
+/// Bad sessions are refused with one line, naming what is wrong; a reload applies the
+/// file's `[[mirror]]` tables.
 #[test]
 fn bad_sessions_are_refused_with_one_line() {
     if !root_or_skip() {
@@ -538,5 +539,23 @@ fn bad_sessions_are_refused_with_one_line() {
         assert!(out.stderr.contains(want), "{full:?}: {}", out.stderr);
         assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
     }
+    assert_eq!(lab.mirrors(), serde_json::json!([]));
+    // A reload applies the file's [[mirror]] tables: added, then removed.
+    let config = lab.dir.join("qswitch.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let table = "[[mirror]]\nname = \"r\"\nsources = [\"a\"]\noutput = \"m\"\n";
+    std::fs::write(&config, format!("{text}{table}")).unwrap();
+    let out = qs(&lab.daemon.control, &["reload"]);
+    assert!(
+        out.ok() && out.stdout.contains("mirror r: added"),
+        "{out:?}"
+    );
+    assert_eq!(lab.session("r"), (0, 0, 0));
+    std::fs::write(&config, &text).unwrap();
+    let out = qs(&lab.daemon.control, &["reload"]);
+    assert!(
+        out.ok() && out.stdout.contains("mirror r: removed"),
+        "{out:?}"
+    );
     assert_eq!(lab.mirrors(), serde_json::json!([]));
 }
