@@ -141,6 +141,190 @@ pub struct Config {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub security_groups: Vec<SecurityGroupConfig>,
+    /// `[[mirror]]`: port mirroring sessions (docs/visibility.md).
+    #[serde(default, rename = "mirror", skip_serializing_if = "Vec::is_empty")]
+    pub mirrors: Vec<MirrorConfig>,
+}
+
+/// `[[mirror]]`: one mirroring session. Copies of the frames of `sources` (the way
+/// `direction` says, of the VLANs `vlans` says) go to a local port, `output`, or to a
+/// collector, `remote` (docs/visibility.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorConfig {
+    pub name: String,
+    /// The ports whose frames are copied.
+    pub sources: Vec<String>,
+    #[serde(default)]
+    pub direction: MirrorDirection,
+    /// Only frames of these VLANs (a tagged frame's VID, else the port's native VLAN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlans: Option<VlanSet>,
+    /// A local port that receives the copies (SPAN) and nothing else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// A collector the copies are sent to, encapsulated (ERSPAN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<MirrorRemote>,
+}
+
+/// Which frames of a source port a mirror session copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MirrorDirection {
+    /// Frames the port sends into the switch.
+    Rx,
+    /// Frames the switch delivers to the port.
+    Tx,
+    #[default]
+    Both,
+}
+
+impl MirrorDirection {
+    pub fn rx(self) -> bool {
+        self != MirrorDirection::Tx
+    }
+    pub fn tx(self) -> bool {
+        self != MirrorDirection::Rx
+    }
+}
+
+impl fmt::Display for MirrorDirection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MirrorDirection::Rx => "rx",
+            MirrorDirection::Tx => "tx",
+            MirrorDirection::Both => "both",
+        })
+    }
+}
+
+impl FromStr for MirrorDirection {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "rx" => Ok(MirrorDirection::Rx),
+            "tx" => Ok(MirrorDirection::Tx),
+            "both" => Ok(MirrorDirection::Both),
+            _ => Err(format!("direction must be rx, tx or both, got '{s}'")),
+        }
+    }
+}
+
+/// A remote mirror session's collector: `{ type = "erspan", dst = "192.0.2.9", session = 5 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorRemote {
+    /// The encapsulation: `"erspan"` (ERSPAN type II over GRE).
+    #[serde(rename = "type")]
+    pub kind: RemoteKind,
+    /// The collector's IPv4 address.
+    pub dst: IpAddr,
+    /// The ERSPAN session id, 0..=1023.
+    pub session: u16,
+    /// The source address of the GRE packets (default: the host's route to `dst`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src: Option<IpAddr>,
+    /// The outer TTL (default: the host's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u8>,
+}
+
+/// A remote mirror session's encapsulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RemoteKind {
+    Erspan,
+}
+
+/// Largest ERSPAN session id.
+pub const MAX_ERSPAN_SESSION: u16 = 1023;
+
+impl MirrorConfig {
+    /// Checks the session against the ports `ports` (names) and the sessions `others` (the
+    /// rest of the switch's): a one-line reason when it cannot run.
+    pub fn problem<'a>(
+        &self,
+        ports: &[&str],
+        others: impl Iterator<Item = &'a MirrorConfig> + Clone,
+    ) -> Result<(), String> {
+        if self.name.is_empty() || self.name.len() > 64 || self.name.chars().any(|c| c.is_control())
+        {
+            return Err(format!("bad mirror name '{}'", self.name.escape_debug()));
+        }
+        let m = &self.name;
+        if others.clone().any(|o| o.name == *m) {
+            return Err(format!("duplicate mirror name '{m}'"));
+        }
+        if self.sources.is_empty() {
+            return Err(format!("mirror '{m}': no sources"));
+        }
+        for s in &self.sources {
+            if !ports.contains(&s.as_str()) {
+                return Err(format!("mirror '{m}': unknown source port '{s}'"));
+            }
+            if let Some(o) = others
+                .clone()
+                .find(|o| o.output.as_deref() == Some(s.as_str()))
+            {
+                return Err(format!(
+                    "mirror '{m}': source port '{s}' is the output of mirror '{}'",
+                    o.name
+                ));
+            }
+        }
+        if let Some(v) = &self.vlans {
+            if v.is_empty() {
+                return Err(format!("mirror '{m}': vlans is empty"));
+            }
+        }
+        match (&self.output, &self.remote) {
+            (Some(_), Some(_)) => Err(format!("mirror '{m}': both output and remote; choose one")),
+            (None, None) => Err(format!("mirror '{m}': no output or remote")),
+            (Some(o), None) => {
+                if !ports.contains(&o.as_str()) {
+                    return Err(format!("mirror '{m}': unknown output port '{o}'"));
+                }
+                if self.sources.contains(o) {
+                    return Err(format!("mirror '{m}': output port '{o}' is also a source"));
+                }
+                if let Some(x) = others.clone().find(|x| x.sources.contains(o)) {
+                    return Err(format!(
+                        "mirror '{m}': output port '{o}' is a source of mirror '{}'",
+                        x.name
+                    ));
+                }
+                Ok(())
+            }
+            (None, Some(r)) => {
+                if r.session > MAX_ERSPAN_SESSION {
+                    return Err(format!(
+                        "mirror '{m}': bad session id {} (0..={MAX_ERSPAN_SESSION})",
+                        r.session
+                    ));
+                }
+                let usable = |a: &IpAddr| match a {
+                    IpAddr::V4(a) => !(a.is_unspecified() || a.is_broadcast() || a.is_multicast()),
+                    IpAddr::V6(_) => false,
+                };
+                if !usable(&r.dst) {
+                    return Err(format!(
+                        "mirror '{m}': bad remote address {} (a unicast IPv4 address)",
+                        r.dst
+                    ));
+                }
+                if let Some(src) = r.src.as_ref().filter(|a| !usable(a)) {
+                    return Err(format!(
+                        "mirror '{m}': bad remote src {src} (a unicast IPv4 address)"
+                    ));
+                }
+                if r.ttl == Some(0) {
+                    return Err(format!("mirror '{m}': remote ttl must be at least 1"));
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// `[switch]`: switch-wide settings.
@@ -1358,6 +1542,9 @@ pub enum ConfigError {
     DuplicateGroup(String),
     #[error("[firewall] max_sessions must be at least 1")]
     MaxSessions,
+    /// A `[[mirror]]` table that cannot run (unknown port, output also a source, ...).
+    #[error("{0}")]
+    Mirror(String),
     /// A config that asks for a firewall the data path does not enforce yet: refused, so it
     /// never runs unfiltered by mistake.
     #[error(
@@ -1379,6 +1566,8 @@ struct ConfigFile {
     firewall: Option<FirewallConfig>,
     #[serde(default)]
     security_group: Vec<SecurityGroupConfig>,
+    #[serde(default)]
+    mirror: Vec<MirrorConfig>,
 }
 
 impl Config {
@@ -1406,8 +1595,10 @@ impl Config {
             ports,
             firewall: file.firewall,
             security_groups: file.security_group,
+            mirrors: file.mirror,
         };
         config.check_security_groups()?;
+        config.check_mirrors()?;
         Ok(config)
     }
 
@@ -1433,7 +1624,35 @@ impl Config {
         // The firewall's tables belong to the head of the file too: a caller that renders
         // the ports one by one (the state file) keeps them.
         s.push_str(&self.firewall_toml()?);
+        s.push_str(&self.mirror_toml()?);
         Ok(s)
+    }
+
+    /// The `[[mirror]]` tables as TOML (empty when there are none).
+    fn mirror_toml(&self) -> Result<String, toml::ser::Error> {
+        #[derive(Serialize)]
+        struct Mirrors<'a> {
+            mirror: &'a [MirrorConfig],
+        }
+        if self.mirrors.is_empty() {
+            return Ok(String::new());
+        }
+        Ok(format!(
+            "\n{}",
+            toml::to_string(&Mirrors {
+                mirror: &self.mirrors
+            })?
+        ))
+    }
+
+    /// Checks the mirror sessions against the ports and each other ([`MirrorConfig::problem`]).
+    pub fn check_mirrors(&self) -> Result<(), ConfigError> {
+        let ports: Vec<&str> = self.ports.iter().map(|p| p.name.as_str()).collect();
+        for (i, m) in self.mirrors.iter().enumerate() {
+            let others = self.mirrors.iter().take(i);
+            m.problem(&ports, others).map_err(ConfigError::Mirror)?;
+        }
+        Ok(())
     }
 
     /// Reads and parses a file.
@@ -1477,6 +1696,7 @@ impl Config {
         check_ifnames(&self.ports)?;
         check_qos(&self.ports, self.switch.reservable.get())?;
         self.check_security_groups()?;
+        self.check_mirrors()?;
         Ok(workers.clone())
     }
 }
@@ -3486,5 +3706,76 @@ max_sessions = 1000
             PORT.replace("[\"web\"]", "[]")
         ));
         assert!(e.contains("security group name 'we b'"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod mirror_tests {
+    use super::*;
+
+    const PORTS: &str = "[[port]]\nname = \"a\"\ntype = \"gen\"\n[[port]]\nname = \"b\"\ntype = \"gen\"\n[[port]]\nname = \"m\"\ntype = \"gen\"\n";
+
+    fn parse(mirror: &str) -> Result<Config, String> {
+        Config::from_toml(&format!("{PORTS}[[mirror]]\n{mirror}")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn sessions_parse_and_dump_back() {
+        let c = parse(
+            "name = \"ids\"\nsources = [\"a\", \"b\"]\ndirection = \"rx\"\nvlans = \"10,20\"\noutput = \"m\"\n",
+        )
+        .unwrap();
+        let m = &c.mirrors[0];
+        assert_eq!(m.direction, MirrorDirection::Rx);
+        assert!(m.vlans.as_ref().unwrap().contains(20));
+        let remote = parse(
+            "name = \"r\"\nsources = [\"a\"]\nremote = { type = \"erspan\", dst = \"192.0.2.9\", session = 5, ttl = 8 }\n",
+        )
+        .unwrap();
+        assert_eq!(remote.mirrors[0].direction, MirrorDirection::Both);
+        for c in [c, remote] {
+            let text = c.to_toml().unwrap();
+            assert_eq!(Config::from_toml(&text).unwrap(), c, "{text}");
+        }
+    }
+
+    #[test]
+    fn bad_sessions_are_one_line_errors() {
+        for (m, want) in [
+            ("name = \"x\"\nsources = [\"z\"]\noutput = \"m\"\n", "unknown source port 'z'"),
+            ("name = \"x\"\nsources = [\"a\"]\noutput = \"a\"\n", "output port 'a' is also a source"),
+            ("name = \"x\"\nsources = [\"a\"]\noutput = \"q\"\n", "unknown output port 'q'"),
+            (
+                "name = \"x\"\nsources = [\"a\"]\noutput = \"m\"\nremote = { type = \"erspan\", dst = \"192.0.2.9\", session = 5 }\n",
+                "both output and remote",
+            ),
+            ("name = \"x\"\nsources = [\"a\"]\n", "no output or remote"),
+            (
+                "name = \"x\"\nsources = [\"a\"]\nremote = { type = \"erspan\", dst = \"192.0.2.9\", session = 1024 }\n",
+                "bad session id 1024",
+            ),
+            (
+                "name = \"x\"\nsources = [\"a\"]\nremote = { type = \"erspan\", dst = \"2001:db8::1\", session = 1 }\n",
+                "bad remote address 2001:db8::1",
+            ),
+            (
+                "name = \"x\"\nsources = [\"a\"]\nremote = { type = \"erspan\", dst = \"192.0.2\", session = 1 }\n",
+                "invalid IP address syntax",
+            ),
+            ("name = \"x\"\nsources = [\"a\"]\ndirection = \"up\"\noutput = \"m\"\n", "direction"),
+        ] {
+            let e = parse(m).unwrap_err();
+            assert!(e.contains(want), "{m}: {e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        // A source of one session cannot be the output of another, nor the other way round.
+        let two = format!(
+            "{PORTS}[[mirror]]\nname = \"x\"\nsources = [\"a\"]\noutput = \"m\"\n[[mirror]]\nname = \"y\"\nsources = [\"m\"]\noutput = \"b\"\n"
+        );
+        let e = Config::from_toml(&two).unwrap_err().to_string();
+        assert!(
+            e.contains("source port 'm' is the output of mirror 'x'"),
+            "{e}"
+        );
     }
 }

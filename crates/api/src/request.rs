@@ -71,6 +71,12 @@ pub enum Request {
     Capture(CaptureRequest),
     /// What the switch would do with `frame` (hex) arriving on `port`; changes nothing.
     Trace { port: String, frame: String },
+    /// The mirror sessions and their counters.
+    MirrorList,
+    /// Add a mirror session live.
+    MirrorAdd { mirror: crate::config::MirrorConfig },
+    /// Remove a mirror session live.
+    MirrorDel { name: String },
 }
 
 /// What a request may do, for the control socket's privilege check: members of
@@ -98,6 +104,7 @@ impl Request {
             | Request::QosShow
             | Request::ConfigDump
             | Request::Capture(_)
+            | Request::MirrorList
             | Request::Trace { .. } => Access::Read,
             Request::PortAdd { .. }
             | Request::PortDel { .. }
@@ -106,6 +113,8 @@ impl Request {
             | Request::PlacementPin { .. }
             | Request::PlacementMode { .. }
             | Request::QosSet { .. }
+            | Request::MirrorAdd { .. }
+            | Request::MirrorDel { .. }
             | Request::Reload => Access::Admin,
         }
     }
@@ -131,6 +140,9 @@ impl Request {
             Request::ConfigDump => "config dump",
             Request::Capture(_) => "capture",
             Request::Trace { .. } => "trace",
+            Request::MirrorList => "mirror list",
+            Request::MirrorAdd { .. } => "mirror add",
+            Request::MirrorDel { .. } => "mirror del",
         }
     }
 }
@@ -346,6 +358,23 @@ pub enum Response {
         reason: String,
     },
     Trace(Box<TraceReport>),
+    /// `mirror list`: the sessions and their counters.
+    Mirrors {
+        mirrors: Vec<MirrorInfo>,
+    },
+}
+
+/// A mirror session as it runs: its settings and counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorInfo {
+    pub config: crate::config::MirrorConfig,
+    /// Copies put into the session's queue.
+    pub copies: u64,
+    /// Copies lost: the session's queue was full, a frame was larger than a queue slot, or
+    /// the output port or the collector's socket refused it.
+    pub drops: u64,
+    /// Copies the output port or the collector's socket took.
+    pub sent: u64,
 }
 
 /// `qos show`: per port, its settings, current allocation and measured rates.

@@ -114,6 +114,11 @@ impl View {
             };
             let pol = p.policy.load_full();
             vlan_aware |= pol.trunk || pol.native.is_none();
+            if p.mirror.is_output() {
+                // A mirror session's output receives its copies only (see `crate::mirror`).
+                policies.push(Some(pol));
+                continue;
+            }
             if let Some(v) = pol.native {
                 domains.entry(v).or_default().push(p.id);
             }
@@ -242,6 +247,11 @@ impl Forwarder {
         entry.qos.charge(queue, &self.burst.pkts[..n]);
         if entry.capture.on() {
             entry.capture.rx(queue, &self.burst.pkts[..n], now);
+        }
+        // Mirror sessions: copies of a source's frames; an output port's frames are dropped.
+        if entry.mirror.on() && !stage::mirror::rx(entry, queue, &self.burst.pkts[..n], &mut drops)
+        {
+            return n;
         }
         // Learning permissions: all, except from ports whose frames need proof (VXLAN).
         let rx_learn = entry.dev.rx_learn(queue);
@@ -515,6 +525,9 @@ impl Forwarder {
                     if dst.capture.on() {
                         dst.capture.tx(w, &self.burst.pkts, sel, now);
                     }
+                    if dst.mirror.on() {
+                        stage::mirror::tx(dst, &self.burst.pkts, sel);
+                    }
                     let done = dst.dev.tx_burst(w, &mut self.burst.pkts, sel, &mut td);
                     tc.tx_packets.add(u64::from(done.packets));
                     tc.tx_bytes.add(done.bytes);
@@ -564,6 +577,9 @@ impl Forwarder {
                     // The firewall's egress stage goes here (docs/architecture.md).
                     if dst.capture.on() {
                         dst.capture.tx(w, pkts, sel, now);
+                    }
+                    if dst.mirror.on() {
+                        stage::mirror::tx(dst, pkts, sel);
                     }
                     let done = dst.dev.tx_burst(w, pkts, sel, &mut td);
                     let tc = &dst.counters.tx[w];

@@ -72,3 +72,4 @@ pub mod worker;
 
 pub use control::switch::{Options, Record, Switch, SwitchError};
 pub use ids::{CpuId, PortId, WorkerId};
+pub use pipeline::mirror;

@@ -203,6 +203,8 @@ drop_reasons! {
     NoDestination => "no_destination" @ Lookup,
     /// Reading from the port failed.
     RxError => "rx_error" @ Rx,
+    /// A frame sent by a mirror session's output port, which only receives copies.
+    MirrorOutput => "mirror_output" @ Rx,
     /// The destination queue was full.
     TxFull => "tx_full" @ Tx,
     /// Writing to the destination failed.

@@ -46,6 +46,9 @@ pub struct PortEntry {
     pub policy: ArcSwap<Policy>,
     /// Packet capture hook (see [`crate::capture`]): off unless a capture runs.
     pub capture: crate::capture::PortCapture,
+    /// Mirror sessions' hook (see [`crate::mirror`]): off unless the port is a session's
+    /// source or output.
+    pub mirror: crate::mirror::PortMirror,
     /// Set by BPDU guard ([`crate::link_local`]): nothing is received from or sent to the
     /// port until it is enabled again.
     pub disabled: Disabled,

@@ -675,3 +675,119 @@ pub fn qos(control: &Path, cmd: QosCmd) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Subcommand, Debug)]
+pub enum MirrorCmd {
+    /// Start a mirror session live (recorded like `port add`): copies of the sources' frames
+    /// to a local port (`--output`) or to a collector as ERSPAN type II (`--erspan`).
+    Add {
+        name: String,
+        /// Source ports, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        sources: Vec<String>,
+        /// rx (frames the port sends into the switch), tx (frames it is sent) or both.
+        #[arg(long, default_value = "both")]
+        direction: qswitch_api::config::MirrorDirection,
+        /// Only these VLANs, e.g. 10,20,100-200.
+        #[arg(long)]
+        vlans: Option<String>,
+        /// The local port that receives the copies.
+        #[arg(long, conflicts_with = "erspan")]
+        output: Option<String>,
+        /// The collector's IPv4 address (ERSPAN type II over GRE).
+        #[arg(long, requires = "session")]
+        erspan: Option<std::net::IpAddr>,
+        /// The ERSPAN session id (0-1023).
+        #[arg(long)]
+        session: Option<u16>,
+        /// The GRE packets' source address.
+        #[arg(long, requires = "erspan")]
+        src: Option<std::net::IpAddr>,
+        /// The GRE packets' TTL.
+        #[arg(long, requires = "erspan")]
+        ttl: Option<u8>,
+    },
+    /// Stop a mirror session.
+    Del { name: String },
+    /// The sessions and their counters.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn mirror(control: &Path, cmd: MirrorCmd) -> anyhow::Result<()> {
+    use qswitch_api::config::{MirrorConfig, MirrorRemote, RemoteKind};
+    match cmd {
+        MirrorCmd::Add {
+            name,
+            sources,
+            direction,
+            vlans,
+            output,
+            erspan,
+            session,
+            src,
+            ttl,
+        } => {
+            let vlans = match vlans {
+                Some(v) => Some(VlanSet::try_from(v).map_err(|e| anyhow::anyhow!("--vlans: {e}"))?),
+                None => None,
+            };
+            let remote = erspan.map(|dst| MirrorRemote {
+                kind: RemoteKind::Erspan,
+                dst,
+                session: session.unwrap_or_default(),
+                src,
+                ttl,
+            });
+            let mirror = MirrorConfig {
+                name,
+                sources,
+                direction,
+                vlans,
+                output,
+                remote,
+            };
+            call(control, &Request::MirrorAdd { mirror })?;
+        }
+        MirrorCmd::Del { name } => {
+            call(control, &Request::MirrorDel { name })?;
+        }
+        MirrorCmd::List { json } => {
+            let Response::Mirrors { mirrors } = call(control, &Request::MirrorList)? else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&mirrors)?);
+                return Ok(());
+            }
+            println!(
+                "{:<12} {:<5} {:<24} {:<24} {:>10} {:>10} {:>10}",
+                "MIRROR", "DIR", "SOURCES", "OUTPUT", "COPIES", "SENT", "DROPS"
+            );
+            for m in &mirrors {
+                let c = &m.config;
+                let mut out = match (&c.output, &c.remote) {
+                    (Some(o), _) => o.clone(),
+                    (None, Some(r)) => format!("erspan {} #{}", r.dst, r.session),
+                    _ => "-".into(),
+                };
+                if let Some(v) = &c.vlans {
+                    out.push_str(&format!(" vlans {}", String::from(v.clone())));
+                }
+                println!(
+                    "{:<12} {:<5} {:<24} {:<24} {:>10} {:>10} {:>10}",
+                    c.name,
+                    c.direction.to_string(),
+                    c.sources.join(","),
+                    out,
+                    m.copies,
+                    m.sent,
+                    m.drops
+                );
+            }
+        }
+    }
+    Ok(())
+}

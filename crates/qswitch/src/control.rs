@@ -478,6 +478,9 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         Request::Stats => Response::Stats(Box::new(daemon.stats())),
         Request::Placement => Response::Placement(Box::new(sw.placement())),
         Request::QosShow => Response::Qos(Box::new(sw.qos_show())),
+        Request::MirrorList => Response::Mirrors {
+            mirrors: sw.mirrors(),
+        },
         Request::ConfigDump => daemon.dump(),
         Request::Trace { port, frame } => crate::capture::trace(daemon, &port, &frame),
         Request::Capture(_) => Response::Error {
@@ -490,6 +493,8 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         | Request::PlacementPin { .. }
         | Request::PlacementMode { .. }
         | Request::QosSet { .. }
+        | Request::MirrorAdd { .. }
+        | Request::MirrorDel { .. }
         | Request::PortSet { .. }) => daemon.change(change),
         // Runtime state, not a setting: nothing to record.
         Request::PortEnable { name } => match sw.enable_port(&name) {

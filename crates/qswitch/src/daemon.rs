@@ -278,6 +278,13 @@ fn serve(
     // afxdp port whose interface is missing waits for it, down, and keeps no other port
     // from starting (issue 27 F6).
     let waiting = switch.add_ports_or_wait(&config.ports)?;
+    for m in &config.mirrors {
+        // Checked with the config; a session on a port still waiting for its interface
+        // cannot start (and is not recorded).
+        if let Err(e) = switch.mirror_add(m) {
+            tracing::warn!(mirror = %m.name, error = %e, "mirror session not started");
+        }
+    }
     let mut pins = live.pins.clone();
     pins.retain(|(port, queue), cpu| {
         // A waiting port's pins stay recorded; they apply at a start where it opens.

@@ -244,6 +244,48 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// (name, type, help) of the mirror sessions' families ([`render_mirrors`]; present when a
+/// session runs).
+pub const MIRROR_FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "qswitch_mirror_copies_total",
+        "counter",
+        "Frames a mirror session copied into its queue.",
+    ),
+    (
+        "qswitch_mirror_sent_total",
+        "counter",
+        "Copies a mirror session's output port or collector socket took.",
+    ),
+    (
+        "qswitch_mirror_drops_total",
+        "counter",
+        "Copies a mirror session lost (queue full, frame larger than a slot, output refused).",
+    ),
+];
+
+/// The mirror sessions' families, for `/metrics` after [`render`]'s.
+pub fn render_mirrors(mirrors: &[qswitch_api::request::MirrorInfo]) -> String {
+    let mut o = Out {
+        text: String::new(),
+    };
+    if mirrors.is_empty() {
+        return o.text;
+    }
+    for (name, _, _) in MIRROR_FAMILIES {
+        o.family(name);
+        for m in mirrors {
+            let v = match *name {
+                "qswitch_mirror_copies_total" => m.copies,
+                "qswitch_mirror_sent_total" => m.sent,
+                _ => m.drops,
+            };
+            o.sample(name, &[("mirror", &m.config.name)], v);
+        }
+    }
+    o.text
+}
+
 /// Label values escaped as the format requires.
 fn esc(v: &str) -> String {
     v.replace('\\', r"\\")
@@ -257,7 +299,8 @@ struct Out {
 
 impl Out {
     fn family(&mut self, name: &str) {
-        if let Some((_, kind, help)) = FAMILIES.iter().find(|f| f.0 == name) {
+        if let Some((_, kind, help)) = FAMILIES.iter().chain(MIRROR_FAMILIES).find(|f| f.0 == name)
+        {
             let _ = writeln!(self.text, "# HELP {name} {help}");
             let _ = writeln!(self.text, "# TYPE {name} {kind}");
         }
@@ -265,7 +308,7 @@ impl Out {
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
         debug_assert!(
-            FAMILIES.iter().any(|f| f.0 == name),
+            FAMILIES.iter().chain(MIRROR_FAMILIES).any(|f| f.0 == name),
             "undeclared family {name}"
         );
         self.text.push_str(name);
@@ -840,5 +883,39 @@ mod tests {
         assert!(t
             .lines()
             .all(|l| l.starts_with('#') || l.starts_with("qswitch_")));
+    }
+
+    #[test]
+    fn renders_mirror_sessions() {
+        assert_eq!(render_mirrors(&[]), "");
+        let config = qswitch_api::config::MirrorConfig {
+            name: "ids".into(),
+            sources: vec!["a".into()],
+            direction: Default::default(),
+            vlans: None,
+            output: Some("m".into()),
+            remote: None,
+        };
+        let t = render_mirrors(&[qswitch_api::request::MirrorInfo {
+            config,
+            copies: 7,
+            sent: 5,
+            drops: 2,
+        }]);
+        for (name, kind, _) in MIRROR_FAMILIES {
+            assert!(t.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        }
+        assert!(
+            t.contains("qswitch_mirror_copies_total{mirror=\"ids\"} 7\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("qswitch_mirror_sent_total{mirror=\"ids\"} 5\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("qswitch_mirror_drops_total{mirror=\"ids\"} 2\n"),
+            "{t}"
+        );
     }
 }

@@ -89,6 +89,19 @@ fn apply(
     changes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let find = |c: &Config, name: &str| c.ports.iter().position(|p| p.name == name);
+    // Mirror sessions that go, change, or use a port that changes stop first (a port a
+    // session uses cannot be removed); the target's start again at the end.
+    let port = |c: &'_ Config, name: &str| find(c, name).map(|i| c.ports[i].clone());
+    for m in &live.config.mirrors {
+        let ports_same = (m.sources.iter().chain(&m.output))
+            .all(|p| port(&live.config, p) == port(&target.config, p));
+        if !(ports_same && target.config.mirrors.contains(m)) {
+            sw.mirror_del(&m.name)?;
+            if !target.config.mirrors.iter().any(|t| t.name == m.name) {
+                changes.push(format!("mirror {}: removed", m.name));
+            }
+        }
+    }
     // Removed and changed ports.
     for old in &live.config.ports {
         let name = old.name.as_str();
@@ -115,6 +128,20 @@ fn apply(
         if find(&live.config, &new.name).is_none() {
             sw.add_port(new)?;
             changes.push(format!("port {}: added", new.name));
+        }
+    }
+    let running = sw.mirror_configs();
+    for m in &target.config.mirrors {
+        if !running.iter().any(|r| r.name == m.name) {
+            sw.mirror_add(m)?;
+            let was = live.config.mirrors.iter().find(|l| l.name == m.name);
+            changes.push(match was {
+                Some(w) if w == m => {
+                    format!("mirror {}: restarted (a port it uses changed)", m.name)
+                }
+                Some(_) => format!("mirror {}: changed", m.name),
+                None => format!("mirror {}: added", m.name),
+            });
         }
     }
     let mode = target.config.switch.placement;

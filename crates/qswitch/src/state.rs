@@ -104,6 +104,8 @@ pub struct Persist {
     rendered: Vec<Rendered>,
     /// `base_text` escaped for a JSON string.
     base_escaped: String,
+    /// The mirror sessions as recorded (what runs once a change is committed).
+    mirrors: Vec<qswitch_api::config::MirrorConfig>,
 }
 
 /// A port as the state file holds it, and its `"\n" + [[port]] TOML` escaped for a JSON
@@ -164,6 +166,8 @@ pub fn is_change(req: &Request) -> bool {
             | Request::QosSet { .. }
             | Request::PlacementPin { .. }
             | Request::PlacementMode { .. }
+            | Request::MirrorAdd { .. }
+            | Request::MirrorDel { .. }
             | Request::Reload
     )
 }
@@ -231,6 +235,7 @@ impl Persist {
             pins: Pins::new(),
             generation: 0,
             rendered: Vec::new(),
+            mirrors: file.mirrors.clone(),
             base_escaped: {
                 let quoted = serde_json::to_string(text)?;
                 quoted[1..quoted.len() - 1].to_string()
@@ -326,6 +331,7 @@ impl Persist {
         ));
         persist.switch = merged.config.switch.clone();
         persist.pins = merged.pins.clone();
+        persist.mirrors = merged.config.mirrors.clone();
         persist.generation = state.generation;
         Ok(Start {
             persist,
@@ -344,6 +350,7 @@ impl Persist {
                 // The firewall's tables have no live changes yet: the file's.
                 firewall: self.base.firewall,
                 security_groups: self.base.security_groups.clone(),
+                mirrors: sw.mirror_configs(),
             },
             pins: self.pins.clone(),
         }
@@ -402,6 +409,7 @@ impl Persist {
         }
         let config = Config {
             switch: switch.clone(),
+            mirrors: self.mirrors.clone(),
             ..Config::default()
         };
         let switch = escape(&config.switch_toml().context("cannot write TOML")?)?;
@@ -475,7 +483,11 @@ impl Persist {
         pins: Pins,
         base: Option<(Config, String)>,
     ) -> anyhow::Result<()> {
-        self.write(&sw.port_configs(), &switch, &pins, base)?;
+        let mirrors = std::mem::replace(&mut self.mirrors, sw.mirror_configs());
+        if let Err(e) = self.write(&sw.port_configs(), &switch, &pins, base) {
+            self.mirrors = mirrors;
+            return Err(e);
+        }
         self.switch = switch;
         self.pins = pins;
         Ok(())
@@ -535,6 +547,24 @@ impl Persist {
                 switch.placement = mode;
                 self.commit(sw, switch, pins, None)?;
                 sw.set_placement_mode(mode);
+                return Ok(Response::Ok);
+            }
+            Request::MirrorAdd { mirror } => {
+                // Applied, then recorded (and removed again if the record fails).
+                sw.mirror_add(&mirror)?;
+                self.commit(sw, switch, pins, None).inspect_err(|_| {
+                    let _ = sw.mirror_del(&mirror.name);
+                })?;
+                return Ok(Response::Ok);
+            }
+            Request::MirrorDel { name } => {
+                let Some(old) = sw.mirror_configs().into_iter().find(|m| m.name == name) else {
+                    bail!("mirror '{name}' does not exist");
+                };
+                sw.mirror_del(&name)?;
+                self.commit(sw, switch, pins, None).inspect_err(|_| {
+                    let _ = sw.mirror_add(&old);
+                })?;
                 return Ok(Response::Ok);
             }
             Request::Reload => {
@@ -613,6 +643,12 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
         // The firewall's tables have no live changes yet: the file's.
         firewall: file.firewall,
         security_groups: file.security_groups.clone(),
+        // Mirror sessions: the live ones while the file's stay as they were, else the file's.
+        mirrors: if file.mirrors == base.mirrors {
+            live.config.mirrors.clone()
+        } else {
+            file.mirrors.clone()
+        },
     };
     let pins = live
         .pins

@@ -60,6 +60,7 @@
 pub mod arp;
 pub mod checksum;
 pub mod ct;
+pub mod erspan;
 pub mod ethernet;
 pub mod flow;
 pub mod gro;

@@ -38,6 +38,7 @@
 
 pub(crate) mod classify;
 pub(crate) mod link_local;
+pub mod mirror;
 pub(crate) mod security;
 pub(crate) mod storm;
 pub(crate) mod vlan;

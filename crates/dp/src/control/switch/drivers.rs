@@ -147,6 +147,7 @@ pub(crate) fn eligible(p: &PortEntry) -> Option<u32> {
         && qos.min.is_none()
         && qos.max.is_none()
         && !p.capture.on()
+        && !p.mirror.on()
         && !p.disabled.get();
     (v.fastpath() && plain).then_some(v.ifindex())
 }

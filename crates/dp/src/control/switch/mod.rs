@@ -41,6 +41,7 @@
 
 pub(crate) mod drivers;
 mod inspect;
+mod mirror;
 mod ports;
 pub use ports::Record;
 mod reports;
@@ -100,6 +101,9 @@ pub enum SwitchError {
     Full,
     #[error("{0}")]
     Qos(String),
+    /// A mirror session that cannot run, or a port a session uses.
+    #[error("{0}")]
+    Mirror(String),
     /// The change could not be recorded ([`Record`]); it was not made.
     #[error("{0}; nothing changed")]
     NotRecorded(String),

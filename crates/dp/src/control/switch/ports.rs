@@ -384,6 +384,7 @@ impl Switch {
                 self.shared.now(),
             )),
             capture: Default::default(),
+            mirror: Default::default(),
             disabled: Default::default(),
         })
     }
@@ -549,6 +550,11 @@ impl Switch {
             ctl.waiting.remove(i);
             tracing::info!(port = %name, "waiting port removed");
             return Ok(());
+        }
+        if let Some(m) = Self::mirror_using(&ctl.mirrors, name) {
+            return Err(SwitchError::Mirror(format!(
+                "port '{name}' is used by mirror '{m}'; remove the mirror first"
+            )));
         }
         let table = self.shared.ports.load_full();
         let Some(entry) = table

@@ -87,6 +87,8 @@ pub(super) struct Control {
     /// whose interface did not exist: listed, switching nothing, until it appears
     /// ([`Switch::attach_waiting`](super::Switch::attach_waiting)).
     pub(super) waiting: Vec<qswitch_api::PortConfig>,
+    /// Mirror sessions, in the order they were added ([`crate::mirror`]).
+    pub(super) mirrors: Vec<Arc<crate::mirror::Session>>,
 }
 
 impl Control {

@@ -177,6 +177,7 @@ impl Switch {
                 moves_total: 0,
                 next_sweep: 0,
                 waiting: Vec::new(),
+                mirrors: Vec::new(),
             }),
             workers,
             topology,
@@ -219,6 +220,7 @@ impl Switch {
     /// created disappear).
     pub fn shutdown(&self) {
         self.shared.request_stop();
+        self.stop_mirrors();
         self.kick();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
