@@ -26,6 +26,13 @@ impl Switch {
         qos::ops::report(&self.shared)
     }
 
+    /// [`Switch::qos_show`] of the ports with QoS settings, an uplink or a capacity only,
+    /// without their per-second histories (empty): for a periodic sampler, whose cost then
+    /// does not grow with the ports QoS leaves alone.
+    pub fn qos_show_configured(&self) -> qswitch_api::request::QosReport {
+        qos::ops::report_configured(&self.shared)
+    }
+
     /// Ports as `port list` shows them.
     pub fn ports(&self) -> Vec<PortInfo> {
         let table = self.shared.ports.load_full();

@@ -442,6 +442,7 @@ impl Core {
             w.queues.store(Arc::new(queues));
         }
         self.shared.ports.store(table.clone());
+        self.shared.qos.notify();
         let epoch = self.shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         for w in &self.workers {
             let _ = w.wake.notify();

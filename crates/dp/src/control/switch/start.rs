@@ -220,6 +220,7 @@ impl Switch {
     pub fn shutdown(&self) {
         self.shared.request_stop();
         self.kick();
+        self.shared.qos.notify();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
