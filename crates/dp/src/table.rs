@@ -57,6 +57,9 @@ pub struct PortEntry {
 #[derive(Debug, Default)]
 pub struct Disabled(AtomicU8);
 
+/// See [`Disabled::trips`].
+static TRIPS: AtomicU64 = AtomicU64::new(0);
+
 impl Disabled {
     const ENABLED: u8 = 0;
     /// Disabled, not logged yet.
@@ -72,12 +75,26 @@ impl Disabled {
 
     /// Disables the port (from a worker).
     pub fn trip(&self) {
-        let _ = self.0.compare_exchange(
-            Self::ENABLED,
-            Self::TRIPPED,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let tripped = self
+            .0
+            .compare_exchange(
+                Self::ENABLED,
+                Self::TRIPPED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if tripped {
+            // Release: whoever sees the count moved also sees this port tripped.
+            TRIPS.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Ports tripped so far in this process, by any switch: housekeeping looks for the
+    /// tripped port ([`Disabled::take_tripped`]) only when this moved since its last look,
+    /// not through every port ten times a second.
+    pub(crate) fn trips() -> u64 {
+        TRIPS.load(Ordering::Acquire)
     }
 
     /// Whether the port was disabled since the last call (so that it is logged once).

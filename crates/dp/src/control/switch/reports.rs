@@ -26,6 +26,13 @@ impl Switch {
         qos::ops::report(&self.shared)
     }
 
+    /// The vhost-user event loop's watchdog so far: its ticks, and the ports they looked at
+    /// in all. Only ports a frontend connected to are looked at, so with none connected
+    /// (and no guest ever signalled) there are no ticks at all.
+    pub fn vhost_watchdog_looks(&self) -> (u64, u64) {
+        self.drivers.vhost.watchdog_looks()
+    }
+
     /// [`Switch::qos_show`] of the ports with QoS settings, an uplink or a capacity only,
     /// without their per-second histories (empty): for a periodic sampler, whose cost then
     /// does not grow with the ports QoS leaves alone.

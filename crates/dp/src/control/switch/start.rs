@@ -176,6 +176,7 @@ impl Switch {
                 moves: VecDeque::new(),
                 moves_total: 0,
                 next_sweep: 0,
+                trips_seen: 0,
                 waiting: Vec::new(),
             }),
             workers,
