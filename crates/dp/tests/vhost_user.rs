@@ -1197,7 +1197,9 @@ fn watchdog_looks_only_at_connected_ports() {
         .map(|i| add_server(&sw, &dir, &format!("w{i}")))
         .collect();
     let d = connect(&socks[7], opts());
-    wait_until("w7 connected", || port_info(&sw, "w7").connected == Some(true));
+    wait_until("w7 connected", || {
+        port_info(&sw, "w7").connected == Some(true)
+    });
     wait_until("three watchdog ticks", || sw.vhost_watchdog_looks().0 >= 3);
     let (ticks, looks) = sw.vhost_watchdog_looks();
     assert!(

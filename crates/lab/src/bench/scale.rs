@@ -220,7 +220,10 @@ fn measure(
             .iter()
             .find(|(id, _, _)| id == tid)
             .map_or((0, 0), |x| x.2);
-        (now.0.saturating_sub(before.0), now.1.saturating_sub(before.1))
+        (
+            now.0.saturating_sub(before.0),
+            now.1.saturating_sub(before.1),
+        )
     };
     let thread_cpu_pct = threads_after
         .iter()
@@ -403,7 +406,8 @@ mod tests {
 
     #[test]
     fn context_switches_add_both_kinds() {
-        let status = "Name:\tqs-qos\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t3\n";
+        let status =
+            "Name:\tqs-qos\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t3\n";
         assert_eq!(ctx_switches(status), 123);
     }
 

@@ -135,7 +135,9 @@ pub(crate) fn run(shared: &Shared) {
     while !shared.stopping() {
         if allocator.groups.measured.is_empty() {
             let next = allocator.next_second.saturating_sub(shared.now());
-            shared.qos.wait(std::time::Duration::from_nanos(next.max(1)));
+            shared
+                .qos
+                .wait(std::time::Duration::from_nanos(next.max(1)));
         } else {
             std::thread::sleep(TICK);
         }
