@@ -83,7 +83,7 @@ pub(super) struct Control {
     pub(super) moves: VecDeque<MoveInfo>,
     pub(super) moves_total: u64,
     pub(super) next_sweep: u64,
-    /// [`Disabled::trips`](crate::table::Disabled::trips) at the last look for a tripped port.
+    /// `Shared::bpdu_trips` at the last look for a tripped port.
     pub(super) trips_seen: u64,
     /// Ports added with [`Switch::add_ports_or_wait`](super::Switch::add_ports_or_wait)
     /// whose interface did not exist: listed, switching nothing, until it appears
@@ -495,7 +495,7 @@ impl Core {
         }
         // Ports disabled by bpdu_guard since the last look, logged once; only looked for when
         // a port tripped, so an idle tick costs nothing per port.
-        let trips = crate::table::Disabled::trips();
+        let trips = self.shared.bpdu_trips.load(Ordering::Acquire);
         if trips != ctl.trips_seen {
             ctl.trips_seen = trips;
             for p in self.shared.ports.load().iter().flatten() {
