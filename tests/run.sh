@@ -21,6 +21,7 @@ if [ "$(id -u)" = 0 ]; then
     [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
     command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
     command -v ovs-vswitchd >/dev/null || need+=(openvswitch-switch)
+    [ -x /usr/lib/openvswitch-switch-dpdk/ovs-vswitchd-dpdk ] || need+=(openvswitch-switch-dpdk)
     command -v lldpd >/dev/null || need+=(lldpd)
     command -v nfcapd >/dev/null || need+=(nfdump)
     command -v tshark >/dev/null || need+=(tshark)

@@ -380,7 +380,8 @@ pub struct MirrorInfo {
 /// `qos show`: per port, its settings, current allocation and measured rates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QosReport {
-    /// Allocator ticks so far (about one per 10 ms).
+    /// Allocator ticks so far (about one per 10 ms while a port is toward an uplink, else
+    /// about one a second and one per settings or port change).
     pub ticks: u64,
     /// Completed one-second samples so far; `rate_bps` is from the latest one.
     pub seconds: u64,

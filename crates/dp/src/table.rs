@@ -58,7 +58,13 @@ pub struct PortEntry {
 /// store) when it sees a BPDU; the engine reads it once per burst; the control side notes
 /// it (logs it once) and clears it (`qswitch port enable`).
 #[derive(Debug, Default)]
-pub struct Disabled(AtomicU8);
+pub struct Disabled {
+    state: AtomicU8,
+    /// The switch's count of trips (`Shared::bpdu_trips`): housekeeping looks for the
+    /// tripped port ([`Disabled::take_tripped`]) only when it moved since its last look, not
+    /// through every port ten times a second.
+    trips: Arc<AtomicU64>,
+}
 
 impl Disabled {
     const ENABLED: u8 = 0;
@@ -70,22 +76,37 @@ impl Disabled {
     /// Whether the port is disabled.
     #[inline(always)]
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed) != Self::ENABLED
+        self.state.load(Ordering::Relaxed) != Self::ENABLED
+    }
+
+    /// Enabled, counting its trips in `trips` (the switch's).
+    pub(crate) fn new(trips: Arc<AtomicU64>) -> Disabled {
+        Disabled {
+            state: AtomicU8::new(Self::ENABLED),
+            trips,
+        }
     }
 
     /// Disables the port (from a worker).
     pub fn trip(&self) {
-        let _ = self.0.compare_exchange(
-            Self::ENABLED,
-            Self::TRIPPED,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let tripped = self
+            .state
+            .compare_exchange(
+                Self::ENABLED,
+                Self::TRIPPED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if tripped {
+            // Release: whoever sees the count moved also sees this port tripped.
+            self.trips.fetch_add(1, Ordering::Release);
+        }
     }
 
     /// Whether the port was disabled since the last call (so that it is logged once).
     pub fn take_tripped(&self) -> bool {
-        self.0
+        self.state
             .compare_exchange(
                 Self::TRIPPED,
                 Self::NOTED,
@@ -97,7 +118,7 @@ impl Disabled {
 
     /// Enables the port. Returns whether it was disabled.
     pub fn clear(&self) -> bool {
-        self.0.swap(Self::ENABLED, Ordering::Relaxed) != Self::ENABLED
+        self.state.swap(Self::ENABLED, Ordering::Relaxed) != Self::ENABLED
     }
 }
 
@@ -139,6 +160,8 @@ pub(crate) struct Shared {
     pub(crate) spin_ns: u64,
     pub(crate) qos: qos::QosShared,
     pub(crate) failure: Failure,
+    /// Ports bpdu_guard disabled so far (each port's [`Disabled`] counts here).
+    pub(crate) bpdu_trips: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -152,6 +175,7 @@ impl Shared {
             spin_ns,
             qos: qos::QosShared::new(reservable),
             failure: Failure::default(),
+            bpdu_trips: Arc::default(),
         }
     }
 

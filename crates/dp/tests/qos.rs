@@ -304,3 +304,29 @@ fn racing_port_adds_and_qos_sets_never_over_admit() {
     }
     sw.shutdown();
 }
+
+/// Idle work proportional to what changes (issue 30): with no port toward an uplink there
+/// is nothing to measure or allocate between seconds, so the allocator runs once a second
+/// and once per change (here the three port adds), not every 10 ms.
+#[test]
+fn allocator_without_uplinks_runs_once_a_second() {
+    let cpus = qswitch_sys::thread::online_cpus().unwrap();
+    let sw = Switch::start(&cpus[cpus.len() - 1..], &Options::default()).unwrap();
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let mut p = PortConfig::gen(name);
+        p.kind = PortKind::Gen(GenPortConfig {
+            mac: Some(format!("02:00:00:00:01:0{i}").parse().unwrap()),
+            generate: None,
+        });
+        sw.add_port(&p).unwrap();
+    }
+    wait_seconds(&sw, 2);
+    let r = sw.qos_show();
+    assert!(
+        r.ticks <= r.seconds + 3 + 2,
+        "{} allocator ticks in {} seconds without an uplink",
+        r.ticks,
+        r.seconds
+    );
+    sw.shutdown();
+}

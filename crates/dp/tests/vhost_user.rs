@@ -1186,6 +1186,30 @@ fn client_mode_connects_and_reconnects() {
     sw.shutdown();
 }
 
+/// Idle work proportional to what changes (issue 30): the event loop's watchdog looks at the
+/// ports a frontend connected to, not at every port. With one of twenty connected, each tick
+/// looks at one port; the other nineteen cost it nothing.
+#[test]
+fn watchdog_looks_only_at_connected_ports() {
+    let dir = TestDir::new("watchdog_looks");
+    let sw = switch(1);
+    let socks: Vec<PathBuf> = (0..20)
+        .map(|i| add_server(&sw, &dir, &format!("w{i}")))
+        .collect();
+    let d = connect(&socks[7], opts());
+    wait_until("w7 connected", || {
+        port_info(&sw, "w7").connected == Some(true)
+    });
+    wait_until("three watchdog ticks", || sw.vhost_watchdog_looks().0 >= 3);
+    let (ticks, looks) = sw.vhost_watchdog_looks();
+    assert!(
+        looks <= ticks,
+        "{looks} port looks in {ticks} ticks with one port of twenty connected"
+    );
+    d.close();
+    sw.shutdown();
+}
+
 // ---------------------------------------------------------------------------------------
 // 7. Server mode: reconnect and port restart.
 

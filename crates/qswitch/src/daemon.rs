@@ -20,6 +20,11 @@ use crate::control;
 /// Exit code for configuration errors: nothing was started.
 pub const EXIT_CONFIG: u8 = 2;
 
+/// How often the main loop looks at the signal flags (SIGTERM, SIGINT, SIGHUP) between its
+/// once-a-second samples: the signal handlers only set flags, so this bounds how late a
+/// signal is acted on, and it is the main thread's only other wake-up.
+const SIGNAL_POLL: Duration = Duration::from_millis(250);
+
 /// What the control thread needs.
 pub struct Daemon {
     pub switch: Switch,
@@ -390,7 +395,11 @@ fn serve(
     let mut next = Instant::now() + Duration::from_secs(1);
     let mut failure = None;
     while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
-        if let Some(msg) = daemon.switch.wait_failed(Some(Duration::from_millis(50))) {
+        // Signals are seen within SIGNAL_POLL; the sampler runs on the second.
+        let wait = next
+            .saturating_duration_since(Instant::now())
+            .min(SIGNAL_POLL);
+        if let Some(msg) = daemon.switch.wait_failed(Some(wait)) {
             failure = Some(msg);
             break;
         }
@@ -413,7 +422,8 @@ fn serve(
             next += Duration::from_secs(1);
             let cur = daemon.switch.stats();
             *daemon.rates.lock() = Some(qswitch_api::request::Rates::between(&prev, &cur));
-            let qos = daemon.switch.qos_show();
+            // Only the ports QoS is configured on, without histories: the rows need no more.
+            let qos = daemon.switch.qos_show_configured();
             let mut history = daemon.history.lock();
             feed_qos(&mut history, &qos, &mut qos_gauges);
             history.push(&prev, &cur, crate::series::unix_ms());

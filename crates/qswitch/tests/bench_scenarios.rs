@@ -1,6 +1,6 @@
 //! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`,
-//! `multiqueue`, `tap-tcp` (two queues per TAP, and its references), `uplink` and `cni` bench
-//! scenarios (root): each writes its JSON with per-second
+//! `multiqueue`, `tap-tcp` (two queues per TAP, and its references), `uplink`, `pvp` (its three
+//! contenders, both load shapes) and `cni` bench scenarios (root): each writes its JSON with per-second
 //! records and a summary, and an SVG, and leaves no namespace (nor DPDK runtime directory)
 //! behind. Timings are never asserted.
 
@@ -228,6 +228,80 @@ fn uplink_native_and_bridge_write_results() {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .filter(|n| n.starts_with(&format!("qsbench-up-{pid}-")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(dpdk.is_empty(), "left DPDK runtime dirs {dpdk:?}");
+}
+
+/// `bench pvp`, one short round with the defaults: every contender (qswitch, OVS-DPDK,
+/// testpmd io between the same two vhost-user sockets) under both load shapes (`pools` 1 and
+/// 2), and qswitch's ratio to testpmd io printed beside its ratio to OVS-DPDK. The figures
+/// are not looked at (a loaded machine); only that each contender and ratio is there.
+#[test]
+fn pvp_compares_with_ovs_and_testpmd_io_under_both_loads() {
+    if !root_or_skip() || !cpus_or_skip(2) {
+        return;
+    }
+    let dir = TempDir::new("bench-pvp");
+    let log = dir.join("pvp.out");
+    let child = Command::new(QSWITCH)
+        .args(["bench", "pvp", "--runs", "1", "--seconds", "1", "--out"])
+        .arg(dir.path())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let pid = child.pid();
+    let status = child.wait_timeout(Duration::from_secs(900));
+    let stdout = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
+    assert!(!stdout.contains("panicked"), "{stdout}");
+    assert!(
+        !stdout.contains("skipped"),
+        "every contender runs: {stdout}"
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("pvp.json")).unwrap()).unwrap();
+    let summary = json["summary"].as_array().unwrap();
+    for contender in ["qswitch", "ovs-dpdk", "testpmd-io"] {
+        for size in [64, 1518] {
+            for pools in [1, 2] {
+                let line = format!("RESULT pvp {contender} size={size} pools={pools} mpps=");
+                assert!(stdout.contains(&line), "{line}: {stdout}");
+                assert!(
+                    summary.iter().any(|s| s["contender"] == contender
+                        && s["frame_size"] == size
+                        && s["load_pools"] == pools),
+                    "{contender} {size} B {pools} pool(s): {json}"
+                );
+            }
+        }
+    }
+    // A ratio to each peer that moved frames, in the table and the RESULT lines.
+    for s in summary.iter().filter(|s| s["contender"] != "qswitch") {
+        let moved = s["mpps_median"].as_f64().unwrap() > 0.0
+            && s["mpps_per_cpu_s_median"].as_f64().unwrap() > 0.0;
+        let of = format!("qswitch / {}", s["contender"].as_str().unwrap());
+        let ratio = json["ratio"].as_array().unwrap().iter().any(|r| {
+            r["of"] == of.as_str()
+                && r["frame_size"] == s["frame_size"]
+                && r["load_pools"] == s["load_pools"]
+        });
+        assert_eq!(ratio, moved, "{of}: {s} {json}");
+    }
+    for r in json["ratio"].as_array().unwrap() {
+        let of = r["of"].as_str().unwrap();
+        assert!(stdout.contains(&format!("ratio {of}")), "{of}: {stdout}");
+    }
+    let svg = std::fs::read_to_string(dir.join("pvp.svg")).unwrap();
+    assert!(svg.starts_with("<svg"));
+    let dpdk: Vec<String> = std::fs::read_dir("/var/run/dpdk")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(&pid.to_string()))
                 .collect()
         })
         .unwrap_or_default();

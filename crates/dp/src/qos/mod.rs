@@ -203,6 +203,11 @@ pub(crate) struct QosShared {
     /// Bumped by every settings change, so the allocator redoes the rates that only change
     /// with the settings (ports with no uplink) only then.
     pub(crate) settings_gen: AtomicU64,
+    /// Set (and the condition variable signalled) when the allocator should look again at
+    /// once: the settings or the port table changed, or the switch stops. With no port
+    /// toward an uplink the allocator thread sleeps until the next second or this.
+    changed: parking_lot::Mutex<bool>,
+    changed_cv: parking_lot::Condvar,
 }
 
 impl QosShared {
@@ -212,7 +217,24 @@ impl QosShared {
             ticks: AtomicU64::new(0),
             seconds: AtomicU64::new(0),
             settings_gen: AtomicU64::new(0),
+            changed: parking_lot::Mutex::new(false),
+            changed_cv: parking_lot::Condvar::new(),
         }
+    }
+
+    /// Wakes the allocator thread if it sleeps ([`QosShared::wait`]).
+    pub(crate) fn notify(&self) {
+        *self.changed.lock() = true;
+        self.changed_cv.notify_all();
+    }
+
+    /// Sleeps for `d` or until [`QosShared::notify`], whichever comes first.
+    pub(crate) fn wait(&self, d: std::time::Duration) {
+        let mut changed = self.changed.lock();
+        if !*changed {
+            self.changed_cv.wait_for(&mut changed, d);
+        }
+        *changed = false;
     }
 }
 

@@ -36,10 +36,23 @@ pub struct ScaleMetrics {
     pub idle_cpu_pct: f64,
     /// Per thread (by name) over the idle window, % of one CPU.
     pub thread_cpu_pct: Vec<(String, f64)>,
+    /// Per thread over the idle window: CPU clock ticks (utime + stime) and context
+    /// switches (voluntary + involuntary, from /proc/PID/task/TID/status). The switches
+    /// count the thread's wake-ups, which other load on the machine does not change; the
+    /// ticks it does perturb.
+    pub thread_idle: Vec<ThreadIdle>,
     pub threads: usize,
     pub port_add_ms_median: f64,
     pub port_add_ms: Vec<f64>,
     pub rss_kib: u64,
+}
+
+/// One thread over the idle window.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadIdle {
+    pub name: String,
+    pub ticks: u64,
+    pub ctx_switches: u64,
 }
 
 /// One second of idleness: the daemon's CPU %.
@@ -91,6 +104,12 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                 r.port_add_ms_median,
                 r.rss_kib / 1024
             );
+            for t in &r.thread_idle {
+                println!(
+                    "    {:<16} {:>5} ticks {:>7} context switches",
+                    t.name, t.ticks, t.ctx_switches
+                );
+            }
             results.push(r);
         }
     }
@@ -196,14 +215,29 @@ fn measure(
     let wall = last.1.duration_since(t0);
     let idle_cpu_pct = pct(last.0 - first, hz, wall);
     let threads_after = thread_times(pid);
+    let delta = |tid: &str, now: (u64, u64)| {
+        let before = threads_before
+            .iter()
+            .find(|(id, _, _)| id == tid)
+            .map_or((0, 0), |x| x.2);
+        (
+            now.0.saturating_sub(before.0),
+            now.1.saturating_sub(before.1),
+        )
+    };
     let thread_cpu_pct = threads_after
         .iter()
+        .map(|(tid, name, t)| (name.clone(), pct(delta(tid, *t).0, hz, wall)))
+        .collect();
+    let thread_idle = threads_after
+        .iter()
         .map(|(tid, name, t)| {
-            let before = threads_before
-                .iter()
-                .find(|(id, _, _)| id == tid)
-                .map_or(0, |x| x.2);
-            (name.clone(), pct(t.saturating_sub(before), hz, wall))
+            let (ticks, ctx_switches) = delta(tid, *t);
+            ThreadIdle {
+                name: name.clone(),
+                ticks,
+                ctx_switches,
+            }
         })
         .collect();
     let threads = threads_after.len();
@@ -234,6 +268,7 @@ fn measure(
             ports: n,
             idle_cpu_pct,
             thread_cpu_pct,
+            thread_idle,
             threads,
             port_add_ms_median: median(&port_add_ms),
             port_add_ms,
@@ -262,26 +297,39 @@ fn process_ticks(pid: u32) -> anyhow::Result<u64> {
     stat_ticks(&text).context("cannot parse /proc/PID/stat")
 }
 
-/// Per thread: (tid, name, utime + stime).
-fn thread_times(pid: u32) -> Vec<(String, String, u64)> {
+/// Per thread: (tid, name, (utime + stime, context switches)).
+fn thread_times(pid: u32) -> Vec<(String, String, (u64, u64))> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
-    let mut v: Vec<(String, String, u64)> = dir
+    let mut v: Vec<(String, String, (u64, u64))> = dir
         .flatten()
         .filter_map(|e| {
             let p = e.path();
             let name = std::fs::read_to_string(p.join("comm")).ok()?;
             let t = stat_ticks(&std::fs::read_to_string(p.join("stat")).ok()?)?;
+            let cs = ctx_switches(&std::fs::read_to_string(p.join("status")).ok()?);
             Some((
                 e.file_name().to_string_lossy().into_owned(),
                 name.trim().to_string(),
-                t,
+                (t, cs),
             ))
         })
         .collect();
     v.sort();
     v
+}
+
+/// voluntary + nonvoluntary context switches from a `/proc/.../status` text.
+fn ctx_switches(status: &str) -> u64 {
+    status
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        })
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .sum()
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -354,6 +402,13 @@ mod tests {
     fn stat_fields_after_the_name() {
         let line = "42 (qs worker) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 6 0";
         assert_eq!(stat_ticks(line), Some(22));
+    }
+
+    #[test]
+    fn context_switches_add_both_kinds() {
+        let status =
+            "Name:\tqs-qos\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t3\n";
+        assert_eq!(ctx_switches(status), 123);
     }
 
     #[test]

@@ -121,15 +121,29 @@ pub(crate) fn set<E: From<SetError>>(
     record(new)?;
     *entry.qos.settings.lock() = new;
     shared.qos.settings_gen.fetch_add(1, Ordering::Release);
+    shared.qos.notify();
     tracing::info!(port = %name, ?new, "qos settings changed");
     Ok(new)
 }
 
-/// The allocator thread: runs [`Allocator::step`] every [`TICK`] until the switch stops.
+/// The allocator thread: runs [`Allocator::step`] every [`TICK`] while some port is toward
+/// an uplink (its rate is measured and allocated), else once a second (the per-second
+/// sample) and at once after a settings or port table change, until the switch stops. So
+/// a switch without uplinks wakes this thread once a second, however many ports it has.
 pub(crate) fn run(shared: &Shared) {
     let mut allocator = Allocator::new(shared.now());
     while !shared.stopping() {
-        std::thread::sleep(TICK);
+        if allocator.groups.measured.is_empty() {
+            let next = allocator.next_second.saturating_sub(shared.now());
+            shared
+                .qos
+                .wait(std::time::Duration::from_nanos(next.max(1)));
+        } else {
+            std::thread::sleep(TICK);
+        }
+        if shared.stopping() {
+            break;
+        }
         allocator.step(shared, shared.now());
     }
 }
@@ -365,6 +379,17 @@ fn tick(
 
 /// `qos show`.
 pub(crate) fn report(shared: &Shared) -> QosReport {
+    report_of(shared, false)
+}
+
+/// `qos show` of the ports with QoS settings, an uplink or a capacity only, without the
+/// per-second histories: what the daemon's 1-s sampler needs, at no cost per port left
+/// alone (no name copied, no history cloned).
+pub(crate) fn report_configured(shared: &Shared) -> QosReport {
+    report_of(shared, true)
+}
+
+fn report_of(shared: &Shared, configured_only: bool) -> QosReport {
     let table = shared.ports.load_full();
     let uplinks: Vec<&Arc<PortEntry>> = table
         .iter()
@@ -374,19 +399,25 @@ pub(crate) fn report(shared: &Shared) -> QosReport {
     let ports = table
         .iter()
         .flatten()
-        .map(|p| {
+        .filter_map(|p| {
             let set = p.qos.settings();
-            let st = p.qos.state.lock();
             // The first uplink it is toward (a port may be toward several: a trunk).
             let uplink = if p.qos.capacity.is_some() {
                 None
             } else {
-                uplinks
-                    .iter()
-                    .find(|u| toward(u, p))
-                    .map(|u| u.config.name.clone())
+                uplinks.iter().find(|u| toward(u, p))
             };
-            QosPort {
+            let configured = set.min.is_some()
+                || set.max.is_some()
+                || set.weight != 1
+                || p.qos.capacity.is_some()
+                || uplink.is_some();
+            if configured_only && !configured {
+                return None;
+            }
+            let uplink = uplink.map(|u| u.config.name.clone());
+            let st = p.qos.state.lock();
+            Some(QosPort {
                 name: p.config.name.clone(),
                 uplink,
                 capacity: p.qos.capacity,
@@ -398,8 +429,12 @@ pub(crate) fn report(shared: &Shared) -> QosReport {
                 rate_bps: st.rate_bps,
                 alloc_last_second: st.alloc_last_second,
                 throttled: p.qos.throttled.iter().map(Counter::get).sum(),
-                history: st.history.iter().copied().collect(),
-            }
+                history: if configured_only {
+                    Vec::new()
+                } else {
+                    st.history.iter().copied().collect()
+                },
+            })
         })
         .collect();
     QosReport {

@@ -84,6 +84,14 @@ impl VhostDriver {
         Ok(reactor)
     }
 
+    /// The event loop's watchdog ticks and port looks so far ((0, 0) before it starts).
+    pub(crate) fn watchdog_looks(&self) -> (u64, u64) {
+        self.running
+            .lock()
+            .as_ref()
+            .map_or((0, 0), |(r, _)| r.watchdog_looks())
+    }
+
     /// Ends the event loop and waits for its thread.
     fn stop(&self) {
         let running = self.running.lock().take();

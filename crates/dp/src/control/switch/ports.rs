@@ -30,7 +30,7 @@ use crate::port::vhost_user::{VhostUserError, VhostUserPort};
 use crate::port::vxlan::VxlanPort;
 use crate::port::Device;
 use crate::stats::PortCounters;
-use crate::table::{PortEntry, PortTable};
+use crate::table::{Disabled, PortEntry, PortTable};
 
 /// Records the port configurations a change leaves (what [`Switch::port_configs`] returns
 /// once it is published). Called under the control lock after every check of the change and
@@ -385,7 +385,7 @@ impl Switch {
             )),
             capture: Default::default(),
             mirror: Default::default(),
-            disabled: Default::default(),
+            disabled: Disabled::new(self.shared.bpdu_trips.clone()),
         })
     }
 

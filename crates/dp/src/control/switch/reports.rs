@@ -26,6 +26,20 @@ impl Switch {
         qos::ops::report(&self.shared)
     }
 
+    /// The vhost-user event loop's watchdog so far: its ticks, and the ports they looked at
+    /// in all. Only ports a frontend connected to are looked at, so with none connected
+    /// (and no guest ever signalled) there are no ticks at all.
+    pub fn vhost_watchdog_looks(&self) -> (u64, u64) {
+        self.drivers.vhost.watchdog_looks()
+    }
+
+    /// [`Switch::qos_show`] of the ports with QoS settings, an uplink or a capacity only,
+    /// without their per-second histories (empty): for a periodic sampler, whose cost then
+    /// does not grow with the ports QoS leaves alone.
+    pub fn qos_show_configured(&self) -> qswitch_api::request::QosReport {
+        qos::ops::report_configured(&self.shared)
+    }
+
     /// Ports as `port list` shows them.
     pub fn ports(&self) -> Vec<PortInfo> {
         let table = self.shared.ports.load_full();

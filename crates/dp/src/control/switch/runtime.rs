@@ -83,6 +83,8 @@ pub(super) struct Control {
     pub(super) moves: VecDeque<MoveInfo>,
     pub(super) moves_total: u64,
     pub(super) next_sweep: u64,
+    /// `Shared::bpdu_trips` at the last look for a tripped port.
+    pub(super) trips_seen: u64,
     /// Ports added with [`Switch::add_ports_or_wait`](super::Switch::add_ports_or_wait)
     /// whose interface did not exist: listed, switching nothing, until it appears
     /// ([`Switch::attach_waiting`](super::Switch::attach_waiting)).
@@ -444,6 +446,7 @@ impl Core {
             w.queues.store(Arc::new(queues));
         }
         self.shared.ports.store(table.clone());
+        self.shared.qos.notify();
         let epoch = self.shared.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         for w in &self.workers {
             let _ = w.wake.notify();
@@ -484,21 +487,27 @@ impl Core {
         all
     }
 
-    /// Periodic work: age out addresses every second, evaluate placement every
-    /// [`BALANCE_EVERY_NS`].
+    /// Periodic work: age out addresses every second, log ports bpdu_guard disabled,
+    /// evaluate placement every [`BALANCE_EVERY_NS`].
     pub(super) fn housekeep(&self, now: u64) {
         let mut ctl = self.control.lock();
         if now >= ctl.next_sweep {
             ctl.next_sweep = now + SWEEP_EVERY_NS;
             self.shared.fdb.sweep(now);
         }
-        for p in self.shared.ports.load().iter().flatten() {
-            if p.disabled.take_tripped() {
-                tracing::warn!(
-                    port = %p.config.name,
-                    "BPDU received on a port with bpdu_guard: port disabled until `qswitch port enable {}`",
-                    p.config.name
-                );
+        // Ports disabled by bpdu_guard since the last look, logged once; only looked for when
+        // a port tripped, so an idle tick costs nothing per port.
+        let trips = self.shared.bpdu_trips.load(Ordering::Acquire);
+        if trips != ctl.trips_seen {
+            ctl.trips_seen = trips;
+            for p in self.shared.ports.load().iter().flatten() {
+                if p.disabled.take_tripped() {
+                    tracing::warn!(
+                        port = %p.config.name,
+                        "BPDU received on a port with bpdu_guard: port disabled until `qswitch port enable {}`",
+                        p.config.name
+                    );
+                }
             }
         }
         self.sync_fastpath(now);

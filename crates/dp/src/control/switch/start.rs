@@ -176,6 +176,7 @@ impl Switch {
                 moves: VecDeque::new(),
                 moves_total: 0,
                 next_sweep: 0,
+                trips_seen: 0,
                 waiting: Vec::new(),
                 mirrors: Vec::new(),
             }),
@@ -222,6 +223,7 @@ impl Switch {
         self.shared.request_stop();
         self.stop_mirrors();
         self.kick();
+        self.shared.qos.notify();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }

@@ -40,7 +40,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -100,6 +100,8 @@ struct Shared {
     stop: AtomicBool,
     settings: Settings,
     calls: Arc<CallSlots>,
+    /// Watchdog ticks, and ports looked at by them, so far.
+    watchdog_looks: [AtomicU64; 2],
 }
 
 #[derive(Debug)]
@@ -144,6 +146,7 @@ impl Reactor {
             stop: AtomicBool::new(false),
             settings,
             calls: Arc::new(CallSlots::default()),
+            watchdog_looks: [AtomicU64::new(0), AtomicU64::new(0)],
         });
         let epoll = Epoll::new()?;
         epoll.add(shared.wake.as_raw_fd(), WAKE)?;
@@ -156,6 +159,7 @@ impl Reactor {
             gen: 0,
             watchdog: HashMap::new(),
             watchdog_armed: false,
+            watched: BTreeSet::new(),
             test_panic: false,
         };
         Ok((Reactor { shared }, EventLoop(l)))
@@ -175,6 +179,13 @@ impl Reactor {
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         let _ = self.shared.wake.notify();
+    }
+
+    /// Watchdog ticks so far, and the ports they looked at in all: ports no frontend is
+    /// connected to are not looked at, so an idle loop's second number stays put.
+    pub fn watchdog_looks(&self) -> (u64, u64) {
+        let l = &self.shared.watchdog_looks;
+        (l[0].load(Ordering::Relaxed), l[1].load(Ordering::Relaxed))
     }
 
     pub(crate) fn next_id(&self) -> u64 {
@@ -245,6 +256,12 @@ struct Loop {
     /// Call watchdog: the sequence number each thread showed at the last look.
     watchdog: HashMap<i32, u32>,
     watchdog_armed: bool,
+    /// The ports the watchdog tick looks at: every port connected since the tick last saw
+    /// it disconnected with its kicks unmuted. A port no frontend ever connected to has no
+    /// guest memory, no rings and no kicks, so an idle host's many unconnected ports cost
+    /// the tick nothing, and with none watched (and no call ever signalled) there is no
+    /// tick at all.
+    watched: BTreeSet<u64>,
     /// Panic at the next connection ([`TEST_PANIC_ENV`]).
     test_panic: bool,
 }
@@ -464,6 +481,7 @@ impl Loop {
             panic!("{TEST_PANIC_ENV}=qs-vhost: a panic injected at a frontend connection");
         }
         p.dev.connected.store(true, Ordering::Relaxed);
+        self.watched.insert(id);
         self.gen += 1;
         let handler = Arc::new(StdMutex::new(Handler::new(p.dev.clone())));
         p.conn = Some(Conn {
@@ -557,18 +575,19 @@ impl Loop {
         if let Ok(events) = qswitch_sys::guestmap::fault_events() {
             let _ = events.drain();
         }
-        self.stop_faulted();
+        let all: Vec<u64> = self.ports.keys().copied().collect();
+        self.stop_faulted(&all);
     }
 
-    /// Stops the ports whose guest memory faulted. On a fault event, and on every watchdog
-    /// tick: the fault eventfd is the process's (the `SIGBUS` handler's), and the loop of
-    /// another switch in the process may have drained it first.
-    fn stop_faulted(&mut self) {
-        let faulted: Vec<u64> = self
-            .ports
+    /// Stops those of `ids` whose guest memory faulted. On a fault event (every port), and
+    /// on every watchdog tick (the watched ports: only a connected port has guest memory):
+    /// the fault eventfd is the process's (the `SIGBUS` handler's), and the loop of another
+    /// switch in the process may have drained it first.
+    fn stop_faulted(&mut self, ids: &[u64]) {
+        let faulted: Vec<u64> = ids
             .iter()
-            .filter(|(_, p)| p.dev.mem_faulted())
-            .map(|(&id, _)| id)
+            .copied()
+            .filter(|id| self.ports.get(id).is_some_and(|p| p.dev.mem_faulted()))
             .collect();
         for id in faulted {
             if let Some(p) = self.ports.get(&id) {
@@ -582,7 +601,7 @@ impl Loop {
 
     fn timers_due(&mut self) {
         let now = Instant::now();
-        if !self.watchdog_armed && (self.shared.calls.seen() || !self.ports.is_empty()) {
+        if !self.watchdog_armed && (self.shared.calls.seen() || !self.watched.is_empty()) {
             self.watchdog_armed = true;
             self.timers.push(Reverse((now + WATCHDOG, Timer::Watchdog)));
         }
@@ -594,13 +613,27 @@ impl Loop {
             match t {
                 Timer::Watchdog => {
                     self.call_watchdog();
-                    self.stop_faulted();
-                    for p in self.ports.values() {
+                    let watched: Vec<u64> = self.watched.iter().copied().collect();
+                    let looks = &self.shared.watchdog_looks;
+                    looks[0].fetch_add(1, Ordering::Relaxed);
+                    looks[1].fetch_add(watched.len() as u64, Ordering::Relaxed);
+                    self.stop_faulted(&watched);
+                    for id in watched {
+                        let Some(p) = self.ports.get(&id) else {
+                            self.watched.remove(&id);
+                            continue;
+                        };
                         if p.dev.kicks_muted.load(Ordering::Acquire) != 0 {
                             p.dev.unmute_kicks();
+                        } else if p.conn.is_none() {
+                            self.watched.remove(&id);
                         }
                     }
-                    self.timers.push(Reverse((now + WATCHDOG, Timer::Watchdog)));
+                    if self.shared.calls.seen() || !self.watched.is_empty() {
+                        self.timers.push(Reverse((now + WATCHDOG, Timer::Watchdog)));
+                    } else {
+                        self.watchdog_armed = false;
+                    }
                 }
                 Timer::Connect(id) => self.connect(id),
                 Timer::Handshake(id, gen) => {
