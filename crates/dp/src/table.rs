@@ -136,6 +136,9 @@ pub(crate) struct Shared {
     pub(crate) spin_ns: u64,
     pub(crate) qos: qos::QosShared,
     pub(crate) failure: Failure,
+    /// Flow export ([`crate::export::tap`]): none unless configured; workers take it with
+    /// their view.
+    pub(crate) export: arc_swap::ArcSwapOption<crate::export::ExportTap>,
 }
 
 impl Shared {
@@ -149,6 +152,7 @@ impl Shared {
             spin_ns,
             qos: qos::QosShared::new(reservable),
             failure: Failure::default(),
+            export: Default::default(),
         }
     }
 
