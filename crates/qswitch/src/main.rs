@@ -229,11 +229,15 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         let online = qswitch_sys::thread::online_cpus().unwrap_or_default();
         config.validate(&online)?;
         config.check_firewall_enforced()?;
-        Ok(config.switch.export_not_wired())
+        Ok(
+            qswitch::export::check(config.switch.ipfix, config.switch.sflow)
+                .err()
+                .map(|e| qswitch::chain(&e)),
+        )
     });
     match checked {
-        Ok(Some(unwired)) => {
-            eprintln!("qswitch: {unwired}");
+        Ok(Some(unreachable)) => {
+            eprintln!("qswitch: {unreachable}");
             ExitCode::from(2)
         }
         Ok(None) => {

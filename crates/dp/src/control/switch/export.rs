@@ -25,4 +25,15 @@ impl Switch {
     pub fn export_tap(&self) -> Option<Arc<ExportTap>> {
         self.shared.export.load_full()
     }
+
+    /// Every port's name and ifIndex in exported records ([`crate::export::tap::if_index`]).
+    pub fn export_if_indexes(&self) -> Vec<(String, u32)> {
+        self.shared
+            .ports
+            .load()
+            .iter()
+            .flatten()
+            .map(|p| (p.config.name.clone(), crate::export::tap::if_index(p.id)))
+            .collect()
+    }
 }
