@@ -71,6 +71,18 @@ pub enum Request {
     Capture(CaptureRequest),
     /// What the switch would do with `frame` (hex) arriving on `port`; changes nothing.
     Trace { port: String, frame: String },
+    /// Flow export, live: set the protocols given (the others keep theirs). Recorded in the
+    /// state file; refused whole, changing nothing, when a collector cannot be reached.
+    ExportSet {
+        #[serde(default)]
+        ipfix: Option<crate::config::IpfixConfig>,
+        #[serde(default)]
+        sflow: Option<crate::config::SflowConfig>,
+    },
+    /// Stop exporting with `protocol` ("ipfix" or "sflow"); recorded.
+    ExportOff { protocol: String },
+    /// What is exported and the exporter's counters.
+    ExportShow,
 }
 
 /// What a request may do, for the control socket's privilege check: members of
@@ -98,7 +110,8 @@ impl Request {
             | Request::QosShow
             | Request::ConfigDump
             | Request::Capture(_)
-            | Request::Trace { .. } => Access::Read,
+            | Request::Trace { .. }
+            | Request::ExportShow => Access::Read,
             Request::PortAdd { .. }
             | Request::PortDel { .. }
             | Request::PortSet { .. }
@@ -106,6 +119,8 @@ impl Request {
             | Request::PlacementPin { .. }
             | Request::PlacementMode { .. }
             | Request::QosSet { .. }
+            | Request::ExportSet { .. }
+            | Request::ExportOff { .. }
             | Request::Reload => Access::Admin,
         }
     }
@@ -131,6 +146,9 @@ impl Request {
             Request::ConfigDump => "config dump",
             Request::Capture(_) => "capture",
             Request::Trace { .. } => "trace",
+            Request::ExportSet { .. } => "export set",
+            Request::ExportOff { .. } => "export off",
+            Request::ExportShow => "export show",
         }
     }
 }
@@ -322,6 +340,8 @@ pub enum Response {
     Config {
         toml: String,
     },
+    /// `export show`.
+    Export(Box<ExportReport>),
     /// A capture started; packets follow.
     CaptureStarted {
         port: String,
@@ -902,4 +922,34 @@ mod tests {
         .unwrap();
         assert_eq!(s, r#"{"response":"error","message":"no"}"#);
     }
+}
+
+/// `qswitch export show`: what is exported and what the exporter counted since the daemon
+/// started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportReport {
+    pub ipfix: Option<crate::config::IpfixConfig>,
+    pub sflow: Option<crate::config::SflowConfig>,
+    pub counters: ExportCounters,
+}
+
+/// The flow exporter's counters (also in `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportCounters {
+    /// IPFIX flow records sent, messages sent, messages the kernel refused.
+    pub ipfix_records: u64,
+    pub ipfix_messages: u64,
+    pub ipfix_send_errors: u64,
+    /// Flow records by end reason (evicted: a full cache set).
+    pub ended_idle: u64,
+    pub ended_active: u64,
+    pub ended_forced: u64,
+    pub ended_evicted: u64,
+    /// Records and samples the workers dropped (their list for the exporter was full).
+    pub records_dropped: u64,
+    pub samples_dropped: u64,
+    pub sflow_flow_samples: u64,
+    pub sflow_counter_samples: u64,
+    pub sflow_datagrams: u64,
+    pub sflow_send_errors: u64,
 }

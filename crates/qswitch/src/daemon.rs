@@ -66,6 +66,48 @@ impl Daemon {
         }
     }
 
+    /// `export set` and `export off`: applied (sockets first: a collector that cannot be
+    /// reached changes nothing), then recorded in the state file.
+    pub fn export_change(&self, req: qswitch_api::Request) -> qswitch_api::Response {
+        let mut persist = self.persist.lock();
+        let s = persist.switch_config();
+        let (old_ipfix, old_sflow) = (s.ipfix, s.sflow);
+        let (mut ipfix, mut sflow) = (old_ipfix, old_sflow);
+        match req {
+            qswitch_api::Request::ExportSet { ipfix: i, sflow: f } => {
+                ipfix = i.or(ipfix);
+                sflow = f.or(sflow);
+            }
+            qswitch_api::Request::ExportOff { protocol } => match protocol.as_str() {
+                "ipfix" => ipfix = None,
+                "sflow" => sflow = None,
+                other => {
+                    return qswitch_api::Response::Error {
+                        message: format!("export off {other}: expected ipfix or sflow"),
+                    }
+                }
+            },
+            _ => {}
+        }
+        let result = self
+            .export
+            .configure(&self.switch, ipfix, sflow)
+            .and_then(|()| {
+                persist
+                    .commit_export(&self.switch, ipfix, sflow)
+                    .inspect_err(|_| {
+                        // Not recorded: back to what runs and is recorded.
+                        let _ = self.export.configure(&self.switch, old_ipfix, old_sflow);
+                    })
+            });
+        match result {
+            Ok(()) => qswitch_api::Response::Ok,
+            Err(e) => qswitch_api::Response::Error {
+                message: crate::chain(&e),
+            },
+        }
+    }
+
     /// `config dump`.
     pub fn dump(&self) -> qswitch_api::Response {
         match self.persist.lock().dump(&self.switch) {

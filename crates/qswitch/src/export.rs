@@ -26,7 +26,6 @@ use qswitch_dp::export::{
     TapConfig,
 };
 use qswitch_dp::Switch;
-use serde::{Deserialize, Serialize};
 
 /// How often the exporter takes what the workers hold.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -35,25 +34,7 @@ pub const CACHE_FLOWS: usize = 16_384;
 /// The IPFIX observation domain.
 const DOMAIN: u32 = 1;
 
-/// What the exporter counted since the daemon started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExportCounters {
-    pub ipfix_records: u64,
-    pub ipfix_messages: u64,
-    pub ipfix_send_errors: u64,
-    /// Records that ended, by reason.
-    pub ended_idle: u64,
-    pub ended_active: u64,
-    pub ended_forced: u64,
-    pub ended_evicted: u64,
-    /// Records and samples the workers dropped (their list for the exporter was full).
-    pub records_dropped: u64,
-    pub samples_dropped: u64,
-    pub sflow_flow_samples: u64,
-    pub sflow_counter_samples: u64,
-    pub sflow_datagrams: u64,
-    pub sflow_send_errors: u64,
-}
+pub use qswitch_api::request::ExportCounters;
 
 struct Ipfix {
     cfg: IpfixConfig,

@@ -81,6 +81,9 @@ enum Command {
     Placement(placement_cli::PlacementArgs),
     /// Re-read the daemon's config file and apply what changed (as SIGHUP does).
     Reload,
+    /// Flow export (IPFIX, sFlow), live: `ipfix set`, `sflow set`, `off`, `show`.
+    #[command(subcommand)]
+    Export(cli::ExportCmd),
     /// The effective configuration.
     #[command(subcommand)]
     Config(qswitch::state::ConfigCmd),
@@ -140,6 +143,7 @@ fn main() -> ExitCode {
             workers,
         } => cli::stats(&control, json, watch, workers),
         Command::Reload => qswitch::reload::cli(&control),
+        Command::Export(cmd) => cli::export(&control, cmd),
         Command::Config(cmd) => qswitch::state::cli(&control, cmd),
         Command::Capture(args) => capture::run(&control, args),
         Command::Trace(args) => capture::run_trace(&control, args),

@@ -164,6 +164,8 @@ pub fn is_change(req: &Request) -> bool {
             | Request::QosSet { .. }
             | Request::PlacementPin { .. }
             | Request::PlacementMode { .. }
+            | Request::ExportSet { .. }
+            | Request::ExportOff { .. }
             | Request::Reload
     )
 }

@@ -153,3 +153,95 @@ fn reload_starts_and_stops_export() {
     assert_eq!(common::port_names(&control), ["a"]);
     assert!(daemon.terminate(Duration::from_secs(10)).is_some());
 }
+
+/// `qswitch export ...`: set live, shown, recorded (a restart keeps it), off again; bad
+/// values are one line and change nothing.
+#[test]
+fn export_cli_sets_shows_records_and_turns_off() {
+    let dir = TempDir::new("vis-cli");
+    let control = dir.join("control.sock");
+    let base = format!(
+        "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nstate_dir = \"{}\"\n\
+         [[port]]\nname = \"a\"\ntype = \"gen\"\n",
+        first_cpu(),
+        control.display(),
+        dir.join("state").display()
+    );
+    let mut daemon = common::DaemonChild::start(dir.path(), "v", &base, &control);
+    let show = |control: &std::path::Path| common::qs_json(control, &["export", "show", "--json"]);
+    assert!(show(&control)["ipfix"].is_null() && show(&control)["sflow"].is_null());
+    let out = common::qs(
+        &control,
+        &[
+            "export",
+            "ipfix",
+            "set",
+            "--collector",
+            "127.0.0.1:4739",
+            "--sampling",
+            "0",
+        ],
+    );
+    assert!(!out.ok() && out.stderr_lines().len() == 1, "{out:?}");
+    assert!(
+        out.stderr_lines()[0].contains("sampling = 0: must be at least 1"),
+        "{out:?}"
+    );
+    let out = common::qs(
+        &control,
+        &[
+            "export",
+            "ipfix",
+            "set",
+            "--collector",
+            "127.0.0.1:4739",
+            "--sampling",
+            "10",
+            "--idle-timeout",
+            "5",
+        ],
+    );
+    assert!(out.ok(), "{out:?}");
+    let out = common::qs(
+        &control,
+        &[
+            "export",
+            "sflow",
+            "set",
+            "--collector",
+            "[::1]:6343",
+            "--sampling",
+            "100",
+        ],
+    );
+    assert!(out.ok(), "{out:?}");
+    let s = show(&control);
+    assert_eq!(s["ipfix"]["collector"], "127.0.0.1:4739", "{s}");
+    assert_eq!(
+        (
+            s["ipfix"]["sampling"].as_u64(),
+            s["ipfix"]["idle_timeout"].as_u64()
+        ),
+        (Some(10), Some(5))
+    );
+    assert_eq!(s["sflow"]["collector"], "[::1]:6343", "{s}");
+    let text = common::qs(&control, &["export", "show"]);
+    assert!(
+        text.stdout
+            .contains("ipfix  to 127.0.0.1:4739  sampling 1 in 10"),
+        "{text:?}"
+    );
+    assert!(common::qs(&control, &["config", "dump"])
+        .stdout
+        .contains("[switch.ipfix]"));
+    // Recorded: a restart exports the same.
+    assert!(daemon.terminate(Duration::from_secs(10)).is_some());
+    let mut daemon = common::DaemonChild::start(dir.path(), "v", &base, &control);
+    let s = show(&control);
+    assert_eq!(s["ipfix"]["sampling"].as_u64(), Some(10), "{s}");
+    assert_eq!(s["sflow"]["sampling"].as_u64(), Some(100), "{s}");
+    assert!(common::qs(&control, &["export", "off", "ipfix"]).ok());
+    let s = show(&control);
+    assert!(s["ipfix"].is_null() && !s["sflow"].is_null(), "{s}");
+    assert!(daemon.terminate(Duration::from_secs(10)).is_some());
+}
