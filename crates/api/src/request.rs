@@ -940,6 +940,8 @@ pub struct ExportCounters {
     pub ipfix_records: u64,
     pub ipfix_messages: u64,
     pub ipfix_send_errors: u64,
+    /// IPFIX messages that carried the templates (the first, then every 10 s).
+    pub ipfix_templates: u64,
     /// Flow records by end reason (evicted: a full cache set).
     pub ended_idle: u64,
     pub ended_active: u64,

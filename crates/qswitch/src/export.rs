@@ -277,7 +277,9 @@ impl Export {
         }
         if let Some(ip) = st.ipfix.as_mut() {
             // Also with no records: the templates when they are due.
+            let templates = ip.enc.template_sends();
             let msgs = ip.enc.encode(&records, unix);
+            st.counters.ipfix_templates += ip.enc.template_sends() - templates;
             let (sent, errors) = send_all(&ip.sock, msgs);
             st.counters.ipfix_records += records.len() as u64;
             st.counters.ipfix_messages += sent;
@@ -310,6 +312,9 @@ impl Export {
     /// The `/metrics` families of flow export (none while it never ran).
     pub fn metrics(&self) -> String {
         let c = self.counters();
+        if self.config() == (None, None) && c == ExportCounters::default() {
+            return String::new();
+        }
         let mut o = String::new();
         let fam = |o: &mut String, name: &str, help: &str, rows: &[(&str, u64)]| {
             o.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));

@@ -478,3 +478,46 @@ fn sflow_flow_and_counter_samples_in_tshark() {
         "{counters:?}"
     );
 }
+
+/// A collector that restarts (and so forgets the templates) reads the flows again once the
+/// exporter re-sends them (every 10 s, also with no flow to report).
+#[test]
+fn ipfix_template_survives_a_collector_restart() {
+    if !tools() {
+        return;
+    }
+    let n = 4;
+    let port = collector_port(n);
+    let dir = TempDir::new("export-nf4");
+    let first = nfcapd(&dir.join("1"), port, 1);
+    let mut lab = Lab::new(
+        n,
+        &format!("[switch.ipfix]\ncollector = \"127.0.0.1:{port}\"\n"),
+    );
+    lab.udp_stream(40_004, 100, 100);
+    lab.settled_stats();
+    let templates = |lab: &Lab| {
+        qs_json(&lab.control(), &["export", "show", "--json"])["counters"]["ipfix_templates"]
+            .as_u64()
+            .unwrap()
+    };
+    // The first collector goes; a new one on the same port knows no template.
+    common::signal(first.pid(), "TERM");
+    drop(first);
+    let second = nfcapd(&dir.join("2"), port, 1);
+    let before = templates(&lab);
+    // Within a template interval (10 s) the templates go out again.
+    assert!(
+        wait_until(Duration::from_secs(15), || templates(&lab) > before),
+        "no template refresh"
+    );
+    lab.udp_stream(40_005, 300, 100);
+    lab.settled_stats();
+    assert!(lab.daemon.terminate(Duration::from_secs(20)).is_some());
+    let flows = collected(second, port, &dir.join("2"));
+    assert_eq!(
+        sum(&flows, &lab.ip(0), &lab.ip(1), Some(40_005), 9999, "17"),
+        (300, 300 * 128),
+        "{flows:?}"
+    );
+}
