@@ -241,16 +241,22 @@ impl Export {
         let mut dropped = (0u64, 0u64);
         for slot in tap.slots() {
             let mut s = slot.lock();
-            let cap = s.records.capacity();
-            records.append(&mut std::mem::replace(
-                &mut s.records,
-                Vec::with_capacity(cap),
-            ));
-            let cap = s.samples.capacity();
-            samples.append(&mut std::mem::replace(
-                &mut s.samples,
-                Vec::with_capacity(cap),
-            ));
+            // Swapped for an empty list of the same capacity (the worker never allocates),
+            // only when there is something to take.
+            if !s.records.is_empty() {
+                let cap = s.records.capacity();
+                records.append(&mut std::mem::replace(
+                    &mut s.records,
+                    Vec::with_capacity(cap),
+                ));
+            }
+            if !s.samples.is_empty() {
+                let cap = s.samples.capacity();
+                samples.append(&mut std::mem::replace(
+                    &mut s.samples,
+                    Vec::with_capacity(cap),
+                ));
+            }
             if let Some(c) = s.cache.as_mut() {
                 if flush {
                     c.flush(&mut records);
