@@ -2394,28 +2394,6 @@ impl TryFrom<RuleKeys> for GroupRule {
     }
 }
 
-impl SwitchConfig {
-    /// The export tables this configuration asks for that the running switch cannot
-    /// honour yet (flow export is not wired to the data path): `qswitch run` and a reload
-    /// refuse such a configuration rather than run without the export it asks for.
-    pub fn export_not_wired(&self) -> Option<String> {
-        let tables: Vec<&str> = [
-            self.ipfix.is_some().then_some("[switch.ipfix]"),
-            self.sflow.is_some().then_some("[switch.sflow]"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        (!tables.is_empty()).then(|| {
-            format!(
-                "{}: flow export is not wired to the data path yet; remove the table to run \
-                 (docs/visibility.md)",
-                tables.join(" and ")
-            )
-        })
-    }
-}
-
 impl From<GroupRule> for RuleKeys {
     fn from(r: GroupRule) -> RuleKeys {
         let protocol = match r.protocol {
@@ -3483,9 +3461,6 @@ mod export_tests {
         let defaults = parse("[switch.ipfix]\ncollector = \"127.0.0.1:4739\"\n").unwrap();
         let d = defaults.switch.ipfix.unwrap();
         assert_eq!((d.sampling, d.active_timeout, d.idle_timeout), (1, 60, 15));
-        let e = c.switch.export_not_wired().unwrap();
-        assert!(e.starts_with("[switch.ipfix] and [switch.sflow]: flow export is not wired"));
-        assert!(parse("").unwrap().switch.export_not_wired().is_none());
     }
 
     #[test]

@@ -77,6 +77,18 @@ pub enum Request {
     MirrorAdd { mirror: crate::config::MirrorConfig },
     /// Remove a mirror session live.
     MirrorDel { name: String },
+    /// Flow export, live: set the protocols given (the others keep theirs). Recorded in the
+    /// state file; refused whole, changing nothing, when a collector cannot be reached.
+    ExportSet {
+        #[serde(default)]
+        ipfix: Option<crate::config::IpfixConfig>,
+        #[serde(default)]
+        sflow: Option<crate::config::SflowConfig>,
+    },
+    /// Stop exporting with `protocol` ("ipfix" or "sflow"); recorded.
+    ExportOff { protocol: String },
+    /// What is exported and the exporter's counters.
+    ExportShow,
 }
 
 /// What a request may do, for the control socket's privilege check: members of
@@ -105,7 +117,8 @@ impl Request {
             | Request::ConfigDump
             | Request::Capture(_)
             | Request::MirrorList
-            | Request::Trace { .. } => Access::Read,
+            | Request::Trace { .. }
+            | Request::ExportShow => Access::Read,
             Request::PortAdd { .. }
             | Request::PortDel { .. }
             | Request::PortSet { .. }
@@ -115,6 +128,8 @@ impl Request {
             | Request::QosSet { .. }
             | Request::MirrorAdd { .. }
             | Request::MirrorDel { .. }
+            | Request::ExportSet { .. }
+            | Request::ExportOff { .. }
             | Request::Reload => Access::Admin,
         }
     }
@@ -143,6 +158,9 @@ impl Request {
             Request::MirrorList => "mirror list",
             Request::MirrorAdd { .. } => "mirror add",
             Request::MirrorDel { .. } => "mirror del",
+            Request::ExportSet { .. } => "export set",
+            Request::ExportOff { .. } => "export off",
+            Request::ExportShow => "export show",
         }
     }
 }
@@ -334,6 +352,8 @@ pub enum Response {
     Config {
         toml: String,
     },
+    /// `export show`.
+    Export(Box<ExportReport>),
     /// A capture started; packets follow.
     CaptureStarted {
         port: String,
@@ -932,4 +952,36 @@ mod tests {
         .unwrap();
         assert_eq!(s, r#"{"response":"error","message":"no"}"#);
     }
+}
+
+/// `qswitch export show`: what is exported and what the exporter counted since the daemon
+/// started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportReport {
+    pub ipfix: Option<crate::config::IpfixConfig>,
+    pub sflow: Option<crate::config::SflowConfig>,
+    pub counters: ExportCounters,
+}
+
+/// The flow exporter's counters (also in `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportCounters {
+    /// IPFIX flow records sent, messages sent, messages the kernel refused.
+    pub ipfix_records: u64,
+    pub ipfix_messages: u64,
+    pub ipfix_send_errors: u64,
+    /// IPFIX messages that carried the templates (the first, then every 10 s).
+    pub ipfix_templates: u64,
+    /// Flow records by end reason (evicted: a full cache set).
+    pub ended_idle: u64,
+    pub ended_active: u64,
+    pub ended_forced: u64,
+    pub ended_evicted: u64,
+    /// Records and samples the workers dropped (their list for the exporter was full).
+    pub records_dropped: u64,
+    pub samples_dropped: u64,
+    pub sflow_flow_samples: u64,
+    pub sflow_counter_samples: u64,
+    pub sflow_datagrams: u64,
+    pub sflow_send_errors: u64,
 }

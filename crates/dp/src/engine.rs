@@ -99,6 +99,8 @@ pub struct View {
     vlan_aware: bool,
     /// Flood domains: (vlan, member port ids in table order), sorted by VLAN.
     floods: Vec<(u16, Vec<PortId>)>,
+    /// Flow export: what the workers offer forwarded frames to (none: export off).
+    export: Option<Arc<crate::export::ExportTap>>,
 }
 
 impl View {
@@ -137,6 +139,7 @@ impl View {
             policies,
             vlan_aware,
             floods: domains.into_iter().collect(),
+            export: None,
         }
     }
 
@@ -163,7 +166,9 @@ impl View {
 
     /// The switch's current table and `me`'s current queues.
     pub(crate) fn load(shared: &Shared, me: &WorkerShared) -> View {
-        View::new(shared.ports.load_full(), me.queues.load_full())
+        let mut v = View::new(shared.ports.load_full(), me.queues.load_full());
+        v.export = shared.export.load_full();
+        v
     }
 
     /// The rx queues this view polls, in order.
@@ -300,6 +305,12 @@ impl Forwarder {
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(rx_bytes);
         drops.flush(&qc.drops);
+        if let Some(x) = view.export.as_deref() {
+            let (meta, vlan_aware, vlan) = (&self.meta, view.vlan_aware, ingress.vlan);
+            let vlan_of = |i: usize| if vlan_aware { meta[i].vlan } else { vlan };
+            let (pkts, w) = (&self.burst.pkts, self.worker);
+            x.offer(w, pkts, &self.touched, &self.out, ingress.id, vlan_of, now);
+        }
         if view.vlan_aware {
             self.transmit_vlans(view, now);
         } else {

@@ -162,6 +162,9 @@ pub(crate) struct Shared {
     pub(crate) failure: Failure,
     /// Ports bpdu_guard disabled so far (each port's [`Disabled`] counts here).
     pub(crate) bpdu_trips: Arc<AtomicU64>,
+    /// Flow export ([`crate::export::tap`]): none unless configured; workers take it with
+    /// their view.
+    pub(crate) export: arc_swap::ArcSwapOption<crate::export::ExportTap>,
 }
 
 impl Shared {
@@ -176,6 +179,7 @@ impl Shared {
             qos: qos::QosShared::new(reservable),
             failure: Failure::default(),
             bpdu_trips: Arc::default(),
+            export: Default::default(),
         }
     }
 

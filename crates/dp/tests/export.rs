@@ -420,6 +420,7 @@ fn tshark_decodes_our_sflow() {
     let udp6 = frame(&v6(1), &v6(2), 40004, 4789, None, 60);
     let flows = [
         FlowSample {
+            frame_len: None,
             source: 3,
             input: 3,
             output: 4,
@@ -429,6 +430,7 @@ fn tshark_decodes_our_sflow() {
             frame: &tcp,
         },
         FlowSample {
+            frame_len: None,
             source: 4,
             input: 4,
             output: 3,

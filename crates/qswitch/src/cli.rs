@@ -791,3 +791,142 @@ pub fn mirror(control: &Path, cmd: MirrorCmd) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Subcommand, Debug)]
+pub enum ExportCmd {
+    /// IPFIX (RFC 7011) flow records to a collector over UDP.
+    #[command(subcommand)]
+    Ipfix(IpfixCmd),
+    /// sFlow v5 flow and counter samples to a collector over UDP.
+    #[command(subcommand)]
+    Sflow(SflowCmd),
+    /// Stop exporting with one protocol.
+    Off {
+        #[arg(value_parser = ["ipfix", "sflow"])]
+        protocol: String,
+    },
+    /// What is exported and what the exporter counted.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum IpfixCmd {
+    /// Export to this collector from now on (recorded; flows in the caches are flushed).
+    Set {
+        /// IP address and UDP port, e.g. 192.0.2.9:4739.
+        #[arg(long)]
+        collector: String,
+        /// Account 1 in N frames.
+        #[arg(long, default_value_t = 1)]
+        sampling: u32,
+        /// Seconds: a longer flow is reported and starts over.
+        #[arg(long, default_value_t = 60)]
+        active_timeout: u32,
+        /// Seconds without a frame: the flow ends.
+        #[arg(long, default_value_t = 15)]
+        idle_timeout: u32,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SflowCmd {
+    /// Export to this collector from now on (recorded).
+    Set {
+        /// IP address and UDP port, e.g. 192.0.2.9:6343.
+        #[arg(long)]
+        collector: String,
+        /// Sample 1 in N frames, on average.
+        #[arg(long)]
+        sampling: u32,
+        /// Seconds between counter samples (0: none).
+        #[arg(long, default_value_t = 20)]
+        polling: u32,
+    },
+}
+
+/// A `[switch.ipfix]`/`[switch.sflow]` table from the command line, checked as the config
+/// file's is (the same one-line errors).
+fn export_table<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> anyhow::Result<T> {
+    serde_json::from_value(v).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+pub fn export(control: &Path, cmd: ExportCmd) -> anyhow::Result<()> {
+    let req = match cmd {
+        ExportCmd::Ipfix(IpfixCmd::Set {
+            collector,
+            sampling,
+            active_timeout,
+            idle_timeout,
+        }) => Request::ExportSet {
+            ipfix: Some(export_table(serde_json::json!({
+                "collector": collector,
+                "sampling": sampling,
+                "active_timeout": active_timeout,
+                "idle_timeout": idle_timeout,
+            }))?),
+            sflow: None,
+        },
+        ExportCmd::Sflow(SflowCmd::Set {
+            collector,
+            sampling,
+            polling,
+        }) => Request::ExportSet {
+            ipfix: None,
+            sflow: Some(export_table(serde_json::json!({
+                "collector": collector,
+                "sampling": sampling,
+                "polling": polling,
+            }))?),
+        },
+        ExportCmd::Off { protocol } => Request::ExportOff { protocol },
+        ExportCmd::Show { json } => {
+            let Response::Export(r) = call(control, &Request::ExportShow)? else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                return Ok(());
+            }
+            match &r.ipfix {
+                Some(i) => println!(
+                    "ipfix  to {}  sampling 1 in {}  active {} s  idle {} s",
+                    i.collector, i.sampling, i.active_timeout, i.idle_timeout
+                ),
+                None => println!("ipfix  off"),
+            }
+            match &r.sflow {
+                Some(s) => println!(
+                    "sflow  to {}  sampling 1 in {}  polling {} s",
+                    s.collector, s.sampling, s.polling
+                ),
+                None => println!("sflow  off"),
+            }
+            let c = &r.counters;
+            println!(
+                "ipfix  records {}  messages {}  send errors {}  ended: idle {} active {} forced {} evicted {}  dropped {}",
+                c.ipfix_records,
+                c.ipfix_messages,
+                c.ipfix_send_errors,
+                c.ended_idle,
+                c.ended_active,
+                c.ended_forced,
+                c.ended_evicted,
+                c.records_dropped
+            );
+            println!(
+                "sflow  flow samples {}  counter samples {}  datagrams {}  send errors {}  dropped {}",
+                c.sflow_flow_samples,
+                c.sflow_counter_samples,
+                c.sflow_datagrams,
+                c.sflow_send_errors,
+                c.samples_dropped
+            );
+            return Ok(());
+        }
+    };
+    call(control, &req)?;
+    Ok(())
+}

@@ -482,6 +482,17 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
             mirrors: sw.mirrors(),
         },
         Request::ConfigDump => daemon.dump(),
+        Request::ExportShow => {
+            let (ipfix, sflow) = daemon.export.config();
+            Response::Export(Box::new(qswitch_api::request::ExportReport {
+                ipfix,
+                sflow,
+                counters: daemon.export.counters(),
+            }))
+        }
+        change @ (Request::ExportSet { .. } | Request::ExportOff { .. }) => {
+            daemon.export_change(change)
+        }
         Request::Trace { port, frame } => crate::capture::trace(daemon, &port, &frame),
         Request::Capture(_) => Response::Error {
             message: "capture is a streaming request (use the control socket)".into(),

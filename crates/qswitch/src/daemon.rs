@@ -36,6 +36,8 @@ pub struct Daemon {
     pub persist: Mutex<crate::state::Persist>,
     /// The captures running (at most [`crate::capture::MAX_CAPTURES`]).
     pub captures: crate::capture::Running,
+    /// Flow export (IPFIX, sFlow): see [`crate::export`].
+    pub export: crate::export::Export,
 }
 
 impl Daemon {
@@ -50,8 +52,61 @@ impl Daemon {
     /// the persistence mutex, so changes are recorded in the order they are applied.
     pub fn change(&self, req: qswitch_api::Request) -> qswitch_api::Response {
         let mut persist = self.persist.lock();
+        let reload = matches!(req, qswitch_api::Request::Reload);
         match persist.change(&self.switch, req) {
+            Ok(r) if reload => {
+                // The reload recorded the file's export tables where they changed.
+                let s = persist.switch_config();
+                match self.export.configure(&self.switch, s.ipfix, s.sflow) {
+                    Ok(()) => r,
+                    Err(e) => qswitch_api::Response::Error {
+                        message: format!("{}; the rest of the reload applied", crate::chain(&e)),
+                    },
+                }
+            }
             Ok(r) => r,
+            Err(e) => qswitch_api::Response::Error {
+                message: crate::chain(&e),
+            },
+        }
+    }
+
+    /// `export set` and `export off`: applied (sockets first: a collector that cannot be
+    /// reached changes nothing), then recorded in the state file.
+    pub fn export_change(&self, req: qswitch_api::Request) -> qswitch_api::Response {
+        let mut persist = self.persist.lock();
+        let s = persist.switch_config();
+        let (old_ipfix, old_sflow) = (s.ipfix, s.sflow);
+        let (mut ipfix, mut sflow) = (old_ipfix, old_sflow);
+        match req {
+            qswitch_api::Request::ExportSet { ipfix: i, sflow: f } => {
+                ipfix = i.or(ipfix);
+                sflow = f.or(sflow);
+            }
+            qswitch_api::Request::ExportOff { protocol } => match protocol.as_str() {
+                "ipfix" => ipfix = None,
+                "sflow" => sflow = None,
+                other => {
+                    return qswitch_api::Response::Error {
+                        message: format!("export off {other}: expected ipfix or sflow"),
+                    }
+                }
+            },
+            _ => {}
+        }
+        let result = self
+            .export
+            .configure(&self.switch, ipfix, sflow)
+            .and_then(|()| {
+                persist
+                    .commit_export(&self.switch, ipfix, sflow)
+                    .inspect_err(|_| {
+                        // Not recorded: back to what runs and is recorded.
+                        let _ = self.export.configure(&self.switch, old_ipfix, old_sflow);
+                    })
+            });
+        match result {
+            Ok(()) => qswitch_api::Response::Ok,
             Err(e) => qswitch_api::Response::Error {
                 message: crate::chain(&e),
             },
@@ -94,8 +149,8 @@ pub fn run(path: &Path) -> ExitCode {
     if let Err(e) = file.validate(&online) {
         return config_error(&e);
     }
-    if let Some(e) = file.switch.export_not_wired() {
-        eprintln!("qswitch: {e}");
+    if let Err(e) = crate::export::check(file.switch.ipfix, file.switch.sflow) {
+        eprintln!("qswitch: {}", crate::chain(&e));
         return ExitCode::from(EXIT_CONFIG);
     }
     // Security groups parse but the data path does not enforce them yet: refuse, never run
@@ -317,7 +372,20 @@ fn serve(
         history: Mutex::new(crate::series::History::new()),
         persist: Mutex::new(persist),
         captures: Default::default(),
+        export: Default::default(),
     });
+    daemon
+        .export
+        .configure(&daemon.switch, config.switch.ipfix, config.switch.sflow)?;
+    let exporter = {
+        let (daemon, term) = (daemon.clone(), term.clone());
+        let d = daemon.clone();
+        d.switch
+            .spawn("qs-export", move || {
+                crate::export::run(&daemon.export, &daemon.switch, &term)
+            })
+            .context("cannot start the export thread")?
+    };
     let server = {
         let (daemon, term) = (daemon.clone(), term.clone());
         let d = daemon.clone();
@@ -442,6 +510,7 @@ fn serve(
     tracing::info!("stopping");
     term.store(true, Ordering::Relaxed);
     let _ = server.join();
+    let _ = exporter.join();
     if let Some(t) = http_server {
         let _ = t.join();
     }

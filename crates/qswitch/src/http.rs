@@ -325,6 +325,7 @@ fn respond(daemon: &Daemon, req: &Request<Incoming>) -> Response<Full<Bytes>> {
                 &daemon.switch.placement(),
             );
             text.push_str(&crate::metrics::render_mirrors(&daemon.switch.mirrors()));
+            text.push_str(&daemon.export.metrics());
             (
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",

@@ -84,6 +84,9 @@ enum Command {
     Placement(placement_cli::PlacementArgs),
     /// Re-read the daemon's config file and apply what changed (as SIGHUP does).
     Reload,
+    /// Flow export (IPFIX, sFlow), live: `ipfix set`, `sflow set`, `off`, `show`.
+    #[command(subcommand)]
+    Export(cli::ExportCmd),
     /// The effective configuration.
     #[command(subcommand)]
     Config(qswitch::state::ConfigCmd),
@@ -144,6 +147,7 @@ fn main() -> ExitCode {
             workers,
         } => cli::stats(&control, json, watch, workers),
         Command::Reload => qswitch::reload::cli(&control),
+        Command::Export(cmd) => cli::export(&control, cmd),
         Command::Config(cmd) => qswitch::state::cli(&control, cmd),
         Command::Capture(args) => capture::run(&control, args),
         Command::Trace(args) => capture::run_trace(&control, args),
@@ -233,11 +237,15 @@ fn check_config(path: &std::path::Path) -> ExitCode {
         let online = qswitch_sys::thread::online_cpus().unwrap_or_default();
         config.validate(&online)?;
         config.check_firewall_enforced()?;
-        Ok(config.switch.export_not_wired())
+        Ok(
+            qswitch::export::check(config.switch.ipfix, config.switch.sflow)
+                .err()
+                .map(|e| qswitch::chain(&e)),
+        )
     });
     match checked {
-        Ok(Some(unwired)) => {
-            eprintln!("qswitch: {unwired}");
+        Ok(Some(unreachable)) => {
+            eprintln!("qswitch: {unreachable}");
             ExitCode::from(2)
         }
         Ok(None) => {

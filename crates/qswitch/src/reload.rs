@@ -29,9 +29,6 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     let online = qswitch_sys::thread::online_cpus().context("cannot read the online CPUs")?;
     file.validate(&online)
         .map_err(|e| anyhow!("{e}; nothing changed"))?;
-    if let Some(e) = file.switch.export_not_wired() {
-        anyhow::bail!("{e}; nothing changed");
-    }
     file.check_firewall_enforced()
         .map_err(|e| anyhow!("{e}; nothing changed"))?;
     let live = p.live(sw);
@@ -46,6 +43,9 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     }
     let mut keep = live.config.switch.clone();
     keep.placement = target.config.switch.placement;
+    // Flow export: the file's tables where they changed (the daemon applies them after).
+    keep.ipfix = target.config.switch.ipfix;
+    keep.sflow = target.config.switch.sflow;
     target.config.switch = keep;
     target.config.validate(&online).map_err(|e| {
         anyhow!("the file with the live changes on top is invalid: {e}; nothing changed")

@@ -168,6 +168,8 @@ pub fn is_change(req: &Request) -> bool {
             | Request::PlacementMode { .. }
             | Request::MirrorAdd { .. }
             | Request::MirrorDel { .. }
+            | Request::ExportSet { .. }
+            | Request::ExportOff { .. }
             | Request::Reload
     )
 }
@@ -476,6 +478,25 @@ impl Persist {
 
     /// Records what runs: the switch's ports, with `switch` and `pins` (which become this
     /// record's), and `base` as the file's text when given. Durable before it returns.
+    /// Records flow export as set live (`qswitch export`): the state file's `[switch]`
+    /// gets the tables, and a restart or reload keeps them while the file's do not change.
+    pub fn commit_export(
+        &mut self,
+        sw: &Switch,
+        ipfix: Option<qswitch_api::config::IpfixConfig>,
+        sflow: Option<qswitch_api::config::SflowConfig>,
+    ) -> anyhow::Result<()> {
+        let mut switch = self.switch.clone();
+        switch.ipfix = ipfix;
+        switch.sflow = sflow;
+        self.commit(sw, switch, self.pins.clone(), None)
+    }
+
+    /// The `[switch]` table as it runs (the file's, with the live changes on top).
+    pub fn switch_config(&self) -> &SwitchConfig {
+        &self.switch
+    }
+
     pub fn commit(
         &mut self,
         sw: &Switch,
@@ -636,6 +657,13 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
     let mut switch = file.switch.clone();
     if file.switch.placement == base.switch.placement {
         switch.placement = live.config.switch.placement;
+    }
+    // Flow export set live (`qswitch export`) stays unless the file's table changed.
+    if file.switch.ipfix == base.switch.ipfix {
+        switch.ipfix = live.config.switch.ipfix;
+    }
+    if file.switch.sflow == base.switch.sflow {
+        switch.sflow = live.config.switch.sflow;
     }
     let config = Config {
         switch,

@@ -241,6 +241,21 @@ impl FlowCache {
         now_ms: u64,
         out: &mut Vec<FlowRecord>,
     ) {
+        self.observe_in(frame, ingress, egress, None, now_ms, out)
+    }
+
+    /// [`FlowCache::observe`] with the frame's VLAN as the switch decided it (`Some(0)`:
+    /// none), where the frame's own tag may not say it (an untagged frame of an access
+    /// port's VLAN). `None`: the frame's tag.
+    pub fn observe_in(
+        &mut self,
+        frame: &[u8],
+        ingress: u32,
+        egress: u32,
+        vlan: Option<u16>,
+        now_ms: u64,
+        out: &mut Vec<FlowRecord>,
+    ) {
         self.stats.frames += 1;
         self.countdown -= 1;
         if self.countdown > 0 {
@@ -248,10 +263,13 @@ impl FlowCache {
         }
         self.countdown = self.cfg.sampling.max(1);
         self.stats.sampled += 1;
-        let Some((key, octets, flags)) = parse(frame, ingress, egress) else {
+        let Some((mut key, octets, flags)) = parse(frame, ingress, egress) else {
             self.stats.not_ip += 1;
             return;
         };
+        if let Some(v) = vlan {
+            key.vlan = (v != 0).then_some(v);
+        }
         let set = (self.hasher.hash_one(key) % self.sets as u64) as usize * WAYS;
         let ways = &mut self.slots[set..set + WAYS];
         if let Some(i) = ways.iter().position(|s| s.is_some_and(|e| e.key == key)) {

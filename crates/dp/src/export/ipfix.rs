@@ -103,6 +103,7 @@ pub struct IpfixEncoder {
     /// How often the templates are sent again.
     pub template_interval_ms: u64,
     messages: u64,
+    template_sends: u64,
 }
 
 impl IpfixEncoder {
@@ -117,6 +118,7 @@ impl IpfixEncoder {
             templates_sent_ms: None,
             template_interval_ms: 10_000,
             messages: 0,
+            template_sends: 0,
         }
     }
 
@@ -128,6 +130,11 @@ impl IpfixEncoder {
     /// Messages written so far.
     pub fn messages(&self) -> u64 {
         self.messages
+    }
+
+    /// Messages that carried the templates so far.
+    pub fn template_sends(&self) -> u64 {
+        self.template_sends
     }
 
     /// Puts the templates in the next message, whatever the interval.
@@ -202,6 +209,7 @@ impl IpfixEncoder {
     /// The template set (both flow templates), the options template set and its record.
     /// About 200 bytes: always fits an empty message.
     fn put_templates(&mut self, m: &mut Vec<u8>) {
+        self.template_sends += 1;
         let at = open_set(m, 2);
         for (id, v6) in [(TEMPLATE_V4, false), (TEMPLATE_V6, true)] {
             let f = fields(v6);

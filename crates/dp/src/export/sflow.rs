@@ -86,6 +86,8 @@ pub struct FlowSample<'a> {
     /// The frame as it crossed the switch (without FCS); only its first
     /// [`HEADER_BYTES`] are sent.
     pub frame: &'a [u8],
+    /// The frame's full length when `frame` holds only its start (`None`: `frame.len()`).
+    pub frame_len: Option<u32>,
 }
 
 /// Generic interface counters of one port (RFC 2233 names; 32-bit ones wrap).
@@ -228,7 +230,7 @@ impl SflowEncoder {
         put32(&mut s, RAW_HEADER);
         put32(&mut s, record_len as u32);
         put32(&mut s, 1); // header protocol: Ethernet (ISO 8802-3)
-        put32(&mut s, f.frame.len() as u32); // frame length
+        put32(&mut s, f.frame_len.unwrap_or(f.frame.len() as u32)); // frame length
         put32(&mut s, 0); // stripped: we hold no FCS
         put32(&mut s, header.len() as u32);
         s.extend_from_slice(header);

@@ -272,6 +272,7 @@ fn sflow_datagrams() {
     let mut e = SflowEncoder::new("192.0.2.1".parse().unwrap(), 0, 1400);
     let flows: Vec<FlowSample> = (0..20)
         .map(|i| FlowSample {
+            frame_len: None,
             source: 1,
             input: 1,
             output: 2,

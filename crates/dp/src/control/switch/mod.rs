@@ -40,6 +40,7 @@
 //! would between bursts).
 
 pub(crate) mod drivers;
+mod export;
 mod inspect;
 mod mirror;
 mod ports;
