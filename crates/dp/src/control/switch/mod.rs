@@ -41,6 +41,7 @@
 
 pub(crate) mod drivers;
 mod inspect;
+mod lldp;
 mod ports;
 pub use ports::Record;
 mod reports;
