@@ -319,11 +319,14 @@ fn respond(daemon: &Daemon, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             DASHBOARD.as_bytes().to_vec(),
         ),
         "/metrics" => {
-            let text = crate::metrics::render(
+            let mut text = crate::metrics::render(
                 &daemon.switch.stats(),
                 &daemon.switch.ports(),
                 &daemon.switch.placement(),
             );
+            text.push_str(&crate::metrics::render_lldp(
+                &daemon.switch.lldp(None).unwrap_or_default(),
+            ));
             (
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
