@@ -9,7 +9,8 @@
 //!   TTL; `/metrics` counts it; when the peer's link goes down (lldpd can send no shutdown
 //!   LLDPDU), the neighbour ages out after its TTL.
 //! - `quiet`, `lldp = "off"`: `qswitch lldp quiet` shows nothing although lldpd's LLDPDUs
-//!   reach the port (counted as the `lldp` drop), and lldpd hears nothing from qswitch.
+//!   reach the port (counted as the `lldp` drop), and lldpd hears nothing from qswitch;
+//!   reloaded with `lldp = "rx"`, it shows its lldpd and still sends nothing.
 //!
 //! lldpd is stopped by PID, the namespaces and veths removed on drop, also on failure.
 
@@ -256,6 +257,26 @@ fn lldp_with_lldpd_both_ways_aging_and_off() {
     });
     assert!(aged, "the neighbour outlived its TTL: {ports:?}");
     assert_eq!(ports[0]["aged_out"], 1, "{ports:?}");
+
+    // Reload with `quiet` turned to "rx": the port is added again with an agent, which
+    // hears its lldpd, and sends nothing.
+    std::fs::write(
+        dir.join("qswitch.toml"),
+        config.replace("lldp = \"off\"", "lldp = \"rx\""),
+    )
+    .unwrap();
+    qs(&control, &["reload"]).assert_ok("reload");
+    let mut ports = Vec::new();
+    let heard = wait_until(WAIT, || {
+        ports = lldp(&control, Some("quiet"));
+        ports.len() == 1
+            && ports[0]["neighbors"]
+                .as_array()
+                .is_some_and(|n| n.iter().any(|n| n["system_name"] == quiet.name.as_str()))
+    });
+    assert!(heard, "after reload, quiet does not show its lldpd: {ports:?}");
+    assert_eq!((&ports[0]["mode"], &ports[0]["tx"]), (&"rx".into(), &0.into()));
+    assert!(!quiet.neighbors().contains("chassis.name"));
 
     // An unknown port is a one-line error.
     let bad = qs(&control, &["lldp", "nosuch"]);
