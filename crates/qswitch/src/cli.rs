@@ -424,14 +424,20 @@ pub fn lldp(control: &Path, port: Option<String>, json: bool) -> anyhow::Result<
             "  {:<20} {:<18} {:<20} {:<16} {:<18} {:>7}",
             "CHASSIS", "PORT ID", "SYSTEM NAME", "PORT DESCR", "MGMT ADDRESS", "TTL(s)"
         );
+        // A neighbour chooses its strings: control characters (terminal escapes) are
+        // printed escaped, never sent to the operator's terminal.
+        let text = |s: Option<&str>| match s {
+            Some(s) => s.chars().flat_map(char::escape_debug).collect::<String>(),
+            None => "-".to_string(),
+        };
         for n in &p.neighbors {
             println!(
                 "  {:<20} {:<18} {:<20} {:<16} {:<18} {:>7}",
-                n.chassis_id,
-                n.port_id,
-                n.system_name.as_deref().unwrap_or("-"),
-                n.port_description.as_deref().unwrap_or("-"),
-                n.management_address.as_deref().unwrap_or("-"),
+                text(Some(&n.chassis_id)),
+                text(Some(&n.port_id)),
+                text(n.system_name.as_deref()),
+                text(n.port_description.as_deref()),
+                text(n.management_address.as_deref()),
                 n.ttl_remaining_s
             );
         }

@@ -274,8 +274,14 @@ fn lldp_with_lldpd_both_ways_aging_and_off() {
                 .as_array()
                 .is_some_and(|n| n.iter().any(|n| n["system_name"] == quiet.name.as_str()))
     });
-    assert!(heard, "after reload, quiet does not show its lldpd: {ports:?}");
-    assert_eq!((&ports[0]["mode"], &ports[0]["tx"]), (&"rx".into(), &0.into()));
+    assert!(
+        heard,
+        "after reload, quiet does not show its lldpd: {ports:?}"
+    );
+    assert_eq!(
+        (&ports[0]["mode"], &ports[0]["tx"]),
+        (&"rx".into(), &0.into())
+    );
     assert!(!quiet.neighbors().contains("chassis.name"));
 
     // An unknown port is a one-line error.
