@@ -6,11 +6,12 @@
 //! - `up`, `lldp = "both"`: `lldpcli show neighbors` on the peer shows qswitch (system
 //!   name = the host name, port id = the interface name, TTL 121 s); `qswitch lldp` shows
 //!   lldpd's chassis id, port id, system name, port description, management address and
-//!   TTL; `/metrics` counts it; when the peer's link goes down (lldpd can send no shutdown
-//!   LLDPDU), the neighbour ages out after its TTL.
+//!   TTL; `/metrics` counts it.
 //! - `quiet`, `lldp = "off"`: `qswitch lldp quiet` shows nothing although lldpd's LLDPDUs
 //!   reach the port (counted as the `lldp` drop), and lldpd hears nothing from qswitch;
-//!   reloaded with `lldp = "rx"`, it shows its lldpd and still sends nothing.
+//!   reloaded with `lldp = "rx"`, it shows its lldpd and still sends nothing; when the
+//!   peer's link goes down (lldpd can send no shutdown LLDPDU), the neighbour ages out
+//!   after its TTL.
 //!
 //! lldpd is stopped by PID, the namespaces and veths removed on drop, also on failure.
 
@@ -245,19 +246,6 @@ fn lldp_with_lldpd_both_ways_aging_and_off() {
         "{m}"
     );
 
-    // A neighbour that falls silent (its link goes down: no shutdown LLDPDU) ages out after
-    // its 4 s TTL.
-    up.ns.ok(&["ip", "link", "set", "dev", "eth0", "down"]);
-    let mut ports = Vec::new();
-    let aged = wait_until(Duration::from_secs(12), || {
-        ports = lldp(&control, Some("up"));
-        ports[0]["neighbors"]
-            .as_array()
-            .is_some_and(|n| n.is_empty())
-    });
-    assert!(aged, "the neighbour outlived its TTL: {ports:?}");
-    assert_eq!(ports[0]["aged_out"], 1, "{ports:?}");
-
     // Reload with `quiet` turned to "rx": the port is added again with an agent, which
     // hears its lldpd, and sends nothing.
     std::fs::write(
@@ -283,6 +271,19 @@ fn lldp_with_lldpd_both_ways_aging_and_off() {
         (&"rx".into(), &0.into())
     );
     assert!(!quiet.neighbors().contains("chassis.name"));
+
+    // A neighbour that falls silent (its link goes down: no shutdown LLDPDU) ages out after
+    // its 4 s TTL.
+    quiet.ns.ok(&["ip", "link", "set", "dev", "eth0", "down"]);
+    let mut ports = Vec::new();
+    let aged = wait_until(Duration::from_secs(12), || {
+        ports = lldp(&control, Some("quiet"));
+        ports[0]["neighbors"]
+            .as_array()
+            .is_some_and(|n| n.is_empty())
+    });
+    assert!(aged, "the neighbour outlived its TTL: {ports:?}");
+    assert_eq!(ports[0]["aged_out"], 1, "{ports:?}");
 
     // An unknown port is a one-line error.
     let bad = qs(&control, &["lldp", "nosuch"]);
