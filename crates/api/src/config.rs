@@ -76,6 +76,7 @@
 //! queues = 2                       # default: every rx queue of the NIC
 //! mode = "auto"                    # or native, skb, packet; `port list` shows the one in use
 //! vlan = 20
+//! lldp = "both"                    # LLDP: rx (default on uplinks), both (also transmit), off
 //! ```
 //! Rates are bits/s of L2 frames (Ethernet header counted, FCS not) with an
 //! optional k/M/G/T suffix (powers of 1000): "150M", "1.5G", "800000".
@@ -725,6 +726,45 @@ pub struct PortConfig {
     pub security_groups: Vec<String>,
     /// Most tracked connections of the port (default: only the switch-wide limit).
     pub max_sessions: Option<u32>,
+    /// LLDP on the port (`qswitch_dp::lldp`); `None`: the default, [`LldpMode::Rx`] on an
+    /// uplink (afxdp, or a port with `capacity`), off elsewhere ([`PortConfig::lldp_mode`]).
+    pub lldp: Option<LldpMode>,
+}
+
+/// `lldp = "rx" | "both" | "off"`: what a port does with IEEE 802.1AB LLDP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LldpMode {
+    /// Neither receive nor transmit.
+    Off,
+    /// Receive: neighbours are kept and shown (`qswitch lldp`).
+    Rx,
+    /// Receive, and transmit this switch's LLDPDUs every 30 s.
+    Both,
+}
+
+impl fmt::Display for LldpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LldpMode::Off => "off",
+            LldpMode::Rx => "rx",
+            LldpMode::Both => "both",
+        })
+    }
+}
+
+impl FromStr for LldpMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(LldpMode::Off),
+            "rx" => Ok(LldpMode::Rx),
+            "both" => Ok(LldpMode::Both),
+            other => Err(format!(
+                "unknown lldp mode '{other}' (expected rx, both or off)"
+            )),
+        }
+    }
 }
 
 /// `owner = { cni = "NETWORK", container = "ID", ifname = "eth0" }`: the CNI attachment a
@@ -989,6 +1029,8 @@ impl QosSettings {
 /// Why a port's keys do not make a port.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PortError {
+    #[error("lldp needs a kernel interface (afxdp, tap or veth), not type {0}")]
+    Lldp(PortType),
     #[error("type {kind} needs {key}")]
     Missing { kind: PortType, key: &'static str },
     #[error("key '{key}' does not apply to type {kind}")]
@@ -1109,6 +1151,9 @@ pub struct PortKeys {
     /// Most tracked connections of the port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_sessions: Option<u32>,
+    /// LLDP: rx, both or off (default: rx on uplinks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lldp: Option<LldpMode>,
 }
 
 fn default_queues() -> u16 {
@@ -1163,6 +1208,7 @@ impl PortKeys {
             bpdu_guard: None,
             security_groups: None,
             max_sessions: None,
+            lldp: None,
         }
     }
 }
@@ -1271,6 +1317,7 @@ impl TryFrom<PortKeys> for PortConfig {
             kind,
             security_groups: k.security_groups.unwrap_or_default(),
             max_sessions: k.max_sessions,
+            lldp: k.lldp,
         };
         port.validate()?;
         Ok(port)
@@ -1298,6 +1345,7 @@ impl From<PortConfig> for PortKeys {
         k.bpdu_guard = p.bpdu_guard.then_some(true);
         k.security_groups = (!p.security_groups.is_empty()).then_some(p.security_groups);
         k.max_sessions = p.max_sessions;
+        k.lldp = p.lldp;
         match p.kind {
             PortKind::Tap(t) => k.ifname = Some(t.ifname),
             PortKind::Veth(v) => {
@@ -1349,6 +1397,7 @@ impl PortConfig {
             kind,
             security_groups: Vec::new(),
             max_sessions: None,
+            lldp: None,
         }
     }
 
@@ -1430,7 +1479,35 @@ impl PortConfig {
             }
         }
         self.qos_settings().check()?;
+        if matches!(self.lldp, Some(LldpMode::Rx | LldpMode::Both)) && self.lldp_ifname().is_none()
+        {
+            return Err(PortError::Lldp(self.kind.port_type()));
+        }
         Ok(())
+    }
+
+    /// The interface LLDP runs on: afxdp, tap and veth ports have one (it is the port id
+    /// LLDP sends); vhost-user, vxlan and gen ports have none.
+    pub fn lldp_ifname(&self) -> Option<&str> {
+        match &self.kind {
+            PortKind::AfXdp(a) => Some(a.ifname.as_str()),
+            PortKind::Tap(t) => Some(t.ifname.as_str()),
+            PortKind::Veth(v) => Some(v.ifname.as_str()),
+            PortKind::VhostUser(_) | PortKind::Vxlan(_) | PortKind::Gen(_) => None,
+        }
+    }
+
+    /// What LLDP does on the port: `lldp` if set, else [`LldpMode::Rx`] on an uplink (an
+    /// afxdp port, or a tap or veth port with `capacity`) and [`LldpMode::Off`] elsewhere.
+    pub fn lldp_mode(&self) -> LldpMode {
+        match self.lldp {
+            Some(m) => m,
+            None if self.lldp_ifname().is_none() => LldpMode::Off,
+            None if matches!(self.kind, PortKind::AfXdp(_)) || self.capacity.is_some() => {
+                LldpMode::Rx
+            }
+            None => LldpMode::Off,
+        }
     }
 
     /// The port's CPU set, if it has one.
@@ -3279,6 +3356,43 @@ capacity = "10G"
         }
     }
 
+    #[test]
+    fn lldp_key_defaults_to_rx_on_uplinks_and_needs_an_interface() {
+        let port = |keys: &str| {
+            Config::from_toml(&format!(
+                "[switch]\nworkers = \"0\"\n[[port]]\nname = \"p\"\n{keys}\n"
+            ))
+            .map(|c| c.ports[0].clone())
+        };
+        let nic = port("type = \"afxdp\"\nifname = \"eth1\"").unwrap();
+        assert_eq!((nic.lldp, nic.lldp_mode()), (None, LldpMode::Rx));
+        let tap = port("type = \"tap\"\nifname = \"t0\"").unwrap();
+        assert_eq!(tap.lldp_mode(), LldpMode::Off);
+        let up = port("type = \"tap\"\nifname = \"t0\"\ncapacity = \"1G\"").unwrap();
+        assert_eq!(up.lldp_mode(), LldpMode::Rx);
+        let both = port("type = \"veth\"\nifname = \"v0\"\nlldp = \"both\"").unwrap();
+        assert_eq!(both.lldp_mode(), LldpMode::Both);
+        let off = port("type = \"afxdp\"\nifname = \"eth1\"\nlldp = \"off\"").unwrap();
+        assert_eq!(off.lldp_mode(), LldpMode::Off);
+        // Dumped and read back with the key.
+        let cfg = Config {
+            ports: vec![both.clone()],
+            ..Config::from_toml("[switch]\nworkers = \"0\"\n").unwrap()
+        };
+        let dumped = cfg.to_toml().unwrap();
+        assert!(dumped.contains("lldp = \"both\""), "{dumped}");
+        assert_eq!(Config::from_toml(&dumped).unwrap().ports[0], both);
+        let e = port("type = \"gen\"\nlldp = \"rx\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lldp needs a kernel interface"), "{e}");
+        assert!(!e.contains('\n'));
+        let e = port("type = \"tap\"\nifname = \"t0\"\nlldp = \"tx\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lldp"), "{e}");
+    }
+
     mod prop {
         use proptest::prelude::*;
 
@@ -3368,6 +3482,7 @@ capacity = "10G"
                     kind,
                     security_groups: Vec::new(),
                     max_sessions: None,
+                    lldp: None,
                 })
         }
 

@@ -89,6 +89,11 @@ pub enum Request {
     ExportOff { protocol: String },
     /// What is exported and the exporter's counters.
     ExportShow,
+    /// LLDP neighbours of every port with LLDP, or of `port` only.
+    Lldp {
+        #[serde(default)]
+        port: Option<String>,
+    },
 }
 
 /// What a request may do, for the control socket's privilege check: members of
@@ -118,6 +123,7 @@ impl Request {
             | Request::Capture(_)
             | Request::MirrorList
             | Request::Trace { .. }
+            | Request::Lldp { .. }
             | Request::ExportShow => Access::Read,
             Request::PortAdd { .. }
             | Request::PortDel { .. }
@@ -161,8 +167,47 @@ impl Request {
             Request::ExportSet { .. } => "export set",
             Request::ExportOff { .. } => "export off",
             Request::ExportShow => "export show",
+            Request::Lldp { .. } => "lldp",
         }
     }
+}
+
+/// `qswitch lldp`: the LLDP agent of one port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LldpPort {
+    pub port: String,
+    /// The interface LLDP runs on (the port id sent).
+    pub ifname: String,
+    /// "rx" or "both".
+    pub mode: String,
+    /// LLDPDUs received and taken into the table.
+    pub rx: u64,
+    /// LLDPDUs sent.
+    pub tx: u64,
+    /// LLDPDUs dropped: malformed, too many neighbours, or the table busy.
+    pub discarded: u64,
+    /// Neighbours forgotten because their TTL ran out.
+    pub aged_out: u64,
+    pub neighbors: Vec<LldpNeighbor>,
+}
+
+/// One LLDP neighbour.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LldpNeighbor {
+    /// A MAC address ("aa:bb:..") when the neighbour sends one, else its text.
+    pub chassis_id: String,
+    /// Likewise.
+    pub port_id: String,
+    pub system_name: Option<String>,
+    pub port_description: Option<String>,
+    pub system_description: Option<String>,
+    pub management_address: Option<String>,
+    /// The source MAC address of its LLDPDUs.
+    pub source_mac: String,
+    /// The TTL it announced, seconds.
+    pub ttl: u16,
+    /// Seconds until it is forgotten unless heard again.
+    pub ttl_remaining_s: u64,
 }
 
 /// `qswitch capture`: what to capture and how much.
@@ -329,6 +374,10 @@ pub enum Response {
     Pong {
         version: String,
         pid: u32,
+    },
+    /// `lldp`: the LLDP agents and their neighbours, by port.
+    Lldp {
+        ports: Vec<LldpPort>,
     },
     Ports {
         ports: Vec<PortInfo>,

@@ -368,7 +368,8 @@ impl Forwarder {
             // Learning after the link-local test, which only multicast frames pay.
             let dst = if dmac.is_multicast() {
                 if let Some(g) = link_local::group(dmac) {
-                    match stage::link_local::step(view.policy(id), ingress, g, drops, t) {
+                    let pol = view.policy(id);
+                    match stage::link_local::step(pol, ingress, g, frame, now, drops, t) {
                         Step::Relay => {}
                         Step::Dropped => continue,
                         Step::Disabled => {
@@ -450,7 +451,7 @@ impl Forwarder {
             // The firewall's ingress stage goes here (docs/architecture.md, the pipeline).
             let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
-                    match stage::link_local::step(Some(pol), ingress, g, drops, t) {
+                    match stage::link_local::step(Some(pol), ingress, g, frame, now, drops, t) {
                         Step::Relay => {}
                         Step::Dropped => continue,
                         Step::Disabled => {

@@ -59,6 +59,7 @@ pub mod fdb;
 pub mod firewall;
 pub mod ids;
 pub mod link_local;
+pub mod lldp;
 pub mod packet;
 pub(crate) mod pipeline;
 pub mod policy;

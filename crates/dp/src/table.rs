@@ -52,6 +52,9 @@ pub struct PortEntry {
     /// Set by BPDU guard ([`crate::link_local`]): nothing is received from or sent to the
     /// port until it is enabled again.
     pub disabled: Disabled,
+    /// The port's LLDP agent, when its `lldp` is `rx` or `both` ([`crate::lldp`]): fed by
+    /// the link-local stage, aged and transmitting from the housekeeping thread.
+    pub lldp: Option<crate::lldp::LldpAgent>,
 }
 
 /// Whether a port is disabled by BPDU guard. A worker sets it without blocking (one atomic

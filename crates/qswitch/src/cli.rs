@@ -67,6 +67,9 @@ pub enum PortCmd {
         /// veth: no kernel fast path (every frame through the workers).
         #[arg(long)]
         no_fastpath: bool,
+        /// LLDP: rx, both (also transmit) or off (default: rx on uplinks, off elsewhere).
+        #[arg(long, value_name = "rx|both|off")]
+        lldp: Option<qswitch_api::config::LldpMode>,
     },
     /// Remove a port from the running switch.
     Del { name: String },
@@ -326,6 +329,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
             dstport,
             no_learning,
             no_fastpath,
+            lldp,
         } => {
             // The same keys as a [[port]] table, so the same checks and errors.
             let port = PortConfig::try_from(PortKeys {
@@ -341,6 +345,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 dstport,
                 learning: no_learning.then_some(false),
                 fastpath: no_fastpath.then_some(false),
+                lldp,
                 ..PortKeys::new(name, kind)
             })?;
             call(control, &Request::PortAdd { port })?;
@@ -382,6 +387,59 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 bail!("nothing to change: give at least one of --vlans, --macs, --ips, --mac-limit, --dhcp-guard, --ra-guard, --storm-*, --link-local-forward, --bpdu-guard");
             }
             call(control, &Request::PortSet { name, update })?;
+        }
+    }
+    Ok(())
+}
+
+/// `qswitch lldp [PORT] [--json]`: the LLDP neighbours of each port with LLDP.
+pub fn lldp(control: &Path, port: Option<String>, json: bool) -> anyhow::Result<()> {
+    let Response::Lldp { ports } = call(control, &Request::Lldp { port })? else {
+        bail!("unexpected reply");
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&ports)?);
+        return Ok(());
+    }
+    if ports.is_empty() {
+        println!("no port runs LLDP (lldp = \"rx\" or \"both\"; rx is the default on uplinks)");
+        return Ok(());
+    }
+    for p in &ports {
+        println!(
+            "{} ({}, lldp {}): {} neighbour(s); LLDPDUs rx {}, tx {}, discarded {}, aged out {}",
+            p.port,
+            p.ifname,
+            p.mode,
+            p.neighbors.len(),
+            p.rx,
+            p.tx,
+            p.discarded,
+            p.aged_out
+        );
+        if p.neighbors.is_empty() {
+            continue;
+        }
+        println!(
+            "  {:<20} {:<18} {:<20} {:<16} {:<18} {:>7}",
+            "CHASSIS", "PORT ID", "SYSTEM NAME", "PORT DESCR", "MGMT ADDRESS", "TTL(s)"
+        );
+        // A neighbour chooses its strings: control characters (terminal escapes) are
+        // printed escaped, never sent to the operator's terminal.
+        let text = |s: Option<&str>| match s {
+            Some(s) => s.chars().flat_map(char::escape_debug).collect::<String>(),
+            None => "-".to_string(),
+        };
+        for n in &p.neighbors {
+            println!(
+                "  {:<20} {:<18} {:<20} {:<16} {:<18} {:>7}",
+                text(Some(&n.chassis_id)),
+                text(Some(&n.port_id)),
+                text(n.system_name.as_deref()),
+                text(n.port_description.as_deref()),
+                text(n.management_address.as_deref()),
+                n.ttl_remaining_s
+            );
         }
     }
     Ok(())

@@ -494,6 +494,12 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
             daemon.export_change(change)
         }
         Request::Trace { port, frame } => crate::capture::trace(daemon, &port, &frame),
+        Request::Lldp { port } => match sw.lldp(port.as_deref()) {
+            Ok(ports) => Response::Lldp { ports },
+            Err(e) => Response::Error {
+                message: error_chain(&e),
+            },
+        },
         Request::Capture(_) => Response::Error {
             message: "capture is a streaming request (use the control socket)".into(),
         },

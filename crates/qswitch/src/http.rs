@@ -326,6 +326,9 @@ fn respond(daemon: &Daemon, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             );
             text.push_str(&crate::metrics::render_mirrors(&daemon.switch.mirrors()));
             text.push_str(&daemon.export.metrics());
+            text.push_str(&crate::metrics::render_lldp(
+                &daemon.switch.lldp(None).unwrap_or_default(),
+            ));
             (
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",

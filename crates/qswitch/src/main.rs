@@ -59,6 +59,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show LLDP neighbours (chassis, port id, system name, port description, management
+    /// address, TTL left) of every port with LLDP, or of PORT.
+    Lldp {
+        port: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show counters and per-second rates.
     Stats {
         #[arg(long)]
@@ -137,6 +144,7 @@ fn main() -> ExitCode {
         }
         Command::Port(cmd) => cli::port(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
+        Command::Lldp { port, json } => cli::lldp(&control, port, json),
         Command::Qos(cmd) => cli::qos(&control, cmd),
         Command::Mirror(cmd) => cli::mirror(&control, cmd),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),

@@ -286,6 +286,32 @@ pub fn render_mirrors(mirrors: &[qswitch_api::request::MirrorInfo]) -> String {
     o.text
 }
 
+/// (name, type, help) of the LLDP families ([`render_lldp`]): only when some port runs LLDP.
+pub const LLDP_FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "qswitch_lldp_neighbors",
+        "gauge",
+        "LLDP neighbours known on the port (lldp = \"rx\" or \"both\").",
+    ),
+    (
+        "qswitch_lldp_pdus_total",
+        "counter",
+        "LLDPDUs per port and direction: rx (taken into the table), tx (sent), discarded \
+         (malformed, too many neighbours, or the table busy).",
+    ),
+    (
+        "qswitch_lldp_aged_out_total",
+        "counter",
+        "LLDP neighbours forgotten because their TTL ran out.",
+    ),
+    (
+        "qswitch_lldp_neighbor_info",
+        "gauge",
+        "1 per LLDP neighbour, labelled with its chassis id, port id, system name, port \
+         description and management address.",
+    ),
+];
+
 /// Label values escaped as the format requires.
 fn esc(v: &str) -> String {
     v.replace('\\', r"\\")
@@ -299,7 +325,11 @@ struct Out {
 
 impl Out {
     fn family(&mut self, name: &str) {
-        if let Some((_, kind, help)) = FAMILIES.iter().chain(MIRROR_FAMILIES).find(|f| f.0 == name)
+        if let Some((_, kind, help)) = FAMILIES
+            .iter()
+            .chain(MIRROR_FAMILIES)
+            .chain(LLDP_FAMILIES)
+            .find(|f| f.0 == name)
         {
             let _ = writeln!(self.text, "# HELP {name} {help}");
             let _ = writeln!(self.text, "# TYPE {name} {kind}");
@@ -308,7 +338,11 @@ impl Out {
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
         debug_assert!(
-            FAMILIES.iter().chain(MIRROR_FAMILIES).any(|f| f.0 == name),
+            FAMILIES
+                .iter()
+                .chain(MIRROR_FAMILIES)
+                .chain(LLDP_FAMILIES)
+                .any(|f| f.0 == name),
             "undeclared family {name}"
         );
         self.text.push_str(name);
@@ -325,6 +359,66 @@ impl Out {
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
+}
+
+/// The LLDP families, for the ports that run LLDP; nothing when none does.
+pub fn render_lldp(lldp: &[qswitch_api::request::LldpPort]) -> String {
+    let mut o = Out {
+        text: String::new(),
+    };
+    if lldp.is_empty() {
+        return o.text;
+    }
+    o.family("qswitch_lldp_neighbors");
+    for p in lldp {
+        o.sample(
+            "qswitch_lldp_neighbors",
+            &[("port", &p.port)],
+            p.neighbors.len(),
+        );
+    }
+    o.family("qswitch_lldp_pdus_total");
+    for p in lldp {
+        for (dir, v) in [("rx", p.rx), ("tx", p.tx), ("discarded", p.discarded)] {
+            o.sample(
+                "qswitch_lldp_pdus_total",
+                &[("port", &p.port), ("direction", dir)],
+                v,
+            );
+        }
+    }
+    o.family("qswitch_lldp_aged_out_total");
+    for p in lldp {
+        o.sample(
+            "qswitch_lldp_aged_out_total",
+            &[("port", &p.port)],
+            p.aged_out,
+        );
+    }
+    o.family("qswitch_lldp_neighbor_info");
+    for p in lldp {
+        for n in &p.neighbors {
+            o.sample(
+                "qswitch_lldp_neighbor_info",
+                &[
+                    ("port", &p.port),
+                    ("chassis_id", &n.chassis_id),
+                    ("port_id", &n.port_id),
+                    ("system_name", n.system_name.as_deref().unwrap_or("")),
+                    (
+                        "port_description",
+                        n.port_description.as_deref().unwrap_or(""),
+                    ),
+                    (
+                        "management_address",
+                        n.management_address.as_deref().unwrap_or(""),
+                    ),
+                ],
+                1,
+            );
+        }
+    }
+    o.text
 }
 
 /// The exposition of `s`, with the queue placement from `ports` and `placement`.
@@ -917,5 +1011,40 @@ mod tests {
             t.contains("qswitch_mirror_drops_total{mirror=\"ids\"} 2\n"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn lldp_families_only_with_lldp_ports() {
+        use qswitch_api::request::{LldpNeighbor, LldpPort};
+        assert_eq!(render_lldp(&[]), "");
+        let p = LldpPort {
+            port: "up".into(),
+            ifname: "eth1".into(),
+            mode: "rx".into(),
+            rx: 3,
+            tx: 0,
+            discarded: 1,
+            aged_out: 2,
+            neighbors: vec![LldpNeighbor {
+                chassis_id: "02:00:00:00:00:01".into(),
+                port_id: "swp1".into(),
+                system_name: Some("tor\"1".into()),
+                port_description: None,
+                system_description: None,
+                management_address: Some("192.0.2.9".into()),
+                source_mac: "02:00:00:00:00:01".into(),
+                ttl: 120,
+                ttl_remaining_s: 100,
+            }],
+        };
+        let t = render_lldp(&[p]);
+        for (name, kind, _) in LLDP_FAMILIES {
+            assert!(t.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        }
+        assert!(t.contains("qswitch_lldp_neighbors{port=\"up\"} 1\n"), "{t}");
+        assert!(t.contains("qswitch_lldp_pdus_total{port=\"up\",direction=\"discarded\"} 1\n"));
+        assert!(t.contains(
+            "qswitch_lldp_neighbor_info{port=\"up\",chassis_id=\"02:00:00:00:00:01\",port_id=\"swp1\",system_name=\"tor\\\"1\",port_description=\"\",management_address=\"192.0.2.9\"} 1\n"
+        ), "{t}");
     }
 }

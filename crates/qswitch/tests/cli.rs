@@ -180,6 +180,7 @@ fn cli_without_daemon_says_so() {
         &["port", "del", "x"],
         &["port", "add", "x", "--type", "gen"],
         &["fdb"],
+        &["lldp"],
         &["stats", "--json"],
     ] {
         let out = qs(&control, args);

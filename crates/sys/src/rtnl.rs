@@ -206,6 +206,56 @@ impl Rtnl {
         self.request(RTM_SETLINK, &body)
     }
 
+    /// The addresses of interface `ifindex` with global scope, IPv4 first, each family in
+    /// the kernel's order (the first is the interface's primary address).
+    pub fn global_addresses(&mut self, ifindex: u32) -> io::Result<Vec<std::net::IpAddr>> {
+        const IFA_ADDRESS: u16 = 1;
+        const IFA_LOCAL: u16 = 2;
+        const RT_SCOPE_UNIVERSE: u8 = 0;
+        let mut v4 = Vec::new();
+        let mut v6 = Vec::new();
+        for a in self.dump(RTM_GETADDR, &[0u8; IFADDRMSG_LEN], libc::RTM_NEWADDR)? {
+            let (Some(head), Some(index)) = (a.get(..4), a.get(4..8)) else {
+                continue;
+            };
+            if u32::from_ne_bytes(index.try_into().unwrap_or_default()) != ifindex
+                || head[3] != RT_SCOPE_UNIVERSE
+            {
+                continue;
+            }
+            let fam = i32::from(head[0]);
+            // Attributes: IFA_LOCAL is the address on point-to-point links, else IFA_ADDRESS.
+            let (mut address, mut local) = (None, None);
+            let mut rest = a.get(IFADDRMSG_LEN..).unwrap_or_default();
+            while rest.len() >= 4 {
+                let len = usize::from(u16::from_ne_bytes([rest[0], rest[1]]));
+                let ty = u16::from_ne_bytes([rest[2], rest[3]]);
+                if len < 4 || len > rest.len() {
+                    break;
+                }
+                let value = &rest[4..len];
+                match ty {
+                    IFA_ADDRESS => address = Some(value),
+                    IFA_LOCAL => local = Some(value),
+                    _ => {}
+                }
+                rest = rest.get(align4(len)..).unwrap_or_default();
+            }
+            match (fam, local.or(address)) {
+                (libc::AF_INET, Some(b)) if b.len() == 4 => {
+                    v4.push(std::net::IpAddr::from([b[0], b[1], b[2], b[3]]))
+                }
+                (libc::AF_INET6, Some(b)) if b.len() == 16 => {
+                    let o: [u8; 16] = b.try_into().unwrap_or_default();
+                    v6.push(std::net::IpAddr::from(o))
+                }
+                _ => {}
+            }
+        }
+        v4.extend(v6);
+        Ok(v4)
+    }
+
     /// Deletes every address (IPv4 and IPv6, link-local included) on interface `ifindex`;
     /// returns how many there were.
     pub fn flush_addresses(&mut self, ifindex: u32) -> io::Result<usize> {
@@ -384,6 +434,14 @@ mod tests {
             buf = &buf[align4(len).min(buf.len())..];
             Some((ty, data))
         })
+    }
+
+    #[test]
+    fn loopback_has_no_global_address() {
+        // Host scope (127.0.0.1, ::1) is not global: nothing to announce.
+        let mut r = Rtnl::open().unwrap();
+        let got = r.global_addresses(1).unwrap();
+        assert!(got.iter().all(|a| !a.is_loopback()), "{got:?}");
     }
 
     #[test]

@@ -23,16 +23,23 @@ pub(crate) enum Step {
 /// A frame to link-local group `g` from `ingress`, whose policy is `pol`:
 /// relayed only where the port's `link_local_forward` says; else counted, and a BPDU from
 /// a port with `bpdu_guard` disables it (one atomic store: the worker never blocks; not
-/// when tracing).
+/// when tracing). An LLDPDU (group 0x0E) on a port with an LLDP agent is handed to it first
+/// ([`crate::lldp::LldpAgent::on_frame`]; not when tracing).
 #[cold]
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn step<T: Tracer>(
     pol: Option<&Policy>,
     ingress: &PortEntry,
     g: u8,
+    frame: &[u8],
+    now: u64,
     drops: &mut DropTally,
     t: &mut T,
 ) -> Step {
+    if let (false, 0x0e, Some(agent)) = (T::ON, g, &ingress.lldp) {
+        agent.on_frame(frame, now);
+    }
     let settings = pol.map(|p| p.settings.link_local).unwrap_or_default();
     let v = link_local::verdict(g, &settings);
     if T::ON {

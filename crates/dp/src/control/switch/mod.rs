@@ -42,6 +42,7 @@
 pub(crate) mod drivers;
 mod export;
 mod inspect;
+mod lldp;
 mod mirror;
 mod ports;
 pub use ports::Record;

@@ -47,6 +47,40 @@ enum Pending<'a> {
 
 /// `config` without the keys a live change sets (policy and QoS): those live in the entry's
 /// [`Policy`] and [`qos::PortQos`] only.
+/// The LLDP agent of a port whose `lldp` is `rx` or `both` (see [`crate::lldp`]): the
+/// interface's MAC address and first global address are read once, as the port is added.
+fn lldp_agent(config: &PortConfig, now: u64) -> Option<crate::lldp::LldpAgent> {
+    let mode = config.lldp_mode();
+    if mode == qswitch_api::config::LldpMode::Off {
+        return None;
+    }
+    let ifname = config.lldp_ifname()?;
+    let sys = |what: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{ifname}/{what}"))
+            .map(|s| s.trim().to_string())
+            .ok()
+    };
+    let mac = sys("address")
+        .and_then(|m| m.parse::<qswitch_wire::MacAddr>().ok())
+        .unwrap_or(qswitch_wire::MacAddr([0x02, 0, 0, 0, 0, 0]));
+    let management = sys("ifindex")
+        .and_then(|i| i.parse::<u32>().ok())
+        .and_then(|i| {
+            qswitch_sys::rtnl::Rtnl::open()
+                .and_then(|mut r| r.global_addresses(i))
+                .ok()
+        })
+        .and_then(|a| a.first().copied());
+    crate::lldp::LldpAgent::new(
+        ifname,
+        mode,
+        mac,
+        management,
+        crate::lldp::Identity::of_host(mac),
+        now,
+    )
+}
+
 fn fixed(config: &PortConfig) -> PortConfig {
     let mut c = config.clone();
     PortPolicy::default().write_config(&mut c);
@@ -386,6 +420,7 @@ impl Switch {
             capture: Default::default(),
             mirror: Default::default(),
             disabled: Disabled::new(self.shared.bpdu_trips.clone()),
+            lldp: lldp_agent(config, self.shared.now()),
         })
     }
 

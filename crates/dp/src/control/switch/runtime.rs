@@ -510,6 +510,7 @@ impl Core {
                 }
             }
         }
+        self.lldp_tick(now);
         self.sync_fastpath(now);
         let due = ctl
             .last_eval

@@ -1,0 +1,72 @@
+//! LLDP in the running switch (see [`crate::lldp`]): the housekeeping thread ages each
+//! agent's neighbours and sends what is due; `qswitch lldp` and `/metrics` read the agents.
+
+use qswitch_api::config::LldpMode;
+use qswitch_api::request::LldpPort;
+
+use super::{Core, Switch, SwitchError};
+use crate::lldp::Identity;
+use crate::packet::Pkt;
+use crate::port::Port;
+use crate::stats::DropTally;
+
+impl Core {
+    /// Every housekeeping tick: each agent forgets the neighbours whose TTL ran out; an agent
+    /// with `lldp = "both"` takes the current host name (a change is sent at once) and sends
+    /// its LLDPDU when due, by the port's transmit path (as worker 0, under its queue lock).
+    pub(super) fn lldp_tick(&self, now: u64) {
+        let table = self.shared.ports.load();
+        let mut name = None;
+        for p in table.iter().flatten() {
+            let Some(agent) = &p.lldp else { continue };
+            agent.expire(now);
+            if agent.mode() != LldpMode::Both || p.disabled.get() {
+                continue;
+            }
+            let system_name = name.get_or_insert_with(crate::lldp::hostname).clone();
+            agent.set_identity_name(system_name, now);
+            if let Some(frame) = agent.due_tx(now) {
+                let mut pkt = Pkt::new();
+                pkt.fill(&frame);
+                let mut drops = DropTally::default();
+                p.dev
+                    .tx_burst(0, std::slice::from_mut(&mut pkt), &[0], &mut drops);
+            }
+        }
+    }
+}
+
+impl Switch {
+    /// The LLDP agents and their neighbours, in port order: of every port with LLDP, or of
+    /// port `port` only (an error if there is no such port; empty if it runs no LLDP).
+    pub fn lldp(&self, port: Option<&str>) -> Result<Vec<LldpPort>, SwitchError> {
+        let table = self.shared.ports.load();
+        if let Some(name) = port {
+            if !table.iter().flatten().any(|p| p.config.name == name) {
+                return Err(SwitchError::NoSuchPort(name.to_string()));
+            }
+        }
+        let now = self.shared.now();
+        Ok(table
+            .iter()
+            .flatten()
+            .filter(|p| port.is_none_or(|n| p.config.name == n))
+            .filter_map(|p| Some(p.lldp.as_ref()?.report(&p.config.name, now)))
+            .collect())
+    }
+}
+
+impl crate::lldp::LldpAgent {
+    /// [`Self::set_identity`] with a new host name and the chassis id kept.
+    pub fn set_identity_name(&self, system_name: String, now: u64) {
+        if let Some(chassis) = self.chassis() {
+            self.set_identity(
+                Identity {
+                    chassis,
+                    system_name,
+                },
+                now,
+            );
+        }
+    }
+}
