@@ -101,7 +101,13 @@ pub struct View {
     floods: Vec<(u16, Vec<PortId>)>,
     /// Flow export: what the workers offer forwarded frames to (none: export off).
     export: Option<Arc<crate::export::ExportTap>>,
+    /// The switch's firewall (stages `firewall_in`, `firewall_out`).
+    pub(crate) firewall: Arc<crate::firewall::Firewall>,
 }
+
+/// The firewall of a view made without a switch: filters nothing.
+static NO_FIREWALL: std::sync::LazyLock<Arc<crate::firewall::Firewall>> =
+    std::sync::LazyLock::new(|| Arc::new(crate::firewall::Firewall::for_switch(None, 0)));
 
 impl View {
     /// A view of `table` for a worker that polls `queues`.
@@ -140,7 +146,14 @@ impl View {
             vlan_aware,
             floods: domains.into_iter().collect(),
             export: None,
+            firewall: NO_FIREWALL.clone(),
         }
+    }
+
+    /// This view with the switch's firewall.
+    pub(crate) fn with_firewall(mut self, firewall: Arc<crate::firewall::Firewall>) -> View {
+        self.firewall = firewall;
+        self
     }
 
     /// The policy of port `p`.
@@ -166,7 +179,8 @@ impl View {
 
     /// The switch's current table and `me`'s current queues.
     pub(crate) fn load(shared: &Shared, me: &WorkerShared) -> View {
-        let mut v = View::new(shared.ports.load_full(), me.queues.load_full());
+        let mut v = View::new(shared.ports.load_full(), me.queues.load_full())
+            .with_firewall(shared.firewall.clone());
         v.export = shared.export.load_full();
         v
     }
@@ -334,9 +348,9 @@ impl Forwarder {
         t: &mut T,
     ) -> u64 {
         // Decided once per burst: the plain path unless VLANs or the port's policy need more.
-        let pol = view
-            .policy(ingress.id)
-            .filter(|p| view.vlan_aware || p.active());
+        let pol = view.policy(ingress.id).filter(|p| {
+            view.vlan_aware || p.active() || view.firewall.filtered(ingress.id.0.into())
+        });
         match pol {
             None => self.decide_plain(view, fdb, ingress, n, now, drops, t),
             Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops, t),
@@ -427,6 +441,10 @@ impl Forwarder {
         t: &mut T,
     ) -> u64 {
         let id = ingress.id;
+        let fw = view
+            .firewall
+            .filtered(id.0.into())
+            .then_some(&*view.firewall);
         let mut rx_bytes = 0u64;
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
@@ -448,7 +466,13 @@ impl Forwarder {
                     continue;
                 }
             }
-            // The firewall's ingress stage goes here (docs/architecture.md, the pipeline).
+            if let Some(fw) = fw {
+                let out = qswitch_api::config::RuleDirection::Egress;
+                if let Some(r) = stage::firewall::check(fw, id, out, frame, now, t) {
+                    drops.count(r);
+                    continue;
+                }
+            }
             let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
                     match stage::link_local::step(Some(pol), ingress, g, frame, now, drops, t) {
@@ -534,6 +558,10 @@ impl Forwarder {
                 if dst.disabled.get() {
                     td.count_n(DropReason::PortDisabled, sel.len() as u32);
                 } else {
+                    if view.firewall.filtered(p.0.into()) {
+                        let pkts = &self.burst.pkts;
+                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td);
+                    }
                     if dst.capture.on() {
                         dst.capture.tx(w, &self.burst.pkts, sel, now);
                     }
@@ -586,7 +614,9 @@ impl Forwarder {
                             }
                         }
                     });
-                    // The firewall's egress stage goes here (docs/architecture.md).
+                    if view.firewall.filtered(p.0.into()) {
+                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td);
+                    }
                     if dst.capture.on() {
                         dst.capture.tx(w, pkts, sel, now);
                     }

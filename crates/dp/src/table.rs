@@ -168,10 +168,19 @@ pub(crate) struct Shared {
     /// Flow export ([`crate::export::tap`]): none unless configured; workers take it with
     /// their view.
     pub(crate) export: arc_swap::ArcSwapOption<crate::export::ExportTap>,
+    /// The firewall: always there, filtering only the ports its rules name
+    /// ([`crate::firewall`]).
+    pub(crate) firewall: Arc<crate::firewall::Firewall>,
 }
 
 impl Shared {
-    pub(crate) fn new(fdb: Fdb, clock: Clock, spin_ns: u64, reservable: f64) -> Shared {
+    pub(crate) fn new(
+        fdb: Fdb,
+        clock: Clock,
+        spin_ns: u64,
+        reservable: f64,
+        firewall: Arc<crate::firewall::Firewall>,
+    ) -> Shared {
         Shared {
             ports: ArcSwap::from_pointee(Vec::new()),
             epoch: AtomicU64::new(0),
@@ -183,6 +192,7 @@ impl Shared {
             failure: Failure::default(),
             bpdu_trips: Arc::default(),
             export: Default::default(),
+            firewall,
         }
     }
 

@@ -153,11 +153,6 @@ pub fn run(path: &Path) -> ExitCode {
         eprintln!("qswitch: {}", crate::chain(&e));
         return ExitCode::from(EXIT_CONFIG);
     }
-    // Security groups parse but the data path does not enforce them yet: refuse, never run
-    // a config that asks for a firewall without one (docs/firewall.md).
-    if let Err(e) = file.check_firewall_enforced() {
-        return config_error(&e);
-    }
     let start = match crate::state::Persist::open(path, &text, &file) {
         Ok(s) => s,
         Err(e) => {
@@ -331,6 +326,8 @@ fn serve(
         topology: None,
         reservable: config.switch.reservable.get(),
         vhost_group,
+        firewall: config.firewall,
+        security_groups: config.security_groups.clone(),
         ..qswitch_dp::Options::default()
     };
     let switch = Switch::start(cpus, &options)?;

@@ -244,7 +244,6 @@ fn check_config(path: &std::path::Path) -> ExitCode {
     let checked = qswitch_api::config::Config::load(path).and_then(|config| {
         let online = qswitch_sys::thread::online_cpus().unwrap_or_default();
         config.validate(&online)?;
-        config.check_firewall_enforced()?;
         Ok(
             qswitch::export::check(config.switch.ipfix, config.switch.sflow)
                 .err()

@@ -21,7 +21,8 @@
 pub mod conntrack;
 pub mod rules;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use arc_swap::ArcSwap;
 use qswitch_api::config::{Config, FirewallConfig, RuleDirection};
@@ -177,8 +178,14 @@ pub struct ZoneCounters {
 
 /// The firewall of a switch: rules, the connection table and counters.
 pub struct Firewall {
-    table: CtTable,
+    /// Allocated (all of it, `max_sessions` entries) when a port is first filtered: a
+    /// switch without security groups holds no table.
+    table: OnceLock<CtTable>,
+    max_sessions: u32,
+    shards: usize,
     rules: ArcSwap<RuleSet>,
+    /// Per zone: whether the port has rules, which the engine reads once per burst.
+    filtered: Box<[AtomicBool]>,
     zones: Box<[ZoneCounters]>,
     timeouts: Timeouts,
 }
@@ -201,22 +208,89 @@ impl Firewall {
     }
 
     /// A firewall over `rules`, with a table for `max_sessions` connections in `shards`
-    /// shards.
+    /// shards; it has as many zones as `rules` has ports.
     pub fn new(rules: RuleSet, max_sessions: u32, timeouts: Timeouts, shards: usize) -> Firewall {
-        let zones = (0..rules.ports.len())
-            .map(|_| ZoneCounters::default())
-            .collect();
-        Firewall {
-            table: CtTable::new(max_sessions, shards, rules.ports.len()),
-            rules: ArcSwap::from_pointee(rules),
+        Firewall::with_zones(rules.ports.len(), rules, max_sessions, timeouts, shards)
+    }
+
+    /// The firewall of a switch: `zones` zones (one per possible port, the zone of a port
+    /// being its [`crate::PortId`]), the groups' rules set later by [`Firewall::set_rules`].
+    pub fn for_switch(config: Option<&FirewallConfig>, zones: usize) -> Firewall {
+        let fw = config.copied().unwrap_or_default();
+        Firewall::with_zones(
             zones,
+            RuleSet::default(),
+            fw.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS),
+            Timeouts::from_config(&fw),
+            conntrack::DEFAULT_SHARDS,
+        )
+    }
+
+    fn with_zones(
+        zones: usize,
+        rules: RuleSet,
+        max_sessions: u32,
+        timeouts: Timeouts,
+        shards: usize,
+    ) -> Firewall {
+        let fw = Firewall {
+            table: OnceLock::new(),
+            max_sessions,
+            shards,
+            rules: ArcSwap::from_pointee(RuleSet::default()),
+            filtered: (0..zones).map(|_| AtomicBool::new(false)).collect(),
+            zones: (0..zones).map(|_| ZoneCounters::default()).collect(),
             timeouts,
+        };
+        fw.set_rules(rules);
+        fw
+    }
+
+    /// Puts `rules` in force (indexed by zone); the ports it gives rules to are filtered
+    /// from the workers' next burst on. Zones beyond the firewall's are ignored. The first
+    /// rule set that filters a port allocates the connection table.
+    pub fn set_rules(&self, rules: RuleSet) {
+        let any = rules.ports.iter().any(Option::is_some);
+        if any {
+            self.table();
+        }
+        let filtered: Vec<bool> = (0..self.filtered.len())
+            .map(|z| rules.ports.get(z).is_some_and(Option::is_some))
+            .collect();
+        self.rules.store(std::sync::Arc::new(rules));
+        for (flag, on) in self.filtered.iter().zip(filtered) {
+            flag.store(on, Ordering::Release);
         }
     }
 
-    /// The connection table (listing, flushing, expiry, memory).
+    /// Whether port `zone` has security groups (its frames are checked).
+    #[inline]
+    pub fn filtered(&self, zone: u32) -> bool {
+        self.filtered
+            .get(zone as usize)
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+
+    /// Whether any port is filtered (a connection table exists).
+    pub fn active(&self) -> bool {
+        self.table.get().is_some()
+    }
+
+    /// The connection table (listing, flushing, expiry, memory); allocated by the first
+    /// call (see [`Firewall::active`]).
     pub fn table(&self) -> &CtTable {
-        &self.table
+        self.table
+            .get_or_init(|| CtTable::new(self.max_sessions, self.shards, self.filtered.len()))
+    }
+
+    /// The switch-wide connection limit.
+    pub fn max_sessions(&self) -> u32 {
+        self.max_sessions
+    }
+
+    /// The connection timeouts.
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
     }
 
     /// The rules in force.
@@ -244,17 +318,24 @@ impl Firewall {
     }
 
     fn sweep(&self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>) -> u32 {
-        self.table.sweep(now, remove)
+        self.table.get().map_or(0, |t| t.sweep(now, remove))
     }
 
     /// Connections of `zone` tracked now.
     pub fn sessions(&self, zone: u32) -> u32 {
-        self.table.zone_len(zone)
+        self.table.get().map_or(0, |t| t.zone_len(zone))
     }
 
     /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
     pub fn check(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
-        self.check_once(zone, direction, frame, now, true)
+        self.check_once(zone, direction, frame, now, true, false)
+    }
+
+    /// [`Firewall::check`] as a dry run (`qswitch trace`): the verdict the frame would get
+    /// now, changing no connection and no counter (a connection found expired is still
+    /// removed, as any look would).
+    pub fn peek(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
+        self.check_once(zone, direction, frame, now, false, true)
     }
 
     /// [`Firewall::check`]; `retry`: whether to look again when another worker added the
@@ -266,6 +347,7 @@ impl Firewall {
         frame: &[u8],
         now: u64,
         retry: bool,
+        dry: bool,
     ) -> Verdict {
         let Some(counters) = self.zones.get(zone as usize) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
@@ -273,37 +355,41 @@ impl Firewall {
         let p = match ct::parse(frame) {
             Ok(p) => p,
             Err(CtError::NotIp) => return Verdict::Allow(Allowed::NotIp, None),
-            Err(_) => return self.invalid(counters, None),
+            Err(_) => return self.invalid(counters, None, dry),
         };
         if always_allowed(&p, direction) {
             return Verdict::Allow(Allowed::Always, None);
         }
         if p.fragment == Fragment::Later {
-            counters.ct_fragment.fetch_add(1, Ordering::Relaxed);
+            if !dry {
+                counters.ct_fragment.fetch_add(1, Ordering::Relaxed);
+            }
             return Verdict::Deny(Denied::Fragment, None);
         }
+        let table = self.table();
         if let L4::IcmpError { inner, .. } = p.l4 {
-            let related = self
-                .table
-                .with(zone, &inner, now, |e, _| ((e.rule, e.state), false));
+            let related = table.with(zone, &inner, now, |e, _| ((e.rule, e.state), false));
             if let Some((rule, state)) = related {
                 return Verdict::Allow(Allowed::Related(rule), Some(state));
             }
         }
         // A packet of a tracked connection.
-        let tracked = self.table.with(zone, &p.key, now, |e, dir| {
+        let tracked = table.with(zone, &p.key, now, |e, dir| {
+            // A dry run moves a copy.
+            let mut copy = *e;
+            let e = if dry { &mut copy } else { e };
             let step = advance(e, dir, &p);
             let reopen = step == Step::Reopen;
             if let Step::Valid = step {
                 e.expires = now.saturating_add(self.timeouts.of(e.key.proto, e.state));
             }
-            ((step, e.rule, e.state, dir), reopen)
+            ((step, e.rule, e.state, dir), reopen && !dry)
         });
         match tracked {
             Some((Step::Valid, rule, state, dir)) => {
                 return Verdict::Allow(Allowed::Tracked(rule, dir), Some(state))
             }
-            Some((Step::Invalid, _, state, _)) => return self.invalid(counters, Some(state)),
+            Some((Step::Invalid, _, state, _)) => return self.invalid(counters, Some(state), dry),
             Some((Step::Reopen, ..)) | None => {}
         }
         // A new connection: the rules decide.
@@ -319,8 +405,15 @@ impl Firewall {
             return Verdict::Allow(Allowed::Stateless(rule.id), None);
         }
         let Some(state) = first_state(&p) else {
-            return self.invalid(counters, None);
+            return self.invalid(counters, None, dry);
         };
+        if dry {
+            let zone_full = port.max_sessions.is_some_and(|m| table.zone_len(zone) >= m);
+            if table.len() >= self.max_sessions || zone_full {
+                return Verdict::Deny(Denied::Limit, None);
+            }
+            return Verdict::Allow(Allowed::New(rule.id), Some(state));
+        }
         let expires = now.saturating_add(self.timeouts.of(p.key.proto, state));
         let mut entry = Entry::new(zone, p.key, state, expires, rule.id);
         if let L4::Tcp(t) = p.l4 {
@@ -331,14 +424,14 @@ impl Firewall {
                 fin: false,
             };
         }
-        match self.table.insert(entry, now, port.max_sessions) {
+        match table.insert(entry, now, port.max_sessions) {
             Ok(true) => {
                 counters.new.fetch_add(1, Ordering::Relaxed);
                 Verdict::Allow(Allowed::New(rule.id), Some(state))
             }
             // Another worker tracked it first (the other direction): this packet belongs
             // to that connection, so its state machine judges it.
-            Ok(false) if retry => self.check_once(zone, direction, frame, now, false),
+            Ok(false) if retry => self.check_once(zone, direction, frame, now, false, false),
             Ok(false) => Verdict::Allow(Allowed::New(rule.id), Some(state)),
             Err(_) => {
                 counters.ct_limit.fetch_add(1, Ordering::Relaxed);
@@ -347,8 +440,10 @@ impl Firewall {
         }
     }
 
-    fn invalid(&self, counters: &ZoneCounters, state: Option<CtState>) -> Verdict {
-        counters.ct_invalid.fetch_add(1, Ordering::Relaxed);
+    fn invalid(&self, counters: &ZoneCounters, state: Option<CtState>, dry: bool) -> Verdict {
+        if !dry {
+            counters.ct_invalid.fetch_add(1, Ordering::Relaxed);
+        }
         Verdict::Deny(Denied::Invalid, state)
     }
 }

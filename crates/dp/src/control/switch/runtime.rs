@@ -91,6 +91,9 @@ pub(super) struct Control {
     pub(super) waiting: Vec<qswitch_api::PortConfig>,
     /// Mirror sessions, in the order they were added ([`crate::mirror`]).
     pub(super) mirrors: Vec<Arc<crate::mirror::Session>>,
+    /// The firewall's groups; compiled with the ports' `security_groups` into the rules in
+    /// force whenever the port table changes ([`Switch::firewall`](super::Switch::firewall)).
+    pub(super) security_groups: Vec<qswitch_api::config::SecurityGroupConfig>,
 }
 
 impl Control {
@@ -494,6 +497,9 @@ impl Core {
         if now >= ctl.next_sweep {
             ctl.next_sweep = now + SWEEP_EVERY_NS;
             self.shared.fdb.sweep(now);
+            // Idle connections go (a shard locked at a time; nothing when no port is
+            // filtered).
+            self.shared.firewall.expire(now);
         }
         // Ports disabled by bpdu_guard since the last look, logged once; only looked for when
         // a port tripped, so an idle tick costs nothing per port.
