@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bond;
 pub mod client;
 pub mod config;
 pub mod cpulist;
@@ -23,7 +24,7 @@ pub mod request;
 pub mod value;
 
 pub use config::{
-    AfXdpConfig, Config, ConfigError, GenConfig, GenPortConfig, ModeKey, PlacementMode, PortConfig,
+    AfXdpConfig, BondConfig, BondMember, BondMode, Config, ConfigError, LacpMode, LacpRate, GenConfig, GenPortConfig, ModeKey, PlacementMode, PortConfig,
     PortError, PortKeys, PortKind, PortType, QosConfig, QosError, QosSettings, SwitchConfig,
     TapConfig, VhostMode, VhostUserConfig, VxlanConfig, XdpMode,
 };

@@ -188,7 +188,11 @@ impl Switch {
                 if w.name == config.name {
                     return Err(SwitchError::PortExists(config.name.clone()));
                 }
-                if let Some(ifname) = config.ifname().filter(|&i| w.ifname() == Some(i)) {
+                if let Some(ifname) = config
+                    .ifnames()
+                    .into_iter()
+                    .find(|i| w.ifnames().contains(i))
+                {
                     return Err(SwitchError::IfnameInUse {
                         ifname: ifname.to_string(),
                         port: w.name.clone(),
@@ -206,6 +210,11 @@ impl Switch {
             let config = match &dev {
                 Device::AfXdp(a) => &PortConfig {
                     queues: a.queues(),
+                    ..config.clone()
+                },
+                // A bond has its members' queues.
+                Device::Bond(b) => &PortConfig {
+                    queues: b.queues(),
                     ..config.clone()
                 },
                 _ => config,
@@ -240,7 +249,11 @@ impl Switch {
             if p.config.name == config.name {
                 return Err(SwitchError::PortExists(config.name.clone()));
             }
-            if let Some(ifname) = config.ifname().filter(|&i| p.config.ifname() == Some(i)) {
+            if let Some(ifname) = config
+                .ifnames()
+                .into_iter()
+                .find(|i| p.config.ifnames().contains(i))
+            {
                 return Err(SwitchError::IfnameInUse {
                     ifname: ifname.to_string(),
                     port: p.config.name.clone(),
@@ -359,6 +372,7 @@ impl Switch {
                     })?,
                 )
             }
+            PortKind::Bond(b) => self.open_bond(id, config, b)?,
             PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,
                 &config.name,
@@ -368,6 +382,74 @@ impl Switch {
                 self.workers.len(),
             )),
         })
+    }
+
+    /// Opens a bond's members (each as a port of its own type, under the bond's id) and
+    /// starts the bond. A member whose interface does not exist is an error (a bond does not
+    /// wait for its members).
+    fn open_bond(
+        &self,
+        id: PortId,
+        config: &PortConfig,
+        b: &qswitch_api::BondConfig,
+    ) -> Result<Device, SwitchError> {
+        let err = |error: String| SwitchError::Bond {
+            port: config.name.clone(),
+            error,
+        };
+        let mut devices = Vec::with_capacity(b.members.len());
+        for m in &b.members {
+            if !qswitch_sys::netif::exists(m.ifname.as_str()) {
+                return Err(err(format!(
+                    "member interface '{}' does not exist",
+                    m.ifname
+                )));
+            }
+            let mc = m.port().map_err(|e| err(e.to_string()))?;
+            let dev = self
+                .open_device(id, &mc)
+                .map_err(|e| err(format!("member '{}': {e}", m.ifname)))?;
+            let queues = match &dev {
+                Device::AfXdp(a) => a.queues(),
+                _ => mc.queues,
+            };
+            devices.push((dev, queues));
+        }
+        // The MACs a failover announces: those learned on the switch's local ports (not
+        // uplinks), in the VLANs the bond carries, tagged as the bond carries them.
+        let shared = Arc::downgrade(&self.shared);
+        let announce: crate::port::bond::Announce = Box::new(move || {
+            let Some(shared) = shared.upgrade() else {
+                return Vec::new();
+            };
+            let table = shared.ports.load_full();
+            let Some(bond) = table.iter().flatten().find(|p| p.id == id) else {
+                return Vec::new();
+            };
+            let policy = bond.policy.load();
+            let carried = policy.carried();
+            let local = |p: PortId| {
+                table.iter().flatten().any(|e| {
+                    e.id == p
+                        && e.id != id
+                        && e.config.capacity.is_none()
+                        && !matches!(e.dev, Device::AfXdp(_) | Device::Vxlan(_) | Device::Bond(_))
+                })
+            };
+            shared
+                .fdb
+                .entries(shared.now())
+                .into_iter()
+                .filter(|l| local(l.port) && carried.carries(l.vlan))
+                .map(|l| {
+                    let tag = (carried.native != Some(l.vlan)).then_some(l.vlan);
+                    (l.mac, tag)
+                })
+                .collect()
+        });
+        crate::port::bond::BondPort::open(&config.name, b, devices, announce)
+            .map(Device::Bond)
+            .map_err(|e| err(e.to_string()))
     }
 
     fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {
