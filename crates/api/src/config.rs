@@ -3797,7 +3797,10 @@ members = [ { type = "afxdp", ifname = "eth1", mode = "packet" }, { type = "veth
             (BondMode::BalanceTcp, LacpMode::Active, LacpRate::Fast)
         );
         assert_eq!(b.members.len(), 2);
-        assert_eq!(b.members[1].port().unwrap().ifname().unwrap().as_str(), "eth2");
+        assert_eq!(
+            b.members[1].port().unwrap().ifname().unwrap().as_str(),
+            "eth2"
+        );
         assert_eq!(
             c.ports[0]
                 .ifnames()
@@ -3814,7 +3817,13 @@ members = [ { type = "afxdp", ifname = "eth1", mode = "packet" }, { type = "veth
         let b = d.ports[0].bond().unwrap();
         assert_eq!(
             (b.mode, b.lacp, b.lacp_rate, b.updelay, b.lacp_fallback),
-            (BondMode::ActiveBackup, LacpMode::Off, LacpRate::Slow, 0, false)
+            (
+                BondMode::ActiveBackup,
+                LacpMode::Off,
+                LacpRate::Slow,
+                0,
+                false
+            )
         );
     }
 

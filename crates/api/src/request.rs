@@ -71,6 +71,13 @@ pub enum Request {
     Capture(CaptureRequest),
     /// What the switch would do with `frame` (hex) arriving on `port`; changes nothing.
     Trace { port: String, frame: String },
+    /// Bond ports: mode, members, link and LACP state; every bond when `name` is absent.
+    BondShow {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    /// Make `active` the active member of bond `name` (runtime state, as `port enable`).
+    BondSet { name: String, active: String },
 }
 
 /// What a request may do, for the control socket's privilege check: members of
@@ -98,7 +105,8 @@ impl Request {
             | Request::QosShow
             | Request::ConfigDump
             | Request::Capture(_)
-            | Request::Trace { .. } => Access::Read,
+            | Request::Trace { .. }
+            | Request::BondShow { .. } => Access::Read,
             Request::PortAdd { .. }
             | Request::PortDel { .. }
             | Request::PortSet { .. }
@@ -106,6 +114,7 @@ impl Request {
             | Request::PlacementPin { .. }
             | Request::PlacementMode { .. }
             | Request::QosSet { .. }
+            | Request::BondSet { .. }
             | Request::Reload => Access::Admin,
         }
     }
@@ -131,6 +140,8 @@ impl Request {
             Request::ConfigDump => "config dump",
             Request::Capture(_) => "capture",
             Request::Trace { .. } => "trace",
+            Request::BondShow { .. } => "bond show",
+            Request::BondSet { .. } => "bond set",
         }
     }
 }
@@ -292,6 +303,10 @@ pub struct TraceRss {
 #[serde(tag = "response", rename_all = "kebab-case")]
 pub enum Response {
     Ok,
+    /// `bond show`.
+    Bonds {
+        bonds: Vec<crate::bond::BondInfo>,
+    },
     /// The request failed and changed nothing.
     Error {
         message: String,

@@ -74,6 +74,9 @@ enum Command {
     /// Port QoS: guarantees, limits and weights; allocations and rates.
     #[command(subcommand)]
     Qos(cli::QosCmd),
+    /// Bond ports: members, link and LACP state; choose the active member.
+    #[command(subcommand)]
+    Bond(cli::BondCmd),
     /// Toeplitz hashes and receive-side indirection tables (vRSS).
     #[command(subcommand)]
     Rss(rss_cli::RssCmd),
@@ -132,6 +135,7 @@ fn main() -> ExitCode {
         Command::Port(cmd) => cli::port(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
         Command::Qos(cmd) => cli::qos(&control, cmd),
+        Command::Bond(cmd) => cli::bond(&control, cmd),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),
         Command::Placement(args) => placement_cli::run(&control, args),
         Command::Stats {

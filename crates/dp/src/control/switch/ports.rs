@@ -566,6 +566,51 @@ impl Switch {
         Ok(was)
     }
 
+    /// The bond ports (`name`: that one only), as `qswitch bond show` prints them.
+    pub fn bonds(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Vec<qswitch_api::bond::BondInfo>, SwitchError> {
+        let table = self.shared.ports.load_full();
+        let bonds: Vec<_> = table
+            .iter()
+            .flatten()
+            .filter(|p| name.is_none_or(|n| p.config.name == n))
+            .filter_map(|p| match &p.dev {
+                Device::Bond(b) => Some(b.info()),
+                _ => None,
+            })
+            .collect();
+        match name {
+            Some(n) if bonds.is_empty() => Err(SwitchError::Bond {
+                port: n.to_string(),
+                error: "no such bond".into(),
+            }),
+            _ => Ok(bonds),
+        }
+    }
+
+    /// Makes `member` the active member of bond `name` (runtime state: a restart starts with
+    /// the first member that carries traffic).
+    pub fn set_bond_active(&self, name: &str, member: &str) -> Result<(), SwitchError> {
+        let table = self.shared.ports.load_full();
+        let p = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        let err = |error: String| SwitchError::Bond {
+            port: name.to_string(),
+            error,
+        };
+        match &p.dev {
+            Device::Bond(b) => b.set_active(member).map_err(err)?,
+            _ => return Err(err("not a bond".into())),
+        }
+        tracing::info!(port = %name, member, "bond active member set");
+        Ok(())
+    }
+
     /// A port's current policy settings.
     pub fn port_policy(&self, name: &str) -> Result<PortPolicy, SwitchError> {
         let table = self.shared.ports.load_full();

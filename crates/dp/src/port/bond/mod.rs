@@ -20,8 +20,8 @@
 //!   by the active member and takes frames from it only; the active member stays while it is
 //!   enabled (no fail-back), `qswitch bond set NAME --active MEMBER` moves it. balance-slb and
 //!   balance-tcp hash each frame to one of 256 buckets (balance-slb: source MAC and VLAN;
-//!   balance-tcp: the L3/L4 5-tuple, source MAC for non-IP frames), each bucket assigned to an
-//!   enabled member; every 10 s buckets move from the most to the least loaded member
+//!   balance-tcp: the L3/L4 5-tuple, source MAC for non-IP frames), spread evenly over the
+//!   enabled members whenever that set changes; every 10 s buckets move from the most to the least loaded member
 //!   when that evens the load out.
 //! - **No loops, no duplicates** (balance-slb, switch-independent): broadcast and multicast
 //!   are taken from the active member only, and a frame whose source MAC the bond itself sent
@@ -593,10 +593,7 @@ impl Control {
         let n = self.shared.names.len();
         let fallback = self.cfg.lacp_fallback
             && self.lacp.as_ref().is_some_and(|l| {
-                (0..n).all(|m| {
-                    l.status(m)
-                        .is_none_or(|s| s.rx != lacp::RxState::Current)
-                })
+                (0..n).all(|m| l.status(m).is_none_or(|s| s.rx != lacp::RxState::Current))
             });
         let mut enabled = vec![false; n];
         for (m, e) in enabled.iter_mut().enumerate() {
@@ -685,25 +682,19 @@ impl Control {
         }
     }
 
-    /// Moves the buckets of members no longer enabled to the enabled ones (round robin);
-    /// returns the buckets that moved.
+    /// Spreads the buckets over the enabled members again (bucket `b` to the `b % n`th), as
+    /// the set of enabled members changed; returns the buckets that moved.
     fn assign_buckets(&self, enabled: &[bool]) -> Vec<usize> {
         let on: Vec<usize> = (0..enabled.len()).filter(|&m| enabled[m]).collect();
         if on.is_empty() {
             return Vec::new();
         }
         let mut moved = Vec::new();
-        let mut next = 0;
         for (b, slot) in self.shared.buckets.iter().enumerate() {
-            let m = usize::from(slot.load(Ordering::Relaxed));
-            let fresh = self.shared.active.load(Ordering::Relaxed) == NONE;
-            if fresh || !enabled.get(m).copied().unwrap_or(false) {
-                let to = if fresh { on[b % on.len()] } else { on[next % on.len()] };
-                next += 1;
-                if to != m {
-                    moved.push(b);
-                }
+            let to = on[b % on.len()];
+            if usize::from(slot.load(Ordering::Relaxed)) != to {
                 slot.store(to as u8, Ordering::Relaxed);
+                moved.push(b);
             }
         }
         moved
