@@ -1,0 +1,230 @@
+//! Active-backup failover of a bond port on carrier loss (root). A namespace `vm` behind a
+//! veth port, a bond of two AF_PACKET members whose veth peers sit in a namespace `peer`
+//! on a Linux bridge with the address the VM pings (every 10 ms). Five times the active
+//! member's link is pulled (`ip link set … down`: carrier loss, seen through netlink link
+//! events); the other member takes over, a gratuitous RARP for the VM's MAC (learned on a
+//! local port) leaves by it (tcpdump in `peer` sees it), and the pings lost are counted.
+//! The median loss in ms (10 ms per lost ping) is printed: the failover figure of
+//! docs/teaming.md. Everything is removed on drop, also when an assertion fails.
+
+use std::time::Duration;
+
+use qswitch_api::bond::BondInfo;
+use qswitch_api::config::VethConfig;
+use qswitch_api::{BondConfig, BondMember, BondMode, LacpMode, LacpRate};
+use qswitch_api::{PortConfig, PortKind, XdpMode};
+use qswitch_dp::{Options, Switch};
+use qswitch_test_support::harness::LinkGuard;
+use qswitch_test_support::{have_tool, root_or_skip, sh_ok, skip, wait_until};
+use qswitch_test_support::{Netns, TempDir};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn bond_info(sw: &Switch) -> BondInfo {
+    sw.bonds(Some("uplink")).expect("bond show").remove(0)
+}
+
+/// "N packets transmitted, M received" of ping's summary.
+fn ping_counts(log: &str) -> Option<(u64, u64)> {
+    let line = log.lines().find(|l| l.contains("packets transmitted"))?;
+    let mut nums = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u64>().ok());
+    Some((nums.next()??, nums.next()??))
+}
+
+#[test]
+fn active_backup_fails_over_on_carrier_loss_and_announces_the_vm() {
+    if !root_or_skip() {
+        return;
+    }
+    for (tool, arg) in [("tcpdump", "--version"), ("ping", "-V")] {
+        if !have_tool(tool, &[arg]) {
+            skip(&format!("needs {tool}"));
+            return;
+        }
+    }
+    let pid = std::process::id() % 100_000;
+    let dir = TempDir::new("bond-failover");
+    let vm = Netns::new(&format!("qs-bf-{pid}-vm"));
+    let peer = Netns::new(&format!("qs-bf-{pid}-peer"));
+    let vmif = format!("qbv{pid}");
+    sh_ok(&[
+        "ip", "link", "add", &vmif, "type", "veth", "peer", "name", "eth0", "netns", &vm.name,
+    ]);
+    let mut links = vec![LinkGuard(vmif.clone())];
+    sh_ok(&[
+        "sysctl",
+        "-qw",
+        &format!("net.ipv6.conf.{vmif}.disable_ipv6=1"),
+    ]);
+    sh_ok(&["ip", "link", "set", "dev", &vmif, "up"]);
+    vm.sysctl("net.ipv6.conf.eth0.disable_ipv6", "1");
+    vm.ok(&["ip", "addr", "add", "10.77.0.1/24", "dev", "eth0"]);
+    vm.ok(&["ip", "link", "set", "eth0", "up"]);
+    let vm_mac = vm
+        .ok(&["cat", "/sys/class/net/eth0/address"])
+        .stdout
+        .trim()
+        .to_string();
+    peer.ok(&["ip", "link", "add", "br0", "type", "bridge"]);
+    peer.sysctl("net.ipv6.conf.br0.disable_ipv6", "1");
+    peer.ok(&["ip", "addr", "add", "10.77.0.2/24", "dev", "br0"]);
+    peer.ok(&["ip", "link", "set", "br0", "up"]);
+    let mut members = Vec::new();
+    for i in 0..2 {
+        let m = format!("qbm{pid}{i}");
+        let pe = format!("pe{i}");
+        sh_ok(&[
+            "ip", "link", "add", &m, "type", "veth", "peer", "name", &pe, "netns", &peer.name,
+        ]);
+        links.push(LinkGuard(m.clone()));
+        sh_ok(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{m}.disable_ipv6=1"),
+        ]);
+        peer.sysctl(&format!("net.ipv6.conf.{pe}.disable_ipv6"), "1");
+        peer.ok(&["ip", "link", "set", &pe, "master", "br0"]);
+        peer.ok(&["ip", "link", "set", &pe, "up"]);
+        sh_ok(&["ip", "link", "set", "dev", &m, "up"]);
+        members.push(m);
+    }
+
+    let cpu = qswitch_sys::thread::online_cpus().unwrap()[0];
+    let sw = Switch::start(&[cpu], &Options::default()).expect("switch");
+    sw.add_port(&PortConfig::new(
+        "vm",
+        PortKind::Veth(VethConfig {
+            ifname: vmif.parse().unwrap(),
+            fastpath: false,
+        }),
+    ))
+    .expect("vm port");
+    sw.add_port(&PortConfig::new(
+        "uplink",
+        PortKind::Bond(BondConfig {
+            mode: BondMode::ActiveBackup,
+            lacp: LacpMode::Off,
+            lacp_rate: LacpRate::Slow,
+            members: members
+                .iter()
+                .map(|i| BondMember {
+                    kind: qswitch_api::PortType::Afxdp,
+                    ifname: i.parse().unwrap(),
+                    mode: Some(XdpMode::Packet.into()),
+                    queues: None,
+                    fastpath: None,
+                })
+                .collect(),
+            updelay: 0,
+            downdelay: 0,
+            lacp_fallback: false,
+        }),
+    ))
+    .expect("bond port");
+    assert!(
+        wait_until(WAIT, || bond_info(&sw).active.as_deref()
+            == Some(&members[0])),
+        "{:#?}",
+        bond_info(&sw)
+    );
+    assert!(
+        wait_until(WAIT, || vm
+            .run(&["ping", "-c", "1", "-W", "1", "10.77.0.2"])
+            .ok()),
+        "no ping through the bond: {:#?}",
+        bond_info(&sw)
+    );
+
+    let mut lost_ms = Vec::new();
+    for pull in 0..5 {
+        let active = bond_info(&sw).active.expect("an active member");
+        let a = members.iter().position(|m| *m == active).unwrap();
+        let other = &members[1 - a];
+        // The RARP leaves by the new member: watch its peer end.
+        let cap_log = dir.join(&format!("tcpdump{pull}.log"));
+        let mut cap = peer.spawn(
+            &[
+                "tcpdump",
+                "-l",
+                "-n",
+                "-e",
+                "-c",
+                "1",
+                "-i",
+                &format!("pe{}", 1 - a),
+                "rarp",
+            ],
+            &cap_log,
+        );
+        assert!(
+            wait_until(WAIT, || std::fs::read_to_string(&cap_log)
+                .is_ok_and(|t| t.contains("listening on"))),
+            "tcpdump did not start"
+        );
+        let ping_log = dir.join(&format!("ping{pull}.log"));
+        let mut ping = vm.spawn(
+            &[
+                "ping",
+                "-n",
+                "-i",
+                "0.01",
+                "-c",
+                "300",
+                "-W",
+                "1",
+                "10.77.0.2",
+            ],
+            &ping_log,
+        );
+        // Pull once the pings flow (50 answered).
+        assert!(
+            wait_until(WAIT, || std::fs::read_to_string(&ping_log)
+                .is_ok_and(|t| t.contains("icmp_seq=50 "))),
+            "pings did not flow"
+        );
+        sh_ok(&["ip", "link", "set", "dev", &active, "down"]);
+        assert!(
+            wait_until(WAIT, || bond_info(&sw).active.as_deref() == Some(other)),
+            "no failover: {:#?}",
+            bond_info(&sw)
+        );
+        assert!(ping.wait_timeout(WAIT).is_some(), "ping did not finish");
+        let log = std::fs::read_to_string(&ping_log).unwrap_or_default();
+        let (sent, got) = ping_counts(&log).unwrap_or_else(|| panic!("no summary: {log}"));
+        let lost = sent - got;
+        println!(
+            "pull {pull}: {active} down, {lost} of {sent} pings lost ({} ms)",
+            lost * 10
+        );
+        lost_ms.push(lost * 10);
+        assert!(
+            cap.wait_timeout(WAIT).is_some(),
+            "no RARP seen on the new member's link: {}",
+            std::fs::read_to_string(&cap_log).unwrap_or_default()
+        );
+        let seen = std::fs::read_to_string(&cap_log).unwrap_or_default();
+        assert!(
+            seen.contains(&vm_mac) && seen.to_lowercase().contains("reverse request"),
+            "{seen}"
+        );
+        assert!(lost <= 5, "lost {lost} pings at a failover");
+        sh_ok(&["ip", "link", "set", "dev", &active, "up"]);
+        assert!(
+            wait_until(WAIT, || bond_info(&sw).members[a].enabled),
+            "{active} did not come back: {:#?}",
+            bond_info(&sw)
+        );
+    }
+    lost_ms.sort_unstable();
+    println!(
+        "active-backup failover after carrier loss, 5 pulls: lost {lost_ms:?} ms, median {} ms",
+        lost_ms[2]
+    );
+    let info = bond_info(&sw);
+    assert!(info.members.iter().all(|m| m.rarp_tx >= 2), "{info:#?}");
+    sw.shutdown();
+    drop(links);
+}
