@@ -59,6 +59,10 @@ fn settings(p: &PortEntry, policy: &PortPolicy, qos: QosSettings) -> PortConfig 
     let mut c = p.config.clone();
     policy.write_config(&mut c);
     c.qos = qos.to_config();
+    // A bond's queues are its members' (set when it opened), not a key: as configured.
+    if matches!(c.kind, PortKind::Bond(_)) {
+        c.queues = 1;
+    }
     c
 }
 
