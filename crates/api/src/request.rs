@@ -636,6 +636,9 @@ pub struct PortStats {
     /// The port's share of the MAC table and what the table refused it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fdb: Option<PortFdbStats>,
+    /// For bond ports: each member's state and counters (as `bond show`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bond: Option<crate::bond::BondInfo>,
 }
 
 /// A port's share of the MAC table (fdb) and the addresses refused to it.
