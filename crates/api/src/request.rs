@@ -272,6 +272,9 @@ pub struct TraceEgress {
     pub qos: TraceQos,
     /// For a vhost-user port: the receive queue (pair) vRSS would pick.
     pub rss: Option<TraceRss>,
+    /// For a bond port: the member the frame leaves by now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
 }
 
 /// A port's QoS state at trace time.
