@@ -2761,7 +2761,7 @@ vlan = 10
             ),
             (
                 "[[port]]\nname='a'\ntype='geneve'\n".into(),
-                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`, `afxdp`, `veth`",
+                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`, `afxdp`, `veth`, `bond`",
             ),
             (
                 "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
