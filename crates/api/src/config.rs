@@ -510,6 +510,9 @@ pub enum PortType {
     /// The root-namespace end of a veth pair (a container's or namespace's interface), with
     /// a kernel fast path for known unicast between veth ports.
     Veth,
+    /// A port made of member ports (NIC teaming): active-backup, balance-slb or
+    /// balance-tcp, with LACP (see docs/teaming.md).
+    Bond,
 }
 
 impl fmt::Display for PortType {
@@ -521,6 +524,7 @@ impl fmt::Display for PortType {
             PortType::Vxlan => "vxlan",
             PortType::Afxdp => "afxdp",
             PortType::Veth => "veth",
+            PortType::Bond => "bond",
         })
     }
 }
@@ -535,8 +539,10 @@ impl FromStr for PortType {
             "vxlan" => Ok(PortType::Vxlan),
             "afxdp" => Ok(PortType::Afxdp),
             "veth" => Ok(PortType::Veth),
+            "bond" => Ok(PortType::Bond),
             other => Err(format!(
-                "unknown port type '{other}' (expected tap, gen, vhost-user, vxlan, afxdp or veth)"
+                "unknown port type '{other}' (expected tap, gen, vhost-user, vxlan, afxdp, veth \
+                 or bond)"
             )),
         }
     }
@@ -612,9 +618,21 @@ pub enum ModeKey {
     Native,
     Skb,
     Packet,
+    ActiveBackup,
+    BalanceSlb,
+    BalanceTcp,
 }
 
 impl ModeKey {
+    fn bond(self) -> Option<BondMode> {
+        match self {
+            ModeKey::ActiveBackup => Some(BondMode::ActiveBackup),
+            ModeKey::BalanceSlb => Some(BondMode::BalanceSlb),
+            ModeKey::BalanceTcp => Some(BondMode::BalanceTcp),
+            _ => None,
+        }
+    }
+
     fn vhost(self) -> Option<VhostMode> {
         match self {
             ModeKey::Server => Some(VhostMode::Server),
@@ -643,6 +661,16 @@ impl From<VhostMode> for ModeKey {
     }
 }
 
+impl From<BondMode> for ModeKey {
+    fn from(m: BondMode) -> ModeKey {
+        match m {
+            BondMode::ActiveBackup => ModeKey::ActiveBackup,
+            BondMode::BalanceSlb => ModeKey::BalanceSlb,
+            BondMode::BalanceTcp => ModeKey::BalanceTcp,
+        }
+    }
+}
+
 impl From<XdpMode> for ModeKey {
     fn from(m: XdpMode) -> ModeKey {
         match m {
@@ -656,10 +684,11 @@ impl From<XdpMode> for ModeKey {
 
 impl fmt::Display for ModeKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.vhost(), self.xdp()) {
-            (Some(v), _) => v.fmt(f),
-            (_, Some(x)) => x.fmt(f),
-            _ => unreachable!("every mode is one or the other"),
+        match (self.vhost(), self.xdp(), self.bond()) {
+            (Some(v), _, _) => v.fmt(f),
+            (_, Some(x), _) => x.fmt(f),
+            (_, _, Some(b)) => b.fmt(f),
+            _ => unreachable!("every mode is one of the three"),
         }
     }
 }
@@ -674,9 +703,12 @@ impl FromStr for ModeKey {
             "native" => Ok(ModeKey::Native),
             "skb" => Ok(ModeKey::Skb),
             "packet" => Ok(ModeKey::Packet),
+            "active-backup" => Ok(ModeKey::ActiveBackup),
+            "balance-slb" => Ok(ModeKey::BalanceSlb),
+            "balance-tcp" => Ok(ModeKey::BalanceTcp),
             other => Err(format!(
                 "unknown mode '{other}' (vhost-user: server or client; afxdp: auto, native, \
-                 skb or packet)"
+                 skb or packet; bond: active-backup, balance-slb or balance-tcp)"
             )),
         }
     }
@@ -796,6 +828,135 @@ pub enum PortKind {
     AfXdp(AfXdpConfig),
     /// `type = "veth"`.
     Veth(VethConfig),
+    /// `type = "bond"`.
+    Bond(BondConfig),
+}
+
+/// How a bond spreads traffic over its members (the `mode` key of a bond).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BondMode {
+    /// One member carries everything; the next takes over when it fails.
+    #[default]
+    ActiveBackup,
+    /// Flows spread by source MAC and VLAN; switch-independent (no LAG on the switch).
+    BalanceSlb,
+    /// Flows spread by L2-L4 hash; needs LACP.
+    BalanceTcp,
+}
+
+impl fmt::Display for BondMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BondMode::ActiveBackup => "active-backup",
+            BondMode::BalanceSlb => "balance-slb",
+            BondMode::BalanceTcp => "balance-tcp",
+        })
+    }
+}
+
+/// A bond's `lacp` key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LacpMode {
+    /// No LACP: members carry traffic while their carrier is up.
+    #[default]
+    Off,
+    /// Sends LACPDUs whether the partner does or not.
+    Active,
+    /// Answers a partner's LACPDUs only (two passive sides never form).
+    Passive,
+}
+
+impl fmt::Display for LacpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LacpMode::Off => "off",
+            LacpMode::Active => "active",
+            LacpMode::Passive => "passive",
+        })
+    }
+}
+
+/// A bond's `lacp_rate` key: how often the partner is asked to send LACPDUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LacpRate {
+    /// Every 30 s (timeout 90 s).
+    #[default]
+    Slow,
+    /// Every second (timeout 3 s).
+    Fast,
+}
+
+impl fmt::Display for LacpRate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LacpRate::Slow => "slow",
+            LacpRate::Fast => "fast",
+        })
+    }
+}
+
+/// One member of a bond, `{ type = "afxdp", ifname = "eth1" }`: its own port type (afxdp,
+/// tap or veth) and that type's keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BondMember {
+    #[serde(rename = "type")]
+    pub kind: PortType,
+    pub ifname: IfName,
+    /// afxdp: the data path (default auto).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ModeKey>,
+    /// afxdp: AF_XDP sockets (default every NIC queue); tap, veth: queues (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<u16>,
+    /// veth: the kernel fast path (default false in a bond: frames must pass the bond).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastpath: Option<bool>,
+}
+
+impl BondMember {
+    /// The member as a port of its own type (named after its interface), or why it cannot be
+    /// one.
+    pub fn port(&self) -> Result<PortConfig, PortError> {
+        let ty = self.kind;
+        if !matches!(ty, PortType::Afxdp | PortType::Tap | PortType::Veth) {
+            return Err(PortError::MemberType(ty));
+        }
+        let mut k = PortKeys::new(PortName::unchecked(self.ifname.to_string()), ty);
+        k.ifname = Some(self.ifname.clone());
+        k.mode = self.mode;
+        k.queues = self.queues;
+        k.fastpath = match ty {
+            PortType::Veth => Some(self.fastpath.unwrap_or(false)),
+            _ => self.fastpath,
+        };
+        let queues = k.queues.unwrap_or_else(default_queues);
+        check_queues(queues, ty)?;
+        let kind = k.take_kind()?;
+        let mut p = PortConfig::new(&self.ifname.to_string(), kind);
+        p.queues = queues;
+        Ok(p)
+    }
+}
+
+/// The keys of a bond port (see docs/teaming.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BondConfig {
+    pub mode: BondMode,
+    pub lacp: LacpMode,
+    pub lacp_rate: LacpRate,
+    /// In order: in active-backup the first is the primary.
+    pub members: Vec<BondMember>,
+    /// Milliseconds a member's carrier must stay up before it carries traffic (default 0).
+    pub updelay: u32,
+    /// Milliseconds a member's carrier must stay down before it stops (default 0).
+    pub downdelay: u32,
+    /// With LACP on and no partner answering: carry traffic active-backup rather than none
+    /// (default false).
+    pub lacp_fallback: bool,
 }
 
 /// The keys of a veth port.
@@ -900,6 +1061,7 @@ impl PortKind {
             PortKind::Vxlan(_) => PortType::Vxlan,
             PortKind::AfXdp(_) => PortType::Afxdp,
             PortKind::Veth(_) => PortType::Veth,
+            PortKind::Bond(_) => PortType::Bond,
         }
     }
 }
@@ -1072,6 +1234,19 @@ pub enum PortError {
     Range(#[from] crate::value::RangeError),
     #[error("max_sessions must be at least 1")]
     MaxSessions,
+    #[error("a bond needs at least one member")]
+    NoMembers,
+    #[error("a bond member is of type afxdp, tap or veth, not {0}")]
+    MemberType(PortType),
+    #[error("mode balance-tcp needs lacp = \"active\" or \"passive\"")]
+    TcpNeedsLacp,
+    #[error("interface '{0}' is a member twice")]
+    MemberTwice(String),
+    #[error("bond member '{ifname}': {problem}")]
+    Member {
+        ifname: String,
+        problem: Box<PortError>,
+    },
 }
 
 /// Every key a `[[port]]` table may have, typed, with unknown keys refused: the form a port
@@ -1154,6 +1329,24 @@ pub struct PortKeys {
     /// LLDP: rx, both or off (default: rx on uplinks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lldp: Option<LldpMode>,
+    /// bond: LACP off, active or passive (default off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lacp: Option<LacpMode>,
+    /// bond: LACP rate asked of the partner (default slow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lacp_rate: Option<LacpRate>,
+    /// bond: carry traffic active-backup when no LACP partner answers (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lacp_fallback: Option<bool>,
+    /// bond: its member ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<BondMember>>,
+    /// bond: ms a member's carrier stays up before it carries traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updelay: Option<u32>,
+    /// bond: ms a member's carrier stays down before it stops carrying traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downdelay: Option<u32>,
 }
 
 fn default_queues() -> u16 {
@@ -1166,6 +1359,8 @@ fn check_queues(queues: u16, t: PortType) -> Result<(), PortError> {
         PortType::VhostUser => MAX_VHOST_PAIRS,
         PortType::Tap | PortType::Gen | PortType::Afxdp | PortType::Veth => MAX_QUEUES,
         PortType::Vxlan => 1,
+        // The sum of its members' (set when the bond opens); not a key of its own.
+        PortType::Bond => u16::MAX,
     };
     if queues == 0 || queues > max {
         return Err(PortError::Queues {
@@ -1209,6 +1404,12 @@ impl PortKeys {
             security_groups: None,
             max_sessions: None,
             lldp: None,
+            lacp: None,
+            lacp_rate: None,
+            lacp_fallback: None,
+            members: None,
+            updelay: None,
+            downdelay: None,
         }
     }
 }
@@ -1230,6 +1431,12 @@ impl PortKeys {
             ("learning", self.learning.is_some()),
             ("udp_csum", self.udp_csum.is_some()),
             ("fastpath", self.fastpath.is_some()),
+            ("lacp", self.lacp.is_some()),
+            ("lacp_rate", self.lacp_rate.is_some()),
+            ("lacp_fallback", self.lacp_fallback.is_some()),
+            ("members", self.members.is_some()),
+            ("updelay", self.updelay.is_some()),
+            ("downdelay", self.downdelay.is_some()),
         ]
         .into_iter()
         .find_map(|(key, set)| set.then_some(key))
@@ -1282,6 +1489,22 @@ impl PortKeys {
                 learning: self.learning.take().unwrap_or(true),
                 udp_csum: self.udp_csum.take(),
             }),
+            PortType::Bond => PortKind::Bond(BondConfig {
+                mode: match self.mode.take() {
+                    None => BondMode::default(),
+                    Some(m) => m.bond().ok_or(PortError::Mode {
+                        mode: m,
+                        kind: t,
+                        expected: "active-backup, balance-slb or balance-tcp",
+                    })?,
+                },
+                lacp: self.lacp.take().unwrap_or_default(),
+                lacp_rate: self.lacp_rate.take().unwrap_or_default(),
+                lacp_fallback: self.lacp_fallback.take().unwrap_or(false),
+                members: self.members.take().unwrap_or_default(),
+                updelay: self.updelay.take().unwrap_or(0),
+                downdelay: self.downdelay.take().unwrap_or(0),
+            }),
         };
         match self.kind_key_left() {
             Some(key) => Err(PortError::NotApplicable { kind: t, key }),
@@ -1295,6 +1518,15 @@ impl TryFrom<PortKeys> for PortConfig {
 
     fn try_from(mut k: PortKeys) -> Result<PortConfig, ConfigError> {
         let queues = k.queues.unwrap_or_else(default_queues);
+        if k.kind == PortType::Bond && k.queues.is_some() {
+            return Err(ConfigError::Port {
+                name: k.name.to_string(),
+                problem: PortError::NotApplicable {
+                    kind: PortType::Bond,
+                    key: "queues (a bond's queues are its members')",
+                },
+            });
+        }
         let kind = check_queues(queues, k.kind)
             .and_then(|()| k.take_kind())
             .map_err(|problem| ConfigError::Port {
@@ -1372,6 +1604,16 @@ impl From<PortConfig> for PortKeys {
                 k.dstport = Some(v.dstport);
                 k.learning = Some(v.learning);
                 k.udp_csum = v.udp_csum;
+            }
+            PortKind::Bond(b) => {
+                k.queues = None;
+                k.mode = Some(b.mode.into());
+                k.lacp = Some(b.lacp);
+                k.lacp_rate = Some(b.lacp_rate);
+                k.lacp_fallback = b.lacp_fallback.then_some(true);
+                k.members = Some(b.members);
+                k.updelay = (b.updelay != 0).then_some(b.updelay);
+                k.downdelay = (b.downdelay != 0).then_some(b.downdelay);
             }
         }
         k
@@ -1470,6 +1712,26 @@ impl PortConfig {
                 return Err(PortError::ZeroDstport);
             }
         }
+        if let PortKind::Bond(b) = &self.kind {
+            if b.members.is_empty() {
+                return Err(PortError::NoMembers);
+            }
+            if b.mode == BondMode::BalanceTcp && b.lacp == LacpMode::Off {
+                return Err(PortError::TcpNeedsLacp);
+            }
+            for (i, m) in b.members.iter().enumerate() {
+                m.port().map_err(|problem| match problem {
+                    PortError::MemberType(_) => problem,
+                    _ => PortError::Member {
+                        ifname: m.ifname.to_string(),
+                        problem: Box::new(problem),
+                    },
+                })?;
+                if b.members[..i].iter().any(|o| o.ifname == m.ifname) {
+                    return Err(PortError::MemberTwice(m.ifname.to_string()));
+                }
+            }
+        }
         if let Some(c) = self.capacity {
             if c.bps() == 0 {
                 return Err(PortError::ZeroCapacity);
@@ -1487,13 +1749,15 @@ impl PortConfig {
     }
 
     /// The interface LLDP runs on: afxdp, tap and veth ports have one (it is the port id
-    /// LLDP sends); vhost-user, vxlan and gen ports have none.
+    /// LLDP sends); vhost-user, vxlan, gen and bond ports have none (a bond's members not yet).
     pub fn lldp_ifname(&self) -> Option<&str> {
         match &self.kind {
             PortKind::AfXdp(a) => Some(a.ifname.as_str()),
             PortKind::Tap(t) => Some(t.ifname.as_str()),
             PortKind::Veth(v) => Some(v.ifname.as_str()),
-            PortKind::VhostUser(_) | PortKind::Vxlan(_) | PortKind::Gen(_) => None,
+            PortKind::VhostUser(_) | PortKind::Vxlan(_) | PortKind::Gen(_) | PortKind::Bond(_) => {
+                None
+            }
         }
     }
 
@@ -1543,6 +1807,22 @@ impl PortConfig {
             PortKind::Tap(t) => Some(&t.ifname),
             PortKind::AfXdp(a) => Some(&a.ifname),
             PortKind::Veth(v) => Some(&v.ifname),
+            _ => None,
+        }
+    }
+
+    /// Every interface the port uses: its own (TAP, afxdp, veth) or its members' (bond).
+    pub fn ifnames(&self) -> Vec<&IfName> {
+        match &self.kind {
+            PortKind::Bond(b) => b.members.iter().map(|m| &m.ifname).collect(),
+            _ => self.ifname().into_iter().collect(),
+        }
+    }
+
+    /// A bond port's keys.
+    pub fn bond(&self) -> Option<&BondConfig> {
+        match &self.kind {
+            PortKind::Bond(b) => Some(b),
             _ => None,
         }
     }
@@ -1830,7 +2110,7 @@ fn key_of_value_at(text: &str, offset: usize) -> Option<String> {
 pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
     let mut seen: Vec<(&IfName, &str)> = Vec::new();
     for p in ports {
-        if let Some(ifname) = p.ifname() {
+        for ifname in p.ifnames() {
             if let Some((_, first)) = seen.iter().find(|(i, _)| *i == ifname) {
                 return Err(ConfigError::DuplicateIfname {
                     ifname: ifname.to_string(),
@@ -2741,7 +3021,7 @@ vlan = 10
             ),
             (
                 "[[port]]\nname='a'\ntype='geneve'\n".into(),
-                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`, `afxdp`, `veth`",
+                "config line 3: type: unknown variant `geneve`, expected one of `tap`, `gen`, `vhost-user`, `vxlan`, `afxdp`, `veth`, `bond`",
             ),
             (
                 "[[port]]\nname='v'\ntype='vhost-user'\nsocket='/s'\nqueues=17\n".into(),
@@ -3839,5 +4119,118 @@ mod mirror_tests {
             e.contains("source port 'm' is the output of mirror 'x'"),
             "{e}"
         );
+    }
+}
+
+#[cfg(test)]
+mod bond_tests {
+    use super::*;
+
+    fn parse(port: &str) -> Result<Config, String> {
+        let c = Config::from_toml(&format!("[switch]\nworkers = \"0\"\n{port}"))
+            .map_err(|e| e.to_string())?;
+        check_ifnames(&c.ports).map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    const BOND: &str = r#"
+[[port]]
+name = "uplink"
+type = "bond"
+mode = "balance-tcp"
+lacp = "active"
+lacp_rate = "fast"
+members = [ { type = "afxdp", ifname = "eth1", mode = "packet" }, { type = "veth", ifname = "eth2" } ]
+"#;
+
+    #[test]
+    fn a_bond_parses_and_round_trips() {
+        let c = parse(BOND).unwrap();
+        let b = c.ports[0].bond().unwrap();
+        assert_eq!(
+            (b.mode, b.lacp, b.lacp_rate),
+            (BondMode::BalanceTcp, LacpMode::Active, LacpRate::Fast)
+        );
+        assert_eq!(b.members.len(), 2);
+        assert_eq!(
+            b.members[1].port().unwrap().ifname().unwrap().as_str(),
+            "eth2"
+        );
+        assert_eq!(
+            c.ports[0]
+                .ifnames()
+                .iter()
+                .map(|i| i.as_str())
+                .collect::<Vec<_>>(),
+            ["eth1", "eth2"]
+        );
+        let text = toml::to_string(&c.ports[0]).unwrap();
+        let back: PortConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back, c.ports[0], "{text}");
+        let d = parse("[[port]]\nname='b'\ntype='bond'\nmembers=[{type='tap', ifname='t0'}]\n")
+            .unwrap();
+        let b = d.ports[0].bond().unwrap();
+        assert_eq!(
+            (b.mode, b.lacp, b.lacp_rate, b.updelay, b.lacp_fallback),
+            (
+                BondMode::ActiveBackup,
+                LacpMode::Off,
+                LacpRate::Slow,
+                0,
+                false
+            )
+        );
+    }
+
+    #[test]
+    fn bad_bonds_are_one_line_errors() {
+        let cases = [
+            (
+                BOND.replace("lacp = \"active\"", "lacp = \"off\""),
+                "mode balance-tcp needs lacp",
+            ),
+            (
+                "[[port]]\nname='b'\ntype='bond'\nmembers=[]\n".to_string(),
+                "a bond needs at least one member",
+            ),
+            (
+                "[[port]]\nname='b'\ntype='bond'\n".to_string(),
+                "a bond needs at least one member",
+            ),
+            (
+                BOND.replace("type = \"veth\"", "type = \"bond\""),
+                "a bond member is of type afxdp, tap or veth, not bond",
+            ),
+            (
+                BOND.replace("eth2", "eth1"),
+                "interface 'eth1' is a member twice",
+            ),
+            (
+                format!("{BOND}[[port]]\nname='x'\ntype='tap'\nifname='eth2'\n"),
+                "duplicate ifname 'eth2' (ports 'uplink' and 'x')",
+            ),
+            (
+                BOND.replace("mode = \"balance-tcp\"", "mode = \"server\""),
+                "mode 'server' does not apply to type bond",
+            ),
+            (
+                BOND.replace("mode = \"packet\"", "mode = \"balance-slb\""),
+                "bond member 'eth1': mode 'balance-slb' does not apply to type afxdp",
+            ),
+            (
+                "[[port]]\nname='b'\ntype='bond'\nqueues=2\nmembers=[{type='tap', ifname='t0'}]\n"
+                    .to_string(),
+                "queues",
+            ),
+            (
+                "[[port]]\nname='b'\ntype='tap'\nifname='t'\nlacp='active'\n".to_string(),
+                "key 'lacp' does not apply to type tap",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(&text).unwrap_err();
+            assert!(e.contains(want), "{e}\nwanted: {want}\n{text}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
     }
 }

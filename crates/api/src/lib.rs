@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bond;
 pub mod client;
 pub mod config;
 pub mod cpulist;
@@ -23,9 +24,10 @@ pub mod request;
 pub mod value;
 
 pub use config::{
-    AfXdpConfig, Config, ConfigError, GenConfig, GenPortConfig, ModeKey, PlacementMode, PortConfig,
-    PortError, PortKeys, PortKind, PortType, QosConfig, QosError, QosSettings, SwitchConfig,
-    TapConfig, VhostMode, VhostUserConfig, VxlanConfig, XdpMode,
+    AfXdpConfig, BondConfig, BondMember, BondMode, Config, ConfigError, GenConfig, GenPortConfig,
+    LacpMode, LacpRate, ModeKey, PlacementMode, PortConfig, PortError, PortKeys, PortKind,
+    PortType, QosConfig, QosError, QosSettings, SwitchConfig, TapConfig, VhostMode,
+    VhostUserConfig, VxlanConfig, XdpMode,
 };
 pub use cpulist::{CpuList, CpuListError};
 pub use request::{Request, Response};

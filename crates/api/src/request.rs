@@ -94,6 +94,13 @@ pub enum Request {
         #[serde(default)]
         port: Option<String>,
     },
+    /// Bond ports: mode, members, link and LACP state; every bond when `name` is absent.
+    BondShow {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    /// Make `active` the active member of bond `name` (runtime state, as `port enable`).
+    BondSet { name: String, active: String },
 }
 
 /// What a request may do, for the control socket's privilege check: members of
@@ -124,7 +131,8 @@ impl Request {
             | Request::MirrorList
             | Request::Trace { .. }
             | Request::Lldp { .. }
-            | Request::ExportShow => Access::Read,
+            | Request::ExportShow
+            | Request::BondShow { .. } => Access::Read,
             Request::PortAdd { .. }
             | Request::PortDel { .. }
             | Request::PortSet { .. }
@@ -136,6 +144,7 @@ impl Request {
             | Request::MirrorDel { .. }
             | Request::ExportSet { .. }
             | Request::ExportOff { .. }
+            | Request::BondSet { .. }
             | Request::Reload => Access::Admin,
         }
     }
@@ -168,6 +177,8 @@ impl Request {
             Request::ExportOff { .. } => "export off",
             Request::ExportShow => "export show",
             Request::Lldp { .. } => "lldp",
+            Request::BondShow { .. } => "bond show",
+            Request::BondSet { .. } => "bond set",
         }
     }
 }
@@ -336,6 +347,9 @@ pub struct TraceEgress {
     pub qos: TraceQos,
     /// For a vhost-user port: the receive queue (pair) vRSS would pick.
     pub rss: Option<TraceRss>,
+    /// For a bond port: the member the frame leaves by now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
 }
 
 /// A port's QoS state at trace time.
@@ -367,6 +381,10 @@ pub struct TraceRss {
 #[serde(tag = "response", rename_all = "kebab-case")]
 pub enum Response {
     Ok,
+    /// `bond show`.
+    Bonds {
+        bonds: Vec<crate::bond::BondInfo>,
+    },
     /// The request failed and changed nothing.
     Error {
         message: String,
@@ -720,6 +738,9 @@ pub struct PortStats {
     /// The port's share of the MAC table and what the table refused it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fdb: Option<PortFdbStats>,
+    /// For bond ports: each member's state and counters (as `bond show`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bond: Option<crate::bond::BondInfo>,
 }
 
 /// A port's share of the MAC table (fdb) and the addresses refused to it.

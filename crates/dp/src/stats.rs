@@ -238,6 +238,10 @@ drop_reasons! {
     Offload => "offload" @ Tx,
     /// A guest sent a GSO frame of a kind it did not negotiate (HOST_TSO4/TSO6/ECN, UFO).
     OffloadNotNegotiated => "offload_not_negotiated" @ Rx,
+    /// Received on a bond member that does not take such frames now: an active-backup
+    /// backup, a balance-slb broadcast or multicast from a member other than the active
+    /// one, or a frame whose source MAC the bond sent out (it came back).
+    BondInactive => "bond_inactive" @ Rx,
 }
 
 /// Per-reason drop counters.

@@ -189,6 +189,10 @@ pub fn trace(
             tagged,
             qos: qos(e),
             rss: rss(e, frame),
+            member: match &e.dev {
+                Device::Bond(b) => b.tx_member(frame).map(str::to_string),
+                _ => None,
+            },
         };
         let mut line = format!("output: {} {encoding} (QoS {})", eg.port, qos_text(&eg.qos));
         if let Some(s) = &eg.rss {
@@ -199,6 +203,9 @@ pub fn trace(
                 ),
                 _ => format!(", vRSS: queue {} of enabled {:?}", s.queue, s.enabled),
             });
+        }
+        if let Some(m) = &eg.member {
+            line.push_str(&format!(", bond member {m}"));
         }
         r.steps.push(line);
         r.egress.push(eg);

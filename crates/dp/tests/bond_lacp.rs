@@ -457,3 +457,237 @@ fn passive_against_passive_ovs_never_forms() {
     assert!(!show.contains("current"), "{show}");
     assert!(!ovs.formed_with(SYSTEM));
 }
+
+// ---- The bond port (`type = "bond"`) of a running switch against Open vSwitch ----
+
+use qswitch_api::bond::BondInfo;
+use qswitch_api::{BondConfig, BondMember, BondMode, GenConfig, GenPortConfig, LacpMode, LacpRate};
+use qswitch_api::{PortConfig, PortKind, XdpMode};
+use qswitch_dp::{Options, Switch};
+
+/// A started switch with a bond of `ours` (AF_PACKET members), balance-tcp, LACP `lacp` at
+/// the fast rate, and a gen port sending `flows` UDP flows to an unknown MAC (flooded to the
+/// bond) at 2000 frames/s.
+fn switch_with_bond(ours: &[String], lacp: LacpMode, flows: u16) -> Switch {
+    let cpu = qswitch_sys::thread::online_cpus().unwrap()[0];
+    let sw = Switch::start(&[cpu], &Options::default()).expect("switch");
+    for name in ours {
+        sh_ok(&["ip", "link", "set", "dev", name, "up"]);
+    }
+    let bond = PortConfig::new(
+        "uplink",
+        PortKind::Bond(BondConfig {
+            mode: BondMode::BalanceTcp,
+            lacp,
+            lacp_rate: LacpRate::Fast,
+            members: ours
+                .iter()
+                .map(|i| BondMember {
+                    kind: qswitch_api::PortType::Afxdp,
+                    ifname: i.parse().unwrap(),
+                    mode: Some(XdpMode::Packet.into()),
+                    queues: None,
+                    fastpath: None,
+                })
+                .collect(),
+            updelay: 0,
+            downdelay: 0,
+            lacp_fallback: false,
+        }),
+    );
+    sw.add_port(&bond).expect("bond port");
+    let mut src = PortConfig::gen("src");
+    src.kind = PortKind::Gen(GenPortConfig {
+        mac: Some("02:00:00:00:00:01".parse().unwrap()),
+        generate: Some(GenConfig {
+            dst: "02:00:00:00:00:99".parse().unwrap(),
+            size: 64,
+            rate: 2000,
+            flows,
+            count: 0,
+        }),
+    });
+    sw.add_port(&src).expect("gen port");
+    sw
+}
+
+fn bond_info(sw: &Switch) -> BondInfo {
+    sw.bonds(Some("uplink")).expect("bond show").remove(0)
+}
+
+fn all_distributing(b: &BondInfo) -> bool {
+    b.members.iter().all(|m| {
+        m.enabled
+            && m.lacp_state
+                .as_ref()
+                .is_some_and(|l| l.distributing() && l.partner_in_sync)
+    })
+}
+
+/// Frames each member sent while `f` ran.
+fn tx_during(sw: &Switch, f: impl FnOnce()) -> Vec<u64> {
+    let before: Vec<u64> = bond_info(sw).members.iter().map(|m| m.tx_packets).collect();
+    f();
+    bond_info(sw)
+        .members
+        .iter()
+        .zip(before)
+        .map(|(m, b)| m.tx_packets - b)
+        .collect()
+}
+
+#[test]
+fn bond_port_balance_tcp_against_ovs_spreads_flows_and_survives_a_member() {
+    if !tools_or_skip() {
+        return;
+    }
+    let ovs = Ovs::start("bt", "active");
+    let sw = switch_with_bond(&ovs.ours, LacpMode::Active, 64);
+    let system = mac_of(&ovs.ours[0]);
+    let formed = wait_until(WAIT, || {
+        all_distributing(&bond_info(&sw)) && ovs.formed_with(system)
+    });
+    assert!(
+        formed,
+        "the bond port did not form: {:#?}\n{}\n{}",
+        bond_info(&sw),
+        ovs.appctl(&["lacp/show", "bond0"]),
+        ovs.log()
+    );
+    let show = ovs.appctl(&["bond/show", "bond0"]);
+    assert!(show.contains("lacp_status: negotiated"), "{show}");
+    // 64 flows: each member carries at least a quarter.
+    let sent = tx_during(&sw, || {
+        let t = Instant::now();
+        wait_until(Duration::from_secs(10), || {
+            bond_info(&sw)
+                .members
+                .iter()
+                .map(|m| m.tx_packets)
+                .sum::<u64>()
+                > 0
+                && t.elapsed() > Duration::from_secs(1)
+        });
+    });
+    let total: u64 = sent.iter().sum();
+    println!("64 flows over the two members: {sent:?} frames");
+    assert!(total > 200, "too little traffic: {sent:?}");
+    for s in &sent {
+        assert!(*s * 4 >= total, "a member carried under 25 %: {sent:?}");
+    }
+    // Member 0's link goes down: traffic continues on member 1 alone.
+    sh_ok(&["ip", "link", "set", "dev", &ovs.ours[0], "down"]);
+    assert!(
+        wait_until(WAIT, || !bond_info(&sw).members[0].enabled),
+        "member 0 still enabled: {:#?}",
+        bond_info(&sw)
+    );
+    let sent = tx_during(&sw, || std::thread::sleep(Duration::from_millis(500)));
+    println!("member 0 down: {sent:?} frames");
+    assert_eq!(sent[0], 0, "{sent:?}");
+    assert!(
+        sent[1] > 400,
+        "traffic did not continue on member 1: {sent:?}"
+    );
+    // It comes back and rejoins.
+    sh_ok(&["ip", "link", "set", "dev", &ovs.ours[0], "up"]);
+    assert!(
+        wait_until(WAIT, || all_distributing(&bond_info(&sw))
+            && ovs.formed_with(system)),
+        "member 0 did not rejoin: {:#?}",
+        bond_info(&sw)
+    );
+    let sent = tx_during(&sw, || std::thread::sleep(Duration::from_millis(500)));
+    println!("member 0 back: {sent:?} frames");
+    assert!(sent.iter().all(|&s| s > 0), "{sent:?}");
+    sw.shutdown();
+}
+
+#[test]
+fn bond_port_passive_forms_with_active_ovs() {
+    if !tools_or_skip() {
+        return;
+    }
+    let ovs = Ovs::start("bp", "active");
+    let sw = switch_with_bond(&ovs.ours, LacpMode::Passive, 1);
+    let system = mac_of(&ovs.ours[0]);
+    assert!(
+        wait_until(WAIT, || all_distributing(&bond_info(&sw))
+            && ovs.formed_with(system)),
+        "passive bond port did not form: {:#?}\n{}",
+        bond_info(&sw),
+        ovs.appctl(&["lacp/show", "bond0"])
+    );
+    sw.shutdown();
+}
+
+#[test]
+fn bond_port_passive_never_forms_with_passive_ovs() {
+    if !tools_or_skip() {
+        return;
+    }
+    let ovs = Ovs::start("bq", "passive");
+    let sw = switch_with_bond(&ovs.ours, LacpMode::Passive, 1);
+    // Nothing can happen: watch for more than 3 fast timeouts.
+    let talked = wait_until(Duration::from_secs(4), || {
+        bond_info(&sw)
+            .members
+            .iter()
+            .any(|m| m.enabled || m.lacp_rx > 0 || m.lacp_tx > 0)
+    });
+    assert!(!talked, "passive sides talked: {:#?}", bond_info(&sw));
+    let show = ovs.appctl(&["lacp/show", "bond0"]);
+    assert!(!show.contains("current"), "{show}");
+    // Nothing is distributed: the generated frames are counted as link_down.
+    assert!(bond_info(&sw).members.iter().all(|m| m.tx_packets == 0));
+    sw.shutdown();
+}
+
+#[test]
+fn bond_port_bad_members_are_refused_and_change_nothing() {
+    if !root_or_skip() {
+        return;
+    }
+    let cpu = qswitch_sys::thread::online_cpus().unwrap()[0];
+    let sw = Switch::start(&[cpu], &Options::default()).expect("switch");
+    let pid = std::process::id() % 100_000;
+    let (a, missing) = (format!("qbm{pid}a"), format!("qbm{pid}x"));
+    sh_ok(&["ip", "tuntap", "add", "dev", &a, "mode", "tap"]);
+    let _link = LinkGuard(a.clone());
+    let bond = |members: &[&str]| {
+        PortConfig::new(
+            "b",
+            PortKind::Bond(BondConfig {
+                mode: BondMode::ActiveBackup,
+                lacp: LacpMode::Off,
+                lacp_rate: LacpRate::Slow,
+                members: members
+                    .iter()
+                    .map(|i| BondMember {
+                        kind: qswitch_api::PortType::Tap,
+                        ifname: i.parse().unwrap(),
+                        mode: None,
+                        queues: None,
+                        fastpath: None,
+                    })
+                    .collect(),
+                updelay: 0,
+                downdelay: 0,
+                lacp_fallback: false,
+            }),
+        )
+    };
+    let e = sw.add_port(&bond(&[&a, &missing])).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!("port 'b': member interface '{missing}' does not exist")
+    );
+    sw.add_port(&PortConfig::tap("t", a.parse().unwrap()))
+        .unwrap();
+    let e = sw.add_port(&bond(&[&a])).unwrap_err().to_string();
+    assert!(e.contains(&a) && e.contains("'t'"), "{e}");
+    assert!(!e.contains('\n'));
+    let names: Vec<String> = sw.ports().into_iter().map(|p| p.name).collect();
+    assert_eq!(names, ["t"], "nothing changed");
+    sw.shutdown();
+}

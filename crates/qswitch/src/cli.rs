@@ -851,6 +851,93 @@ pub fn mirror(control: &Path, cmd: MirrorCmd) -> anyhow::Result<()> {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum BondCmd {
+    /// Mode, members, link and LACP state of each member, partner, active member, buckets.
+    Show {
+        /// One bond (default: every bond).
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make MEMBER the active member (active-backup; balance-slb's broadcast receiver).
+    Set {
+        name: String,
+        #[arg(long, value_name = "MEMBER")]
+        active: String,
+    },
+}
+
+pub fn bond(control: &Path, cmd: BondCmd) -> anyhow::Result<()> {
+    match cmd {
+        BondCmd::Set { name, active } => {
+            call(control, &Request::BondSet { name, active })?;
+        }
+        BondCmd::Show { name, json } => {
+            let Response::Bonds { bonds } = call(control, &Request::BondShow { name })? else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&bonds)?);
+                return Ok(());
+            }
+            for b in &bonds {
+                println!(
+                    "bond {}: mode {}, lacp {} ({}), active member {}",
+                    b.name,
+                    b.mode,
+                    b.lacp,
+                    b.lacp_rate,
+                    b.active.as_deref().unwrap_or("none")
+                );
+                println!(
+                    "  {:<16} {:<7} {:<8} {:>7} {:>10} {:>10} {:>8} {:>8} {:>6}  LACP",
+                    "MEMBER",
+                    "CARRIER",
+                    "ENABLED",
+                    "BUCKETS",
+                    "RX",
+                    "TX",
+                    "LACP_RX",
+                    "LACP_TX",
+                    "RARP"
+                );
+                for m in &b.members {
+                    let lacp = m.lacp_state.as_ref().map_or_else(
+                        || "-".to_string(),
+                        |l| {
+                            format!(
+                                "{} {} partner {} key {} port {} state {:#04x}{}",
+                                l.rx,
+                                l.mux,
+                                l.partner_system,
+                                l.partner_key,
+                                l.partner_port,
+                                l.partner_state,
+                                if l.partner_in_sync { " in sync" } else { "" }
+                            )
+                        },
+                    );
+                    println!(
+                        "  {:<16} {:<7} {:<8} {:>7} {:>10} {:>10} {:>8} {:>8} {:>6}  {}",
+                        m.name,
+                        if m.carrier { "up" } else { "down" },
+                        if m.enabled { "yes" } else { "no" },
+                        m.buckets,
+                        m.rx_packets,
+                        m.tx_packets,
+                        m.lacp_rx,
+                        m.lacp_tx,
+                        m.rarp_tx,
+                        lacp
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Subcommand, Debug)]
 pub enum ExportCmd {
     /// IPFIX (RFC 7011) flow records to a collector over UDP.
     #[command(subcommand)]

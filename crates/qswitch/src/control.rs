@@ -505,6 +505,19 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         | Request::MirrorAdd { .. }
         | Request::MirrorDel { .. }
         | Request::PortSet { .. }) => daemon.change(change),
+        Request::BondShow { name } => match sw.bonds(name.as_deref()) {
+            Ok(bonds) => Response::Bonds { bonds },
+            Err(e) => Response::Error {
+                message: error_chain(&e),
+            },
+        },
+        // Runtime state, not a setting: nothing to record.
+        Request::BondSet { name, active } => match sw.set_bond_active(&name, &active) {
+            Ok(()) => Response::Ok,
+            Err(e) => Response::Error {
+                message: error_chain(&e),
+            },
+        },
         // Runtime state, not a setting: nothing to record.
         Request::PortEnable { name } => match sw.enable_port(&name) {
             Ok(_) => Response::Ok,

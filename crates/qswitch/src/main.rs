@@ -84,6 +84,9 @@ enum Command {
     /// Port mirroring sessions: `add`, `del`, `list` (docs/visibility.md).
     #[command(subcommand)]
     Mirror(cli::MirrorCmd),
+    /// Bond ports: members, link and LACP state; choose the active member.
+    #[command(subcommand)]
+    Bond(cli::BondCmd),
     /// Toeplitz hashes and receive-side indirection tables (vRSS).
     #[command(subcommand)]
     Rss(rss_cli::RssCmd),
@@ -147,6 +150,7 @@ fn main() -> ExitCode {
         Command::Lldp { port, json } => cli::lldp(&control, port, json),
         Command::Qos(cmd) => cli::qos(&control, cmd),
         Command::Mirror(cmd) => cli::mirror(&control, cmd),
+        Command::Bond(cmd) => cli::bond(&control, cmd),
         Command::Rss(cmd) => rss_cli::run(&control, cmd),
         Command::Placement(args) => placement_cli::run(&control, args),
         Command::Stats {

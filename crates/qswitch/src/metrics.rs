@@ -168,6 +168,27 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
         "Frames a gen sink saw out of order.",
     ),
     (
+        "qswitch_bond_member_enabled",
+        "gauge",
+        "1 while a bond member carries traffic (carrier, delays, LACP distributing).",
+    ),
+    (
+        "qswitch_bond_member_carrier",
+        "gauge",
+        "A bond member's carrier (from netlink link events).",
+    ),
+    (
+        "qswitch_bond_member_active",
+        "gauge",
+        "1 for a bond's active member (active-backup sender, balance-slb flood receiver).",
+    ),
+    (
+        "qswitch_bond_member_packets_total",
+        "counter",
+        "Frames a bond member received (dir=rx, taken), refused (dir=rx_dropped), sent \
+         (dir=tx), and LACPDUs and gratuitous RARPs (dir=lacp_rx, lacp_tx, rarp_tx).",
+    ),
+    (
         "qswitch_vhost_guest_errors_total",
         "counter",
         "Guest errors on a vhost-user port (bad descriptor chains, stopped rings).",
@@ -688,6 +709,49 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
             k.reordered,
         );
     }
+    let bonds = || s.ports.iter().filter_map(|p| p.bond.as_ref());
+    o.family("qswitch_bond_member_enabled");
+    for b in bonds() {
+        for m in &b.members {
+            let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
+            o.sample("qswitch_bond_member_enabled", &l, u8::from(m.enabled));
+        }
+    }
+    o.family("qswitch_bond_member_carrier");
+    for b in bonds() {
+        for m in &b.members {
+            let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
+            o.sample("qswitch_bond_member_carrier", &l, u8::from(m.carrier));
+        }
+    }
+    o.family("qswitch_bond_member_active");
+    for b in bonds() {
+        for m in &b.members {
+            let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
+            let active = b.active.as_deref() == Some(m.name.as_str());
+            o.sample("qswitch_bond_member_active", &l, u8::from(active));
+        }
+    }
+    o.family("qswitch_bond_member_packets_total");
+    for b in bonds() {
+        for m in &b.members {
+            for (dir, n) in [
+                ("rx", m.rx_packets),
+                ("rx_dropped", m.rx_dropped),
+                ("tx", m.tx_packets),
+                ("lacp_rx", m.lacp_rx),
+                ("lacp_tx", m.lacp_tx),
+                ("rarp_tx", m.rarp_tx),
+            ] {
+                let l = [
+                    ("port", b.name.as_str()),
+                    ("member", m.name.as_str()),
+                    ("dir", dir),
+                ];
+                o.sample("qswitch_bond_member_packets_total", &l, n);
+            }
+        }
+    }
     o.family("qswitch_vhost_guest_errors_total");
     for p in &s.ports {
         if let Some(e) = p.guest_errors {
@@ -841,6 +905,30 @@ mod tests {
                     ..Default::default()
                 },
                 PortStats {
+                    name: "b".into(),
+                    bond: Some(qswitch_api::bond::BondInfo {
+                        name: "b".into(),
+                        mode: qswitch_api::BondMode::ActiveBackup,
+                        lacp: qswitch_api::LacpMode::Off,
+                        lacp_rate: qswitch_api::LacpRate::Slow,
+                        active: Some("eth1".into()),
+                        members: vec![qswitch_api::bond::BondMemberInfo {
+                            name: "eth1".into(),
+                            carrier: true,
+                            enabled: true,
+                            buckets: 0,
+                            rx_packets: 0,
+                            tx_packets: 9,
+                            rx_dropped: 0,
+                            lacp_rx: 0,
+                            lacp_tx: 0,
+                            rarp_tx: 1,
+                            lacp_state: None,
+                        }],
+                    }),
+                    ..Default::default()
+                },
+                PortStats {
                     name: "v".into(),
                     queues: vec![QueueStats::default()],
                     fastpath: Some(qswitch_api::request::FastPathStats {
@@ -933,6 +1021,10 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("qswitch_port_drops_total{port=\"a\\\"b\",reason=\"tx_full\"} 3\n"));
+        assert!(t.contains(
+            "qswitch_bond_member_packets_total{port=\"b\",member=\"eth1\",dir=\"tx\"} 9\n"
+        ));
+        assert!(t.contains("qswitch_bond_member_active{port=\"b\",member=\"eth1\"} 1\n"));
         // A veth port's fast path is a queue of its own.
         assert!(t.contains("qswitch_port_rx_packets_total{port=\"v\",queue=\"fastpath\"} 11\n"));
         assert!(t.contains("qswitch_port_rx_bytes_total{port=\"v\",queue=\"fastpath\"} 700\n"));

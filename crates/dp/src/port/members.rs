@@ -106,6 +106,12 @@ impl Members {
         }
     }
 
+    /// The member (its index) and the member's queue behind the port's rx queue `queue`.
+    #[inline]
+    pub fn member_of(&self, queue: u16) -> Option<(usize, u16)> {
+        self.queues.get(usize::from(queue)).copied()
+    }
+
     fn member(&self, queue: u16) -> Option<(&Member, u16)> {
         let &(m, q) = self.queues.get(usize::from(queue))?;
         Some((&self.members[m], q))

@@ -10,6 +10,7 @@
 //! | gen | [`gen`] | synthesised frames at a rate | validated and counted (sink) |
 //! | VXLAN | [`vxlan`] | `recvmmsg` on (local, dstport): decapsulated in place, learned, checked | head-end replication; `sendmmsg` of header + frame from a source-port pool picked by flow hash |
 //! | AF_XDP uplink | [`afxdp`] | one AF_XDP socket per NIC queue (copy out of the UMEM); AF_PACKET ring as fallback | TSO segmented, checksums completed, into the socket of queue `worker % n` (or `sendmmsg`) |
+//! | bond | [`bond`] | its members' queues; LACPDUs to the bond's thread; only from members that take frames now | by the active member or the frame's hash bucket's |
 //! | veth | [`veth`] | what the kernel fast path does not forward itself, from a slow path TAP | into the slow path TAP, which sends it into the namespace |
 //! | inject (tests) | [`inject`] | frames a test queued | captured for the test |
 //!
@@ -131,6 +132,7 @@ pub enum Device {
     Vxlan(std::sync::Arc<vxlan::VxlanPort>),
     AfXdp(afxdp::AfXdpPort),
     Veth(veth::VethPort),
+    Bond(bond::BondPort),
     #[cfg(any(test, feature = "test-utils"))]
     Inject(std::sync::Arc<inject::InjectPort>),
 }
@@ -144,6 +146,7 @@ macro_rules! each_device {
             Device::Vxlan($d) => $e,
             Device::AfXdp($d) => $e,
             Device::Veth($d) => $e,
+            Device::Bond($d) => $e,
             #[cfg(any(test, feature = "test-utils"))]
             Device::Inject($d) => $e,
         }

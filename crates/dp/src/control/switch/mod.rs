@@ -131,6 +131,9 @@ pub enum SwitchError {
         port: String,
         error: crate::port::veth::VethError,
     },
+    /// A bond's member cannot be used, or the bond not started.
+    #[error("port '{port}': {error}")]
+    Bond { port: String, error: String },
     #[error("cannot start worker {worker} on CPU {cpu}")]
     Worker {
         worker: usize,

@@ -93,6 +93,10 @@ fn settings(p: &PortEntry, policy: &PortPolicy, qos: QosSettings) -> PortConfig 
     let mut c = p.config.clone();
     policy.write_config(&mut c);
     c.qos = qos.to_config();
+    // A bond's queues are its members' (set when it opened), not a key: as configured.
+    if matches!(c.kind, PortKind::Bond(_)) {
+        c.queues = 1;
+    }
     c
 }
 
@@ -222,7 +226,11 @@ impl Switch {
                 if w.name == config.name {
                     return Err(SwitchError::PortExists(config.name.clone()));
                 }
-                if let Some(ifname) = config.ifname().filter(|&i| w.ifname() == Some(i)) {
+                if let Some(ifname) = config
+                    .ifnames()
+                    .into_iter()
+                    .find(|i| w.ifnames().contains(i))
+                {
                     return Err(SwitchError::IfnameInUse {
                         ifname: ifname.to_string(),
                         port: w.name.clone(),
@@ -251,6 +259,11 @@ impl Switch {
             let config = match &dev {
                 Device::AfXdp(a) => &PortConfig {
                     queues: a.queues(),
+                    ..config.clone()
+                },
+                // A bond has its members' queues.
+                Device::Bond(b) => &PortConfig {
+                    queues: b.queues(),
                     ..config.clone()
                 },
                 _ => config,
@@ -287,7 +300,11 @@ impl Switch {
             if p.config.name == config.name {
                 return Err(SwitchError::PortExists(config.name.clone()));
             }
-            if let Some(ifname) = config.ifname().filter(|&i| p.config.ifname() == Some(i)) {
+            if let Some(ifname) = config
+                .ifnames()
+                .into_iter()
+                .find(|i| p.config.ifnames().contains(i))
+            {
                 return Err(SwitchError::IfnameInUse {
                     ifname: ifname.to_string(),
                     port: p.config.name.clone(),
@@ -421,6 +438,7 @@ impl Switch {
                     })?,
                 )
             }
+            PortKind::Bond(b) => self.open_bond(id, config, b)?,
             PortKind::Gen(g) => Device::Gen(GenPort::new(
                 id,
                 &config.name,
@@ -430,6 +448,74 @@ impl Switch {
                 self.workers.len(),
             )),
         })
+    }
+
+    /// Opens a bond's members (each as a port of its own type, under the bond's id) and
+    /// starts the bond. A member whose interface does not exist is an error (a bond does not
+    /// wait for its members).
+    fn open_bond(
+        &self,
+        id: PortId,
+        config: &PortConfig,
+        b: &qswitch_api::BondConfig,
+    ) -> Result<Device, SwitchError> {
+        let err = |error: String| SwitchError::Bond {
+            port: config.name.clone(),
+            error,
+        };
+        let mut devices = Vec::with_capacity(b.members.len());
+        for m in &b.members {
+            if !qswitch_sys::netif::exists(m.ifname.as_str()) {
+                return Err(err(format!(
+                    "member interface '{}' does not exist",
+                    m.ifname
+                )));
+            }
+            let mc = m.port().map_err(|e| err(e.to_string()))?;
+            let dev = self
+                .open_device(id, &mc)
+                .map_err(|e| err(format!("member '{}': {e}", m.ifname)))?;
+            let queues = match &dev {
+                Device::AfXdp(a) => a.queues(),
+                _ => mc.queues,
+            };
+            devices.push((dev, queues));
+        }
+        // The MACs a failover announces: those learned on the switch's local ports (not
+        // uplinks), in the VLANs the bond carries, tagged as the bond carries them.
+        let shared = Arc::downgrade(&self.shared);
+        let announce: crate::port::bond::Announce = Box::new(move || {
+            let Some(shared) = shared.upgrade() else {
+                return Vec::new();
+            };
+            let table = shared.ports.load_full();
+            let Some(bond) = table.iter().flatten().find(|p| p.id == id) else {
+                return Vec::new();
+            };
+            let policy = bond.policy.load();
+            let carried = policy.carried();
+            let local = |p: PortId| {
+                table.iter().flatten().any(|e| {
+                    e.id == p
+                        && e.id != id
+                        && e.config.capacity.is_none()
+                        && !matches!(e.dev, Device::AfXdp(_) | Device::Vxlan(_) | Device::Bond(_))
+                })
+            };
+            shared
+                .fdb
+                .entries(shared.now())
+                .into_iter()
+                .filter(|l| local(l.port) && carried.carries(l.vlan))
+                .map(|l| {
+                    let tag = (carried.native != Some(l.vlan)).then_some(l.vlan);
+                    (l.mac, tag)
+                })
+                .collect()
+        });
+        crate::port::bond::BondPort::open(&config.name, b, devices, announce)
+            .map(Device::Bond)
+            .map_err(|e| err(e.to_string()))
     }
 
     fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {
@@ -548,6 +634,51 @@ impl Switch {
             tracing::info!(port = %name, "port enabled");
         }
         Ok(was)
+    }
+
+    /// The bond ports (`name`: that one only), as `qswitch bond show` prints them.
+    pub fn bonds(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Vec<qswitch_api::bond::BondInfo>, SwitchError> {
+        let table = self.shared.ports.load_full();
+        let bonds: Vec<_> = table
+            .iter()
+            .flatten()
+            .filter(|p| name.is_none_or(|n| p.config.name == n))
+            .filter_map(|p| match &p.dev {
+                Device::Bond(b) => Some(b.info()),
+                _ => None,
+            })
+            .collect();
+        match name {
+            Some(n) if bonds.is_empty() => Err(SwitchError::Bond {
+                port: n.to_string(),
+                error: "no such bond".into(),
+            }),
+            _ => Ok(bonds),
+        }
+    }
+
+    /// Makes `member` the active member of bond `name` (runtime state: a restart starts with
+    /// the first member that carries traffic).
+    pub fn set_bond_active(&self, name: &str, member: &str) -> Result<(), SwitchError> {
+        let table = self.shared.ports.load_full();
+        let p = table
+            .iter()
+            .flatten()
+            .find(|p| p.config.name == name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
+        let err = |error: String| SwitchError::Bond {
+            port: name.to_string(),
+            error,
+        };
+        match &p.dev {
+            Device::Bond(b) => b.set_active(member).map_err(err)?,
+            _ => return Err(err("not a bond".into())),
+        }
+        tracing::info!(port = %name, member, "bond active member set");
+        Ok(())
     }
 
     /// A port's current policy settings.

@@ -415,6 +415,10 @@ fn port_stats(
         vxlan,
         tap,
         fdb,
+        bond: match &p.dev {
+            Device::Bond(b) => Some(b.info()),
+            _ => None,
+        },
     }
 }
 
