@@ -1862,6 +1862,11 @@ pub struct SecurityGroupConfig {
     pub stateless: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<GroupRule>,
+    /// Addresses of members on other hosts: `remote_group` rules naming this group match
+    /// them as well as the `security.ips` of this switch's member ports (set live with
+    /// `qswitch sg addresses`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<IpPrefix>,
 }
 
 fn group_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {

@@ -19,6 +19,7 @@
 //! clock. Not wired into the pipeline yet: see docs/firewall.md for what remains.
 
 pub mod conntrack;
+pub mod control;
 pub mod rules;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -203,11 +204,12 @@ impl Firewall {
     /// A firewall over `rules`, with a table for `max_sessions` connections in `shards`
     /// shards.
     pub fn new(rules: RuleSet, max_sessions: u32, timeouts: Timeouts, shards: usize) -> Firewall {
-        let zones = (0..rules.ports.len())
-            .map(|_| ZoneCounters::default())
-            .collect();
+        // Every zone a port can have, so that ports added or given groups later
+        // ([`Firewall::set_rules`]) have counters: 4096 × 36 bytes.
+        let n = rules.ports.len().max(control::MAX_ZONES);
+        let zones = (0..n).map(|_| ZoneCounters::default()).collect();
         Firewall {
-            table: CtTable::new(max_sessions, shards, rules.ports.len()),
+            table: CtTable::new(max_sessions, shards, n),
             rules: ArcSwap::from_pointee(rules),
             zones,
             timeouts,
@@ -243,8 +245,16 @@ impl Firewall {
         )
     }
 
+    /// Expired entries and those `remove` says to go, by [`CtTable::visit`]: a worker waits
+    /// at most one chunk of slots, however big the table.
     fn sweep(&self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>) -> u32 {
-        self.table.sweep(now, remove)
+        self.table.visit(now, |e| {
+            if remove.is_some_and(|r| r(e)) {
+                conntrack::Visit::Remove
+            } else {
+                conntrack::Visit::Keep
+            }
+        })
     }
 
     /// Connections of `zone` tracked now.

@@ -135,6 +135,7 @@ impl RuleSet {
             .collect();
         let find = |name: &str| config.security_groups.iter().position(|g| g.name == name);
         // The addresses of the members of a group: the `security.ips` of its ports.
+        // ... and the addresses set for its members on other hosts.
         let members = |name: &str| -> Vec<IpPrefix> {
             config
                 .ports
@@ -142,6 +143,13 @@ impl RuleSet {
                 .filter(|p| p.security_groups.iter().any(|g| g == name))
                 .filter_map(|p| p.security.as_ref())
                 .flat_map(|s| s.ips.iter().copied())
+                .chain(
+                    config
+                        .security_groups
+                        .iter()
+                        .filter(|g| g.name == name)
+                        .flat_map(|g| g.addresses.iter().copied()),
+                )
                 .collect()
         };
         let ports = config
