@@ -1060,9 +1060,18 @@ mod tests {
         };
         assert!(rule(r#"{"direction":"ingress","protocol":"udp","ports":53}"#).is_ok());
         for (bad, why) in [
-            (r#"{"direction":"ingress","remote":"10.0.0.0/33"}"#, "remote"),
-            (r#"{"direction":"ingress","protocol":"tcp","ports":"90-80"}"#, "reversed"),
-            (r#"{"direction":"ingress","remote":"10.0.0.0/8","remote_group":"web"}"#, "exclusive"),
+            (
+                r#"{"direction":"ingress","remote":"10.0.0.0/33"}"#,
+                "remote",
+            ),
+            (
+                r#"{"direction":"ingress","protocol":"tcp","ports":"90-80"}"#,
+                "reversed",
+            ),
+            (
+                r#"{"direction":"ingress","remote":"10.0.0.0/8","remote_group":"web"}"#,
+                "exclusive",
+            ),
             (r#"{"direction":"ingress","protocol":300}"#, "out of range"),
         ] {
             let e = rule(bad).unwrap_err();
@@ -1075,7 +1084,11 @@ mod tests {
             (r#"{"request":"ct-flush","port":"vm1"}"#, Access::Admin),
             (r#"{"request":"sg-del","name":"web"}"#, Access::Admin),
         ] {
-            assert_eq!(serde_json::from_str::<Request>(r).unwrap().access(), access, "{r}");
+            assert_eq!(
+                serde_json::from_str::<Request>(r).unwrap().access(),
+                access,
+                "{r}"
+            );
         }
     }
 }

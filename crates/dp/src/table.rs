@@ -136,10 +136,19 @@ pub(crate) struct Shared {
     pub(crate) spin_ns: u64,
     pub(crate) qos: qos::QosShared,
     pub(crate) failure: Failure,
+    /// The firewall: always there, filtering only the ports its rules name
+    /// ([`crate::firewall`]).
+    pub(crate) firewall: Arc<crate::firewall::Firewall>,
 }
 
 impl Shared {
-    pub(crate) fn new(fdb: Fdb, clock: Clock, spin_ns: u64, reservable: f64) -> Shared {
+    pub(crate) fn new(
+        fdb: Fdb,
+        clock: Clock,
+        spin_ns: u64,
+        reservable: f64,
+        firewall: Arc<crate::firewall::Firewall>,
+    ) -> Shared {
         Shared {
             ports: ArcSwap::from_pointee(Vec::new()),
             epoch: AtomicU64::new(0),
@@ -149,6 +158,7 @@ impl Shared {
             spin_ns,
             qos: qos::QosShared::new(reservable),
             failure: Failure::default(),
+            firewall,
         }
     }
 

@@ -271,6 +271,8 @@ fn serve(
         topology: None,
         reservable: config.switch.reservable.get(),
         vhost_group,
+        firewall: config.firewall,
+        security_groups: config.security_groups.clone(),
         ..qswitch_dp::Options::default()
     };
     let switch = Switch::start(cpus, &options)?;

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use qswitch_api::config::RuleDirection;
 use qswitch_wire::ct::{CtPacket, Fragment, TcpInfo, L4};
@@ -16,10 +15,6 @@ use qswitch_wire::tcp::FLAG_SYN;
 
 use super::conntrack::{Entry, RuleRef, Visit};
 use super::{CtTable, Firewall, RuleSet};
-
-/// Zones (ports) a firewall has counters for: every port slot of a switch
-/// (`control::switch::MAX_PORTS`).
-pub const MAX_ZONES: usize = 4096;
 
 /// One zone's (port's) connection-tracking counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,17 +46,12 @@ pub struct CtStats {
     pub zones: Vec<ZoneStats>,
 }
 
-/// New rules that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SetRulesError {
-    #[error("the firewall has counters for {max} ports, the rules are for {ports}")]
-    TooManyZones { ports: usize, max: usize },
-}
-
 impl Firewall {
     /// Up to `limit` connections of `zone` (of every zone: `None`).
     pub fn list(&self, zone: Option<u32>, limit: usize, now: u64) -> Vec<Entry> {
-        self.table.list(now, zone, limit)
+        self.table
+            .get()
+            .map_or_else(Vec::new, |t| t.list(now, zone, limit))
     }
 
     /// Counters of the table and of each zone that is filtered or has anything to show.
@@ -76,7 +66,7 @@ impl Firewall {
                 let port = rules.ports.get(i).and_then(Option::as_ref);
                 let z = ZoneStats {
                     zone,
-                    sessions: self.table.zone_len(zone),
+                    sessions: self.sessions(zone),
                     max_sessions: port.and_then(|p| p.max_sessions),
                     new: c.new.load(Ordering::Relaxed),
                     ct_invalid: c.ct_invalid.load(Ordering::Relaxed),
@@ -89,11 +79,12 @@ impl Firewall {
                 shown.then_some(z)
             })
             .collect();
+        let table = self.table.get();
         CtStats {
-            sessions: self.table.len(),
-            max_sessions: self.table.max_sessions(),
-            capacity: self.table.capacity(),
-            memory_bytes: self.table.memory_bytes(),
+            sessions: table.map_or(0, CtTable::len),
+            max_sessions: self.max_sessions,
+            capacity: table.map_or(0, CtTable::capacity),
+            memory_bytes: table.map_or(0, CtTable::memory_bytes),
             zones,
         }
     }
@@ -106,34 +97,6 @@ impl Firewall {
             c.ct_limit.store(0, Ordering::Relaxed);
             c.ct_fragment.store(0, Ordering::Relaxed);
         }
-    }
-
-    /// Puts `rules` in force and ends the connections they no longer allow, as Neutron
-    /// does: each tracked connection's first packet is judged again by the new rules of
-    /// its zone in the direction it was opened; a connection no stateful rule allows any
-    /// more (its rule removed, its remote address out of a `remote_group`, its port's
-    /// groups gone) is removed, the others take the rule that now allows them. A rule
-    /// added applies at once: the workers' next new connection sees it. Returns how many
-    /// connections were ended.
-    ///
-    /// The swap is atomic; the revalidation then walks the table chunk by chunk
-    /// ([`CtTable::visit`]). Callers serialize changes (the switch's control lock). A
-    /// worker that loaded the old rules just before the swap may still open a connection
-    /// by them in the instant after it, behind the revalidation's scan: the window is one
-    /// packet's check.
-    pub fn set_rules(&self, rules: RuleSet, now: u64) -> Result<u32, SetRulesError> {
-        if rules.ports.len() > self.zones.len() {
-            return Err(SetRulesError::TooManyZones {
-                ports: rules.ports.len(),
-                max: self.zones.len(),
-            });
-        }
-        let new = Arc::new(rules);
-        let old = self.rules.swap(new.clone());
-        if *old == *new {
-            return Ok(0);
-        }
-        Ok(revalidate(&self.table, &old, &new, now))
     }
 }
 
@@ -179,10 +142,21 @@ fn opening_packet(e: &Entry) -> CtPacket {
     }
 }
 
-/// Judges every connection again by `new` ([`Firewall::set_rules`]).
-fn revalidate(table: &CtTable, old: &RuleSet, new: &RuleSet, now: u64) -> u32 {
+/// Judges every connection again by `new`, which replaced `old` ([`Firewall::set_rules`]):
+/// each tracked connection's first packet is judged again by the new rules of its zone in
+/// the direction it was opened; a connection no stateful rule allows any more (its rule
+/// removed, its remote address out of a `remote_group`, its port's groups gone) is
+/// removed, the others take the rule that now allows them, as Neutron does. A rule added
+/// needs nothing: the workers' next new connection sees it. Returns how many connections
+/// were ended.
+///
+/// The swap is atomic; this then walks the table chunk by chunk ([`CtTable::visit`]).
+/// A worker that loaded the old rules just before the swap may still open a connection by
+/// them in the instant after it, behind this scan: the window is one packet's check.
+pub(super) fn revalidate(table: &CtTable, old: &RuleSet, new: &RuleSet) -> u32 {
     let dirs = directions(old);
-    table.visit(now, |e| {
+    // Time 0: nothing counts as expired here; expiry has its own sweep.
+    table.visit(0, |e| {
         let Some(port) = new.ports.get(e.zone as usize).and_then(Option::as_ref) else {
             return Visit::Remove;
         };
@@ -216,7 +190,7 @@ mod tests {
     use qswitch_wire::flow::IpPair;
 
     use super::*;
-    use crate::firewall::{CtState, Timeouts};
+    use crate::firewall::CtState;
 
     const S: u64 = 1_000_000_000;
     const VM: [u8; 4] = [10, 0, 0, 5];
@@ -348,9 +322,7 @@ rules = [
                 "ports = 80 }",
                 "ports = 80 },\n  { direction = \"ingress\", protocol = \"tcp\", ports = 443 }",
             );
-        let ended = fw
-            .set_rules(RuleSet::compile(&config(&only80, "")), S)
-            .unwrap();
+        let ended = fw.set_rules(RuleSet::compile(&config(&only80, "")));
         assert_eq!(ended, 1);
         let left: Vec<(u16, RuleRef)> = fw
             .list(Some(0), 10, S)
@@ -364,15 +336,11 @@ rules = [
         assert!(!fw.check(0, Ingress, &syn(OUT, VM, 5000, 22), S).allowed());
         assert!(fw.check(0, Ingress, &syn(OUT, VM, 5002, 443), S).allowed());
         // The same rules again end nothing.
-        assert_eq!(
-            fw.set_rules(RuleSet::compile(&config(&only80, "")), S)
-                .unwrap(),
-            0
-        );
+        assert_eq!(fw.set_rules(RuleSet::compile(&config(&only80, ""))), 0);
         // The port's groups gone: everything of it ends.
         let mut c = config(&only80, "");
         c.ports[0].security_groups.clear();
-        assert_eq!(fw.set_rules(RuleSet::compile(&c), S).unwrap(), 3);
+        assert_eq!(fw.set_rules(RuleSet::compile(&c)), 3);
         assert!(fw.table().is_empty());
     }
 
@@ -388,36 +356,18 @@ rules = [{ direction = "egress" }]"#;
         let fw = Firewall::from_config(&config(groups, "")).unwrap();
         assert!(!fw.check(0, Ingress, &udp(PEER, VM, 9, 9), S).allowed());
         // peer joins web: reachable at once.
-        fw.set_rules(RuleSet::compile(&config(groups, "\"web\"")), S)
-            .unwrap();
+        fw.set_rules(RuleSet::compile(&config(groups, "\"web\"")));
         assert!(fw.check(0, Ingress, &udp(PEER, VM, 9, 9), S).allowed());
         // A member on another host, by its address set.
         assert!(!fw.check(0, Ingress, &udp(OUT, VM, 9, 9), S).allowed());
         let mut c = config(groups, "\"web\"");
         c.security_groups[1].addresses = vec!["192.0.2.0/28".parse().unwrap()];
-        fw.set_rules(RuleSet::compile(&c), S).unwrap();
+        fw.set_rules(RuleSet::compile(&c));
         assert!(fw.check(0, Ingress, &udp(OUT, VM, 9, 9), S).allowed());
         assert_eq!(fw.sessions(0), 2);
         // peer leaves web and the address set empties: both connections end.
-        assert_eq!(
-            fw.set_rules(RuleSet::compile(&config(groups, "")), S)
-                .unwrap(),
-            2
-        );
+        assert_eq!(fw.set_rules(RuleSet::compile(&config(groups, ""))), 2);
         assert!(!fw.check(0, Ingress, &udp(PEER, VM, 9, 9), S).allowed());
-    }
-
-    #[test]
-    fn rules_for_more_ports_than_zones_are_refused() {
-        let fw = Firewall::new(RuleSet::default(), 10, Timeouts::default(), 4);
-        let rules = RuleSet {
-            ports: vec![None; MAX_ZONES + 1],
-            groups: Vec::new(),
-        };
-        assert!(matches!(
-            fw.set_rules(rules, S),
-            Err(SetRulesError::TooManyZones { .. })
-        ));
     }
 
     /// `ct stats`, `ct list --limit 10` and a listing by port with 1 M sessions: printed
@@ -427,7 +377,11 @@ rules = [{ direction = "egress" }]"#;
     #[ignore = "fills 1 M sessions (130 MiB); a printed measurement"]
     fn control_calls_with_a_million_sessions() {
         const N: u32 = 1 << 20;
-        let fw = Firewall::new(RuleSet::default(), N, Timeouts::default(), 256);
+        let config = qswitch_api::config::FirewallConfig {
+            max_sessions: Some(N),
+            ..Default::default()
+        };
+        let fw = Firewall::for_switch(Some(&config), 4096);
         let t = Instant::now();
         let mut added = 0u32;
         for i in 0..N {

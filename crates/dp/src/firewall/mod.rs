@@ -22,7 +22,8 @@ pub mod conntrack;
 pub mod control;
 pub mod rules;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use arc_swap::ArcSwap;
 use qswitch_api::config::{Config, FirewallConfig, RuleDirection};
@@ -178,8 +179,14 @@ pub struct ZoneCounters {
 
 /// The firewall of a switch: rules, the connection table and counters.
 pub struct Firewall {
-    table: CtTable,
+    /// Allocated (all of it, `max_sessions` entries) when a port is first filtered: a
+    /// switch without security groups holds no table.
+    table: OnceLock<CtTable>,
+    max_sessions: u32,
+    shards: usize,
     rules: ArcSwap<RuleSet>,
+    /// Per zone: whether the port has rules, which the engine reads once per burst.
+    filtered: Box<[AtomicBool]>,
     zones: Box<[ZoneCounters]>,
     timeouts: Timeouts,
 }
@@ -202,23 +209,98 @@ impl Firewall {
     }
 
     /// A firewall over `rules`, with a table for `max_sessions` connections in `shards`
-    /// shards.
+    /// shards; it has as many zones as `rules` has ports.
     pub fn new(rules: RuleSet, max_sessions: u32, timeouts: Timeouts, shards: usize) -> Firewall {
-        // Every zone a port can have, so that ports added or given groups later
-        // ([`Firewall::set_rules`]) have counters: 4096 × 36 bytes.
-        let n = rules.ports.len().max(control::MAX_ZONES);
-        let zones = (0..n).map(|_| ZoneCounters::default()).collect();
-        Firewall {
-            table: CtTable::new(max_sessions, shards, n),
-            rules: ArcSwap::from_pointee(rules),
+        Firewall::with_zones(rules.ports.len(), rules, max_sessions, timeouts, shards)
+    }
+
+    /// The firewall of a switch: `zones` zones (one per possible port, the zone of a port
+    /// being its [`crate::PortId`]), the groups' rules set later by [`Firewall::set_rules`].
+    pub fn for_switch(config: Option<&FirewallConfig>, zones: usize) -> Firewall {
+        let fw = config.copied().unwrap_or_default();
+        Firewall::with_zones(
             zones,
+            RuleSet::default(),
+            fw.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS),
+            Timeouts::from_config(&fw),
+            conntrack::DEFAULT_SHARDS,
+        )
+    }
+
+    fn with_zones(
+        zones: usize,
+        rules: RuleSet,
+        max_sessions: u32,
+        timeouts: Timeouts,
+        shards: usize,
+    ) -> Firewall {
+        let fw = Firewall {
+            table: OnceLock::new(),
+            max_sessions,
+            shards,
+            rules: ArcSwap::from_pointee(RuleSet::default()),
+            filtered: (0..zones).map(|_| AtomicBool::new(false)).collect(),
+            zones: (0..zones).map(|_| ZoneCounters::default()).collect(),
             timeouts,
+        };
+        fw.set_rules(rules);
+        fw
+    }
+
+    /// Puts `rules` in force (indexed by zone); the ports it gives rules to are filtered
+    /// from the workers' next burst on. Zones beyond the firewall's are ignored. The first
+    /// rule set that filters a port allocates the connection table.
+    ///
+    /// Connections the new rules no longer allow are ended ([`control`]'s revalidation,
+    /// as Neutron does); returns how many. Callers serialize changes (the switch's
+    /// control lock).
+    pub fn set_rules(&self, rules: RuleSet) -> u32 {
+        let any = rules.ports.iter().any(Option::is_some);
+        if any {
+            self.table();
+        }
+        let filtered: Vec<bool> = (0..self.filtered.len())
+            .map(|z| rules.ports.get(z).is_some_and(Option::is_some))
+            .collect();
+        let new = std::sync::Arc::new(rules);
+        let old = self.rules.swap(new.clone());
+        for (flag, on) in self.filtered.iter().zip(filtered) {
+            flag.store(on, Ordering::Release);
+        }
+        match self.table.get() {
+            Some(table) if *old != *new => control::revalidate(table, &old, &new),
+            _ => 0,
         }
     }
 
-    /// The connection table (listing, flushing, expiry, memory).
+    /// Whether port `zone` has security groups (its frames are checked).
+    #[inline]
+    pub fn filtered(&self, zone: u32) -> bool {
+        self.filtered
+            .get(zone as usize)
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+
+    /// Whether any port is filtered (a connection table exists).
+    pub fn active(&self) -> bool {
+        self.table.get().is_some()
+    }
+
+    /// The connection table (listing, flushing, expiry, memory); allocated by the first
+    /// call (see [`Firewall::active`]).
     pub fn table(&self) -> &CtTable {
-        &self.table
+        self.table
+            .get_or_init(|| CtTable::new(self.max_sessions, self.shards, self.filtered.len()))
+    }
+
+    /// The switch-wide connection limit.
+    pub fn max_sessions(&self) -> u32 {
+        self.max_sessions
+    }
+
+    /// The connection timeouts.
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
     }
 
     /// The rules in force.
@@ -248,18 +330,20 @@ impl Firewall {
     /// Expired entries and those `remove` says to go, by [`CtTable::visit`]: a worker waits
     /// at most one chunk of slots, however big the table.
     fn sweep(&self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>) -> u32 {
-        self.table.visit(now, |e| {
-            if remove.is_some_and(|r| r(e)) {
-                conntrack::Visit::Remove
-            } else {
-                conntrack::Visit::Keep
-            }
+        self.table.get().map_or(0, |t| {
+            t.visit(now, |e| {
+                if remove.is_some_and(|r| r(e)) {
+                    conntrack::Visit::Remove
+                } else {
+                    conntrack::Visit::Keep
+                }
+            })
         })
     }
 
     /// Connections of `zone` tracked now.
     pub fn sessions(&self, zone: u32) -> u32 {
-        self.table.zone_len(zone)
+        self.table.get().map_or(0, |t| t.zone_len(zone))
     }
 
     /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
@@ -292,16 +376,15 @@ impl Firewall {
             counters.ct_fragment.fetch_add(1, Ordering::Relaxed);
             return Verdict::Deny(Denied::Fragment, None);
         }
+        let table = self.table();
         if let L4::IcmpError { inner, .. } = p.l4 {
-            let related = self
-                .table
-                .with(zone, &inner, now, |e, _| ((e.rule, e.state), false));
+            let related = table.with(zone, &inner, now, |e, _| ((e.rule, e.state), false));
             if let Some((rule, state)) = related {
                 return Verdict::Allow(Allowed::Related(rule), Some(state));
             }
         }
         // A packet of a tracked connection.
-        let tracked = self.table.with(zone, &p.key, now, |e, dir| {
+        let tracked = table.with(zone, &p.key, now, |e, dir| {
             let step = advance(e, dir, &p);
             let reopen = step == Step::Reopen;
             if let Step::Valid = step {
@@ -341,7 +424,7 @@ impl Firewall {
                 fin: false,
             };
         }
-        match self.table.insert(entry, now, port.max_sessions) {
+        match table.insert(entry, now, port.max_sessions) {
             Ok(true) => {
                 counters.new.fetch_add(1, Ordering::Relaxed);
                 Verdict::Allow(Allowed::New(rule.id), Some(state))

@@ -4,7 +4,7 @@
 //! connection, or a packet of a stateless rule), so its cost is paid once per connection.
 
 use qswitch_api::config::{
-    Config, IpPrefix, RuleDirection, RuleEthertype, RuleRemote, SecurityGroupConfig,
+    Config, IpPrefix, PortConfig, RuleDirection, RuleEthertype, RuleRemote, SecurityGroupConfig,
 };
 use qswitch_wire::ct::{CtKey, CtPacket, L4};
 use qswitch_wire::flow::IpPair;
@@ -128,34 +128,36 @@ impl RuleSet {
     /// Compiles the config's groups for its ports. The config has been validated (groups
     /// named by ports and rules exist).
     pub fn compile(config: &Config) -> RuleSet {
-        let groups: Vec<String> = config
-            .security_groups
-            .iter()
-            .map(|g| g.name.clone())
-            .collect();
-        let find = |name: &str| config.security_groups.iter().position(|g| g.name == name);
+        let ports: Vec<Option<&PortConfig>> = config.ports.iter().map(Some).collect();
+        RuleSet::compile_ports(&config.security_groups, &ports)
+    }
+
+    /// Compiles `groups` for `ports`, indexed by zone (`None`: no port in that zone). A
+    /// group a port names that is not in `groups` gives it no rules (it denies).
+    pub fn compile_ports(groups: &[SecurityGroupConfig], ports: &[Option<&PortConfig>]) -> RuleSet {
+        let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
+        let find = |name: &str| groups.iter().position(|g| g.name == name);
         // The addresses of the members of a group: the `security.ips` of its ports.
         // ... and the addresses set for its members on other hosts.
         let members = |name: &str| -> Vec<IpPrefix> {
-            config
-                .ports
+            ports
                 .iter()
+                .flatten()
                 .filter(|p| p.security_groups.iter().any(|g| g == name))
                 .filter_map(|p| p.security.as_ref())
                 .flat_map(|s| s.ips.iter().copied())
                 .chain(
-                    config
-                        .security_groups
+                    groups
                         .iter()
                         .filter(|g| g.name == name)
                         .flat_map(|g| g.addresses.iter().copied()),
                 )
                 .collect()
         };
-        let ports = config
-            .ports
+        let ports = ports
             .iter()
             .map(|p| {
+                let p = (*p)?;
                 if p.security_groups.is_empty() {
                     return None;
                 }
@@ -165,12 +167,15 @@ impl RuleSet {
                 };
                 for name in &p.security_groups {
                     let Some(gi) = find(name) else { continue };
-                    compile_group(gi, &config.security_groups[gi], &members, &mut rules);
+                    compile_group(gi, &groups[gi], &members, &mut rules);
                 }
                 Some(rules)
             })
             .collect();
-        RuleSet { ports, groups }
+        RuleSet {
+            ports,
+            groups: names,
+        }
     }
 
     /// `group/index` of a rule, as trace shows it.

@@ -164,6 +164,10 @@ pub struct Options {
     /// vhost-user: the most guest memory one port may map, in bytes (the sum of its
     /// SET_MEM_TABLE regions).
     pub vhost_max_guest_memory: u64,
+    /// `[firewall]`: connection-tracking limits and timeouts.
+    pub firewall: Option<qswitch_api::config::FirewallConfig>,
+    /// `[[security_group]]`: the groups ports name in `security_groups`.
+    pub security_groups: Vec<qswitch_api::config::SecurityGroupConfig>,
 }
 
 impl Default for Options {
@@ -177,6 +181,8 @@ impl Default for Options {
             reservable: qswitch_api::config::DEFAULT_RESERVABLE,
             vhost_group: None,
             vhost_max_guest_memory: crate::port::vhost_user::DEFAULT_MAX_GUEST_MEMORY,
+            firewall: None,
+            security_groups: Vec::new(),
         }
     }
 }
@@ -238,6 +244,12 @@ impl Switch {
     /// ever), and returns [`Switch::failed`]'s message, or `None` on timeout.
     pub fn wait_failed(&self, timeout: Option<Duration>) -> Option<String> {
         self.shared.failure.wait(timeout)
+    }
+
+    /// The firewall (docs/firewall.md): always there; it filters the ports with security
+    /// groups, each in its own zone, the port's [`crate::PortId`].
+    pub fn firewall(&self) -> &Arc<crate::firewall::Firewall> {
+        &self.shared.firewall
     }
 
     /// Wakes every worker (used after feeding a port with no fd, in tests).

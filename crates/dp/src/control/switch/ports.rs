@@ -224,6 +224,8 @@ impl Switch {
                 self.shared.fdb.set_port_limit(id, limit);
             }
         }
+        // The new ports' rules are in force before the workers see the ports.
+        self.compile_firewall(ctl, &new_table);
         self.replan(ctl, &new_table);
         self.apply(ctl, Some(new_table));
         self.sync_fastpath(self.shared.now());
@@ -278,8 +280,6 @@ impl Switch {
         name: &str,
         vlan: Option<u16>,
     ) -> Result<Arc<crate::port::inject::InjectPort>, SwitchError> {
-        let mut ctl = self.control.lock();
-        let mut table = (*self.shared.ports.load_full()).clone();
         let mut config = PortConfig::gen(name);
         config.vlan = vlan
             .map(qswitch_api::VlanId::try_from)
@@ -288,6 +288,22 @@ impl Switch {
                 name: name.to_string(),
                 problem: e.into(),
             })?;
+        self.add_inject_port_config(&config)
+    }
+
+    /// Adds a test double port (see [`crate::port::inject`]) with `config`'s name, VLAN,
+    /// policy keys and security groups (its kind is ignored).
+    #[cfg(any(test, feature = "test-utils"))]
+    pub fn add_inject_port_config(
+        &self,
+        config: &PortConfig,
+    ) -> Result<Arc<crate::port::inject::InjectPort>, SwitchError> {
+        let mut ctl = self.control.lock();
+        let mut table = (*self.shared.ports.load_full()).clone();
+        let config = PortConfig {
+            kind: PortConfig::gen(&config.name).kind,
+            ..config.clone()
+        };
         let id = self.prepare(&table, &config)?;
         let port = Arc::new(crate::port::inject::InjectPort::new());
         let slot = usize::from(id.0);
@@ -295,6 +311,7 @@ impl Switch {
             table.push(None);
         }
         table[slot] = Some(self.entry(id, &config, Device::Inject(port.clone())));
+        self.compile_firewall(&ctl, &table);
         self.replan(&mut ctl, &table);
         self.apply(&mut ctl, Some(table));
         Ok(port)
@@ -460,6 +477,8 @@ impl Switch {
         let id = entry.id;
         let new_table = (*table).clone();
         drop(table);
+        // Its addresses may be a `remote_group`'s.
+        self.compile_firewall(&ctl, &new_table);
         self.apply(&mut ctl, Some(new_table));
         self.shared.fdb.forget_port(id);
         self.shared.fdb.set_port_limit(id, limit);
@@ -571,6 +590,7 @@ impl Switch {
         ctl.pins.retain(|(port, _), _| port != name);
         drop(table);
         self.replan(&mut ctl, &new_table);
+        self.compile_firewall(&ctl, &new_table);
         self.apply(&mut ctl, Some(new_table));
         self.shared.fdb.remove_port(entry.id);
         // Its addresses leave the fast path before its programs go.
@@ -581,8 +601,35 @@ impl Switch {
         while Arc::strong_count(&entry) > 1 && Instant::now() < deadline && !self.stopping() {
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Its connections go with it: its zone (its id) may be reused by a port added later.
+        self.shared
+            .firewall
+            .flush(Some(u32::from(entry.id.0)), self.shared.now());
         tracing::info!(port = %name, "port removed");
         Ok(())
+    }
+
+    /// Puts in force the firewall's rules for the ports of `table` (each port's zone is its
+    /// id).
+    pub(super) fn compile_firewall(&self, ctl: &super::runtime::Control, table: &PortTable) {
+        // With their policy keys: `security.ips` are the addresses of `remote_group`.
+        let configs: Vec<Option<PortConfig>> = table
+            .iter()
+            .map(|p| {
+                p.as_ref().map(|p| {
+                    let mut c = p.config.clone();
+                    p.policy.load().settings.write_config(&mut c);
+                    c
+                })
+            })
+            .collect();
+        let ports: Vec<Option<&PortConfig>> = configs.iter().map(Option::as_ref).collect();
+        self.shared
+            .firewall
+            .set_rules(crate::firewall::RuleSet::compile_ports(
+                &ctl.security_groups,
+                &ports,
+            ));
     }
 
     /// The receive-side indirection table of a multi-queue port (vhost-user).

@@ -87,6 +87,9 @@ pub(super) struct Control {
     /// whose interface did not exist: listed, switching nothing, until it appears
     /// ([`Switch::attach_waiting`](super::Switch::attach_waiting)).
     pub(super) waiting: Vec<qswitch_api::PortConfig>,
+    /// The firewall's groups; compiled with the ports' `security_groups` into the rules in
+    /// force whenever the port table changes ([`Switch::firewall`](super::Switch::firewall)).
+    pub(super) security_groups: Vec<qswitch_api::config::SecurityGroupConfig>,
 }
 
 impl Control {

@@ -139,6 +139,10 @@ impl Switch {
             clock,
             options.poll_spin.as_nanos() as u64,
             options.reservable,
+            Arc::new(crate::firewall::Firewall::for_switch(
+                options.firewall.as_ref(),
+                super::MAX_PORTS,
+            )),
         ));
         let mut workers = Vec::new();
         for (id, &cpu) in cpus.iter().enumerate() {
@@ -177,6 +181,7 @@ impl Switch {
                 moves_total: 0,
                 next_sweep: 0,
                 waiting: Vec::new(),
+                security_groups: options.security_groups.clone(),
             }),
             workers,
             topology,
