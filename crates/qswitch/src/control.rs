@@ -490,7 +490,17 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         | Request::PlacementPin { .. }
         | Request::PlacementMode { .. }
         | Request::QosSet { .. }
-        | Request::PortSet { .. }) => daemon.change(change),
+        | Request::PortSet { .. }
+        | Request::SgAdd { .. }
+        | Request::SgDel { .. }
+        | Request::SgRuleAdd { .. }
+        | Request::SgRuleDel { .. }
+        | Request::SgAddresses { .. }) => daemon.change(change),
+        // The firewall's connections and groups, read; a flush is runtime state.
+        fw @ (Request::CtList { .. }
+        | Request::CtFlush { .. }
+        | Request::CtStats
+        | Request::SgList { .. }) => crate::firewall_cli::execute(fw, daemon),
         // Runtime state, not a setting: nothing to record.
         Request::PortEnable { name } => match sw.enable_port(&name) {
             Ok(_) => Response::Ok,

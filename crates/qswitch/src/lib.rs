@@ -25,6 +25,7 @@ pub mod cli;
 pub mod control;
 pub mod daemon;
 pub mod evpn;
+pub mod firewall_cli;
 pub mod http;
 pub mod metrics;
 pub mod placement_cli;

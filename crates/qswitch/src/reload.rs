@@ -5,7 +5,9 @@
 //! their live version) and the merge validated as a whole; any error there changes nothing.
 //! Then, in this order: removed ports go, changed ports are removed and added again (a port
 //! whose only change is its QoS gets a `qos set` instead and keeps running), new ports are
-//! added, and the placement mode is set. Untouched ports are not touched at all: a change
+//! added, and the placement mode is set. Security groups changed in the file are put in
+//! force around the port changes (new and changed ones before, removed ones after), and
+//! end the connections their new rules no longer allow. Untouched ports are not touched at all: a change
 //! publishes a new port table, and workers keep switching between the other ports across it.
 //! `[switch]` keys other than `placement` take effect at the next restart.
 //!
@@ -89,6 +91,20 @@ fn apply(
     changes: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let find = |c: &Config, name: &str| c.ports.iter().position(|p| p.name == name);
+    // Security groups: first the new ones with the old ones kept, so that every port, old
+    // or new, names groups that exist while the ports change; the old ones go at the end.
+    let (old_groups, new_groups) = (&live.config.security_groups, &target.config.security_groups);
+    let groups_change = old_groups != new_groups;
+    if groups_change {
+        let mut both = new_groups.clone();
+        both.extend(
+            (old_groups.iter())
+                .filter(|g| !new_groups.iter().any(|n| n.name == g.name))
+                .cloned(),
+        );
+        // Recorded by the caller once the reload is done.
+        sw.set_security_groups_recorded(both, &mut |_| Ok(()))?;
+    }
     // Removed and changed ports.
     for old in &live.config.ports {
         let name = old.name.as_str();
@@ -115,6 +131,21 @@ fn apply(
         if find(&live.config, &new.name).is_none() {
             sw.add_port(new)?;
             changes.push(format!("port {}: added", new.name));
+        }
+    }
+    if groups_change {
+        sw.set_security_groups_recorded(new_groups.clone(), &mut |_| Ok(()))?;
+        for g in old_groups {
+            match new_groups.iter().find(|n| n.name == g.name) {
+                Some(n) if n == g => {}
+                Some(_) => changes.push(format!("security group {}: changed", g.name)),
+                None => changes.push(format!("security group {}: removed", g.name)),
+            }
+        }
+        for n in new_groups {
+            if !old_groups.iter().any(|g| g.name == n.name) {
+                changes.push(format!("security group {}: added", n.name));
+            }
         }
     }
     let mode = target.config.switch.placement;

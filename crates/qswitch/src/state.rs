@@ -44,7 +44,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use qswitch_api::config::{PortConfig, SwitchConfig};
+use qswitch_api::config::{PortConfig, SecurityGroupConfig, SwitchConfig};
 use qswitch_api::{Config, Request, Response};
 use qswitch_dp::Switch;
 use serde::{Deserialize, Serialize};
@@ -96,6 +96,8 @@ pub struct Persist {
     base_text: String,
     /// The `[switch]` table as it runs (the file's, with the live placement mode).
     switch: SwitchConfig,
+    /// The security groups as recorded (the switch's, [`Switch::security_groups`]).
+    groups: Vec<SecurityGroupConfig>,
     pins: Pins,
     generation: u64,
     /// The ports as the state file holds them, each with its `"\n" + [[port]] TOML`
@@ -228,6 +230,7 @@ impl Persist {
             base: file.clone(),
             base_text: text.to_string(),
             switch: file.switch.clone(),
+            groups: file.security_groups.clone(),
             pins: Pins::new(),
             generation: 0,
             rendered: Vec::new(),
@@ -325,6 +328,7 @@ impl Persist {
             }
         ));
         persist.switch = merged.config.switch.clone();
+        persist.groups = merged.config.security_groups.clone();
         persist.pins = merged.pins.clone();
         persist.generation = state.generation;
         Ok(Start {
@@ -341,9 +345,9 @@ impl Persist {
             config: Config {
                 switch: self.switch.clone(),
                 ports: sw.port_configs(),
-                // The firewall's tables have no live changes yet: the file's.
+                // `[firewall]` has no live changes: the file's.
                 firewall: self.base.firewall,
-                security_groups: self.base.security_groups.clone(),
+                security_groups: sw.security_groups(),
             },
             pins: self.pins.clone(),
         }
@@ -402,6 +406,8 @@ impl Persist {
         }
         let config = Config {
             switch: switch.clone(),
+            firewall: self.base.firewall,
+            security_groups: self.groups.clone(),
             ..Config::default()
         };
         let switch = escape(&config.switch_toml().context("cannot write TOML")?)?;
@@ -475,7 +481,9 @@ impl Persist {
         pins: Pins,
         base: Option<(Config, String)>,
     ) -> anyhow::Result<()> {
-        self.write(&sw.port_configs(), &switch, &pins, base)?;
+        let groups = std::mem::replace(&mut self.groups, sw.security_groups());
+        self.write(&sw.port_configs(), &switch, &pins, base)
+            .inspect_err(|_| self.groups = groups)?;
         self.switch = switch;
         self.pins = pins;
         Ok(())
@@ -541,10 +549,39 @@ impl Persist {
                 let changes = crate::reload::reload(self, sw)?;
                 return Ok(Response::Reloaded { changes });
             }
+            Request::SgAdd { .. }
+            | Request::SgDel { .. }
+            | Request::SgRuleAdd { .. }
+            | Request::SgRuleDel { .. }
+            | Request::SgAddresses { .. } => {
+                let groups = group_change(sw.security_groups(), &sw.port_configs(), req)?;
+                self.set_groups(sw, groups, &switch, &pins)?;
+            }
             other => bail!("not a change: {other:?}"),
         }
         self.pins = pins;
         Ok(Response::Ok)
+    }
+
+    /// Puts `groups` in force, recorded first with the ports as they run, `switch` and
+    /// `pins` (see [`Switch::set_security_groups_recorded`]).
+    pub fn set_groups(
+        &mut self,
+        sw: &Switch,
+        groups: Vec<SecurityGroupConfig>,
+        switch: &SwitchConfig,
+        pins: &Pins,
+    ) -> anyhow::Result<()> {
+        // Read before: the record runs under the switch's control lock.
+        let ports = sw.port_configs();
+        sw.set_security_groups_recorded(groups, &mut |g| {
+            let old = std::mem::replace(&mut self.groups, g.to_vec());
+            self.write(&ports, switch, pins, None).map_err(|e| {
+                self.groups = old;
+                crate::chain(&e)
+            })
+        })?;
+        Ok(())
     }
 
     /// A [`qswitch_dp::Record`] that writes the state file with the ports it is given, and
@@ -569,6 +606,64 @@ impl Persist {
     pub fn base(&self) -> &Config {
         &self.base
     }
+}
+
+/// The security groups after an `sg` change request, or why it makes no sense (one line).
+/// The whole (groups and `ports`) is checked again by the switch.
+pub fn group_change(
+    mut groups: Vec<SecurityGroupConfig>,
+    ports: &[PortConfig],
+    req: Request,
+) -> anyhow::Result<Vec<SecurityGroupConfig>> {
+    fn find<'a>(
+        groups: &'a mut [SecurityGroupConfig],
+        name: &str,
+    ) -> anyhow::Result<&'a mut SecurityGroupConfig> {
+        groups
+            .iter_mut()
+            .find(|g| g.name == name)
+            .ok_or_else(|| anyhow::anyhow!("security group '{name}' does not exist"))
+    }
+    match req {
+        Request::SgAdd { group } => {
+            if groups.iter().any(|g| g.name == group.name) {
+                bail!("security group '{}' already exists", group.name);
+            }
+            groups.push(group);
+        }
+        Request::SgDel { name } => {
+            find(&mut groups, &name)?;
+            if let Some(p) = ports.iter().find(|p| p.security_groups.contains(&name)) {
+                bail!("security group '{name}' is used by port '{}'", p.name);
+            }
+            for g in groups.iter().filter(|g| g.name != name) {
+                let remote = |r: &qswitch_api::config::GroupRule| matches!(&r.remote, Some(qswitch_api::config::RuleRemote::Group(n)) if *n == name);
+                if let Some(i) = g.rules.iter().position(remote) {
+                    bail!(
+                        "security group '{name}' is named by rule {i} of group '{}' (remote_group)",
+                        g.name
+                    );
+                }
+            }
+            groups.retain(|g| g.name != name);
+        }
+        Request::SgRuleAdd { group, rule } => find(&mut groups, &group)?.rules.push(rule),
+        Request::SgRuleDel { group, index } => {
+            let g = find(&mut groups, &group)?;
+            if index >= g.rules.len() {
+                bail!(
+                    "security group '{group}' has no rule {index} (it has {})",
+                    g.rules.len()
+                );
+            }
+            g.rules.remove(index);
+        }
+        Request::SgAddresses { group, addresses } => {
+            find(&mut groups, &group)?.addresses = addresses;
+        }
+        other => bail!("not a security-group change: {other:?}"),
+    }
+    Ok(groups)
 }
 
 /// An update that sets exactly `s`.
@@ -607,12 +702,30 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
     if file.switch.placement == base.switch.placement {
         switch.placement = live.config.switch.placement;
     }
+    // Groups as ports: unchanged in the file keeps the live version (or its live absence),
+    // changed takes the file's.
+    let group = |c: &Config, name: &str| c.security_groups.iter().find(|g| g.name == name).cloned();
+    let mut security_groups = Vec::new();
+    for g in &live.config.security_groups {
+        let (b, f) = (group(base, &g.name), group(file, &g.name));
+        if b == f {
+            security_groups.push(g.clone());
+        } else if let Some(f) = f {
+            security_groups.push(f);
+        }
+    }
+    for f in &file.security_groups {
+        let new = !security_groups.iter().any(|g| g.name == f.name);
+        if new && group(base, &f.name).as_ref() != Some(f) {
+            security_groups.push(f.clone());
+        }
+    }
     let config = Config {
         switch,
         ports,
-        // The firewall's tables have no live changes yet: the file's.
+        // `[firewall]` has no live changes: the file's.
         firewall: file.firewall,
-        security_groups: file.security_groups.clone(),
+        security_groups,
     };
     let pins = live
         .pins

@@ -54,6 +54,11 @@ impl Firewall {
             .map_or_else(Vec::new, |t| t.list(now, zone, limit))
     }
 
+    /// Connections tracked now, switch-wide.
+    pub fn table_len(&self) -> u32 {
+        self.table.get().map_or(0, CtTable::len)
+    }
+
     /// Counters of the table and of each zone that is filtered or has anything to show.
     pub fn stats(&self) -> CtStats {
         let rules = self.rules.load();

@@ -40,6 +40,8 @@
 //! would between bursts).
 
 pub(crate) mod drivers;
+mod firewall;
+pub use firewall::RecordGroups;
 mod inspect;
 mod ports;
 pub use ports::Record;
