@@ -1358,13 +1358,6 @@ pub enum ConfigError {
     DuplicateGroup(String),
     #[error("[firewall] max_sessions must be at least 1")]
     MaxSessions,
-    /// A config that asks for a firewall the data path does not enforce yet: refused, so it
-    /// never runs unfiltered by mistake.
-    #[error(
-        "port '{0}': security groups are parsed but not yet enforced by the data path \
-         (docs/firewall.md); remove security_groups to run"
-    )]
-    FirewallNotEnforced(String),
 }
 
 /// The file as it is read: ports keep their position for errors about the table as a whole.
@@ -2275,16 +2268,6 @@ impl Config {
             }
         }
         Ok(())
-    }
-
-    /// `qswitch run` refuses a config whose ports ask for security groups while the data
-    /// path does not enforce them yet (the firewall's core is built, its pipeline stage is
-    /// not wired): a config that asks for a firewall must not run without one.
-    pub fn check_firewall_enforced(&self) -> Result<(), ConfigError> {
-        match self.ports.iter().find(|p| !p.security_groups.is_empty()) {
-            Some(p) => Err(ConfigError::FirewallNotEnforced(p.name.clone())),
-            None => Ok(()),
-        }
     }
 
     /// `[firewall]` and the `[[security_group]]` tables as TOML (empty when there are none).
@@ -3372,17 +3355,6 @@ max_sessions = 1000
         // What the state file and `config dump` write reads back equal.
         let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
         assert_eq!(back, c);
-    }
-
-    #[test]
-    fn run_refuses_groups_until_they_are_enforced() {
-        let c = Config::from_toml(&group(r#"{ direction = "egress" },"#)).unwrap();
-        let e = c.check_firewall_enforced().unwrap_err().to_string();
-        assert!(e.contains("not yet enforced") && e.contains("'vm1'"), "{e}");
-        // Groups defined but used by no port filter nothing: nothing to refuse.
-        let mut c = c;
-        c.ports[0].security_groups.clear();
-        c.check_firewall_enforced().unwrap();
     }
 
     #[test]

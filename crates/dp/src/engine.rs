@@ -99,7 +99,13 @@ pub struct View {
     vlan_aware: bool,
     /// Flood domains: (vlan, member port ids in table order), sorted by VLAN.
     floods: Vec<(u16, Vec<PortId>)>,
+    /// The switch's firewall (stages `firewall_in`, `firewall_out`).
+    pub(crate) firewall: Arc<crate::firewall::Firewall>,
 }
+
+/// The firewall of a view made without a switch: filters nothing.
+static NO_FIREWALL: std::sync::LazyLock<Arc<crate::firewall::Firewall>> =
+    std::sync::LazyLock::new(|| Arc::new(crate::firewall::Firewall::for_switch(None, 0)));
 
 impl View {
     /// A view of `table` for a worker that polls `queues`.
@@ -132,7 +138,14 @@ impl View {
             policies,
             vlan_aware,
             floods: domains.into_iter().collect(),
+            firewall: NO_FIREWALL.clone(),
         }
+    }
+
+    /// This view with the switch's firewall.
+    pub(crate) fn with_firewall(mut self, firewall: Arc<crate::firewall::Firewall>) -> View {
+        self.firewall = firewall;
+        self
     }
 
     /// The policy of port `p`.
@@ -159,6 +172,7 @@ impl View {
     /// The switch's current table and `me`'s current queues.
     pub(crate) fn load(shared: &Shared, me: &WorkerShared) -> View {
         View::new(shared.ports.load_full(), me.queues.load_full())
+            .with_firewall(shared.firewall.clone())
     }
 
     /// The rx queues this view polls, in order.
@@ -313,9 +327,9 @@ impl Forwarder {
         t: &mut T,
     ) -> u64 {
         // Decided once per burst: the plain path unless VLANs or the port's policy need more.
-        let pol = view
-            .policy(ingress.id)
-            .filter(|p| view.vlan_aware || p.active());
+        let pol = view.policy(ingress.id).filter(|p| {
+            view.vlan_aware || p.active() || view.firewall.filtered(ingress.id.0.into())
+        });
         match pol {
             None => self.decide_plain(view, fdb, ingress, n, now, drops, t),
             Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops, t),
@@ -405,6 +419,10 @@ impl Forwarder {
         t: &mut T,
     ) -> u64 {
         let id = ingress.id;
+        let fw = view
+            .firewall
+            .filtered(id.0.into())
+            .then_some(&*view.firewall);
         let mut rx_bytes = 0u64;
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
@@ -426,7 +444,13 @@ impl Forwarder {
                     continue;
                 }
             }
-            // The firewall's ingress stage goes here (docs/architecture.md, the pipeline).
+            if let Some(fw) = fw {
+                let out = qswitch_api::config::RuleDirection::Egress;
+                if let Some(r) = stage::firewall::check(fw, id, out, frame, now, t) {
+                    drops.count(r);
+                    continue;
+                }
+            }
             let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
                     match stage::link_local::step(Some(pol), ingress, g, drops, t) {
@@ -512,6 +536,10 @@ impl Forwarder {
                 if dst.disabled.get() {
                     td.count_n(DropReason::PortDisabled, sel.len() as u32);
                 } else {
+                    if view.firewall.filtered(p.0.into()) {
+                        let pkts = &self.burst.pkts;
+                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td);
+                    }
                     if dst.capture.on() {
                         dst.capture.tx(w, &self.burst.pkts, sel, now);
                     }
@@ -561,7 +589,9 @@ impl Forwarder {
                             }
                         }
                     });
-                    // The firewall's egress stage goes here (docs/architecture.md).
+                    if view.firewall.filtered(p.0.into()) {
+                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td);
+                    }
                     if dst.capture.on() {
                         dst.capture.tx(w, pkts, sel, now);
                     }

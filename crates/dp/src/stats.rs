@@ -99,6 +99,9 @@ stages! {
     Vlan => "vlan", Ingress,
     /// Port security: source MAC and IP, DHCP and router-advertisement guards.
     PortSecurity => "port_security", Ingress,
+    /// The firewall, on ports with security groups: the ingress port's egress rules and
+    /// connection tracking (docs/firewall.md).
+    FirewallIn => "firewall_in", Ingress,
     /// Link-local groups 01:80:C2:00:00:0X: dropped by group, relayed, or BPDU guard.
     LinkLocal => "link_local", Ingress,
     /// The source (MAC, VLAN) is learned on the ingress port.
@@ -109,6 +112,9 @@ stages! {
     StormControl => "storm_control", Ingress,
     /// Per destination: the frame leaves untagged or tagged as the port carries its VLAN.
     VlanTag => "vlan_tag", Egress,
+    /// The firewall, per destination with security groups: its ingress rules and
+    /// connection tracking (docs/firewall.md).
+    FirewallOut => "firewall_out", Egress,
     /// The destination port's driver transmits the frames.
     Tx => "tx", Egress,
 }
@@ -134,7 +140,8 @@ macro_rules! drop_reasons {
             /// The pipeline stage that counts it ([`Stage`]). `oversize` (a frame that does
             /// not fit tagged) and `vlan_not_allowed` (a destination that does not carry the
             /// VLAN) are also counted at [`Stage::VlanTag`]; `port_disabled` also at
-            /// [`Stage::Tx`] (a destination BPDU guard disabled).
+            /// [`Stage::Tx`] (a destination BPDU guard disabled); `ct_invalid`, `ct_limit`
+            /// and `ct_fragment` also at [`Stage::FirewallOut`].
             pub fn stage(self) -> Stage {
                 match self { $(DropReason::$variant => Stage::$stage,)* }
             }
@@ -170,6 +177,17 @@ drop_reasons! {
     DhcpGuard => "dhcp_guard" @ PortSecurity,
     /// Port security: an IPv6 router advertisement or redirect from a port with `ra_guard`.
     RaGuard => "ra_guard" @ PortSecurity,
+    /// Firewall: no rule of the ingress port's security groups allows the frame out of its VM.
+    FwDeniedEgress => "fw_denied_egress" @ FirewallIn,
+    /// Firewall: no rule of the destination's security groups allows the frame in.
+    FwDeniedIngress => "fw_denied_ingress" @ FirewallOut,
+    /// Firewall: malformed IP, or not a valid next packet of its connection (an ACK with no
+    /// connection, a RST out of window).
+    CtInvalid => "ct_invalid" @ FirewallIn,
+    /// Firewall: a new connection over the switch's or the port's `max_sessions`.
+    CtLimit => "ct_limit" @ FirewallIn,
+    /// Firewall: a non-first IP fragment (docs/firewall.md, fragments).
+    CtFragment => "ct_fragment" @ FirewallIn,
     /// Storm control: broadcast frames beyond the port's limit.
     StormBroadcast => "storm_broadcast" @ StormControl,
     /// Storm control: multicast frames beyond the port's limit.
@@ -221,8 +239,15 @@ drop_reasons! {
 }
 
 /// Per-reason drop counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DropCounters([Counter; DropReason::COUNT]);
+
+// By hand: `[T; N]` derives `Default` only up to 32.
+impl Default for DropCounters {
+    fn default() -> DropCounters {
+        DropCounters(std::array::from_fn(|_| Counter::default()))
+    }
+}
 
 impl DropCounters {
     #[inline]
@@ -237,11 +262,21 @@ impl DropCounters {
 /// A burst-local tally of drops, added into [`DropCounters`] once per burst. It remembers
 /// which reasons it counted, so that flushing a tally with no drops (nearly every burst) is
 /// one branch however many reasons there are.
-#[derive(Default, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct DropTally {
     counts: [u32; DropReason::COUNT],
     /// Bit *r*: reason *r* was counted since the last flush.
     touched: u64,
+}
+
+// By hand: `[T; N]` derives `Default` only up to 32.
+impl Default for DropTally {
+    fn default() -> DropTally {
+        DropTally {
+            counts: [0; DropReason::COUNT],
+            touched: 0,
+        }
+    }
 }
 
 // `touched` has a bit per reason.

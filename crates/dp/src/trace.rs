@@ -23,8 +23,11 @@ use qswitch_api::request::{TraceEgress, TraceFdb, TraceQos, TraceReport, TraceRs
 use qswitch_wire::l2::{L2Error, L2Info, MAX_FRAME_LEN};
 use qswitch_wire::MacAddr;
 
+use qswitch_api::config::RuleDirection;
+
 use crate::engine::{Forwarder, View};
 use crate::fdb::{Fdb, Learned, MAX_ENTRIES, MOVES_PER_SEC};
+use crate::firewall::{Allowed, CtState, Denied, Dir, Firewall, Verdict as FwVerdict};
 use crate::ids::PortId;
 use crate::link_local::{self, Verdict};
 use crate::pipeline::vlan::FrameVlan;
@@ -39,12 +42,13 @@ use crate::table::{PortEntry, PortTable};
 pub fn trace(
     table: &Arc<PortTable>,
     fdb: &Fdb,
+    firewall: &Arc<Firewall>,
     ingress: &PortEntry,
     frame: &[u8],
     now: u64,
 ) -> TraceReport {
     // The view a worker would switch against (with no queues of its own).
-    let view = View::new(table.clone(), Arc::new(Vec::new()));
+    let view = View::new(table.clone(), Arc::new(Vec::new())).with_firewall(firewall.clone());
     let pol = ingress.policy.load_full();
     let mut r = TraceReport {
         port: ingress.config.name.clone(),
@@ -159,6 +163,20 @@ pub fn trace(
             Some(v) => format!("tagged {v}"),
             None => "untagged".to_string(),
         };
+        if firewall.filtered(p.0.into()) {
+            let into = RuleDirection::Ingress;
+            let v = firewall.peek(p.0.into(), into, frame, now);
+            r.steps
+                .push(firewall_text(firewall, &e.config.name, into, v));
+            if let FwVerdict::Deny(d, _) = v {
+                r.steps.push(format!(
+                    "output: {}: dropped there ({}, counted on its tx)",
+                    e.config.name,
+                    crate::pipeline::firewall::reason(d).name()
+                ));
+                continue;
+            }
+        }
         if tagged.is_some() && !tagged_in && frame.len() + 4 > MAX_FRAME_LEN + 1 {
             r.steps.push(format!(
                 "output: {} {encoding}: does not fit tagged, dropped there (oversize, counted on its tx)",
@@ -186,6 +204,54 @@ pub fn trace(
         r.egress.push(eg);
     }
     r
+}
+
+/// The firewall's verdict on a frame crossing `port` in `direction`, in words: the rule
+/// (group/index) that allowed it and the connection's state, or why it is denied.
+fn firewall_text(fw: &Firewall, port: &str, direction: RuleDirection, v: FwVerdict) -> String {
+    let rules = fw.rules();
+    let dir = match direction {
+        RuleDirection::Ingress => "ingress",
+        RuleDirection::Egress => "egress",
+    };
+    let state = |s: Option<CtState>| s.map_or(String::new(), |s| format!(", state {}", s.name()));
+    let what = match v {
+        FwVerdict::Allow(a, s) => match a {
+            Allowed::Unfiltered => "allowed (not filtered)".to_string(),
+            Allowed::NotIp => "allowed (not IP)".to_string(),
+            Allowed::Always => "allowed (neighbour discovery, MLD or DHCP)".to_string(),
+            Allowed::Stateless(r) => format!("allowed by rule {} (untracked)", rules.name(r)),
+            Allowed::New(r) => format!(
+                "allowed by rule {}: a new connection{}",
+                rules.name(r),
+                state(s)
+            ),
+            Allowed::Tracked(r, d) => format!(
+                "allowed: a tracked connection opened by rule {} ({} direction){}",
+                rules.name(r),
+                match d {
+                    Dir::Original => "original",
+                    Dir::Reply => "reply",
+                },
+                state(s)
+            ),
+            Allowed::Related(r) => format!(
+                "allowed: an ICMP error related to a connection opened by rule {}{}",
+                rules.name(r),
+                state(s)
+            ),
+        },
+        FwVerdict::Deny(d, s) => match d {
+            Denied::NoRule(_) => format!("denied: no rule of its groups allows it {dir}"),
+            Denied::Invalid => format!(
+                "denied: not valid for its connection (ct_invalid){}",
+                state(s)
+            ),
+            Denied::Limit => "denied: a new connection over max_sessions (ct_limit)".to_string(),
+            Denied::Fragment => "denied: a non-first fragment (ct_fragment)".to_string(),
+        },
+    };
+    format!("firewall ({dir} of {port}): {what}")
 }
 
 /// A port's name (`#id` for a port gone from the table).
@@ -231,6 +297,11 @@ impl Recorder<'_> {
 
 impl Tracer for Recorder<'_> {
     const ON: bool = true;
+
+    fn firewall(&mut self, fw: &Firewall, port: PortId, direction: RuleDirection, v: FwVerdict) {
+        let name = name(&self.view.table, port);
+        self.r.steps.push(firewall_text(fw, &name, direction, v));
+    }
 
     fn classified(&mut self, l2: Result<&L2Info, L2Error>) {
         let r = &mut self.r;

@@ -87,14 +87,6 @@ impl Policy {
             if let Some(socket) = port.socket() {
                 check_socket_path(socket.as_path(), &self.socket_dirs)?;
             }
-            // Security groups are not enforced yet (docs/firewall.md): never add a port
-            // that asks for them as if it were filtered.
-            if !port.security_groups.is_empty() {
-                return Err(qswitch_api::config::ConfigError::FirewallNotEnforced(
-                    port.name.clone(),
-                )
-                .to_string());
-            }
         }
         Ok(())
     }
@@ -597,26 +589,5 @@ mod tests {
         }
         assert!(policy.check(None, &del).is_err());
         assert!(policy.check(None, &list).is_ok());
-    }
-
-    #[test]
-    fn ports_with_security_groups_are_refused_until_enforced() {
-        let policy = Policy {
-            owner: 0,
-            admin_gid: None,
-            socket_dirs: vec![PathBuf::from("/run/qswitch")],
-        };
-        let root = PeerCred {
-            pid: 1,
-            uid: 0,
-            gid: 0,
-            groups: Vec::new(),
-        };
-        let mut port = qswitch_api::config::PortConfig::tap("a", "qs-a".parse().unwrap());
-        let add = |port| Request::PortAdd { port };
-        assert!(policy.check(Some(&root), &add(port.clone())).is_ok());
-        port.security_groups = vec!["web".into()];
-        let e = policy.check(Some(&root), &add(port)).unwrap_err();
-        assert!(e.contains("not yet enforced"), "{e}");
     }
 }

@@ -93,11 +93,6 @@ pub fn run(path: &Path) -> ExitCode {
         eprintln!("qswitch: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
-    // Security groups parse but the data path does not enforce them yet: refuse, never run
-    // a config that asks for a firewall without one (docs/firewall.md).
-    if let Err(e) = file.check_firewall_enforced() {
-        return config_error(&e);
-    }
     let start = match crate::state::Persist::open(path, &text, &file) {
         Ok(s) => s,
         Err(e) => {

@@ -34,8 +34,14 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     if let Some(e) = file.switch.export_not_wired() {
         anyhow::bail!("{e}; nothing changed");
     }
-    file.check_firewall_enforced()
-        .map_err(|e| anyhow!("{e}; nothing changed"))?;
+    // The groups and `[firewall]` are the switch's since it started: reload does not change
+    // them (docs/firewall.md); never accept a file whose rules would not be in force.
+    if (file.firewall, &file.security_groups) != (p.base().firewall, &p.base().security_groups) {
+        anyhow::bail!(
+            "[firewall] or [[security_group]] changed: reload does not apply them (restart \
+             qswitch); nothing changed"
+        );
+    }
     let live = p.live(sw);
     let mut target = merge(p.base(), &live, &file);
     let mut changes = Vec::new();

@@ -348,7 +348,14 @@ impl Firewall {
 
     /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
     pub fn check(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
-        self.check_once(zone, direction, frame, now, true)
+        self.check_once(zone, direction, frame, now, true, false)
+    }
+
+    /// [`Firewall::check`] as a dry run (`qswitch trace`): the verdict the frame would get
+    /// now, changing no connection and no counter (a connection found expired is still
+    /// removed, as any look would).
+    pub fn peek(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
+        self.check_once(zone, direction, frame, now, false, true)
     }
 
     /// [`Firewall::check`]; `retry`: whether to look again when another worker added the
@@ -360,6 +367,7 @@ impl Firewall {
         frame: &[u8],
         now: u64,
         retry: bool,
+        dry: bool,
     ) -> Verdict {
         let Some(counters) = self.zones.get(zone as usize) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
@@ -367,13 +375,15 @@ impl Firewall {
         let p = match ct::parse(frame) {
             Ok(p) => p,
             Err(CtError::NotIp) => return Verdict::Allow(Allowed::NotIp, None),
-            Err(_) => return self.invalid(counters, None),
+            Err(_) => return self.invalid(counters, None, dry),
         };
         if always_allowed(&p, direction) {
             return Verdict::Allow(Allowed::Always, None);
         }
         if p.fragment == Fragment::Later {
-            counters.ct_fragment.fetch_add(1, Ordering::Relaxed);
+            if !dry {
+                counters.ct_fragment.fetch_add(1, Ordering::Relaxed);
+            }
             return Verdict::Deny(Denied::Fragment, None);
         }
         let table = self.table();
@@ -385,18 +395,21 @@ impl Firewall {
         }
         // A packet of a tracked connection.
         let tracked = table.with(zone, &p.key, now, |e, dir| {
+            // A dry run moves a copy.
+            let mut copy = *e;
+            let e = if dry { &mut copy } else { e };
             let step = advance(e, dir, &p);
             let reopen = step == Step::Reopen;
             if let Step::Valid = step {
                 e.expires = now.saturating_add(self.timeouts.of(e.key.proto, e.state));
             }
-            ((step, e.rule, e.state, dir), reopen)
+            ((step, e.rule, e.state, dir), reopen && !dry)
         });
         match tracked {
             Some((Step::Valid, rule, state, dir)) => {
                 return Verdict::Allow(Allowed::Tracked(rule, dir), Some(state))
             }
-            Some((Step::Invalid, _, state, _)) => return self.invalid(counters, Some(state)),
+            Some((Step::Invalid, _, state, _)) => return self.invalid(counters, Some(state), dry),
             Some((Step::Reopen, ..)) | None => {}
         }
         // A new connection: the rules decide.
@@ -412,8 +425,15 @@ impl Firewall {
             return Verdict::Allow(Allowed::Stateless(rule.id), None);
         }
         let Some(state) = first_state(&p) else {
-            return self.invalid(counters, None);
+            return self.invalid(counters, None, dry);
         };
+        if dry {
+            let zone_full = port.max_sessions.is_some_and(|m| table.zone_len(zone) >= m);
+            if table.len() >= self.max_sessions || zone_full {
+                return Verdict::Deny(Denied::Limit, None);
+            }
+            return Verdict::Allow(Allowed::New(rule.id), Some(state));
+        }
         let expires = now.saturating_add(self.timeouts.of(p.key.proto, state));
         let mut entry = Entry::new(zone, p.key, state, expires, rule.id);
         if let L4::Tcp(t) = p.l4 {
@@ -431,7 +451,7 @@ impl Firewall {
             }
             // Another worker tracked it first (the other direction): this packet belongs
             // to that connection, so its state machine judges it.
-            Ok(false) if retry => self.check_once(zone, direction, frame, now, false),
+            Ok(false) if retry => self.check_once(zone, direction, frame, now, false, false),
             Ok(false) => Verdict::Allow(Allowed::New(rule.id), Some(state)),
             Err(_) => {
                 counters.ct_limit.fetch_add(1, Ordering::Relaxed);
@@ -440,8 +460,10 @@ impl Firewall {
         }
     }
 
-    fn invalid(&self, counters: &ZoneCounters, state: Option<CtState>) -> Verdict {
-        counters.ct_invalid.fetch_add(1, Ordering::Relaxed);
+    fn invalid(&self, counters: &ZoneCounters, state: Option<CtState>, dry: bool) -> Verdict {
+        if !dry {
+            counters.ct_invalid.fetch_add(1, Ordering::Relaxed);
+        }
         Verdict::Deny(Denied::Invalid, state)
     }
 }

@@ -37,6 +37,7 @@
 //! `Option<DropReason>` (`None`: the frame goes on). How to add one: docs/architecture.md.
 
 pub(crate) mod classify;
+pub(crate) mod firewall;
 pub(crate) mod link_local;
 pub(crate) mod security;
 pub(crate) mod storm;
@@ -96,6 +97,17 @@ pub(crate) trait Tracer {
     /// Lookup: the frame is flooded in `vlan`.
     #[inline(always)]
     fn flood(&mut self, _vlan: u16) {}
+    /// Firewall (dry run, `ON` only): the verdict on the frame crossing `port` in
+    /// `direction`.
+    #[inline(always)]
+    fn firewall(
+        &mut self,
+        _fw: &crate::firewall::Firewall,
+        _port: PortId,
+        _direction: qswitch_api::config::RuleDirection,
+        _verdict: crate::firewall::Verdict,
+    ) {
+    }
 }
 
 /// The tracer of forwarding: records nothing, costs nothing.

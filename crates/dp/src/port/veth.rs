@@ -32,7 +32,8 @@
 //! seen), which [`FastPath::sync`] mirrors from the switch's fdb: only addresses learnt on
 //! veth ports whose fast path is on, in their access VLAN. A port is left out (so its
 //! frames take the slow path both ways) while it is a trunk, an uplink, has a QoS
-//! guarantee or limit or per-frame port security checks, is being captured, or is disabled
+//! guarantee or limit or per-frame port security checks, has security groups (the firewall
+//! runs in userspace: docs/firewall.md), is being captured, or is disabled
 //! by BPDU guard (from the next housekeeping tick). (Storm control and link-local frames
 //! need nothing: broadcast and multicast always take the slow path.) The program counts what it forwards per port in a
 //! per-CPU array; the switch adds those counters to the port's own, and every second

@@ -147,6 +147,9 @@ pub(crate) fn eligible(p: &PortEntry) -> Option<u32> {
         && qos.min.is_none()
         && qos.max.is_none()
         && !p.capture.on()
-        && !p.disabled.get();
+        && !p.disabled.get()
+        // The firewall runs in userspace: a port with security groups leaves the fast path
+        // both ways (its addresses are not mirrored, so the kernel hands frames to it up).
+        && p.config.security_groups.is_empty();
     (v.fastpath() && plain).then_some(v.ifindex())
 }

@@ -52,6 +52,7 @@ impl Switch {
         Ok(crate::trace::trace(
             &table,
             &self.shared.fdb,
+            &self.shared.firewall,
             &entry,
             frame,
             self.shared.now(),

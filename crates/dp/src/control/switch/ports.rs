@@ -196,6 +196,17 @@ impl Switch {
                 }
             }
             let id = self.prepare(&new_table, config)?;
+            if let Some(group) = config
+                .security_groups
+                .iter()
+                .find(|g| !ctl.security_groups.iter().any(|s| &s.name == *g))
+            {
+                return Err(qswitch_api::ConfigError::UnknownGroup {
+                    port: config.name.clone(),
+                    group: group.clone(),
+                }
+                .into());
+            }
             let dev = self.open_device(id, config)?;
             let slot = usize::from(id.0);
             if slot == new_table.len() {

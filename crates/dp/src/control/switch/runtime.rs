@@ -492,6 +492,9 @@ impl Core {
         if now >= ctl.next_sweep {
             ctl.next_sweep = now + SWEEP_EVERY_NS;
             self.shared.fdb.sweep(now);
+            // Idle connections go (a shard locked at a time; nothing when no port is
+            // filtered).
+            self.shared.firewall.expire(now);
         }
         for p in self.shared.ports.load().iter().flatten() {
             if p.disabled.take_tripped() {

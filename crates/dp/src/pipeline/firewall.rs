@@ -1,0 +1,81 @@
+//! Stages `firewall_in` and `firewall_out`: security groups with connection tracking
+//! ([`crate::firewall`], docs/firewall.md). A frame from a port with groups is checked by
+//! that port's egress rules on its way in; a frame to a port with groups by that port's
+//! ingress rules, per destination, on its way out. The engine asks
+//! [`Firewall::filtered`] once per burst (ingress) or per destination and burst (egress),
+//! so a port without groups pays one predictable branch. Drops: `fw_denied_egress`,
+//! `fw_denied_ingress`, `ct_invalid`, `ct_limit`, `ct_fragment`.
+
+use qswitch_api::config::RuleDirection;
+
+use super::Tracer;
+use crate::firewall::{Denied, Firewall, Verdict};
+use crate::ids::PortId;
+use crate::stats::DropReason;
+
+/// Why the firewall of `port` refuses `frame` crossing it in `direction` (egress: from the
+/// port's VM; ingress: toward it), if it does. Called only for filtered ports. A tracer
+/// gets the verdict of a dry run ([`Firewall::peek`]): nothing is tracked.
+#[inline]
+pub(crate) fn check<T: Tracer>(
+    fw: &Firewall,
+    port: PortId,
+    direction: RuleDirection,
+    frame: &[u8],
+    now: u64,
+    t: &mut T,
+) -> Option<DropReason> {
+    let zone = u32::from(port.0);
+    let v = if T::ON {
+        let v = fw.peek(zone, direction, frame, now);
+        t.firewall(fw, port, direction, v);
+        v
+    } else {
+        fw.check(zone, direction, frame, now)
+    };
+    match v {
+        Verdict::Allow(..) => None,
+        Verdict::Deny(d, _) => Some(reason(d)),
+    }
+}
+
+/// The drop reason of a denial.
+pub(crate) fn reason(d: Denied) -> DropReason {
+    match d {
+        Denied::NoRule(RuleDirection::Egress) => DropReason::FwDeniedEgress,
+        Denied::NoRule(RuleDirection::Ingress) => DropReason::FwDeniedIngress,
+        Denied::Invalid => DropReason::CtInvalid,
+        Denied::Limit => DropReason::CtLimit,
+        Denied::Fragment => DropReason::CtFragment,
+    }
+}
+
+/// Stage `firewall_out` for the frames `sel` (indices into `pkts`) going to `port`, which
+/// has security groups: those its ingress rules refuse leave `sel`, counted in `drops`.
+#[inline(never)]
+pub(crate) fn filter_out(
+    fw: &Firewall,
+    port: PortId,
+    pkts: &[crate::packet::Pkt],
+    sel: &mut Vec<u8>,
+    now: u64,
+    drops: &mut crate::stats::DropTally,
+) {
+    sel.retain(|&i| {
+        let frame = pkts[usize::from(i)].frame();
+        match check(
+            fw,
+            port,
+            RuleDirection::Ingress,
+            frame,
+            now,
+            &mut super::NoTrace,
+        ) {
+            None => true,
+            Some(r) => {
+                drops.count(r);
+                false
+            }
+        }
+    });
+}
