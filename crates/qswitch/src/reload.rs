@@ -34,12 +34,12 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     if let Some(e) = file.switch.export_not_wired() {
         anyhow::bail!("{e}; nothing changed");
     }
-    // The groups and `[firewall]` are the switch's since it started: reload does not change
-    // them (docs/firewall.md); never accept a file whose rules would not be in force.
-    if (file.firewall, &file.security_groups) != (p.base().firewall, &p.base().security_groups) {
+    // `[firewall]` sized the connection table at start: reload does not change it
+    // (docs/firewall.md); never accept a file whose limits would not be in force. Groups
+    // changed in the file are applied (below).
+    if file.firewall != p.base().firewall {
         anyhow::bail!(
-            "[firewall] or [[security_group]] changed: reload does not apply them (restart \
-             qswitch); nothing changed"
+            "[firewall] changed: reload does not apply it (restart qswitch); nothing changed"
         );
     }
     let live = p.live(sw);

@@ -12,7 +12,9 @@ fn config(control: &Path, web_rules: &str) -> String {
     format!(
         "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n\
          [[security_group]]\nname = \"web\"\nrules = [{web_rules}]\n\
-         [[port]]\nname = \"g1\"\ntype = \"gen\"\n",
+         [[port]]\nname = \"g1\"\ntype = \"gen\"\n\
+         [[port]]\nname = \"vm\"\ntype = \"gen\"\nsecurity = {{ ips = [\"10.0.0.5\"] }}\n\
+         security_groups = [\"web\"]\n",
         worker_cpus(1),
         control.display(),
     )
@@ -48,7 +50,11 @@ fn groups_change_live_persist_and_reload_and_ct_answers() {
     // The file's group, then live changes.
     let list = qs(&control, &["sg", "list"]);
     list.assert_ok("sg list");
-    assert!(list.stdout.contains("web"), "{}", list.stdout);
+    assert!(
+        list.stdout.contains("web") && list.stdout.contains("vm"),
+        "{}",
+        list.stdout
+    );
     qs(&control, &["sg", "add", "db"]).assert_ok("sg add");
     qs(
         &control,
@@ -185,7 +191,7 @@ fn groups_change_live_persist_and_reload_and_ct_answers() {
     refused(
         &control,
         &["sg", "del", "web"],
-        "named by rule 0 of group 'db'",
+        "security group 'web' is used by port 'vm'",
     );
     refused(
         &control,
@@ -207,9 +213,11 @@ fn groups_change_live_persist_and_reload_and_ct_answers() {
         Some(1)
     );
 
-    // The conntrack commands answer (no port is filtered here: nothing tracked).
+    // The conntrack commands answer (vm is filtered; no traffic here: nothing tracked).
     let st = qs_json(&control, &["ct", "stats", "--json"]);
     assert_eq!(st["sessions"], 0, "{st}");
+    assert_eq!(st["enabled"], true, "{st}");
+    assert_eq!(st["ports"][0]["port"], "vm", "{st}");
     assert!(st["max_sessions"].as_u64() > Some(0), "{st}");
     qs(&control, &["ct", "stats"]).assert_ok("ct stats");
     let l = qs_json(
