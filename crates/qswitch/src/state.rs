@@ -790,6 +790,83 @@ mod tests {
     }
 
     #[test]
+    fn groups_merge_by_name_and_changes_are_checked() {
+        let g = |name: &str, rules: &str| {
+            format!("[[security_group]]\nname = \"{name}\"\nrules = [{rules}]\n")
+        };
+        let e = r#"{ direction = "egress" }"#;
+        let i = r#"{ direction = "ingress" }"#;
+        let base = cfg(&format!("{}{}{A}", g("x", e), g("y", e)));
+        // Live: x got a rule, y removed, z added.
+        let mut live = Live {
+            config: base.clone(),
+            pins: Pins::new(),
+        };
+        live.config.security_groups =
+            cfg(&format!("{}{}", g("x", &format!("{e},{i}")), g("z", e))).security_groups;
+        // The file left x and y alone: the live versions stay.
+        let m = merge(&base, &live, &base);
+        let names: Vec<&str> = m
+            .config
+            .security_groups
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(names, ["x", "z"]);
+        assert_eq!(m.config.security_groups[0].rules.len(), 2);
+        // The file changed x and added w: its versions win for them.
+        let file = cfg(&format!("{}{}{}{A}", g("x", i), g("y", e), g("w", e)));
+        let m = merge(&base, &live, &file);
+        let names: Vec<&str> = m
+            .config
+            .security_groups
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(names, ["x", "z", "w"]);
+        assert_eq!(m.config.security_groups[0], file.security_groups[0]);
+
+        // Changes, and the one-line refusals.
+        let mut ports = base.ports.clone();
+        ports[0].security_groups = vec!["x".into()];
+        let groups = base.security_groups.clone();
+        let change =
+            |req: Request| group_change(groups.clone(), &ports, req).map_err(|e| e.to_string());
+        let rule: qswitch_api::config::GroupRule =
+            serde_json::from_str(r#"{"direction":"ingress","remote_group":"y"}"#).unwrap();
+        let after = change(Request::SgRuleAdd {
+            group: "x".into(),
+            rule: rule.clone(),
+        })
+        .unwrap();
+        assert_eq!(after[0].rules.len(), 2);
+        let e = |r| change(r).unwrap_err();
+        assert!(e(Request::SgDel { name: "x".into() }).contains("used by port 'a'"));
+        assert!(e(Request::SgRuleDel {
+            group: "y".into(),
+            index: 1
+        })
+        .contains("has no rule 1"));
+        assert!(e(Request::SgRuleAdd {
+            group: "q".into(),
+            rule
+        })
+        .contains("'q' does not exist"));
+        let dup = base.security_groups[1].clone();
+        assert!(e(Request::SgAdd { group: dup }).contains("already exists"));
+        let after = change(Request::SgAddresses {
+            group: "y".into(),
+            addresses: vec!["10.0.0.7".parse().unwrap()],
+        })
+        .unwrap();
+        assert_eq!(after[1].addresses.len(), 1);
+        assert_eq!(
+            change(Request::SgDel { name: "y".into() }).unwrap().len(),
+            1
+        );
+    }
+
+    #[test]
     fn live_changes_survive_an_unchanged_file() {
         let base = cfg(&format!("{A}{B}"));
         // Live: b removed, c added, a pinned.
