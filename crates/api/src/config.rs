@@ -3320,6 +3320,19 @@ max_sessions = 1000
     }
 
     #[test]
+    fn address_sets_parse_and_round_trip() {
+        let text = group(r#"{ direction = "egress" },"#).replace(
+            "rules = [",
+            "addresses = [\"10.0.0.7\", \"fd00::/64\"]\nrules = [",
+        );
+        let c = Config::from_toml(&text).unwrap();
+        assert_eq!(c.security_groups[0].addresses.len(), 2);
+        assert_eq!(Config::from_toml(&c.to_toml().unwrap()).unwrap(), c);
+        let e = err(&text.replace("10.0.0.7", "10.0.0.300"));
+        assert!(e.contains("10.0.0.300"), "{e}");
+    }
+
+    #[test]
     fn the_issue_example_parses_and_round_trips() {
         let text = group(
             r#"{ direction = "ingress", protocol = "tcp", ports = "80,443", remote = "0.0.0.0/0" },
