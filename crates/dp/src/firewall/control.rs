@@ -159,9 +159,23 @@ fn opening_packet(e: &Entry) -> CtPacket {
 /// A worker that loaded the old rules just before the swap may still open a connection by
 /// them in the instant after it, behind this scan: the window is one packet's check.
 pub(super) fn revalidate(table: &CtTable, old: &RuleSet, new: &RuleSet) -> u32 {
+    // Only the zones whose rules changed (adding a port without groups changes none):
+    // when none did, the table is not walked at all.
+    fn rules_of(r: &RuleSet, z: usize) -> Option<&super::PortRules> {
+        r.ports.get(z).and_then(Option::as_ref)
+    }
+    let changed: Vec<bool> = (0..old.ports.len().max(new.ports.len()))
+        .map(|z| rules_of(old, z) != rules_of(new, z))
+        .collect();
+    if !changed.contains(&true) {
+        return 0;
+    }
     let dirs = directions(old);
     // Time 0: nothing counts as expired here; expiry has its own sweep.
     table.visit(0, |e| {
+        if !changed.get(e.zone as usize).copied().unwrap_or(false) {
+            return Visit::Keep;
+        }
         let Some(port) = new.ports.get(e.zone as usize).and_then(Option::as_ref) else {
             return Visit::Remove;
         };
