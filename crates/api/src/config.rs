@@ -2432,6 +2432,11 @@ pub struct SecurityGroupConfig {
     pub stateless: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<GroupRule>,
+    /// Addresses of members on other hosts: `remote_group` rules naming this group match
+    /// them as well as the `security.ips` of this switch's member ports (set live with
+    /// `qswitch sg addresses`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<IpPrefix>,
 }
 
 fn group_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -3902,6 +3907,19 @@ max_sessions = 1000
             .to_string();
         assert!(!e.contains('\n'), "{e}");
         e
+    }
+
+    #[test]
+    fn address_sets_parse_and_round_trip() {
+        let text = group(r#"{ direction = "egress" },"#).replace(
+            "rules = [",
+            "addresses = [\"10.0.0.7\", \"fd00::/64\"]\nrules = [",
+        );
+        let c = Config::from_toml(&text).unwrap();
+        assert_eq!(c.security_groups[0].addresses.len(), 2);
+        assert_eq!(Config::from_toml(&c.to_toml().unwrap()).unwrap(), c);
+        let e = err(&text.replace("10.0.0.7", "10.0.0.300"));
+        assert!(e.contains("10.0.0.300"), "{e}");
     }
 
     #[test]

@@ -101,6 +101,43 @@ pub enum Request {
     },
     /// Make `active` the active member of bond `name` (runtime state, as `port enable`).
     BondSet { name: String, active: String },
+    /// Tracked connections, of one port or all, at most `limit` (default 100).
+    CtList {
+        #[serde(default)]
+        port: Option<String>,
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    /// Ends the tracked connections of one port, or of all.
+    CtFlush {
+        #[serde(default)]
+        port: Option<String>,
+    },
+    /// Connection-tracking counters: switch-wide and per port.
+    CtStats,
+    /// The security groups (`name`: only that one).
+    SgList {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    /// Adds a security group (its rules may come with it).
+    SgAdd {
+        group: crate::config::SecurityGroupConfig,
+    },
+    /// Removes a security group no port and no `remote_group` uses.
+    SgDel { name: String },
+    /// Appends a rule to a group.
+    SgRuleAdd {
+        group: String,
+        rule: crate::config::GroupRule,
+    },
+    /// Removes a group's rule `index` (the later ones move up).
+    SgRuleDel { group: String, index: usize },
+    /// Sets the addresses of a group's members on other hosts (for `remote_group` rules).
+    SgAddresses {
+        group: String,
+        addresses: Vec<crate::policy::IpPrefix>,
+    },
 }
 
 /// What a request may do, for the control socket's privilege check: members of
@@ -132,7 +169,10 @@ impl Request {
             | Request::Trace { .. }
             | Request::Lldp { .. }
             | Request::ExportShow
-            | Request::BondShow { .. } => Access::Read,
+            | Request::BondShow { .. }
+            | Request::CtList { .. }
+            | Request::CtStats
+            | Request::SgList { .. } => Access::Read,
             Request::PortAdd { .. }
             | Request::PortDel { .. }
             | Request::PortSet { .. }
@@ -145,7 +185,13 @@ impl Request {
             | Request::ExportSet { .. }
             | Request::ExportOff { .. }
             | Request::BondSet { .. }
-            | Request::Reload => Access::Admin,
+            | Request::Reload
+            | Request::CtFlush { .. }
+            | Request::SgAdd { .. }
+            | Request::SgDel { .. }
+            | Request::SgRuleAdd { .. }
+            | Request::SgRuleDel { .. }
+            | Request::SgAddresses { .. } => Access::Admin,
         }
     }
 
@@ -179,6 +225,16 @@ impl Request {
             Request::Lldp { .. } => "lldp",
             Request::BondShow { .. } => "bond show",
             Request::BondSet { .. } => "bond set",
+            Request::CtList { .. } => "ct list",
+            Request::CtFlush { .. } => "ct flush",
+            Request::CtStats => "ct stats",
+            Request::SgList { name: None } => "sg list",
+            Request::SgList { name: Some(_) } => "sg show",
+            Request::SgAdd { .. } => "sg add",
+            Request::SgDel { .. } => "sg del",
+            Request::SgRuleAdd { .. } => "sg rule add",
+            Request::SgRuleDel { .. } => "sg rule del",
+            Request::SgAddresses { .. } => "sg addresses",
         }
     }
 }
@@ -449,6 +505,73 @@ pub enum Response {
     Mirrors {
         mirrors: Vec<MirrorInfo>,
     },
+    /// `ct list`: connections, and how many the port (or switch) has in all.
+    CtList {
+        entries: Vec<CtEntry>,
+        total: u32,
+    },
+    /// `ct flush`: connections ended.
+    CtFlushed {
+        removed: u32,
+    },
+    CtStats(Box<CtStatsReport>),
+    /// `sg list`, `sg show`: the groups, with the ports that use each.
+    SecurityGroups {
+        groups: Vec<SecurityGroupInfo>,
+    },
+}
+
+/// One tracked connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CtEntry {
+    /// The port whose filter tracks it (its zone).
+    pub port: String,
+    /// "tcp", "udp", "icmp", "icmpv6", "sctp" or the protocol number.
+    pub protocol: String,
+    /// Source and destination of its first packet: `10.0.0.5:40000`, `[fd00::5]:80`; for
+    /// ICMP echo the identifier is the "port".
+    pub src: String,
+    pub dst: String,
+    /// `SYN_SENT`, `ESTABLISHED`, `UNREPLIED`, `REPLIED`, ...
+    pub state: String,
+    /// Seconds until it expires without traffic.
+    pub expires_s: u64,
+    /// The rule that allows it, `group/index`.
+    pub rule: String,
+}
+
+/// `ct stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CtStatsReport {
+    /// Whether a firewall runs (some port has security groups).
+    pub enabled: bool,
+    pub sessions: u32,
+    pub max_sessions: u32,
+    /// Bytes the table holds (all allocated at start).
+    pub memory_bytes: u64,
+    pub ports: Vec<CtPortStats>,
+}
+
+/// `ct stats` of one port.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CtPortStats {
+    pub port: String,
+    pub sessions: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u32>,
+    /// Connections opened since start.
+    pub new: u64,
+    pub ct_invalid: u64,
+    pub ct_limit: u64,
+    pub ct_fragment: u64,
+}
+
+/// A security group and the ports that use it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityGroupInfo {
+    pub group: crate::config::SecurityGroupConfig,
+    /// Ports of this switch whose `security_groups` name it.
+    pub ports: Vec<String>,
 }
 
 /// A mirror session as it runs: its settings and counters.
@@ -958,6 +1081,22 @@ mod tests {
                 weight: Some(2),
                 clear: false,
             },
+            Request::CtList {
+                port: Some("vm1".into()),
+                limit: Some(10),
+            },
+            Request::CtFlush { port: None },
+            Request::CtStats,
+            Request::SgList { name: None },
+            Request::SgDel { name: "web".into() },
+            Request::SgRuleDel {
+                group: "web".into(),
+                index: 2,
+            },
+            Request::SgAddresses {
+                group: "web".into(),
+                addresses: vec!["10.0.0.7".parse().unwrap(), "fd00::/64".parse().unwrap()],
+            },
         ] {
             let s = serde_json::to_string(&r).unwrap();
             assert!(!s.contains('\n'));
@@ -1021,6 +1160,56 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s, r#"{"response":"error","message":"no"}"#);
+    }
+
+    #[test]
+    fn security_group_requests_are_checked_as_they_are_read() {
+        let add = r#"{"request":"sg-add","group":{"name":"web","rules":[
+            {"direction":"ingress","protocol":"tcp","ports":"80,443","remote":"0.0.0.0/0"},
+            {"direction":"egress"}]}}"#;
+        let r: Request = serde_json::from_str(add).unwrap();
+        assert_eq!(r.access(), Access::Admin);
+        assert_eq!(r.verb(), "sg add");
+        let back: Request = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        let rule = |rule: &str| {
+            serde_json::from_str::<Request>(&format!(
+                r#"{{"request":"sg-rule-add","group":"web","rule":{rule}}}"#
+            ))
+            .map_err(|e| e.to_string())
+        };
+        assert!(rule(r#"{"direction":"ingress","protocol":"udp","ports":53}"#).is_ok());
+        for (bad, why) in [
+            (
+                r#"{"direction":"ingress","remote":"10.0.0.0/33"}"#,
+                "remote",
+            ),
+            (
+                r#"{"direction":"ingress","protocol":"tcp","ports":"90-80"}"#,
+                "reversed",
+            ),
+            (
+                r#"{"direction":"ingress","remote":"10.0.0.0/8","remote_group":"web"}"#,
+                "exclusive",
+            ),
+            (r#"{"direction":"ingress","protocol":300}"#, "out of range"),
+        ] {
+            let e = rule(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        for (r, access) in [
+            (r#"{"request":"ct-list"}"#, Access::Read),
+            (r#"{"request":"ct-stats"}"#, Access::Read),
+            (r#"{"request":"sg-list","name":"web"}"#, Access::Read),
+            (r#"{"request":"ct-flush","port":"vm1"}"#, Access::Admin),
+            (r#"{"request":"sg-del","name":"web"}"#, Access::Admin),
+        ] {
+            assert_eq!(
+                serde_json::from_str::<Request>(r).unwrap().access(),
+                access,
+                "{r}"
+            );
+        }
     }
 }
 

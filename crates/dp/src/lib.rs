@@ -71,6 +71,6 @@ pub mod table;
 pub mod trace;
 pub mod worker;
 
-pub use control::switch::{Options, Record, Switch, SwitchError};
+pub use control::switch::{Options, Record, RecordGroups, Switch, SwitchError};
 pub use ids::{CpuId, PortId, WorkerId};
 pub use pipeline::mirror;

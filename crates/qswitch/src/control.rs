@@ -504,7 +504,17 @@ pub fn execute(req: Request, daemon: &Daemon) -> Response {
         | Request::QosSet { .. }
         | Request::MirrorAdd { .. }
         | Request::MirrorDel { .. }
-        | Request::PortSet { .. }) => daemon.change(change),
+        | Request::PortSet { .. }
+        | Request::SgAdd { .. }
+        | Request::SgDel { .. }
+        | Request::SgRuleAdd { .. }
+        | Request::SgRuleDel { .. }
+        | Request::SgAddresses { .. }) => daemon.change(change),
+        // The firewall's connections and groups, read; a flush is runtime state.
+        fw @ (Request::CtList { .. }
+        | Request::CtFlush { .. }
+        | Request::CtStats
+        | Request::SgList { .. }) => crate::firewall_cli::execute(fw, daemon),
         Request::BondShow { name } => match sw.bonds(name.as_deref()) {
             Ok(bonds) => Response::Bonds { bonds },
             Err(e) => Response::Error {

@@ -26,6 +26,7 @@ pub mod control;
 pub mod daemon;
 pub mod evpn;
 pub mod export;
+pub mod firewall_cli;
 pub mod http;
 pub mod metrics;
 pub mod placement_cli;

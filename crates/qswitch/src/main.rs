@@ -54,6 +54,12 @@ enum Command {
     /// Show, add and remove ports.
     #[command(subcommand)]
     Port(cli::PortCmd),
+    /// The firewall's tracked connections: list, flush, stats.
+    #[command(subcommand)]
+    Ct(qswitch::firewall_cli::CtCmd),
+    /// Security groups: list, show, add, del, rules, address sets.
+    #[command(subcommand)]
+    Sg(qswitch::firewall_cli::SgCmd),
     /// Show the MAC learning table.
     Fdb {
         #[arg(long)]
@@ -146,6 +152,8 @@ fn main() -> ExitCode {
             demo::run(seconds, streams)
         }
         Command::Port(cmd) => cli::port(&control, cmd),
+        Command::Ct(cmd) => qswitch::firewall_cli::run_ct(&control, cmd),
+        Command::Sg(cmd) => qswitch::firewall_cli::run_sg(&control, cmd),
         Command::Fdb { json } => cli::fdb(&control, json),
         Command::Lldp { port, json } => cli::lldp(&control, port, json),
         Command::Qos(cmd) => cli::qos(&control, cmd),

@@ -5,7 +5,9 @@
 //! their live version) and the merge validated as a whole; any error there changes nothing.
 //! Then, in this order: removed ports go, changed ports are removed and added again (a port
 //! whose only change is its QoS gets a `qos set` instead and keeps running), new ports are
-//! added, and the placement mode is set. Untouched ports are not touched at all: a change
+//! added, and the placement mode is set. Security groups changed in the file are put in
+//! force around the port changes (new and changed ones before, removed ones after), and
+//! end the connections their new rules no longer allow. Untouched ports are not touched at all: a change
 //! publishes a new port table, and workers keep switching between the other ports across it.
 //! `[switch]` keys other than `placement` take effect at the next restart.
 //!
@@ -29,12 +31,12 @@ pub fn reload(p: &mut Persist, sw: &Switch) -> anyhow::Result<Vec<String>> {
     let online = qswitch_sys::thread::online_cpus().context("cannot read the online CPUs")?;
     file.validate(&online)
         .map_err(|e| anyhow!("{e}; nothing changed"))?;
-    // The groups and `[firewall]` are the switch's since it started: reload does not change
-    // them (docs/firewall.md); never accept a file whose rules would not be in force.
-    if (file.firewall, &file.security_groups) != (p.base().firewall, &p.base().security_groups) {
+    // `[firewall]` sized the connection table at start: reload does not change it
+    // (docs/firewall.md); never accept a file whose limits would not be in force. Groups
+    // changed in the file are applied (below).
+    if file.firewall != p.base().firewall {
         anyhow::bail!(
-            "[firewall] or [[security_group]] changed: reload does not apply them (restart \
-             qswitch); nothing changed"
+            "[firewall] changed: reload does not apply it (restart qswitch); nothing changed"
         );
     }
     let live = p.live(sw);
@@ -108,6 +110,20 @@ fn apply(
             }
         }
     }
+    // Security groups: first the new ones with the old ones kept, so that every port, old
+    // or new, names groups that exist while the ports change; the old ones go at the end.
+    let (old_groups, new_groups) = (&live.config.security_groups, &target.config.security_groups);
+    let groups_change = old_groups != new_groups;
+    if groups_change {
+        let mut both = new_groups.clone();
+        both.extend(
+            (old_groups.iter())
+                .filter(|g| !new_groups.iter().any(|n| n.name == g.name))
+                .cloned(),
+        );
+        // Recorded by the caller once the reload is done.
+        sw.set_security_groups_recorded(both, &mut |_| Ok(()))?;
+    }
     // Removed and changed ports.
     for old in &live.config.ports {
         let name = old.name.as_str();
@@ -148,6 +164,21 @@ fn apply(
                 Some(_) => format!("mirror {}: changed", m.name),
                 None => format!("mirror {}: added", m.name),
             });
+        }
+    }
+    if groups_change {
+        sw.set_security_groups_recorded(new_groups.clone(), &mut |_| Ok(()))?;
+        for g in old_groups {
+            match new_groups.iter().find(|n| n.name == g.name) {
+                Some(n) if n == g => {}
+                Some(_) => changes.push(format!("security group {}: changed", g.name)),
+                None => changes.push(format!("security group {}: removed", g.name)),
+            }
+        }
+        for n in new_groups {
+            if !old_groups.iter().any(|g| g.name == n.name) {
+                changes.push(format!("security group {}: added", n.name));
+            }
         }
     }
     let mode = target.config.switch.placement;

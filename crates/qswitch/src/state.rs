@@ -44,7 +44,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use qswitch_api::config::{PortConfig, SwitchConfig};
+use qswitch_api::config::{PortConfig, SecurityGroupConfig, SwitchConfig};
 use qswitch_api::{Config, Request, Response};
 use qswitch_dp::Switch;
 use serde::{Deserialize, Serialize};
@@ -96,6 +96,8 @@ pub struct Persist {
     base_text: String,
     /// The `[switch]` table as it runs (the file's, with the live placement mode).
     switch: SwitchConfig,
+    /// The security groups as recorded (the switch's, [`Switch::security_groups`]).
+    groups: Vec<SecurityGroupConfig>,
     pins: Pins,
     generation: u64,
     /// The ports as the state file holds them, each with its `"\n" + [[port]] TOML`
@@ -234,6 +236,7 @@ impl Persist {
             base: file.clone(),
             base_text: text.to_string(),
             switch: file.switch.clone(),
+            groups: file.security_groups.clone(),
             pins: Pins::new(),
             generation: 0,
             rendered: Vec::new(),
@@ -332,6 +335,7 @@ impl Persist {
             }
         ));
         persist.switch = merged.config.switch.clone();
+        persist.groups = merged.config.security_groups.clone();
         persist.pins = merged.pins.clone();
         persist.mirrors = merged.config.mirrors.clone();
         persist.generation = state.generation;
@@ -349,9 +353,9 @@ impl Persist {
             config: Config {
                 switch: self.switch.clone(),
                 ports: sw.port_configs(),
-                // The firewall's tables have no live changes yet: the file's.
+                // `[firewall]` has no live changes: the file's.
                 firewall: self.base.firewall,
-                security_groups: self.base.security_groups.clone(),
+                security_groups: sw.security_groups(),
                 mirrors: sw.mirror_configs(),
             },
             pins: self.pins.clone(),
@@ -412,6 +416,8 @@ impl Persist {
         let config = Config {
             switch: switch.clone(),
             mirrors: self.mirrors.clone(),
+            firewall: self.base.firewall,
+            security_groups: self.groups.clone(),
             ..Config::default()
         };
         let switch = escape(&config.switch_toml().context("cannot write TOML")?)?;
@@ -505,8 +511,10 @@ impl Persist {
         base: Option<(Config, String)>,
     ) -> anyhow::Result<()> {
         let mirrors = std::mem::replace(&mut self.mirrors, sw.mirror_configs());
+        let groups = std::mem::replace(&mut self.groups, sw.security_groups());
         if let Err(e) = self.write(&sw.port_configs(), &switch, &pins, base) {
             self.mirrors = mirrors;
+            self.groups = groups;
             return Err(e);
         }
         self.switch = switch;
@@ -592,10 +600,39 @@ impl Persist {
                 let changes = crate::reload::reload(self, sw)?;
                 return Ok(Response::Reloaded { changes });
             }
+            Request::SgAdd { .. }
+            | Request::SgDel { .. }
+            | Request::SgRuleAdd { .. }
+            | Request::SgRuleDel { .. }
+            | Request::SgAddresses { .. } => {
+                let groups = group_change(sw.security_groups(), &sw.port_configs(), req)?;
+                self.set_groups(sw, groups, &switch, &pins)?;
+            }
             other => bail!("not a change: {other:?}"),
         }
         self.pins = pins;
         Ok(Response::Ok)
+    }
+
+    /// Puts `groups` in force, recorded first with the ports as they run, `switch` and
+    /// `pins` (see [`Switch::set_security_groups_recorded`]).
+    pub fn set_groups(
+        &mut self,
+        sw: &Switch,
+        groups: Vec<SecurityGroupConfig>,
+        switch: &SwitchConfig,
+        pins: &Pins,
+    ) -> anyhow::Result<()> {
+        // Read before: the record runs under the switch's control lock.
+        let ports = sw.port_configs();
+        sw.set_security_groups_recorded(groups, &mut |g| {
+            let old = std::mem::replace(&mut self.groups, g.to_vec());
+            self.write(&ports, switch, pins, None).map_err(|e| {
+                self.groups = old;
+                crate::chain(&e)
+            })
+        })?;
+        Ok(())
     }
 
     /// A [`qswitch_dp::Record`] that writes the state file with the ports it is given, and
@@ -620,6 +657,64 @@ impl Persist {
     pub fn base(&self) -> &Config {
         &self.base
     }
+}
+
+/// The security groups after an `sg` change request, or why it makes no sense (one line).
+/// The whole (groups and `ports`) is checked again by the switch.
+pub fn group_change(
+    mut groups: Vec<SecurityGroupConfig>,
+    ports: &[PortConfig],
+    req: Request,
+) -> anyhow::Result<Vec<SecurityGroupConfig>> {
+    fn find<'a>(
+        groups: &'a mut [SecurityGroupConfig],
+        name: &str,
+    ) -> anyhow::Result<&'a mut SecurityGroupConfig> {
+        groups
+            .iter_mut()
+            .find(|g| g.name == name)
+            .ok_or_else(|| anyhow::anyhow!("security group '{name}' does not exist"))
+    }
+    match req {
+        Request::SgAdd { group } => {
+            if groups.iter().any(|g| g.name == group.name) {
+                bail!("security group '{}' already exists", group.name);
+            }
+            groups.push(group);
+        }
+        Request::SgDel { name } => {
+            find(&mut groups, &name)?;
+            if let Some(p) = ports.iter().find(|p| p.security_groups.contains(&name)) {
+                bail!("security group '{name}' is used by port '{}'", p.name);
+            }
+            for g in groups.iter().filter(|g| g.name != name) {
+                let remote = |r: &qswitch_api::config::GroupRule| matches!(&r.remote, Some(qswitch_api::config::RuleRemote::Group(n)) if *n == name);
+                if let Some(i) = g.rules.iter().position(remote) {
+                    bail!(
+                        "security group '{name}' is named by rule {i} of group '{}' (remote_group)",
+                        g.name
+                    );
+                }
+            }
+            groups.retain(|g| g.name != name);
+        }
+        Request::SgRuleAdd { group, rule } => find(&mut groups, &group)?.rules.push(rule),
+        Request::SgRuleDel { group, index } => {
+            let g = find(&mut groups, &group)?;
+            if index >= g.rules.len() {
+                bail!(
+                    "security group '{group}' has no rule {index} (it has {})",
+                    g.rules.len()
+                );
+            }
+            g.rules.remove(index);
+        }
+        Request::SgAddresses { group, addresses } => {
+            find(&mut groups, &group)?.addresses = addresses;
+        }
+        other => bail!("not a security-group change: {other:?}"),
+    }
+    Ok(groups)
 }
 
 /// An update that sets exactly `s`.
@@ -665,12 +760,30 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
     if file.switch.sflow == base.switch.sflow {
         switch.sflow = live.config.switch.sflow;
     }
+    // Groups as ports: unchanged in the file keeps the live version (or its live absence),
+    // changed takes the file's.
+    let group = |c: &Config, name: &str| c.security_groups.iter().find(|g| g.name == name).cloned();
+    let mut security_groups = Vec::new();
+    for g in &live.config.security_groups {
+        let (b, f) = (group(base, &g.name), group(file, &g.name));
+        if b == f {
+            security_groups.push(g.clone());
+        } else if let Some(f) = f {
+            security_groups.push(f);
+        }
+    }
+    for f in &file.security_groups {
+        let new = !security_groups.iter().any(|g| g.name == f.name);
+        if new && group(base, &f.name).as_ref() != Some(f) {
+            security_groups.push(f.clone());
+        }
+    }
     let config = Config {
         switch,
         ports,
-        // The firewall's tables have no live changes yet: the file's.
+        // `[firewall]` has no live changes: the file's.
         firewall: file.firewall,
-        security_groups: file.security_groups.clone(),
+        security_groups,
         // Mirror sessions: the live ones while the file's stay as they were, else the file's.
         mirrors: if file.mirrors == base.mirrors {
             live.config.mirrors.clone()
@@ -738,6 +851,83 @@ mod tests {
 
     fn names(l: &Live) -> Vec<&str> {
         l.config.ports.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn groups_merge_by_name_and_changes_are_checked() {
+        let g = |name: &str, rules: &str| {
+            format!("[[security_group]]\nname = \"{name}\"\nrules = [{rules}]\n")
+        };
+        let e = r#"{ direction = "egress" }"#;
+        let i = r#"{ direction = "ingress" }"#;
+        let base = cfg(&format!("{}{}{A}", g("x", e), g("y", e)));
+        // Live: x got a rule, y removed, z added.
+        let mut live = Live {
+            config: base.clone(),
+            pins: Pins::new(),
+        };
+        live.config.security_groups =
+            cfg(&format!("{}{}", g("x", &format!("{e},{i}")), g("z", e))).security_groups;
+        // The file left x and y alone: the live versions stay.
+        let m = merge(&base, &live, &base);
+        let names: Vec<&str> = m
+            .config
+            .security_groups
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(names, ["x", "z"]);
+        assert_eq!(m.config.security_groups[0].rules.len(), 2);
+        // The file changed x and added w: its versions win for them.
+        let file = cfg(&format!("{}{}{}{A}", g("x", i), g("y", e), g("w", e)));
+        let m = merge(&base, &live, &file);
+        let names: Vec<&str> = m
+            .config
+            .security_groups
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(names, ["x", "z", "w"]);
+        assert_eq!(m.config.security_groups[0], file.security_groups[0]);
+
+        // Changes, and the one-line refusals.
+        let mut ports = base.ports.clone();
+        ports[0].security_groups = vec!["x".into()];
+        let groups = base.security_groups.clone();
+        let change =
+            |req: Request| group_change(groups.clone(), &ports, req).map_err(|e| e.to_string());
+        let rule: qswitch_api::config::GroupRule =
+            serde_json::from_str(r#"{"direction":"ingress","remote_group":"y"}"#).unwrap();
+        let after = change(Request::SgRuleAdd {
+            group: "x".into(),
+            rule: rule.clone(),
+        })
+        .unwrap();
+        assert_eq!(after[0].rules.len(), 2);
+        let e = |r| change(r).unwrap_err();
+        assert!(e(Request::SgDel { name: "x".into() }).contains("used by port 'a'"));
+        assert!(e(Request::SgRuleDel {
+            group: "y".into(),
+            index: 1
+        })
+        .contains("has no rule 1"));
+        assert!(e(Request::SgRuleAdd {
+            group: "q".into(),
+            rule
+        })
+        .contains("'q' does not exist"));
+        let dup = base.security_groups[1].clone();
+        assert!(e(Request::SgAdd { group: dup }).contains("already exists"));
+        let after = change(Request::SgAddresses {
+            group: "y".into(),
+            addresses: vec!["10.0.0.7".parse().unwrap()],
+        })
+        .unwrap();
+        assert_eq!(after[1].addresses.len(), 1);
+        assert_eq!(
+            change(Request::SgDel { name: "y".into() }).unwrap().len(),
+            1
+        );
     }
 
     #[test]

@@ -30,6 +30,25 @@ use qswitch_wire::flow::IpPair;
 
 const NIL: u32 = u32::MAX;
 
+/// The zone of an entry slot that holds no connection (on the free list, or never used):
+/// a slot scan ([`CtTable::visit`]) tells live entries by it.
+const FREE: u32 = u32::MAX;
+
+/// Entry slots a slot scan looks at per lock hold: the longest a worker can wait on a
+/// control-plane scan is one such chunk (a few microseconds), whatever the table's size.
+pub const SCAN_CHUNK: usize = 256;
+
+/// What [`CtTable::visit`]'s callback wants done with an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// Leave it (its changes through `&mut` kept).
+    Keep,
+    /// Remove it.
+    Remove,
+    /// Leave it and stop the scan.
+    Stop,
+}
+
 /// Default number of shards (a power of two).
 pub const DEFAULT_SHARDS: usize = 256;
 
@@ -127,7 +146,7 @@ impl Entry {
 }
 
 const EMPTY: Entry = Entry {
-    zone: 0,
+    zone: FREE,
     key: CtKey {
         ips: IpPair::V4 {
             src: [0; 4],
@@ -477,6 +496,87 @@ impl CtTable {
     }
 }
 
+impl CtTable {
+    /// Visits every live entry, shard by shard and [`SCAN_CHUNK`] slots per lock hold, and
+    /// lets `f` keep (and change), remove, or stop. Expired entries are removed on the way
+    /// without being shown. Returns how many entries went.
+    ///
+    /// This is the control plane's way through the table (listing, flushing a port,
+    /// revalidating connections after a rule change): a worker that needs a shard waits at
+    /// most one chunk's work, and the scan stops as soon as `f` has what it wants. Entries
+    /// added, removed or moved while the scan runs may be seen or missed: a listing is a
+    /// view of a table that changes under it, as `conntrack -L` is.
+    pub fn visit(&self, now: u64, mut f: impl FnMut(&mut Entry) -> Visit) -> u32 {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let slots = shard.0.lock().entries.len();
+            let mut start = 0;
+            while start < slots {
+                let end = (start + SCAN_CHUNK).min(slots);
+                let mut s = shard.0.lock();
+                let mut stop = false;
+                for i in start..end {
+                    let e = &mut s.entries[i];
+                    if e.zone == FREE {
+                        continue;
+                    }
+                    let action = if e.expires <= now {
+                        Visit::Remove
+                    } else {
+                        f(e)
+                    };
+                    match action {
+                        Visit::Keep => {}
+                        Visit::Stop => {
+                            stop = true;
+                            break;
+                        }
+                        Visit::Remove => {
+                            let (zone, key) = (e.zone, e.key);
+                            let (_, bucket) = self.locate(self.hash(zone, &key));
+                            if s.unlink_slot(bucket, i as u32) {
+                                self.gone(zone, 1);
+                                removed += 1;
+                            }
+                        }
+                    }
+                }
+                drop(s);
+                if stop {
+                    return removed;
+                }
+                start = end;
+            }
+        }
+        removed
+    }
+
+    /// Up to `limit` live entries of `zone` (of every zone: `None`), copied out with
+    /// [`CtTable::visit`]. Stops early once it has them, or when the zone has no more
+    /// connections than it found, so a short listing of a large table costs little.
+    pub fn list(&self, now: u64, zone: Option<u32>, limit: usize) -> Vec<Entry> {
+        let total = match zone {
+            Some(z) => self.zone_len(z),
+            None => self.len(),
+        } as usize;
+        let want = limit.min(total);
+        let mut out = Vec::with_capacity(want);
+        if want == 0 {
+            return out;
+        }
+        self.visit(now, |e| {
+            if zone.is_none_or(|z| e.zone == z) {
+                out.push(*e);
+                if out.len() >= want {
+                    return Visit::Stop;
+                }
+            }
+            Visit::Keep
+        });
+        out
+    }
+}
+
 impl Shard {
     fn unlink(&mut self, bucket: usize, prev: u32, i: u32) {
         let next = self.entries[i as usize].next;
@@ -486,8 +586,25 @@ impl Shard {
             self.entries[prev as usize].next = next;
         }
         self.entries[i as usize].next = self.free;
+        self.entries[i as usize].zone = FREE;
         self.free = i;
         self.used -= 1;
+    }
+
+    /// Unlinks the live entry in slot `i`, which hashes to `bucket`; false if it is not in
+    /// that bucket's chain (it always is).
+    fn unlink_slot(&mut self, bucket: usize, i: u32) -> bool {
+        let mut prev = NIL;
+        let mut j = self.buckets[bucket];
+        while j != NIL {
+            if j == i {
+                self.unlink(bucket, prev, i);
+                return true;
+            }
+            prev = j;
+            j = self.entries[j as usize].next;
+        }
+        false
     }
 
     fn sweep(&mut self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>, t: &CtTable) -> u32 {

@@ -19,6 +19,7 @@
 //! clock. Not wired into the pipeline yet: see docs/firewall.md for what remains.
 
 pub mod conntrack;
+pub mod control;
 pub mod rules;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -249,7 +250,11 @@ impl Firewall {
     /// Puts `rules` in force (indexed by zone); the ports it gives rules to are filtered
     /// from the workers' next burst on. Zones beyond the firewall's are ignored. The first
     /// rule set that filters a port allocates the connection table.
-    pub fn set_rules(&self, rules: RuleSet) {
+    ///
+    /// Connections the new rules no longer allow are ended ([`control`]'s revalidation,
+    /// as Neutron does); returns how many. Callers serialize changes (the switch's
+    /// control lock).
+    pub fn set_rules(&self, rules: RuleSet) -> u32 {
         let any = rules.ports.iter().any(Option::is_some);
         if any {
             self.table();
@@ -257,9 +262,14 @@ impl Firewall {
         let filtered: Vec<bool> = (0..self.filtered.len())
             .map(|z| rules.ports.get(z).is_some_and(Option::is_some))
             .collect();
-        self.rules.store(std::sync::Arc::new(rules));
+        let new = std::sync::Arc::new(rules);
+        let old = self.rules.swap(new.clone());
         for (flag, on) in self.filtered.iter().zip(filtered) {
             flag.store(on, Ordering::Release);
+        }
+        match self.table.get() {
+            Some(table) if *old != *new => control::revalidate(table, &old, &new),
+            _ => 0,
         }
     }
 
@@ -317,8 +327,18 @@ impl Firewall {
         )
     }
 
+    /// Expired entries and those `remove` says to go, by [`CtTable::visit`]: a worker waits
+    /// at most one chunk of slots, however big the table.
     fn sweep(&self, now: u64, remove: Option<&dyn Fn(&Entry) -> bool>) -> u32 {
-        self.table.get().map_or(0, |t| t.sweep(now, remove))
+        self.table.get().map_or(0, |t| {
+            t.visit(now, |e| {
+                if remove.is_some_and(|r| r(e)) {
+                    conntrack::Visit::Remove
+                } else {
+                    conntrack::Visit::Keep
+                }
+            })
+        })
     }
 
     /// Connections of `zone` tracked now.

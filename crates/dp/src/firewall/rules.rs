@@ -138,6 +138,7 @@ impl RuleSet {
         let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
         let find = |name: &str| groups.iter().position(|g| g.name == name);
         // The addresses of the members of a group: the `security.ips` of its ports.
+        // ... and the addresses set for its members on other hosts.
         let members = |name: &str| -> Vec<IpPrefix> {
             ports
                 .iter()
@@ -145,6 +146,12 @@ impl RuleSet {
                 .filter(|p| p.security_groups.iter().any(|g| g == name))
                 .filter_map(|p| p.security.as_ref())
                 .flat_map(|s| s.ips.iter().copied())
+                .chain(
+                    groups
+                        .iter()
+                        .filter(|g| g.name == name)
+                        .flat_map(|g| g.addresses.iter().copied()),
+                )
                 .collect()
         };
         let ports = ports

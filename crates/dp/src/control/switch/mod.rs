@@ -41,6 +41,8 @@
 
 pub(crate) mod drivers;
 mod export;
+mod firewall;
+pub use firewall::RecordGroups;
 mod inspect;
 mod lldp;
 mod mirror;

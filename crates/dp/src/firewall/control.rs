@@ -1,0 +1,473 @@
+//! The firewall's control side: listing and flushing connections, statistics, and new
+//! rules with the connections they no longer allow ended (docs/firewall.md).
+//!
+//! Nothing here holds a shard's lock for more than [`super::conntrack::SCAN_CHUNK`] entry slots
+//! ([`CtTable::visit`]), and statistics read counters only, so the control plane answers
+//! in bounded time whatever the table holds and never stalls a worker for longer than one
+//! chunk's work (`tests::control_calls_with_a_million_sessions` measures it).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use qswitch_api::config::RuleDirection;
+use qswitch_wire::ct::{CtPacket, Fragment, TcpInfo, L4};
+use qswitch_wire::tcp::FLAG_SYN;
+
+use super::conntrack::{Entry, RuleRef, Visit};
+use super::{CtTable, Firewall, RuleSet};
+
+/// One zone's (port's) connection-tracking counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZoneStats {
+    pub zone: u32,
+    /// Connections tracked now.
+    pub sessions: u32,
+    /// The port's `max_sessions`, if it has one.
+    pub max_sessions: Option<u32>,
+    /// Connections opened since start.
+    pub new: u64,
+    pub ct_invalid: u64,
+    pub ct_limit: u64,
+    pub ct_fragment: u64,
+}
+
+/// The table as a whole and the filtered zones, read from counters only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CtStats {
+    /// Connections tracked now, switch-wide.
+    pub sessions: u32,
+    /// The switch-wide limit.
+    pub max_sessions: u32,
+    /// Entries allocated (the limit plus the shards' slack).
+    pub capacity: usize,
+    /// Bytes the table holds, all allocated at start.
+    pub memory_bytes: usize,
+    /// Zones filtered now, and zones that still have connections or counts.
+    pub zones: Vec<ZoneStats>,
+}
+
+impl Firewall {
+    /// Up to `limit` connections of `zone` (of every zone: `None`).
+    pub fn list(&self, zone: Option<u32>, limit: usize, now: u64) -> Vec<Entry> {
+        self.table
+            .get()
+            .map_or_else(Vec::new, |t| t.list(now, zone, limit))
+    }
+
+    /// Connections tracked now, switch-wide.
+    pub fn table_len(&self) -> u32 {
+        self.table.get().map_or(0, CtTable::len)
+    }
+
+    /// Counters of the table and of each zone that is filtered or has anything to show.
+    pub fn stats(&self) -> CtStats {
+        let rules = self.rules.load();
+        let zones = self
+            .zones
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let zone = u32::try_from(i).ok()?;
+                let port = rules.ports.get(i).and_then(Option::as_ref);
+                let z = ZoneStats {
+                    zone,
+                    sessions: self.sessions(zone),
+                    max_sessions: port.and_then(|p| p.max_sessions),
+                    new: c.new.load(Ordering::Relaxed),
+                    ct_invalid: c.ct_invalid.load(Ordering::Relaxed),
+                    ct_limit: c.ct_limit.load(Ordering::Relaxed),
+                    ct_fragment: c.ct_fragment.load(Ordering::Relaxed),
+                };
+                let shown = port.is_some()
+                    || z.sessions > 0
+                    || z.new + z.ct_invalid + z.ct_limit + z.ct_fragment > 0;
+                shown.then_some(z)
+            })
+            .collect();
+        let table = self.table.get();
+        CtStats {
+            sessions: table.map_or(0, CtTable::len),
+            max_sessions: self.max_sessions,
+            capacity: table.map_or(0, CtTable::capacity),
+            memory_bytes: table.map_or(0, CtTable::memory_bytes),
+            zones,
+        }
+    }
+
+    /// Zeroes a zone's counters (a port removed, its slot to be reused).
+    pub fn reset_zone(&self, zone: u32) {
+        if let Some(c) = self.zones.get(zone as usize) {
+            c.new.store(0, Ordering::Relaxed);
+            c.ct_invalid.store(0, Ordering::Relaxed);
+            c.ct_limit.store(0, Ordering::Relaxed);
+            c.ct_fragment.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The direction each rule of `rules` allows in.
+fn directions(rules: &RuleSet) -> HashMap<RuleRef, RuleDirection> {
+    let mut out = HashMap::new();
+    for p in rules.ports.iter().flatten() {
+        for r in &p.ingress {
+            out.insert(r.id, RuleDirection::Ingress);
+        }
+        for r in &p.egress {
+            out.insert(r.id, RuleDirection::Egress);
+        }
+    }
+    out
+}
+
+/// The first packet of a connection, as the rules see it: its key, and the upper layer a
+/// packet that opens such a connection has.
+fn opening_packet(e: &Entry) -> CtPacket {
+    let l4 = match e.key.proto {
+        6 => L4::Tcp(TcpInfo {
+            flags: FLAG_SYN,
+            seq: 0,
+            ack: 0,
+            window: 0,
+            payload_len: 0,
+            wscale: None,
+        }),
+        17 => L4::Udp,
+        qswitch_wire::ct::PROTO_SCTP => L4::Sctp,
+        1 | 58 => L4::Echo {
+            id: e.key.src,
+            request: true,
+        },
+        _ => L4::Other,
+    };
+    CtPacket {
+        key: e.key,
+        l4,
+        fragment: Fragment::No,
+        vlan: None,
+    }
+}
+
+/// Judges every connection again by `new`, which replaced `old` ([`Firewall::set_rules`]):
+/// each tracked connection's first packet is judged again by the new rules of its zone in
+/// the direction it was opened; a connection no stateful rule allows any more (its rule
+/// removed, its remote address out of a `remote_group`, its port's groups gone) is
+/// removed, the others take the rule that now allows them, as Neutron does. A rule added
+/// needs nothing: the workers' next new connection sees it. Returns how many connections
+/// were ended.
+///
+/// The swap is atomic; this then walks the table chunk by chunk ([`CtTable::visit`]).
+/// A worker that loaded the old rules just before the swap may still open a connection by
+/// them in the instant after it, behind this scan: the window is one packet's check.
+pub(super) fn revalidate(table: &CtTable, old: &RuleSet, new: &RuleSet) -> u32 {
+    // Only the zones whose rules changed (adding a port without groups changes none):
+    // when none did, the table is not walked at all.
+    fn rules_of(r: &RuleSet, z: usize) -> Option<&super::PortRules> {
+        r.ports.get(z).and_then(Option::as_ref)
+    }
+    let changed: Vec<bool> = (0..old.ports.len().max(new.ports.len()))
+        .map(|z| rules_of(old, z) != rules_of(new, z))
+        .collect();
+    if !changed.contains(&true) {
+        return 0;
+    }
+    let dirs = directions(old);
+    // Time 0: nothing counts as expired here; expiry has its own sweep.
+    table.visit(0, |e| {
+        if !changed.get(e.zone as usize).copied().unwrap_or(false) {
+            return Visit::Keep;
+        }
+        let Some(port) = new.ports.get(e.zone as usize).and_then(Option::as_ref) else {
+            return Visit::Remove;
+        };
+        let p = opening_packet(e);
+        // The direction it was opened in; both if its rule is unknown (it always is known).
+        let tried: &[RuleDirection] = match dirs.get(&e.rule) {
+            Some(RuleDirection::Ingress) => &[RuleDirection::Ingress],
+            Some(RuleDirection::Egress) => &[RuleDirection::Egress],
+            None => &[RuleDirection::Ingress, RuleDirection::Egress],
+        };
+        let allowed = tried
+            .iter()
+            .find_map(|&d| port.first_match(d, &p).filter(|r| !r.stateless));
+        match allowed {
+            Some(rule) => {
+                e.rule = rule.id;
+                Visit::Keep
+            }
+            None => Visit::Remove,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use qswitch_api::config::Config;
+    use qswitch_api::config::RuleDirection::{Egress, Ingress};
+    use qswitch_wire::ct::CtKey;
+    use qswitch_wire::flow::IpPair;
+
+    use super::*;
+    use crate::firewall::CtState;
+
+    const S: u64 = 1_000_000_000;
+    const VM: [u8; 4] = [10, 0, 0, 5];
+    const PEER: [u8; 4] = [10, 0, 0, 6];
+    const OUT: [u8; 4] = [192, 0, 2, 9];
+
+    /// Ports `vm` (zone 0, group g, 10.0.0.5), `peer` (zone 1, group `peer_groups`,
+    /// 10.0.0.6) and the groups of `groups` (TOML).
+    fn config(groups: &str, peer_groups: &str) -> Config {
+        Config::from_toml(&format!(
+            r#"
+{groups}
+[[port]]
+name = "vm"
+type = "gen"
+security = {{ ips = ["10.0.0.5"] }}
+security_groups = ["g"]
+[[port]]
+name = "peer"
+type = "gen"
+security = {{ ips = ["10.0.0.6"] }}
+security_groups = [{peer_groups}]
+"#
+        ))
+        .unwrap()
+    }
+
+    fn frame(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
+        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0];
+        f.extend_from_slice(&u16::try_from(20 + l4.len()).unwrap().to_be_bytes());
+        f.extend_from_slice(&[0, 1, 0, 0, 64, proto, 0, 0]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(l4);
+        f
+    }
+
+    fn udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+        let mut h = [0u8; 12];
+        h[0..2].copy_from_slice(&sport.to_be_bytes());
+        h[2..4].copy_from_slice(&dport.to_be_bytes());
+        h[4..6].copy_from_slice(&12u16.to_be_bytes());
+        frame(src, dst, 17, &h)
+    }
+
+    fn syn(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+        let mut h = [0u8; 20];
+        h[0..2].copy_from_slice(&sport.to_be_bytes());
+        h[2..4].copy_from_slice(&dport.to_be_bytes());
+        h[12] = 5 << 4;
+        h[13] = FLAG_SYN;
+        h[14..16].copy_from_slice(&1000u16.to_be_bytes());
+        frame(src, dst, 6, &h)
+    }
+
+    #[test]
+    fn list_flush_and_stats_by_port() {
+        let groups = r#"[[security_group]]
+name = "g"
+rules = [{ direction = "egress" }]"#;
+        let fw = Firewall::from_config(&config(groups, "\"g\"")).unwrap();
+        for p in 0..30 {
+            assert!(fw
+                .check(0, Egress, &udp(VM, OUT, 1000 + p, 53), S)
+                .allowed());
+        }
+        for p in 0..5 {
+            assert!(fw
+                .check(1, Egress, &udp(PEER, OUT, 1000 + p, 53), S)
+                .allowed());
+        }
+        assert_eq!(fw.list(None, 1000, S).len(), 35);
+        assert_eq!(fw.list(None, 10, S).len(), 10);
+        let peer = fw.list(Some(1), 1000, S);
+        assert_eq!(peer.len(), 5);
+        assert!(peer
+            .iter()
+            .all(|e| e.zone == 1 && e.state == CtState::Unreplied));
+        assert!(fw.list(Some(7), 10, S).is_empty());
+        assert_eq!(fw.list(Some(0), 0, S).len(), 0);
+
+        let st = fw.stats();
+        assert_eq!(
+            (st.sessions, st.max_sessions),
+            (35, crate::firewall::DEFAULT_MAX_SESSIONS)
+        );
+        assert!(st.capacity >= st.max_sessions as usize && st.memory_bytes > 0);
+        let zones: Vec<(u32, u32, u64)> = st
+            .zones
+            .iter()
+            .map(|z| (z.zone, z.sessions, z.new))
+            .collect();
+        assert_eq!(zones, [(0, 30, 30), (1, 5, 5)]);
+
+        // Flushing one port leaves the other's.
+        assert_eq!(fw.flush(Some(1), S), 5);
+        assert_eq!(fw.list(Some(1), 10, S).len(), 0);
+        assert_eq!(fw.sessions(0), 30);
+        // Expired entries are neither listed nor counted once a scan has passed.
+        assert!(fw.list(None, 1000, 100 * S).is_empty());
+        assert_eq!(fw.table().len(), 0);
+        fw.reset_zone(0);
+        assert_eq!(fw.stats().zones[0].new, 0);
+    }
+
+    #[test]
+    fn a_removed_rule_ends_its_connections_an_added_one_applies_at_once() {
+        let both = r#"[[security_group]]
+name = "g"
+rules = [
+  { direction = "ingress", protocol = "tcp", ports = 22 },
+  { direction = "ingress", protocol = "tcp", ports = 80 },
+  { direction = "egress" },
+]"#;
+        let c = config(both, "");
+        let fw = Firewall::from_config(&c).unwrap();
+        assert!(fw.check(0, Ingress, &syn(OUT, VM, 5000, 22), S).allowed());
+        assert!(fw.check(0, Ingress, &syn(OUT, VM, 5001, 80), S).allowed());
+        assert!(fw.check(0, Egress, &udp(VM, OUT, 7, 53), S).allowed());
+        assert!(!fw.check(0, Ingress, &syn(OUT, VM, 5002, 443), S).allowed());
+        // Rule 0 (port 22) removed: its connection ends, port 80's stays under its new
+        // index, the egress one stays.
+        let only80 = both
+            .replace(
+                r#"  { direction = "ingress", protocol = "tcp", ports = 22 },"#,
+                "",
+            )
+            .replace(
+                "ports = 80 }",
+                "ports = 80 },\n  { direction = \"ingress\", protocol = \"tcp\", ports = 443 }",
+            );
+        let ended = fw.set_rules(RuleSet::compile(&config(&only80, "")));
+        assert_eq!(ended, 1);
+        let left: Vec<(u16, RuleRef)> = fw
+            .list(Some(0), 10, S)
+            .iter()
+            .map(|e| (e.key.dst, e.rule))
+            .collect();
+        assert_eq!(left.len(), 2);
+        assert!(left.contains(&(80, RuleRef { group: 0, index: 0 })));
+        assert!(left.contains(&(53, RuleRef { group: 0, index: 2 })));
+        // The removed rule's port is closed, even to a retransmitted SYN; the added one opens.
+        assert!(!fw.check(0, Ingress, &syn(OUT, VM, 5000, 22), S).allowed());
+        assert!(fw.check(0, Ingress, &syn(OUT, VM, 5002, 443), S).allowed());
+        // The same rules again end nothing.
+        assert_eq!(fw.set_rules(RuleSet::compile(&config(&only80, ""))), 0);
+        // The port's groups gone: everything of it ends.
+        let mut c = config(&only80, "");
+        c.ports[0].security_groups.clear();
+        assert_eq!(fw.set_rules(RuleSet::compile(&c)), 3);
+        assert!(fw.table().is_empty());
+    }
+
+    #[test]
+    fn remote_group_members_and_address_sets_apply_at_once() {
+        let groups = r#"[[security_group]]
+name = "g"
+rules = [{ direction = "ingress", protocol = "udp", remote_group = "web" }]
+[[security_group]]
+name = "web"
+rules = [{ direction = "egress" }]"#;
+        // peer is not in web yet: denied.
+        let fw = Firewall::from_config(&config(groups, "")).unwrap();
+        assert!(!fw.check(0, Ingress, &udp(PEER, VM, 9, 9), S).allowed());
+        // peer joins web: reachable at once.
+        fw.set_rules(RuleSet::compile(&config(groups, "\"web\"")));
+        assert!(fw.check(0, Ingress, &udp(PEER, VM, 9, 9), S).allowed());
+        // A member on another host, by its address set.
+        assert!(!fw.check(0, Ingress, &udp(OUT, VM, 9, 9), S).allowed());
+        let mut c = config(groups, "\"web\"");
+        c.security_groups[1].addresses = vec!["192.0.2.0/28".parse().unwrap()];
+        fw.set_rules(RuleSet::compile(&c));
+        assert!(fw.check(0, Ingress, &udp(OUT, VM, 9, 9), S).allowed());
+        assert_eq!(fw.sessions(0), 2);
+        // peer leaves web and the address set empties: both connections end.
+        assert_eq!(fw.set_rules(RuleSet::compile(&config(groups, ""))), 2);
+        assert!(!fw.check(0, Ingress, &udp(PEER, VM, 9, 9), S).allowed());
+    }
+
+    /// `ct stats`, `ct list --limit 10` and a listing by port with 1 M sessions: printed
+    /// timings (the issue asks for 50 ms), not asserted (the machine is shared). Run with
+    /// `cargo test --release -p qswitch-dp --lib -- --ignored --nocapture million`.
+    #[test]
+    #[ignore = "fills 1 M sessions (130 MiB); a printed measurement"]
+    fn control_calls_with_a_million_sessions() {
+        const N: u32 = 1 << 20;
+        let config = qswitch_api::config::FirewallConfig {
+            max_sessions: Some(N),
+            ..Default::default()
+        };
+        let fw = Firewall::for_switch(Some(&config), 4096);
+        let t = Instant::now();
+        let mut added = 0u32;
+        for i in 0..N {
+            let key = CtKey {
+                ips: IpPair::V4 {
+                    src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
+                    dst: [192, 0, 2, 1],
+                },
+                proto: 17,
+                src: 1000 + (i % 7) as u16,
+                dst: 53,
+            };
+            let zone = i % 64;
+            let e = Entry::new(zone, key, CtState::Unreplied, 3600 * S, RuleRef::default());
+            added += u32::from(fw.table().insert(e, S, None) == Ok(true));
+        }
+        println!("filled {added} sessions in {:?}", t.elapsed());
+        let time = |what: &str, f: &mut dyn FnMut() -> usize| {
+            let t = Instant::now();
+            let n = f();
+            println!("{what}: {:?} ({n} results)", t.elapsed());
+        };
+        time("ct stats", &mut || fw.stats().zones.len());
+        time("ct list --limit 10", &mut || fw.list(None, 10, S).len());
+        time("ct list --port 63 --limit 10", &mut || {
+            fw.list(Some(63), 10, S).len()
+        });
+        time("ct list --port 4000 (no sessions)", &mut || {
+            fw.list(Some(4000), 10, S).len()
+        });
+        time("ct list --limit 1000", &mut || fw.list(None, 1000, S).len());
+        // A worker's lookups while a flush of one port walks the whole table: the
+        // longest a lookup waited.
+        let key = |i: u32| CtKey {
+            ips: IpPair::V4 {
+                src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
+                dst: [192, 0, 2, 1],
+            },
+            proto: 17,
+            src: 1000 + (i % 7) as u16,
+            dst: 53,
+        };
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| {
+                let mut worst = std::time::Duration::ZERO;
+                let (mut n, mut slow) = (0u64, 0u64);
+                let mut i = 1u32;
+                while !done.load(Ordering::Relaxed) {
+                    i = i.wrapping_mul(2_654_435_761) % N;
+                    let t = Instant::now();
+                    fw.table().with(i % 64, &key(i), S, |_, _| ((), false));
+                    let d = t.elapsed();
+                    worst = worst.max(d);
+                    n += 1;
+                    slow += u64::from(d > std::time::Duration::from_micros(100));
+                }
+                (worst, n, slow)
+            });
+            time("ct flush --port 5", &mut || fw.flush(Some(5), S) as usize);
+            done.store(true, Ordering::Relaxed);
+            let (worst, n, slow) = worker.join().unwrap();
+            println!(
+                "lookups during the flush: {n}, {slow} over 100 µs, longest {worst:?} \
+                 (on a shared machine the longest is the thread's preemption)"
+            );
+        });
+        assert_eq!(fw.sessions(5), 0);
+    }
+}
