@@ -105,10 +105,6 @@ pub struct View {
     pub(crate) firewall: Arc<crate::firewall::Firewall>,
 }
 
-/// The firewall of a view made without a switch: filters nothing.
-static NO_FIREWALL: std::sync::LazyLock<Arc<crate::firewall::Firewall>> =
-    std::sync::LazyLock::new(|| Arc::new(crate::firewall::Firewall::for_switch(None, 0)));
-
 impl View {
     /// A view of `table` for a worker that polls `queues`.
     pub fn new(table: Arc<PortTable>, queues: Arc<QueueList>) -> View {
@@ -146,7 +142,9 @@ impl View {
             vlan_aware,
             floods: domains.into_iter().collect(),
             export: None,
-            firewall: NO_FIREWALL.clone(),
+            // A view made without a switch filters nothing (no zones; a switch's workers get
+            // its firewall with `with_firewall`).
+            firewall: Arc::new(crate::firewall::Firewall::for_switch(None, 0)),
         }
     }
 

@@ -48,7 +48,7 @@ pub struct PortEntry {
     pub capture: crate::capture::PortCapture,
     /// Mirror sessions' hook (see [`crate::mirror`]): off unless the port is a session's
     /// source or output.
-    pub mirror: crate::mirror::PortMirror,
+    pub mirror: PortMirror,
     /// Set by BPDU guard ([`crate::link_local`]): nothing is received from or sent to the
     /// port until it is enabled again.
     pub disabled: Disabled,
@@ -275,4 +275,64 @@ impl Failure {
 #[inline]
 pub(crate) fn clock_ns(base: Instant) -> u64 {
     base.elapsed().as_nanos() as u64
+}
+
+/// A mirror session as a port's hook sees it ([`crate::mirror::Session`] is the one kind):
+/// a trait, so that the port table does not depend on the pipeline, which depends on it.
+pub trait MirrorSession: Send + Sync {
+    /// Whether the session copies the frames its sources receive (`rx`) or are sent.
+    fn takes(&self, rx: bool) -> bool;
+    /// Queues copies of `frames` of port `port` (its untagged frames in VLAN `native`).
+    fn push_dyn<'a>(
+        &self,
+        port: u16,
+        native: u16,
+        frames: &mut dyn Iterator<Item = &'a crate::packet::Pkt>,
+    );
+}
+
+/// A port's mirror hook: a flag the engine reads once per burst, the sessions the port is a
+/// source of, and whether it is a session's output.
+#[derive(Default)]
+pub struct PortMirror {
+    on: AtomicBool,
+    output: AtomicBool,
+    pub(crate) sessions: ArcSwap<Vec<Arc<dyn MirrorSession>>>,
+}
+
+impl std::fmt::Debug for PortMirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortMirror")
+            .field("on", &self.on())
+            .field("output", &self.is_output())
+            .finish()
+    }
+}
+
+impl PortMirror {
+    /// Whether the port is a source or an output of a session: the engine's one check per
+    /// burst.
+    #[inline(always)]
+    pub fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Whether the port is a session's output.
+    #[inline]
+    pub fn is_output(&self) -> bool {
+        self.output.load(Ordering::Relaxed)
+    }
+
+    /// Sets the sessions the port is a source of, and whether it is an output.
+    pub fn set(&self, sessions: Vec<Arc<dyn MirrorSession>>, output: bool) {
+        let on = output || !sessions.is_empty();
+        self.sessions.store(Arc::new(sessions));
+        self.output.store(output, Ordering::Release);
+        self.on.store(on, Ordering::Release);
+    }
+
+    /// The sessions the port is a source of.
+    pub fn sessions(&self) -> Arc<Vec<Arc<dyn MirrorSession>>> {
+        self.sessions.load_full()
+    }
 }

@@ -710,45 +710,49 @@ pub fn render(s: &StatsReport, ports: &[PortInfo], placement: &PlacementReport) 
         );
     }
     let bonds = || s.ports.iter().filter_map(|p| p.bond.as_ref());
-    o.family("qswitch_bond_member_enabled");
-    for b in bonds() {
-        for m in &b.members {
-            let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
-            o.sample("qswitch_bond_member_enabled", &l, u8::from(m.enabled));
+    // Only where a bond exists (a family without samples would read as a counter that
+    // never counts).
+    if bonds().next().is_some() {
+        o.family("qswitch_bond_member_enabled");
+        for b in bonds() {
+            for m in &b.members {
+                let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
+                o.sample("qswitch_bond_member_enabled", &l, u8::from(m.enabled));
+            }
         }
-    }
-    o.family("qswitch_bond_member_carrier");
-    for b in bonds() {
-        for m in &b.members {
-            let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
-            o.sample("qswitch_bond_member_carrier", &l, u8::from(m.carrier));
+        o.family("qswitch_bond_member_carrier");
+        for b in bonds() {
+            for m in &b.members {
+                let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
+                o.sample("qswitch_bond_member_carrier", &l, u8::from(m.carrier));
+            }
         }
-    }
-    o.family("qswitch_bond_member_active");
-    for b in bonds() {
-        for m in &b.members {
-            let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
-            let active = b.active.as_deref() == Some(m.name.as_str());
-            o.sample("qswitch_bond_member_active", &l, u8::from(active));
+        o.family("qswitch_bond_member_active");
+        for b in bonds() {
+            for m in &b.members {
+                let l = [("port", b.name.as_str()), ("member", m.name.as_str())];
+                let active = b.active.as_deref() == Some(m.name.as_str());
+                o.sample("qswitch_bond_member_active", &l, u8::from(active));
+            }
         }
-    }
-    o.family("qswitch_bond_member_packets_total");
-    for b in bonds() {
-        for m in &b.members {
-            for (dir, n) in [
-                ("rx", m.rx_packets),
-                ("rx_dropped", m.rx_dropped),
-                ("tx", m.tx_packets),
-                ("lacp_rx", m.lacp_rx),
-                ("lacp_tx", m.lacp_tx),
-                ("rarp_tx", m.rarp_tx),
-            ] {
-                let l = [
-                    ("port", b.name.as_str()),
-                    ("member", m.name.as_str()),
-                    ("dir", dir),
-                ];
-                o.sample("qswitch_bond_member_packets_total", &l, n);
+        o.family("qswitch_bond_member_packets_total");
+        for b in bonds() {
+            for m in &b.members {
+                for (dir, n) in [
+                    ("rx", m.rx_packets),
+                    ("rx_dropped", m.rx_dropped),
+                    ("tx", m.tx_packets),
+                    ("lacp_rx", m.lacp_rx),
+                    ("lacp_tx", m.lacp_tx),
+                    ("rarp_tx", m.rarp_tx),
+                ] {
+                    let l = [
+                        ("port", b.name.as_str()),
+                        ("member", m.name.as_str()),
+                        ("dir", dir),
+                    ];
+                    o.sample("qswitch_bond_member_packets_total", &l, n);
+                }
             }
         }
     }

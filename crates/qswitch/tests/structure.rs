@@ -455,6 +455,9 @@ fn trace_runs_the_engines_decision() {
             "port_security" => "security",
             "storm_control" => "storm",
             "vlan_tag" => "vlan",
+            // One module for the firewall's two places (a port's egress rules on the way in,
+            // the destination's ingress rules on the way out).
+            "firewall_in" | "firewall_out" => "firewall",
             n => n,
         };
         assert!(

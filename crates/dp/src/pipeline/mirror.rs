@@ -8,7 +8,7 @@
 //! ```
 //!
 //! # Cost
-//! Not configured: one relaxed atomic load per burst per port ([`PortMirror::on`]), the same
+//! Not configured: one relaxed atomic load per burst per port ([`PortMirror::on`](crate::table::PortMirror::on)), the same
 //! flag the capture hook has beside it. On a source: per burst an `arc-swap` load; per frame
 //! a VLAN check, a lock-free pop and push ([`crossbeam_queue::ArrayQueue`]) and a copy into a
 //! preallocated slot. Nothing allocates and nothing blocks: when a session's free slots run
@@ -28,7 +28,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
 use parking_lot::Mutex;
 use qswitch_api::config::{MirrorConfig, VlanSet};
@@ -38,7 +37,7 @@ use qswitch_wire::virtio_net_hdr::VirtioNetHdr;
 use crate::packet::{Burst, Pkt, BURST};
 use crate::port::Port;
 use crate::stats::{DropReason, DropTally};
-use crate::table::PortEntry;
+use crate::table::{MirrorSession, PortEntry};
 
 /// Copies a session's queue holds.
 pub const QUEUE_SLOTS: usize = 512;
@@ -171,9 +170,14 @@ impl Session {
     /// Starts the thread that sends the copies to `out`.
     pub fn start(self: &Arc<Self>, out: Output) -> std::io::Result<()> {
         let me = self.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("mirror-{}", truncate(&self.config.name, 8)))
-            .spawn(move || me.run(out))?;
+        // A panic ends this session's sending only (its copies are then counted as drops
+        // once the queue is full); logged with the thread's name.
+        let h = qswitch_sys::thread::spawn(
+            format!("mirror-{}", truncate(&self.config.name, 8)),
+            &[],
+            |why| tracing::error!("{why}; the mirror session stops sending"),
+            move |_| me.run(out),
+        )?;
         *self.thread.lock() = Some(h);
         Ok(())
     }
@@ -325,49 +329,17 @@ fn frame_vlan(f: &[u8]) -> Option<u16> {
     }
 }
 
-/// A port's mirror hook: a flag the engine reads once per burst, the sessions the port is a
-/// source of, and whether it is a session's output.
-#[derive(Default)]
-pub struct PortMirror {
-    on: AtomicBool,
-    output: AtomicBool,
-    sessions: ArcSwap<Vec<Arc<Session>>>,
-}
-
-impl fmt::Debug for PortMirror {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PortMirror")
-            .field("on", &self.on())
-            .field("output", &self.is_output())
-            .finish()
-    }
-}
-
-impl PortMirror {
-    /// Whether the port is a source or an output of a session: the engine's one check per
-    /// burst.
-    #[inline(always)]
-    pub fn on(&self) -> bool {
-        self.on.load(Ordering::Relaxed)
+impl MirrorSession for Session {
+    fn takes(&self, rx: bool) -> bool {
+        if rx {
+            self.rx
+        } else {
+            self.tx
+        }
     }
 
-    /// Whether the port is a session's output.
-    #[inline]
-    pub fn is_output(&self) -> bool {
-        self.output.load(Ordering::Relaxed)
-    }
-
-    /// Sets the sessions the port is a source of, and whether it is an output.
-    pub fn set(&self, sessions: Vec<Arc<Session>>, output: bool) {
-        let on = output || !sessions.is_empty();
-        self.sessions.store(Arc::new(sessions));
-        self.output.store(output, Ordering::Release);
-        self.on.store(on, Ordering::Release);
-    }
-
-    /// The sessions the port is a source of.
-    pub fn sessions(&self) -> Arc<Vec<Arc<Session>>> {
-        self.sessions.load_full()
+    fn push_dyn<'a>(&self, port: u16, native: u16, frames: &mut dyn Iterator<Item = &'a Pkt>) {
+        self.push(port, native, frames)
     }
 }
 
@@ -391,8 +363,8 @@ pub(crate) fn rx(entry: &PortEntry, queue: u16, pkts: &[Pkt], drops: &mut DropTa
     }
     let sessions = entry.mirror.sessions.load();
     let native = native(entry);
-    for s in sessions.iter().filter(|s| s.rx) {
-        s.push(entry.id.0, native, pkts.iter());
+    for s in sessions.iter().filter(|s| s.takes(true)) {
+        s.push_dyn(entry.id.0, native, &mut pkts.iter());
     }
     true
 }
@@ -404,11 +376,11 @@ pub(crate) fn rx(entry: &PortEntry, queue: u16, pkts: &[Pkt], drops: &mut DropTa
 pub(crate) fn tx(entry: &PortEntry, pkts: &[Pkt], sel: &[u8]) {
     let sessions = entry.mirror.sessions.load();
     let native = native(entry);
-    for s in sessions.iter().filter(|s| s.tx) {
-        s.push(
+    for s in sessions.iter().filter(|s| s.takes(false)) {
+        s.push_dyn(
             entry.id.0,
             native,
-            sel.iter().map(|&i| &pkts[usize::from(i)]),
+            &mut sel.iter().map(|&i| &pkts[usize::from(i)]),
         );
     }
 }

@@ -115,9 +115,9 @@ impl Switch {
     fn set_mirror_hooks(&self, mirrors: &[Arc<Session>]) {
         for p in self.shared.ports.load().iter().flatten() {
             let name = p.config.name.as_str();
-            let sources: Vec<Arc<Session>> = (mirrors.iter())
+            let sources: Vec<Arc<dyn crate::table::MirrorSession>> = (mirrors.iter())
                 .filter(|s| s.config.sources.iter().any(|x| x == name))
-                .cloned()
+                .map(|s| s.clone() as Arc<dyn crate::table::MirrorSession>)
                 .collect();
             let output = mirrors
                 .iter()

@@ -312,19 +312,25 @@ impl BondPort {
         };
         let carrier_thread = {
             let shared = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("bond-link-{name}"))
-                .spawn(move || watch_carrier(&shared, &watch, &events))
-                .map_err(BondError::Thread)?
+            qswitch_sys::thread::spawn(
+                format!("bond-link-{name}"),
+                &[],
+                |why| tracing::error!("{why}; the bond no longer follows its members' carrier"),
+                move |_| watch_carrier(&shared, &watch, &events),
+            )
+            .map_err(BondError::Thread)?
         };
         port.threads.lock().push(carrier_thread);
         let control = {
             let cfg = cfg.clone();
             let name = name.to_string();
-            std::thread::Builder::new()
-                .name(format!("bond-{name}"))
-                .spawn(move || Control::new(cfg, shared, announce).run(&rx))
-                .map_err(BondError::Thread)?
+            qswitch_sys::thread::spawn(
+                format!("bond-{name}"),
+                &[],
+                |why| tracing::error!("{why}; the bond's LACP and failover stop"),
+                move |_| Control::new(cfg, shared, announce).run(&rx),
+            )
+            .map_err(BondError::Thread)?
         };
         port.threads.lock().push(control);
         Ok(port)
