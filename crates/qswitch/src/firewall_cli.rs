@@ -146,33 +146,7 @@ fn answer(req: Request, daemon: &Daemon) -> anyhow::Result<Response> {
                 removed: fw.flush(zone, sw.now()),
             }
         }
-        Request::CtStats => {
-            let st = fw.stats();
-            let names = sw.zone_names();
-            let ports = st
-                .zones
-                .iter()
-                .filter_map(|z| {
-                    let port = names.get(z.zone as usize).cloned().flatten()?;
-                    Some(CtPortStats {
-                        port,
-                        sessions: z.sessions,
-                        max_sessions: z.max_sessions,
-                        new: z.new,
-                        ct_invalid: z.ct_invalid,
-                        ct_limit: z.ct_limit,
-                        ct_fragment: z.ct_fragment,
-                    })
-                })
-                .collect();
-            Response::CtStats(Box::new(CtStatsReport {
-                enabled: fw.active(),
-                sessions: st.sessions,
-                max_sessions: st.max_sessions,
-                memory_bytes: st.memory_bytes as u64,
-                ports,
-            }))
-        }
+        Request::CtStats => Response::CtStats(Box::new(ct_stats(daemon))),
         Request::SgList { name } => {
             let ports = sw.port_configs();
             let groups: Vec<SecurityGroupInfo> = sw
@@ -194,6 +168,38 @@ fn answer(req: Request, daemon: &Daemon) -> anyhow::Result<Response> {
         }
         other => bail!("not a firewall request: {other:?}"),
     })
+}
+
+/// `ct stats`, also the source of `/metrics`' firewall families
+/// ([`crate::metrics::render_firewall`]).
+pub fn ct_stats(daemon: &Daemon) -> CtStatsReport {
+    let sw = &daemon.switch;
+    let fw = sw.firewall();
+    let st = fw.stats();
+    let names = sw.zone_names();
+    let ports = st
+        .zones
+        .iter()
+        .filter_map(|z| {
+            let port = names.get(z.zone as usize).cloned().flatten()?;
+            Some(CtPortStats {
+                port,
+                sessions: z.sessions,
+                max_sessions: z.max_sessions,
+                new: z.new,
+                ct_invalid: z.ct_invalid,
+                ct_limit: z.ct_limit,
+                ct_fragment: z.ct_fragment,
+            })
+        })
+        .collect();
+    CtStatsReport {
+        enabled: fw.active(),
+        sessions: st.sessions,
+        max_sessions: st.max_sessions,
+        memory_bytes: st.memory_bytes as u64,
+        ports,
+    }
 }
 
 fn endpoint(ip: std::net::IpAddr, port: u16, proto: u8) -> String {

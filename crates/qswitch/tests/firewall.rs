@@ -98,6 +98,8 @@ struct Lab {
     _links: Vec<LinkGuard>,
     n: u8,
     dir: TempDir,
+    /// The daemon's `[switch] http`, for `/metrics`.
+    http: std::net::SocketAddr,
 }
 
 fn ifname(n: u8, port: char) -> String {
@@ -110,8 +112,9 @@ impl Lab {
         let dir = TempDir::new(&format!("fw{n}"));
         let control = dir.join("control.sock");
         let pid = std::process::id();
+        let http = qswitch_test_support::free_tcp_addr();
         let mut text = format!(
-            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n{GROUP}",
+            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"{http}\"\n{GROUP}",
             worker_cpus(2),
             control.display()
         );
@@ -167,6 +170,7 @@ impl Lab {
             _links: links,
             n,
             dir,
+            http,
         }
     }
 
@@ -223,6 +227,25 @@ impl Lab {
     fn drops(&self, port: &str, reason: &str) -> u64 {
         drops(&self.daemon.stats(), port, reason)
     }
+
+    /// The value of `family{port="<port>"}` in a scrape of `/metrics`, if it is there.
+    fn metric(&self, family: &str, port: &str) -> Option<u64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&self.http, Duration::from_secs(5))
+            .expect("connect to /metrics");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http
+        );
+        s.write_all(req.as_bytes()).expect("send");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let prefix = format!("{family}{{port=\"{port}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+    }
 }
 
 /// Ingress default deny, an allowed TCP port opens, replies to egress connections (TCP and
@@ -250,6 +273,17 @@ fn default_deny_and_state(n: u8, kind: &str) {
     // UDP to a closed port of b: b's ICMP port-unreachable is related to a's flow.
     assert_eq!(lab.python('a', UDP, &[&lab.ip('b'), "7071"]), "refused");
     assert_eq!(lab.drops("a", "ct_invalid"), 0, "{}", lab.daemon.log_text());
+    // /metrics: the connections a's rules opened (8080 in; ping, 7070, 7071 out), none
+    // invalid; b has no groups and no firewall families.
+    let new = lab.metric("qswitch_firewall_new_sessions_total", "a");
+    assert!(new.is_some_and(|n| n >= 4), "new sessions of a: {new:?}");
+    assert_eq!(
+        lab.metric("qswitch_firewall_ct_invalid_total", "a"),
+        Some(0)
+    );
+    assert_eq!(lab.metric("qswitch_firewall_ct_limit_total", "a"), Some(0));
+    assert!(lab.metric("qswitch_firewall_sessions", "a").is_some());
+    assert_eq!(lab.metric("qswitch_firewall_sessions", "b"), None);
 }
 
 #[test]
@@ -279,5 +313,10 @@ fn session_limit_refuses_new_connections_and_keeps_existing_ones() {
     assert!(
         lab.drops("a", "ct_limit") > 0,
         "the refused connection is counted"
+    );
+    let limit = lab.metric("qswitch_firewall_ct_limit_total", "a");
+    assert!(
+        limit.is_some_and(|n| n > 0),
+        "ct_limit in /metrics: {limit:?}"
     );
 }
