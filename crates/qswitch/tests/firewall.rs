@@ -4,14 +4,15 @@
 //!
 //! Every test has its own number `n`: its namespaces are `qsfw<pid>-<n><port>`, its
 //! interfaces `qf<n><port><pid>`, its subnet 10.202.<n>.0/24. Port `a` is in group `web`
-//! (TCP 8080 in, everything out); port `b` has no group.
+//! (TCP 8080 and UDP 5353 in, everything out); port `b` has no group.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{
-    drops, root_or_skip, sh_ok, worker_cpus, ChildGuard, DaemonChild, LinkGuard, Netns, TempDir,
+    drops, have_tool, require, root_or_skip, sh_ok, wait_until, worker_cpus, ChildGuard,
+    DaemonChild, LinkGuard, Netns, TempDir,
 };
 
 const GROUP: &str = r#"
@@ -20,6 +21,7 @@ name = "web"
 rules = [
   { direction = "ingress", protocol = "tcp", ports = "8080" },
   { direction = "egress" },
+  { direction = "ingress", protocol = "udp", ports = "5353" },
 ]
 "#;
 
@@ -69,6 +71,16 @@ except ConnectionRefusedError:
     print('refused')
 except (socket.timeout, TimeoutError):
     print('timeout')
+";
+
+/// A UDP server on argv[1] that sends every datagram back.
+const UDP_ECHO: &str = "
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', int(sys.argv[1])))
+while True:
+    d, peer = s.recvfrom(2048)
+    s.sendto(d or b'x', peer)
 ";
 
 /// Opens argv[3] connections to argv[1]:argv[2] and holds them; then one more, which must
@@ -201,6 +213,20 @@ impl Lab {
         child
     }
 
+    fn udp_server(&self, on: char, port: u16) -> ChildGuard {
+        let p = port.to_string();
+        let log = self.dir.join(&format!("udp-{on}-{port}.log"));
+        let child = self.ns(on).spawn(&["python3", "-c", UDP_ECHO, &p], &log);
+        let needle = format!(":{port} ");
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                self.ns(on).run(&["ss", "-Huln"]).stdout.contains(&needle)
+            }),
+            "UDP server on {port} did not start"
+        );
+        child
+    }
+
     fn connect(&self, from: char, to: char, port: u16) -> String {
         self.python(from, CLIENT, &[&self.ip(to), &port.to_string()])
     }
@@ -319,4 +345,49 @@ fn session_limit_refuses_new_connections_and_keeps_existing_ones() {
         limit.is_some_and(|n| n > 0),
         "ct_limit in /metrics: {limit:?}"
     );
+}
+
+/// The port scanner's view from outside the group: `nmap -sS` and `nmap -sU` from b against
+/// a, which listens on TCP 8080 and 9090 and UDP 5353 and 6000 and whose group lets only
+/// TCP 8080 and UDP 5353 in. nmap sees 8080/tcp and 5353/udp open (the echo server
+/// answers its probe), 9090/tcp filtered (no RST comes back), 6000/udp not open (no
+/// answer at all: `open|filtered`).
+#[test]
+fn nmap_sees_only_the_allowed_ports() {
+    if !root_or_skip() || !require(have_tool("nmap", &["-V"]), "nmap is not installed") {
+        return;
+    }
+    let lab = Lab::new(4, "tap", "");
+    let _tcp = [lab.server('a', 8080), lab.server('a', 9090)];
+    let _udp = [lab.udp_server('a', 5353), lab.udp_server('a', 6000)];
+    let scan = |kind: &str, ports: &str| {
+        let out = lab.ns('b').run_for(
+            &[
+                "nmap",
+                kind,
+                "-Pn",
+                "-n",
+                "--max-retries",
+                "1",
+                "--host-timeout",
+                "60s",
+                "-p",
+                ports,
+                "-oG",
+                "-",
+                &lab.ip('a'),
+            ],
+            Duration::from_secs(90),
+        );
+        assert!(out.ok(), "nmap {kind}: {out:?}");
+        out.stdout
+    };
+    let tcp = scan("-sS", "8080,9090");
+    assert!(tcp.contains("8080/open/tcp"), "{tcp}");
+    assert!(tcp.contains("9090/filtered/tcp"), "{tcp}");
+    let udp = scan("-sU", "5353,6000");
+    assert!(udp.contains("5353/open/udp"), "{udp}");
+    assert!(udp.contains("6000/open|filtered/udp"), "{udp}");
+    assert!(lab.drops("a", "fw_denied_ingress") > 0);
+    assert_eq!(lab.drops("a", "ct_invalid"), 0, "{}", lab.daemon.log_text());
 }
