@@ -9,7 +9,7 @@ use clap::Subcommand;
 use qswitch_api::client::call;
 use qswitch_api::config::{GroupRule, SecurityGroupConfig};
 use qswitch_api::policy::IpPrefix;
-use qswitch_api::request::{CtEntry, CtPortStats, CtStatsReport, SecurityGroupInfo};
+use qswitch_api::request::{CtEntry, CtPortStats, CtRuleHits, CtStatsReport, SecurityGroupInfo};
 use qswitch_api::{Request, Response};
 use qswitch_dp::firewall::Entry;
 use qswitch_wire::flow::IpPair;
@@ -193,12 +193,26 @@ pub fn ct_stats(daemon: &Daemon) -> CtStatsReport {
             })
         })
         .collect();
+    let rules = fw.rules();
+    let rules = st
+        .rules
+        .iter()
+        .filter_map(|h| {
+            Some(CtRuleHits {
+                port: names.get(h.zone as usize).cloned().flatten()?,
+                group: rules.groups.get(usize::from(h.rule.group))?.clone(),
+                index: h.rule.index,
+                hits: h.hits,
+            })
+        })
+        .collect();
     CtStatsReport {
         enabled: fw.active(),
         sessions: st.sessions,
         max_sessions: st.max_sessions,
         memory_bytes: st.memory_bytes as u64,
         ports,
+        rules,
     }
 }
 
@@ -324,6 +338,13 @@ pub fn run_ct(control: &Path, cmd: CtCmd) -> anyhow::Result<()> {
                     "{:<16} {:>9} {:>9} {:>12} {:>10} {:>10} {:>11}",
                     p.port, p.sessions, limit, p.new, p.ct_invalid, p.ct_limit, p.ct_fragment
                 );
+            }
+            if !st.rules.is_empty() {
+                println!("{:<16} {:<24} {:>12}", "PORT", "RULE", "HITS");
+            }
+            for r in &st.rules {
+                let rule = format!("{}/{}", r.group, r.index);
+                println!("{:<16} {:<24} {:>12}", r.port, rule, r.hits);
             }
         }
     }

@@ -358,6 +358,12 @@ pub const FIREWALL_FAMILIES: &[(&str, &str, &str)] = &[
         "New connections the port's filter refused over the switch's or the port's \
          max_sessions (ct_limit).",
     ),
+    (
+        "qswitch_firewall_rule_hits_total",
+        "counter",
+        "New connections and stateless frames a security group rule allowed on the port \
+         (since the rules were last compiled: a group change resets it).",
+    ),
 ];
 
 /// The firewall's families, per port of `ct stats`; nothing when no port is filtered.
@@ -368,7 +374,7 @@ pub fn render_firewall(ct: &qswitch_api::request::CtStatsReport) -> String {
     if !ct.enabled || ct.ports.is_empty() {
         return o.text;
     }
-    for (name, _, _) in FIREWALL_FAMILIES {
+    for (name, _, _) in &FIREWALL_FAMILIES[..4] {
         o.family(name);
         for p in &ct.ports {
             let v = match *name {
@@ -379,6 +385,17 @@ pub fn render_firewall(ct: &qswitch_api::request::CtStatsReport) -> String {
             };
             o.sample(name, &[("port", &p.port)], v);
         }
+    }
+    if !ct.rules.is_empty() {
+        o.family("qswitch_firewall_rule_hits_total");
+    }
+    for r in &ct.rules {
+        let index = r.index.to_string();
+        o.sample(
+            "qswitch_firewall_rule_hits_total",
+            &[("port", &r.port), ("group", &r.group), ("index", &index)],
+            r.hits,
+        );
     }
     o.text
 }
@@ -1210,6 +1227,12 @@ mod tests {
                 ct_limit: 2,
                 ct_fragment: 1,
             }],
+            rules: vec![qswitch_api::request::CtRuleHits {
+                port: "vm\"1".into(),
+                group: "web".into(),
+                index: 2,
+                hits: 9,
+            }],
         };
         let t = render_firewall(&ct);
         for (name, kind, _) in FIREWALL_FAMILIES {
@@ -1220,6 +1243,7 @@ mod tests {
             "qswitch_firewall_new_sessions_total{port=\"vm\\\"1\"} 12\n",
             "qswitch_firewall_ct_invalid_total{port=\"vm\\\"1\"} 4\n",
             "qswitch_firewall_ct_limit_total{port=\"vm\\\"1\"} 2\n",
+            "qswitch_firewall_rule_hits_total{port=\"vm\\\"1\",group=\"web\",index=\"2\"} 9\n",
         ] {
             assert!(t.contains(line), "{line} not in {t}");
         }

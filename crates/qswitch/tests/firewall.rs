@@ -256,6 +256,11 @@ impl Lab {
 
     /// The value of `family{port="<port>"}` in a scrape of `/metrics`, if it is there.
     fn metric(&self, family: &str, port: &str) -> Option<u64> {
+        self.scrape_line(&format!("{family}{{port=\"{port}\"}}"))
+    }
+
+    /// The value of the sample `series` (name and labels) in a scrape of `/metrics`.
+    fn scrape_line(&self, series: &str) -> Option<u64> {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect_timeout(&self.http, Duration::from_secs(5))
             .expect("connect to /metrics");
@@ -267,7 +272,7 @@ impl Lab {
         s.write_all(req.as_bytes()).expect("send");
         let mut text = String::new();
         let _ = s.read_to_string(&mut text);
-        let prefix = format!("{family}{{port=\"{port}\"}} ");
+        let prefix = format!("{series} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .and_then(|v| v.trim().parse().ok())
@@ -310,6 +315,10 @@ fn default_deny_and_state(n: u8, kind: &str) {
     assert_eq!(lab.metric("qswitch_firewall_ct_limit_total", "a"), Some(0));
     assert!(lab.metric("qswitch_firewall_sessions", "a").is_some());
     assert_eq!(lab.metric("qswitch_firewall_sessions", "b"), None);
+    // web/0 (TCP 8080 in) opened the one connection b made to a.
+    let hits =
+        lab.scrape_line("qswitch_firewall_rule_hits_total{port=\"a\",group=\"web\",index=\"0\"}");
+    assert_eq!(hits, Some(1), "hits of web/0 on a");
 }
 
 #[test]
