@@ -25,6 +25,7 @@ if [ "$(id -u)" = 0 ]; then
     command -v lldpd >/dev/null || need+=(lldpd)
     command -v nfcapd >/dev/null || need+=(nfdump)
     command -v tshark >/dev/null || need+=(tshark)
+    command -v nmap >/dev/null || need+=(nmap)
     python3 -c 'import prometheus_client' 2>/dev/null || need_pip=1
     if [ ${#need[@]} -gt 0 ]; then
         echo "== installing ${need[*]}"

@@ -550,6 +550,20 @@ pub struct CtStatsReport {
     /// Bytes the table holds (all allocated at start).
     pub memory_bytes: u64,
     pub ports: Vec<CtPortStats>,
+    /// Every rule of every filtered port, with its hits.
+    #[serde(default)]
+    pub rules: Vec<CtRuleHits>,
+}
+
+/// `ct stats` of one rule on one port: new connections and stateless frames it allowed
+/// there since the rules were last compiled (a group change recompiles them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CtRuleHits {
+    pub port: String,
+    pub group: String,
+    /// The rule's index in its group (`sg show` numbers them).
+    pub index: u16,
+    pub hits: u64,
 }
 
 /// `ct stats` of one port.

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use qswitch_api::client::call;
 use qswitch_api::config::{GroupRule, SecurityGroupConfig};
 use qswitch_api::policy::IpPrefix;
-use qswitch_api::request::{CtEntry, CtPortStats, CtStatsReport, SecurityGroupInfo};
+use qswitch_api::request::{CtEntry, CtPortStats, CtRuleHits, CtStatsReport, SecurityGroupInfo};
 use qswitch_api::{Request, Response};
 use qswitch_dp::firewall::Entry;
 use qswitch_wire::flow::IpPair;
@@ -146,33 +146,7 @@ fn answer(req: Request, daemon: &Daemon) -> anyhow::Result<Response> {
                 removed: fw.flush(zone, sw.now()),
             }
         }
-        Request::CtStats => {
-            let st = fw.stats();
-            let names = sw.zone_names();
-            let ports = st
-                .zones
-                .iter()
-                .filter_map(|z| {
-                    let port = names.get(z.zone as usize).cloned().flatten()?;
-                    Some(CtPortStats {
-                        port,
-                        sessions: z.sessions,
-                        max_sessions: z.max_sessions,
-                        new: z.new,
-                        ct_invalid: z.ct_invalid,
-                        ct_limit: z.ct_limit,
-                        ct_fragment: z.ct_fragment,
-                    })
-                })
-                .collect();
-            Response::CtStats(Box::new(CtStatsReport {
-                enabled: fw.active(),
-                sessions: st.sessions,
-                max_sessions: st.max_sessions,
-                memory_bytes: st.memory_bytes as u64,
-                ports,
-            }))
-        }
+        Request::CtStats => Response::CtStats(Box::new(ct_stats(daemon))),
         Request::SgList { name } => {
             let ports = sw.port_configs();
             let groups: Vec<SecurityGroupInfo> = sw
@@ -194,6 +168,52 @@ fn answer(req: Request, daemon: &Daemon) -> anyhow::Result<Response> {
         }
         other => bail!("not a firewall request: {other:?}"),
     })
+}
+
+/// `ct stats`, also the source of `/metrics`' firewall families
+/// ([`crate::metrics::render_firewall`]).
+pub fn ct_stats(daemon: &Daemon) -> CtStatsReport {
+    let sw = &daemon.switch;
+    let fw = sw.firewall();
+    let st = fw.stats();
+    let names = sw.zone_names();
+    let ports = st
+        .zones
+        .iter()
+        .filter_map(|z| {
+            let port = names.get(z.zone as usize).cloned().flatten()?;
+            Some(CtPortStats {
+                port,
+                sessions: z.sessions,
+                max_sessions: z.max_sessions,
+                new: z.new,
+                ct_invalid: z.ct_invalid,
+                ct_limit: z.ct_limit,
+                ct_fragment: z.ct_fragment,
+            })
+        })
+        .collect();
+    let rules = fw.rules();
+    let rules = st
+        .rules
+        .iter()
+        .filter_map(|h| {
+            Some(CtRuleHits {
+                port: names.get(h.zone as usize).cloned().flatten()?,
+                group: rules.groups.get(usize::from(h.rule.group))?.clone(),
+                index: h.rule.index,
+                hits: h.hits,
+            })
+        })
+        .collect();
+    CtStatsReport {
+        enabled: fw.active(),
+        sessions: st.sessions,
+        max_sessions: st.max_sessions,
+        memory_bytes: st.memory_bytes as u64,
+        ports,
+        rules,
+    }
 }
 
 fn endpoint(ip: std::net::IpAddr, port: u16, proto: u8) -> String {
@@ -318,6 +338,13 @@ pub fn run_ct(control: &Path, cmd: CtCmd) -> anyhow::Result<()> {
                     "{:<16} {:>9} {:>9} {:>12} {:>10} {:>10} {:>11}",
                     p.port, p.sessions, limit, p.new, p.ct_invalid, p.ct_limit, p.ct_fragment
                 );
+            }
+            if !st.rules.is_empty() {
+                println!("{:<16} {:<24} {:>12}", "PORT", "RULE", "HITS");
+            }
+            for r in &st.rules {
+                let rule = format!("{}/{}", r.group, r.index);
+                println!("{:<16} {:<24} {:>12}", r.port, rule, r.hits);
             }
         }
     }

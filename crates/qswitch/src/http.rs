@@ -329,6 +329,9 @@ fn respond(daemon: &Daemon, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             text.push_str(&crate::metrics::render_lldp(
                 &daemon.switch.lldp(None).unwrap_or_default(),
             ));
+            text.push_str(&crate::metrics::render_firewall(
+                &crate::firewall_cli::ct_stats(daemon),
+            ));
             (
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",

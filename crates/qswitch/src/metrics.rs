@@ -333,6 +333,73 @@ pub const LLDP_FAMILIES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// (name, type, help) of the firewall's families ([`render_firewall`]): only when some
+/// port has security groups (or its filter still has connections or counts).
+pub const FIREWALL_FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "qswitch_firewall_sessions",
+        "gauge",
+        "Connections the port's filter tracks now.",
+    ),
+    (
+        "qswitch_firewall_new_sessions_total",
+        "counter",
+        "Connections the port's security group rules opened.",
+    ),
+    (
+        "qswitch_firewall_ct_invalid_total",
+        "counter",
+        "Frames the port's filter dropped as ct_invalid (malformed, or not a valid next \
+         packet of their connection).",
+    ),
+    (
+        "qswitch_firewall_ct_limit_total",
+        "counter",
+        "New connections the port's filter refused over the switch's or the port's \
+         max_sessions (ct_limit).",
+    ),
+    (
+        "qswitch_firewall_rule_hits_total",
+        "counter",
+        "New connections and stateless frames a security group rule allowed on the port \
+         (since the rules were last compiled: a group change resets it).",
+    ),
+];
+
+/// The firewall's families, per port of `ct stats`; nothing when no port is filtered.
+pub fn render_firewall(ct: &qswitch_api::request::CtStatsReport) -> String {
+    let mut o = Out {
+        text: String::new(),
+    };
+    if !ct.enabled || ct.ports.is_empty() {
+        return o.text;
+    }
+    for (name, _, _) in &FIREWALL_FAMILIES[..4] {
+        o.family(name);
+        for p in &ct.ports {
+            let v = match *name {
+                "qswitch_firewall_sessions" => u64::from(p.sessions),
+                "qswitch_firewall_new_sessions_total" => p.new,
+                "qswitch_firewall_ct_invalid_total" => p.ct_invalid,
+                _ => p.ct_limit,
+            };
+            o.sample(name, &[("port", &p.port)], v);
+        }
+    }
+    if !ct.rules.is_empty() {
+        o.family("qswitch_firewall_rule_hits_total");
+    }
+    for r in &ct.rules {
+        let index = r.index.to_string();
+        o.sample(
+            "qswitch_firewall_rule_hits_total",
+            &[("port", &r.port), ("group", &r.group), ("index", &index)],
+            r.hits,
+        );
+    }
+    o.text
+}
+
 /// Label values escaped as the format requires.
 fn esc(v: &str) -> String {
     v.replace('\\', r"\\")
@@ -350,6 +417,7 @@ impl Out {
             .iter()
             .chain(MIRROR_FAMILIES)
             .chain(LLDP_FAMILIES)
+            .chain(FIREWALL_FAMILIES)
             .find(|f| f.0 == name)
         {
             let _ = writeln!(self.text, "# HELP {name} {help}");
@@ -363,6 +431,7 @@ impl Out {
                 .iter()
                 .chain(MIRROR_FAMILIES)
                 .chain(LLDP_FAMILIES)
+                .chain(FIREWALL_FAMILIES)
                 .any(|f| f.0 == name),
             "undeclared family {name}"
         );
@@ -1142,5 +1211,45 @@ mod tests {
         assert!(t.contains(
             "qswitch_lldp_neighbor_info{port=\"up\",chassis_id=\"02:00:00:00:00:01\",port_id=\"swp1\",system_name=\"tor\\\"1\",port_description=\"\",management_address=\"192.0.2.9\"} 1\n"
         ), "{t}");
+    }
+
+    #[test]
+    fn firewall_families_only_with_filtered_ports() {
+        use qswitch_api::request::{CtPortStats, CtStatsReport};
+        assert_eq!(render_firewall(&CtStatsReport::default()), "");
+        let ct = CtStatsReport {
+            enabled: true,
+            sessions: 3,
+            max_sessions: 100,
+            memory_bytes: 1 << 20,
+            ports: vec![CtPortStats {
+                port: "vm\"1".into(),
+                sessions: 3,
+                max_sessions: Some(10),
+                new: 12,
+                ct_invalid: 4,
+                ct_limit: 2,
+                ct_fragment: 1,
+            }],
+            rules: vec![qswitch_api::request::CtRuleHits {
+                port: "vm\"1".into(),
+                group: "web".into(),
+                index: 2,
+                hits: 9,
+            }],
+        };
+        let t = render_firewall(&ct);
+        for (name, kind, _) in FIREWALL_FAMILIES {
+            assert!(t.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        }
+        for line in [
+            "qswitch_firewall_sessions{port=\"vm\\\"1\"} 3\n",
+            "qswitch_firewall_new_sessions_total{port=\"vm\\\"1\"} 12\n",
+            "qswitch_firewall_ct_invalid_total{port=\"vm\\\"1\"} 4\n",
+            "qswitch_firewall_ct_limit_total{port=\"vm\\\"1\"} 2\n",
+            "qswitch_firewall_rule_hits_total{port=\"vm\\\"1\",group=\"web\",index=\"2\"} 9\n",
+        ] {
+            assert!(t.contains(line), "{line} not in {t}");
+        }
     }
 }

@@ -4,14 +4,15 @@
 //!
 //! Every test has its own number `n`: its namespaces are `qsfw<pid>-<n><port>`, its
 //! interfaces `qf<n><port><pid>`, its subnet 10.202.<n>.0/24. Port `a` is in group `web`
-//! (TCP 8080 in, everything out); port `b` has no group.
+//! (TCP 8080 and UDP 5353 in, everything out); port `b` has no group.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{
-    drops, root_or_skip, sh_ok, worker_cpus, ChildGuard, DaemonChild, LinkGuard, Netns, TempDir,
+    drops, have_tool, require, root_or_skip, sh_ok, wait_until, worker_cpus, ChildGuard,
+    DaemonChild, LinkGuard, Netns, TempDir,
 };
 
 const GROUP: &str = r#"
@@ -20,6 +21,7 @@ name = "web"
 rules = [
   { direction = "ingress", protocol = "tcp", ports = "8080" },
   { direction = "egress" },
+  { direction = "ingress", protocol = "udp", ports = "5353" },
 ]
 "#;
 
@@ -71,6 +73,16 @@ except (socket.timeout, TimeoutError):
     print('timeout')
 ";
 
+/// A UDP server on argv[1] that sends every datagram back.
+const UDP_ECHO: &str = "
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('0.0.0.0', int(sys.argv[1])))
+while True:
+    d, peer = s.recvfrom(2048)
+    s.sendto(d or b'x', peer)
+";
+
 /// Opens argv[3] connections to argv[1]:argv[2] and holds them; then one more, which must
 /// time out; then the first still echoes. Prints `held N`, the last one's fate, `echo ok`.
 const LIMIT: &str = "
@@ -98,6 +110,8 @@ struct Lab {
     _links: Vec<LinkGuard>,
     n: u8,
     dir: TempDir,
+    /// The daemon's `[switch] http`, for `/metrics`.
+    http: std::net::SocketAddr,
 }
 
 fn ifname(n: u8, port: char) -> String {
@@ -110,8 +124,9 @@ impl Lab {
         let dir = TempDir::new(&format!("fw{n}"));
         let control = dir.join("control.sock");
         let pid = std::process::id();
+        let http = qswitch_test_support::free_tcp_addr();
         let mut text = format!(
-            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n{GROUP}",
+            "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"{http}\"\n{GROUP}",
             worker_cpus(2),
             control.display()
         );
@@ -167,6 +182,7 @@ impl Lab {
             _links: links,
             n,
             dir,
+            http,
         }
     }
 
@@ -197,6 +213,20 @@ impl Lab {
         child
     }
 
+    fn udp_server(&self, on: char, port: u16) -> ChildGuard {
+        let p = port.to_string();
+        let log = self.dir.join(&format!("udp-{on}-{port}.log"));
+        let child = self.ns(on).spawn(&["python3", "-c", UDP_ECHO, &p], &log);
+        let needle = format!(":{port} ");
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                self.ns(on).run(&["ss", "-Huln"]).stdout.contains(&needle)
+            }),
+            "UDP server on {port} did not start"
+        );
+        child
+    }
+
     fn connect(&self, from: char, to: char, port: u16) -> String {
         self.python(from, CLIENT, &[&self.ip(to), &port.to_string()])
     }
@@ -222,6 +252,30 @@ impl Lab {
 
     fn drops(&self, port: &str, reason: &str) -> u64 {
         drops(&self.daemon.stats(), port, reason)
+    }
+
+    /// The value of `family{port="<port>"}` in a scrape of `/metrics`, if it is there.
+    fn metric(&self, family: &str, port: &str) -> Option<u64> {
+        self.scrape_line(&format!("{family}{{port=\"{port}\"}}"))
+    }
+
+    /// The value of the sample `series` (name and labels) in a scrape of `/metrics`.
+    fn scrape_line(&self, series: &str) -> Option<u64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&self.http, Duration::from_secs(5))
+            .expect("connect to /metrics");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http
+        );
+        s.write_all(req.as_bytes()).expect("send");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let prefix = format!("{series} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
     }
 }
 
@@ -250,6 +304,21 @@ fn default_deny_and_state(n: u8, kind: &str) {
     // UDP to a closed port of b: b's ICMP port-unreachable is related to a's flow.
     assert_eq!(lab.python('a', UDP, &[&lab.ip('b'), "7071"]), "refused");
     assert_eq!(lab.drops("a", "ct_invalid"), 0, "{}", lab.daemon.log_text());
+    // /metrics: the connections a's rules opened (8080 in; ping, 7070, 7071 out), none
+    // invalid; b has no groups and no firewall families.
+    let new = lab.metric("qswitch_firewall_new_sessions_total", "a");
+    assert!(new.is_some_and(|n| n >= 4), "new sessions of a: {new:?}");
+    assert_eq!(
+        lab.metric("qswitch_firewall_ct_invalid_total", "a"),
+        Some(0)
+    );
+    assert_eq!(lab.metric("qswitch_firewall_ct_limit_total", "a"), Some(0));
+    assert!(lab.metric("qswitch_firewall_sessions", "a").is_some());
+    assert_eq!(lab.metric("qswitch_firewall_sessions", "b"), None);
+    // web/0 (TCP 8080 in) opened the one connection b made to a.
+    let hits =
+        lab.scrape_line("qswitch_firewall_rule_hits_total{port=\"a\",group=\"web\",index=\"0\"}");
+    assert_eq!(hits, Some(1), "hits of web/0 on a");
 }
 
 #[test]
@@ -280,4 +349,54 @@ fn session_limit_refuses_new_connections_and_keeps_existing_ones() {
         lab.drops("a", "ct_limit") > 0,
         "the refused connection is counted"
     );
+    let limit = lab.metric("qswitch_firewall_ct_limit_total", "a");
+    assert!(
+        limit.is_some_and(|n| n > 0),
+        "ct_limit in /metrics: {limit:?}"
+    );
+}
+
+/// The port scanner's view from outside the group: `nmap -sS` and `nmap -sU` from b against
+/// a, which listens on TCP 8080 and 9090 and UDP 5353 and 6000 and whose group lets only
+/// TCP 8080 and UDP 5353 in. nmap sees 8080/tcp and 5353/udp open (the echo server
+/// answers its probe), 9090/tcp filtered (no RST comes back), 6000/udp not open (no
+/// answer at all: `open|filtered`).
+#[test]
+fn nmap_sees_only_the_allowed_ports() {
+    if !root_or_skip() || !require(have_tool("nmap", &["-V"]), "nmap is not installed") {
+        return;
+    }
+    let lab = Lab::new(4, "tap", "");
+    let _tcp = [lab.server('a', 8080), lab.server('a', 9090)];
+    let _udp = [lab.udp_server('a', 5353), lab.udp_server('a', 6000)];
+    let scan = |kind: &str, ports: &str| {
+        let out = lab.ns('b').run_for(
+            &[
+                "nmap",
+                kind,
+                "-Pn",
+                "-n",
+                "--max-retries",
+                "1",
+                "--host-timeout",
+                "60s",
+                "-p",
+                ports,
+                "-oG",
+                "-",
+                &lab.ip('a'),
+            ],
+            Duration::from_secs(90),
+        );
+        assert!(out.ok(), "nmap {kind}: {out:?}");
+        out.stdout
+    };
+    let tcp = scan("-sS", "8080,9090");
+    assert!(tcp.contains("8080/open/tcp"), "{tcp}");
+    assert!(tcp.contains("9090/filtered/tcp"), "{tcp}");
+    let udp = scan("-sU", "5353,6000");
+    assert!(udp.contains("5353/open/udp"), "{udp}");
+    assert!(udp.contains("6000/open|filtered/udp"), "{udp}");
+    assert!(lab.drops("a", "fw_denied_ingress") > 0);
+    assert_eq!(lab.drops("a", "ct_invalid"), 0, "{}", lab.daemon.log_text());
 }

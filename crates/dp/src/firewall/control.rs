@@ -44,6 +44,17 @@ pub struct CtStats {
     pub memory_bytes: usize,
     /// Zones filtered now, and zones that still have connections or counts.
     pub zones: Vec<ZoneStats>,
+    /// Every compiled rule of the filtered zones, with its hits.
+    pub rules: Vec<RuleHits>,
+}
+
+/// The hits of one rule on one port (zone): new connections and stateless frames it
+/// allowed since the rules were last compiled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleHits {
+    pub zone: u32,
+    pub rule: RuleRef,
+    pub hits: u64,
 }
 
 impl Firewall {
@@ -84,8 +95,22 @@ impl Firewall {
                 shown.then_some(z)
             })
             .collect();
+        let mut hits = Vec::new();
+        for (i, port) in rules.ports.iter().enumerate() {
+            let (Some(port), Ok(zone)) = (port, u32::try_from(i)) else {
+                continue;
+            };
+            for r in port.ingress.iter().chain(&port.egress) {
+                hits.push(RuleHits {
+                    zone,
+                    rule: r.id,
+                    hits: r.hits.get(),
+                });
+            }
+        }
         let table = self.table.get();
         CtStats {
+            rules: hits,
             sessions: table.map_or(0, CtTable::len),
             max_sessions: self.max_sessions,
             capacity: table.map_or(0, CtTable::capacity),

@@ -31,7 +31,7 @@ use qswitch_wire::ct::{self, CtError, CtPacket, Fragment, TcpInfo, L4};
 use qswitch_wire::tcp::{FLAG_ACK, FLAG_FIN, FLAG_RST, FLAG_SYN};
 
 pub use conntrack::{CtState, CtTable, Dir, Entry, RuleRef, TcpDir};
-pub use rules::{PortRules, Rule, RuleSet};
+pub use rules::{Hits, PortRules, Rule, RuleSet};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -422,6 +422,9 @@ impl Firewall {
         };
         if rule.stateless || matches!(p.l4, L4::IcmpError { .. } | L4::IcmpOther { .. }) {
             // ICMP errors about nothing tracked and other ICMP messages pass by rule alone.
+            if !dry {
+                rule.hits.hit();
+            }
             return Verdict::Allow(Allowed::Stateless(rule.id), None);
         }
         let Some(state) = first_state(&p) else {
@@ -447,6 +450,7 @@ impl Firewall {
         match table.insert(entry, now, port.max_sessions) {
             Ok(true) => {
                 counters.new.fetch_add(1, Ordering::Relaxed);
+                rule.hits.hit();
                 Verdict::Allow(Allowed::New(rule.id), Some(state))
             }
             // Another worker tracked it first (the other direction): this packet belongs
@@ -756,6 +760,39 @@ mod tests {
         match v {
             Verdict::Allow(_, s) | Verdict::Deny(_, s) => s,
         }
+    }
+
+    #[test]
+    fn rule_hits_count_new_connections_and_stateless_frames_only() {
+        let fw = firewall(
+            r#"{ direction = "egress", protocol = "tcp" }, { direction = "egress" },"#,
+            "",
+        );
+        let hits = |index: u16| {
+            fw.stats()
+                .rules
+                .iter()
+                .find(|h| h.zone == 0 && h.rule == RuleRef { group: 0, index })
+                .map(|h| h.hits)
+        };
+        let syn = v4(VM, OUT, 6, &tcp(40000, 80, FLAG_SYN, 100, 0, 0));
+        let ack = v4(VM, OUT, 6, &tcp(40000, 80, FLAG_ACK, 101, 501, 0));
+        assert!(
+            fw.peek(0, Egress, &syn, S).allowed(),
+            "a dry run counts nothing"
+        );
+        assert_eq!(hits(0), Some(0));
+        assert!(fw.check(0, Egress, &syn, S).allowed());
+        assert!(
+            fw.check(0, Egress, &syn, S).allowed(),
+            "tracked: no second hit"
+        );
+        let _ = fw.check(0, Egress, &ack, S);
+        assert!(fw
+            .check(0, Egress, &v4(VM, OUT, 17, &udp(5000, 53)), S)
+            .allowed());
+        assert_eq!((hits(0), hits(1)), (Some(1), Some(1)));
+        assert_eq!(hits(2), None);
     }
 
     #[test]

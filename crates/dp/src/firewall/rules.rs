@@ -27,7 +27,36 @@ pub struct Rule {
     /// `None`: any address; `Some`: one of these (an empty list matches nothing: a
     /// `remote_group` with no addresses).
     remote: Option<Vec<IpPrefix>>,
+    /// New connections and stateless frames this rule allowed on this port since the
+    /// rules were last compiled.
+    pub hits: Hits,
 }
+
+/// A rule's hit counter: relaxed, counted once per new connection or stateless frame;
+/// clones share it, and it plays no part in comparing rules.
+#[derive(Debug, Clone, Default)]
+pub struct Hits(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl Hits {
+    /// One more hit.
+    #[inline]
+    pub fn hit(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Hits so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for Hits {
+    fn eq(&self, _: &Hits) -> bool {
+        true
+    }
+}
+
+impl Eq for Hits {}
 
 impl Rule {
     /// Whether the rule allows `p`, where `remote` is the address at the other end (the
@@ -212,6 +241,7 @@ fn compile_group(
                 Some(RuleRemote::Prefix(p)) => Some(vec![*p]),
                 Some(RuleRemote::Group(name)) => Some(members(name)),
             },
+            hits: Hits::default(),
         };
         match r.direction {
             RuleDirection::Ingress => out.ingress.push(rule),
