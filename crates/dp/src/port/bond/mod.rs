@@ -364,6 +364,14 @@ impl BondPort {
             .is_some_and(|m| self.shared.send(m, frame))
     }
 
+    /// (members carrying traffic now, members): what the QoS allocator shares
+    /// ([`crate::control::qos::bond_capacity`]).
+    pub fn members_up(&self) -> (u32, u32) {
+        let members = self.shared.members.members();
+        let up = members.iter().filter(|m| m.up()).count();
+        (up as u32, members.len() as u32)
+    }
+
     /// The port's rx queues: its members', member by member.
     pub fn queues(&self) -> u16 {
         self.shared.members.queues()
