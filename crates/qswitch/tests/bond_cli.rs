@@ -3,7 +3,8 @@
 //! up in a namespace this test creates. Both members come up; `bond show` (text and JSON)
 //! shows the mode, both members and the active one; `bond set --active` moves the active
 //! member to the other and `bond show` says so; an unknown member, and an unknown bond, are
-//! one-line errors that change nothing. Namespace and veths are removed on drop, also on
+//! one-line errors that change nothing. The bond has `capacity`: `qos show` says how many
+//! members are up, also after the backup member's link goes down. Namespace and veths are removed on drop, also on
 //! failure.
 
 mod common;
@@ -42,6 +43,7 @@ fn bond_show_and_set_active_from_the_cli() {
     let config = format!(
         "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\n\
          [[port]]\nname = \"bond0\"\ntype = \"bond\"\nmode = \"active-backup\"\n\
+         capacity = \"1G\"\n\
          members = [ {{ type = \"veth\", ifname = \"{if0}\" }}, \
          {{ type = \"veth\", ifname = \"{if1}\" }} ]\n",
         worker_cpus(2),
@@ -109,4 +111,34 @@ fn bond_show_and_set_active_from_the_cli() {
     let e = qs(&control, &["bond", "show", "nosuch0"]);
     assert!(!e.ok(), "bond show of an unknown bond succeeded");
     assert_eq!(e.stderr_lines().len(), 1, "{:?}", e.stderr_lines());
+
+    // QoS: the bond uplink (capacity 1G) shares the capacity of its members up; `qos show`
+    // says how many are up. The backup member's link goes down: 1 of 2, 500M.
+    let qos = || -> Value {
+        let r = qs_json(&control, &["qos", "show", "--json"]);
+        r["ports"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == "bond0").cloned())
+            .unwrap_or(Value::Null)
+    };
+    let mut q = Value::Null;
+    assert!(
+        wait_until(WAIT, || {
+            q = qos();
+            q["bond_members_up"] == serde_json::json!([2, 2])
+        }),
+        "qos show: {q}"
+    );
+    sh_ok(&["ip", "link", "set", "dev", &active, "down"]);
+    assert!(
+        wait_until(WAIT, || {
+            q = qos();
+            q["bond_members_up"] == serde_json::json!([1, 2])
+        }),
+        "qos show after a member went down: {q}"
+    );
+    assert_eq!(q["capacity"], 1_000_000_000u64, "{q}");
+    let text = qs(&control, &["qos", "show"]);
+    text.assert_ok("qos show");
+    assert!(text.stdout.contains("cap 500M (1/2 up)"), "{}", text.stdout);
 }
