@@ -1191,7 +1191,7 @@ impl QosSettings {
 /// Why a port's keys do not make a port.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PortError {
-    #[error("lldp needs a kernel interface (afxdp, tap or veth), not type {0}")]
+    #[error("lldp needs a kernel interface (afxdp, tap, veth, or a bond's members), not type {0}")]
     Lldp(PortType),
     #[error("type {kind} needs {key}")]
     Missing { kind: PortType, key: &'static str },
@@ -1741,7 +1741,9 @@ impl PortConfig {
             }
         }
         self.qos_settings().check()?;
-        if matches!(self.lldp, Some(LldpMode::Rx | LldpMode::Both)) && self.lldp_ifname().is_none()
+        if matches!(self.lldp, Some(LldpMode::Rx | LldpMode::Both))
+            && self.lldp_ifname().is_none()
+            && !matches!(self.kind, PortKind::Bond(_))
         {
             return Err(PortError::Lldp(self.kind.port_type()));
         }
@@ -1749,7 +1751,8 @@ impl PortConfig {
     }
 
     /// The interface LLDP runs on: afxdp, tap and veth ports have one (it is the port id
-    /// LLDP sends); vhost-user, vxlan, gen and bond ports have none (a bond's members not yet).
+    /// LLDP sends); vhost-user, vxlan, gen and bond ports have none (a bond runs one agent
+    /// per member, on the member's interface: [`PortConfig::lldp_mode`] applies to each).
     pub fn lldp_ifname(&self) -> Option<&str> {
         match &self.kind {
             PortKind::AfXdp(a) => Some(a.ifname.as_str()),
@@ -1762,10 +1765,12 @@ impl PortConfig {
     }
 
     /// What LLDP does on the port: `lldp` if set, else [`LldpMode::Rx`] on an uplink (an
-    /// afxdp port, or a tap or veth port with `capacity`) and [`LldpMode::Off`] elsewhere.
+    /// afxdp port, a bond (it applies to each member), or a tap or veth port with
+    /// `capacity`) and [`LldpMode::Off`] elsewhere.
     pub fn lldp_mode(&self) -> LldpMode {
         match self.lldp {
             Some(m) => m,
+            None if matches!(self.kind, PortKind::Bond(_)) => LldpMode::Rx,
             None if self.lldp_ifname().is_none() => LldpMode::Off,
             None if matches!(self.kind, PortKind::AfXdp(_)) || self.capacity.is_some() => {
                 LldpMode::Rx
@@ -3642,6 +3647,12 @@ capacity = "10G"
         assert_eq!(both.lldp_mode(), LldpMode::Both);
         let off = port("type = \"afxdp\"\nifname = \"eth1\"\nlldp = \"off\"").unwrap();
         assert_eq!(off.lldp_mode(), LldpMode::Off);
+        // A bond is an uplink: rx on each member by default, both allowed.
+        let members = "members = [ { type = \"veth\", ifname = \"m0\" } ]";
+        let bond = port(&format!("type = \"bond\"\n{members}")).unwrap();
+        assert_eq!((bond.lldp_ifname(), bond.lldp_mode()), (None, LldpMode::Rx));
+        let bond = port(&format!("type = \"bond\"\n{members}\nlldp = \"both\"")).unwrap();
+        assert_eq!(bond.lldp_mode(), LldpMode::Both);
         // Dumped and read back with the key.
         let cfg = Config {
             ports: vec![both.clone()],

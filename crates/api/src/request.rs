@@ -638,6 +638,10 @@ pub struct QosPort {
     pub throttled: u64,
     /// The last (up to) 300 one-second rates, oldest first.
     pub history: Vec<f64>,
+    /// A bond uplink: `[members carrying traffic, members]`; the allocator shares
+    /// `capacity` × up / members (`None`: not a bond uplink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bond_members_up: Option<[u32; 2]>,
 }
 
 /// `qswitch placement`: where each rx queue runs, how loaded it is, and why it is there.

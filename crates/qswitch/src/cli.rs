@@ -713,7 +713,16 @@ pub fn qos(control: &Path, cmd: QosCmd) -> anyhow::Result<()> {
             );
             for p in &r.ports {
                 let uplink = match (&p.uplink, p.capacity) {
-                    (_, Some(c)) => format!("cap {}", qswitch_api::config::format_rate(c)),
+                    (_, Some(c)) => match p.bond_members_up {
+                        // A bond: the capacity the allocator shares and the members up.
+                        Some([up, n]) => format!(
+                            "cap {} ({up}/{n} up)",
+                            qswitch_api::config::format_rate(
+                                qswitch_dp::control::qos::bond_capacity(c, up, n)
+                            )
+                        ),
+                        None => format!("cap {}", qswitch_api::config::format_rate(c)),
+                    },
                     (Some(u), _) => u.clone(),
                     _ => "-".into(),
                 };

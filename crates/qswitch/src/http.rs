@@ -449,6 +449,7 @@ mod tests {
             alloc_last_second: None,
             throttled: 0,
             history: Vec::new(),
+            bond_members_up: None,
         }
     }
 

@@ -290,3 +290,86 @@ fn lldp_with_lldpd_both_ways_aging_and_off() {
     assert!(!bad.ok());
     assert!(bad.stderr.contains("nosuch"), "{bad:?}");
 }
+
+/// LLDP on a bond's members: a bond of two veth members, each to its own lldpd, with
+/// `lldp = "both"` on the bond. Each lldpd sees qswitch with port id = the member's
+/// interface (also the backup member's: LLDP is per link); `qswitch lldp` lists one agent
+/// per member as `BOND/IFNAME`, each with its own lldpd; `/metrics` counts them.
+#[test]
+fn lldp_on_bond_members_with_lldpd() {
+    if !root_or_skip() {
+        return;
+    }
+    for tool in ["lldpd", "lldpcli"] {
+        if !have_tool(tool, &["-v"]) {
+            skip(&format!("needs {tool} (Debian package lldpd)"));
+            return;
+        }
+    }
+    let pid = std::process::id();
+    let dir = TempDir::new("lldp-bond");
+    let if0 = format!("qb{}a", pid % 1_000_000);
+    let if1 = format!("qb{}b", pid % 1_000_000);
+    let n = pid % 200 + 20;
+    let peer0 = Peer::new(&dir, "ba", &if0, &format!("10.205.{n}.2/24"));
+    let peer1 = Peer::new(&dir, "bb", &if1, &format!("10.206.{n}.2/24"));
+
+    let control = dir.join("control.sock");
+    let http = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let config = format!(
+        "[switch]\nworkers = \"{}\"\ncontrol = \"{}\"\nhttp = \"{http}\"\n\
+         [[port]]\nname = \"bond0\"\ntype = \"bond\"\nlldp = \"both\"\n\
+         members = [ {{ type = \"veth\", ifname = \"{if0}\" }}, \
+         {{ type = \"veth\", ifname = \"{if1}\" }} ]\n",
+        worker_cpus(2),
+        control.display()
+    );
+    let _daemon = DaemonChild::start(dir.path(), "qswitch", &config, &control);
+
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
+    for (peer, ifname) in [(&peer0, &if0), (&peer1, &if1)] {
+        let mut shown = String::new();
+        let seen = wait_until(WAIT, || {
+            shown = peer.neighbors();
+            shown.contains(&format!("chassis.name={host}"))
+                && shown
+                    .lines()
+                    .any(|l| l == format!("lldp.eth0.port.ifname={ifname}"))
+        });
+        assert!(seen, "lldpd on {ifname} does not show qswitch: {shown}");
+    }
+
+    let mut ports = Vec::new();
+    let heard = wait_until(WAIT, || {
+        ports = lldp(&control, Some("bond0"));
+        ports.len() == 2
+            && ports
+                .iter()
+                .all(|p| p["neighbors"].as_array().is_some_and(|n| n.len() == 1))
+    });
+    assert!(
+        heard,
+        "qswitch lldp bond0 does not show both lldpd: {ports:?}"
+    );
+    for (p, (peer, ifname)) in ports.iter().zip([(&peer0, &if0), (&peer1, &if1)]) {
+        assert_eq!(p["port"], format!("bond0/{ifname}"), "{p}");
+        assert_eq!(p["ifname"], ifname.as_str(), "{p}");
+        assert_eq!(p["mode"], "both", "{p}");
+        assert_eq!(p["neighbors"][0]["system_name"], peer.name, "{p}");
+    }
+    let m = metrics(&http);
+    for ifname in [&if0, &if1] {
+        assert!(
+            m.contains(&format!(
+                "qswitch_lldp_neighbors{{port=\"bond0/{ifname}\"}} 1\n"
+            )),
+            "{m}"
+        );
+    }
+}

@@ -9,4 +9,6 @@
 pub mod alloc;
 pub(crate) mod ops;
 
+pub use ops::bond_capacity;
+
 pub use crate::qos::{PortQos, QosUpdate, TICK};

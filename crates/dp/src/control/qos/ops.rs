@@ -335,8 +335,15 @@ fn tick(
     // Allocate, per uplink; a port toward several (a trunk) gets the smallest of its shares.
     s.rates.clear();
     s.rates.resize(table.len(), u64::MAX);
-    for (_, cap, members) in &g.uplinks {
-        let cap = *cap as f64;
+    for (up_slot, cap, members) in &g.uplinks {
+        // A bond shares the capacity of its members still up.
+        let cap = match port(*up_slot).map(|u| &u.dev) {
+            Some(crate::port::Device::Bond(b)) => {
+                let (up, n) = b.members_up();
+                bond_capacity(*cap, up, n)
+            }
+            _ => *cap,
+        } as f64;
         s.claims.clear();
         s.members.clear();
         for &slot in members {
@@ -375,6 +382,16 @@ fn tick(
             p.qos.state.lock().alloc = Some(r);
         }
     }
+}
+
+/// The capacity a bond uplink with `capacity` configured shares while `up` of its `members`
+/// carry traffic: `capacity` × `up` / `members` (the members are taken as equal links; 0
+/// when none is up).
+pub fn bond_capacity(capacity: u64, up: u32, members: u32) -> u64 {
+    if members == 0 {
+        return 0;
+    }
+    (u128::from(capacity) * u128::from(up.min(members)) / u128::from(members)) as u64
 }
 
 /// `qos show`.
@@ -434,6 +451,13 @@ fn report_of(shared: &Shared, configured_only: bool) -> QosReport {
                 } else {
                     st.history.iter().copied().collect()
                 },
+                bond_members_up: match (&p.dev, p.qos.capacity) {
+                    (crate::port::Device::Bond(b), Some(_)) => {
+                        let (up, n) = b.members_up();
+                        Some([up, n])
+                    }
+                    _ => None,
+                },
             })
         })
         .collect();
@@ -442,5 +466,27 @@ fn report_of(shared: &Shared, configured_only: bool) -> QosReport {
         seconds: shared.qos.seconds.load(Ordering::Relaxed),
         reservable: shared.qos.reservable,
         ports,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bond_capacity;
+
+    /// Issue 28: a bond uplink shares the capacity of its members still up.
+    #[test]
+    fn a_bond_shares_the_capacity_of_its_members_up() {
+        let g = 1_000_000_000;
+        assert_eq!(bond_capacity(2 * g, 2, 2), 2 * g);
+        assert_eq!(bond_capacity(2 * g, 1, 2), g);
+        assert_eq!(bond_capacity(3 * g, 2, 3), 2 * g);
+        assert_eq!(bond_capacity(2 * g, 0, 2), 0);
+        // Nothing odd from odd input: no members, more up than members, huge capacities.
+        assert_eq!(bond_capacity(2 * g, 1, 0), 0);
+        assert_eq!(bond_capacity(2 * g, 5, 2), 2 * g);
+        assert_eq!(
+            bond_capacity(u64::MAX, 7, 8),
+            u64::MAX / 8 * 7 + 7 * (u64::MAX % 8) / 8
+        );
     }
 }

@@ -18,6 +18,20 @@ impl Core {
         let table = self.shared.ports.load();
         let mut name = None;
         for p in table.iter().flatten() {
+            // A bond's members: each agent by its own member's device.
+            if let crate::port::Device::Bond(bond) = &p.dev {
+                for (ifname, agent) in bond.lldp_agents() {
+                    agent.expire(now);
+                    if agent.mode() != LldpMode::Both || p.disabled.get() {
+                        continue;
+                    }
+                    let system_name = name.get_or_insert_with(crate::lldp::hostname).clone();
+                    agent.set_identity_name(system_name, now);
+                    if let Some(frame) = agent.due_tx(now) {
+                        bond.send_by_member(ifname, &frame);
+                    }
+                }
+            }
             let Some(agent) = &p.lldp else { continue };
             agent.expire(now);
             if agent.mode() != LldpMode::Both || p.disabled.get() {
@@ -38,7 +52,8 @@ impl Core {
 
 impl Switch {
     /// The LLDP agents and their neighbours, in port order: of every port with LLDP, or of
-    /// port `port` only (an error if there is no such port; empty if it runs no LLDP).
+    /// port `port` only (an error if there is no such port; empty if it runs no LLDP). A
+    /// bond's members' agents are listed as `BOND/IFNAME`.
     pub fn lldp(&self, port: Option<&str>) -> Result<Vec<LldpPort>, SwitchError> {
         let table = self.shared.ports.load();
         if let Some(name) = port {
@@ -51,7 +66,18 @@ impl Switch {
             .iter()
             .flatten()
             .filter(|p| port.is_none_or(|n| p.config.name == n))
-            .filter_map(|p| Some(p.lldp.as_ref()?.report(&p.config.name, now)))
+            .flat_map(|p| {
+                let own = p.lldp.as_ref().map(|a| a.report(&p.config.name, now));
+                // A bond's members, named `BOND/IFNAME`.
+                let members: Vec<LldpPort> = match &p.dev {
+                    crate::port::Device::Bond(bond) => bond
+                        .lldp_agents()
+                        .map(|(ifname, a)| a.report(&format!("{}/{ifname}", p.config.name), now))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                own.into_iter().chain(members)
+            })
             .collect())
     }
 }

@@ -54,7 +54,15 @@ fn lldp_agent(config: &PortConfig, now: u64) -> Option<crate::lldp::LldpAgent> {
     if mode == qswitch_api::config::LldpMode::Off {
         return None;
     }
-    let ifname = config.lldp_ifname()?;
+    lldp_agent_on(config.lldp_ifname()?, mode, now)
+}
+
+/// The LLDP agent on interface `ifname` in `mode` (a port's, or a bond member's).
+fn lldp_agent_on(
+    ifname: &str,
+    mode: qswitch_api::config::LldpMode,
+    now: u64,
+) -> Option<crate::lldp::LldpAgent> {
     let sys = |what: &str| {
         std::fs::read_to_string(format!("/sys/class/net/{ifname}/{what}"))
             .map(|s| s.trim().to_string())
@@ -513,9 +521,17 @@ impl Switch {
                 })
                 .collect()
         });
-        crate::port::bond::BondPort::open(&config.name, b, devices, announce)
-            .map(Device::Bond)
-            .map_err(|e| err(e.to_string()))
+        let mut bond = crate::port::bond::BondPort::open(&config.name, b, devices, announce)
+            .map_err(|e| err(e.to_string()))?;
+        // LLDP on a bond: one agent per member, on the member's own interface.
+        let now = self.shared.now();
+        bond.set_lldp(
+            b.members
+                .iter()
+                .map(|m| lldp_agent_on(m.ifname.as_str(), config.lldp_mode(), now))
+                .collect(),
+        );
+        Ok(Device::Bond(bond))
     }
 
     fn entry(&self, id: PortId, config: &PortConfig, dev: Device) -> Arc<PortEntry> {

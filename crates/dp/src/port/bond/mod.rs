@@ -28,9 +28,11 @@
 //!   in the last 5 minutes (a frame of one of our local MACs, reflected by the physical
 //!   switch) is dropped. Those MACs sit in a 4096-slot direct-mapped table written on
 //!   transmit: a collision forgets a MAC early (a reflected frame may then pass once).
-//! - **LACPDUs** are consumed by the bond (handed to its thread, never forwarded); LLDPDUs and
-//!   other link-local frames go on to the pipeline's link-local stage as every port's do
-//!   (LLDP on members: that stage's hook, issue 28 part 3).
+//! - **LACPDUs** are consumed by the bond (handed to its thread, never forwarded). With
+//!   `lldp` on the bond, each member has its own LLDP agent: an LLDPDU a member receives is
+//!   consumed by that member's agent (before the active-backup and balance-slb rules);
+//!   without, LLDPDUs and other link-local frames go on to the pipeline's link-local stage
+//!   as every port's do.
 //! - **Gratuitous RARP**: when the active member changes (active-backup) or buckets move to
 //!   another member (balance-slb), one RARP per MAC learned on the switch's other ports, in
 //!   each VLAN the bond carries (tagged as the bond carries it), goes out by the member now
@@ -130,6 +132,9 @@ pub struct BondPort {
     shared: Arc<Shared>,
     events: SyncSender<Event>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    /// LLDP on the members (`lldp` of the bond): one agent per member, in member order;
+    /// empty when off.
+    lldp: Box<[Option<crate::lldp::LldpAgent>]>,
 }
 
 impl std::fmt::Debug for BondPort {
@@ -309,6 +314,7 @@ impl BondPort {
             shared: shared.clone(),
             events: events.clone(),
             threads: parking_lot::Mutex::new(Vec::new()),
+            lldp: Box::new([]),
         };
         let carrier_thread = {
             let shared = shared.clone();
@@ -334,6 +340,42 @@ impl BondPort {
         };
         port.threads.lock().push(control);
         Ok(port)
+    }
+
+    /// Runs LLDP on the members: `agents[m]` is member `m`'s (`None`: no LLDP on it).
+    pub fn set_lldp(&mut self, agents: Vec<Option<crate::lldp::LldpAgent>>) {
+        self.lldp = if agents.iter().any(Option::is_some) {
+            agents.into_boxed_slice()
+        } else {
+            Box::new([])
+        };
+    }
+
+    /// The members' LLDP agents: (member interface, agent), in member order.
+    pub fn lldp_agents(&self) -> impl Iterator<Item = (&str, &crate::lldp::LldpAgent)> {
+        self.shared
+            .names
+            .iter()
+            .zip(self.lldp.iter())
+            .filter_map(|(n, a)| Some((n.as_str(), a.as_ref()?)))
+    }
+
+    /// Sends `frame` by member `ifname`'s own device (an LLDPDU: not by the bond's transmit
+    /// policy, whatever member carries traffic); whether it went.
+    pub fn send_by_member(&self, ifname: &str, frame: &[u8]) -> bool {
+        self.shared
+            .names
+            .iter()
+            .position(|n| n == ifname)
+            .is_some_and(|m| self.shared.send(m, frame))
+    }
+
+    /// (members carrying traffic now, members): what the QoS allocator shares
+    /// ([`crate::control::qos::bond_capacity`]).
+    pub fn members_up(&self) -> (u32, u32) {
+        let members = self.shared.members.members();
+        let up = members.iter().filter(|m| m.up()).count();
+        (up as u32, members.len() as u32)
     }
 
     /// The port's rx queues: its members', member by member.
@@ -781,9 +823,16 @@ impl Port for BondPort {
                 }
                 continue;
             }
-            // Other link-local frames (LLDP from the members among them) go on to the
-            // pipeline's link-local stage as every port's do.
+            // Other link-local frames go on to the pipeline's link-local stage as every
+            // port's do; an LLDPDU is taken by the member's agent first when the bond runs
+            // LLDP (whatever the member's role: LLDP is per link).
             let link_local = f.len() >= 6 && f[..5] == [0x01, 0x80, 0xc2, 0, 0] && f[5] < 0x10;
+            if link_local && f[5] == 0x0e {
+                if let Some(Some(agent)) = self.lldp.get(m) {
+                    agent.on_frame(f, now);
+                    continue;
+                }
+            }
             let keep = link_local
                 || (takes
                     && !(slb
