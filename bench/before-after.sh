@@ -4,17 +4,23 @@
 # NEW's. Prints, per metric of the runs, the median [min-max] of each build and new/old.
 #   bench/before-after.sh OLD NEW ROUNDS -- SCENARIO [bench options]
 # e.g. bench/before-after.sh /tmp/qswitch-old target/release/qswitch 5 -- pvp --only qswitch --seconds 5
+# OLD or NEW may be BIN:FILE: that side runs with $QSWITCH_BENCH_EXTRA set to FILE's text (pvp
+# appends it to qswitch's config), so one binary with and without a feature is compared:
+#   bench/before-after.sh Q Q:bench/extra/ipfix.toml 5 -- pvp --only qswitch --seconds 5
 set -euo pipefail
 [ $# -ge 5 ] && [ "$4" = "--" ] || { echo "usage: $0 OLD NEW ROUNDS -- SCENARIO [options]" >&2; exit 2; }
-old=$(readlink -f "$1"); new=$(readlink -f "$2"); rounds=$3; shift 4
+spec_bin() { readlink -f "${1%%:*}"; }
+spec_extra() { case "$1" in *:*) cat "${1#*:}" ;; esac; }
+old=$(spec_bin "$1"); new=$(spec_bin "$2"); old_extra=$(spec_extra "$1"); new_extra=$(spec_extra "$2")
+rounds=$3; shift 4
 scenario=$1
 out=$(mktemp -d /tmp/qswitch-before-after.XXXXXX)
 for r in $(seq 1 "$rounds"); do
   if [ $((r % 2)) -eq 1 ]; then order="old new"; else order="new old"; fi
   for who in $order; do
-    if [ "$who" = old ]; then bin=$old; else bin=$new; fi
-    echo "== round $r: $who ($bin)" >&2
-    QSWITCH_DAEMON=$bin "$new" bench "$@" --runs 1 --out "$out/$who-$r" >"$out/$who-$r.log" 2>&1 \
+    if [ "$who" = old ]; then bin=$old; extra=$old_extra; else bin=$new; extra=$new_extra; fi
+    echo "== round $r: $who ($bin${extra:+ with extra config})" >&2
+    QSWITCH_BENCH_EXTRA=$extra QSWITCH_DAEMON=$bin "$new" bench "$@" --runs 1 --out "$out/$who-$r" >"$out/$who-$r.log" 2>&1 \
       || { echo "run failed, see $out/$who-$r.log" >&2; tail -5 "$out/$who-$r.log" >&2; exit 1; }
   done
 done

@@ -1371,12 +1371,20 @@ struct QswitchSwitch {
     dir: RemoveDir,
 }
 
+/// Environment variable: TOML appended to the qswitch contender's config (after its two
+/// ports), `{dir}` replaced by its run directory: a feature's cost measured as "the same
+/// switch with and without it" (`bench/before-after.sh BIN BIN:FILE ...`), e.g. a
+/// `[switch.ipfix]` table or a `[[mirror]]` session of port `a`.
+pub const EXTRA_ENV: &str = "QSWITCH_BENCH_EXTRA";
+
 fn qswitch_config(dir: &Path) -> String {
+    let extra = std::env::var(EXTRA_ENV).unwrap_or_default();
     format!(
         "[switch]\nworkers = \"{SWITCH_CPU}\"\ncontrol = \"{d}/control.sock\"\n\n\
          [[port]]\nname = \"a\"\ntype = \"vhost-user\"\nsocket = \"{d}/a.sock\"\nmode = \"server\"\n\n\
-         [[port]]\nname = \"b\"\ntype = \"vhost-user\"\nsocket = \"{d}/b.sock\"\nmode = \"server\"\n",
-        d = dir.display()
+         [[port]]\nname = \"b\"\ntype = \"vhost-user\"\nsocket = \"{d}/b.sock\"\nmode = \"server\"\n{extra}",
+        d = dir.display(),
+        extra = extra.replace("{dir}", &dir.display().to_string()),
     )
 }
 
