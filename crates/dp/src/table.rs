@@ -283,11 +283,11 @@ pub trait MirrorSession: Send + Sync {
     /// Whether the session copies the frames its sources receive (`rx`) or are sent.
     fn takes(&self, rx: bool) -> bool;
     /// Queues copies of `frames` of port `port` (its untagged frames in VLAN `native`).
-    fn push_dyn<'a>(
+    fn push_dyn(
         &self,
         port: u16,
         native: u16,
-        frames: &mut dyn Iterator<Item = &'a crate::packet::Pkt>,
+        frames: &mut dyn Iterator<Item = &crate::packet::Pkt>,
     );
 }
 

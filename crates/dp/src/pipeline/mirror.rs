@@ -338,7 +338,7 @@ impl MirrorSession for Session {
         }
     }
 
-    fn push_dyn<'a>(&self, port: u16, native: u16, frames: &mut dyn Iterator<Item = &'a Pkt>) {
+    fn push_dyn(&self, port: u16, native: u16, frames: &mut dyn Iterator<Item = &Pkt>) {
         self.push(port, native, frames)
     }
 }
