@@ -1,6 +1,6 @@
 //! LLDP (IEEE 802.1AB) in the running switch: one [`LldpAgent`] per port (or bond member)
 //! whose `lldp` is `rx` or `both` ([`qswitch_api::config::PortConfig::lldp_mode`]; `rx` is
-//! the default on uplinks). It wraps the pure machine of [`crate::port::bond::lldp`] (the
+//! the default on uplinks). It wraps the pure machine of [`machine`] (also `crate::port::bond::lldp`) (the
 //! neighbour table with TTL aging, the transmitter) with what a running switch needs:
 //!
 //! ```text
@@ -42,7 +42,9 @@ use qswitch_api::request::{LldpNeighbor, LldpPort};
 use qswitch_wire::lldp::{chassis_subtype, family, port_subtype, Lldpdu};
 use qswitch_wire::MacAddr;
 
-use crate::port::bond::lldp::{Neighbors, Transmitter, TxConfig, Update, DEFAULT_INTERVAL};
+pub mod machine;
+
+use machine::{Neighbors, Transmitter, TxConfig, Update, DEFAULT_INTERVAL};
 
 /// Who this switch says it is.
 #[derive(Debug, Clone, PartialEq, Eq)]

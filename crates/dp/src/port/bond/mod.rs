@@ -43,7 +43,8 @@
 //!   workers).
 
 pub mod lacp;
-pub mod lldp;
+/// The LLDP machine lives with the agent ([`crate::lldp`]); named here too, beside LACP.
+pub use crate::lldp::machine as lldp;
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
