@@ -42,6 +42,7 @@ use crate::procstat;
 use crate::run::Run;
 
 mod affinity;
+mod bond;
 mod bypass;
 mod cni;
 mod gen;
@@ -59,7 +60,7 @@ mod uplink;
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
-    /// uplink, soak, overlay, scale, cni).
+    /// uplink, soak, overlay, scale, cni, bond).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -194,6 +195,12 @@ const SCENARIOS: &[Scenario] = &[
         name: "cni",
         about: "pod -> pod iperf3 TCP, pods attached with cnitool: qswitch-cni (veth) vs the reference bridge plugin; 1 and 4 streams",
         run: cni::run,
+        only: true,
+    },
+    Scenario {
+        name: "bond",
+        about: "peer netns bridge -> two veths -> balance-slb bond of two afxdp members -> TAP netns per stream vs one afxdp member; TCP 1 and 4 streams, per-member spread",
+        run: bond::run,
         only: true,
     },
 ];

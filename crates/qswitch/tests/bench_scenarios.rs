@@ -1,8 +1,8 @@
 //! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`,
 //! `multiqueue`, `tap-tcp` (two queues per TAP, and its references), `uplink`, `pvp` (its three
-//! contenders, both load shapes) and `cni` bench scenarios (root): each writes its JSON with per-second
-//! records and a summary, and an SVG, and leaves no namespace (nor DPDK runtime directory)
-//! behind. Timings are never asserted.
+//! contenders, both load shapes), `cni` and `bond` bench scenarios (root): each writes its
+//! JSON with per-second records and a summary, and an SVG, and leaves no namespace (nor DPDK
+//! runtime directory) behind. Timings are never asserted.
 
 mod common;
 
@@ -232,6 +232,85 @@ fn uplink_native_and_bridge_write_results() {
         })
         .unwrap_or_default();
     assert!(dpdk.is_empty(), "left DPDK runtime dirs {dpdk:?}");
+}
+
+/// `bench bond`, one short round: a balance-slb bond of two afxdp members against one member,
+/// 1 and 4 streams, the ratios, each bond run's member shares (4 VM MACs spread over both
+/// members), and nothing left behind (namespaces, veths, the run's directory).
+#[test]
+fn bond_writes_results() {
+    if !root_or_skip() || !cpus_or_skip(2) {
+        return;
+    }
+    let dir = TempDir::new("bench-bond");
+    let log = dir.join("bond.out");
+    let child = Command::new(QSWITCH)
+        .args(["bench", "bond", "--runs", "1", "--seconds", "1", "--out"])
+        .arg(dir.path())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let pid = child.pid();
+    let status = child.wait_timeout(Duration::from_secs(180));
+    let stdout = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
+    assert!(!stdout.contains("panicked"), "{stdout}");
+    for s in [1, 4] {
+        assert!(
+            stdout.contains(&format!(
+                "RESULT bond bond-2-{s}/one-member-{s} gbps_ratio="
+            )),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("RESULT bond bond-2-4 member_rx_share="),
+        "{stdout}"
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("bond.json")).unwrap()).unwrap();
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{json}");
+    assert!(runs
+        .iter()
+        .all(|r| !r["samples"].as_array().unwrap().is_empty()));
+    for s in json["spreads"].as_array().unwrap() {
+        let (name, members) = (
+            s["contender"].as_str().unwrap(),
+            s["members"].as_array().unwrap(),
+        );
+        let streams = if name.ends_with("-4") { 4 } else { 1 };
+        assert_eq!(s["stream_gbps"].as_array().unwrap().len(), streams, "{s}");
+        match name {
+            "bond-2-4" => {
+                assert_eq!(members.len(), 2, "{s}");
+                // Four VM MACs, two per member: each member carries some of the traffic.
+                assert!(
+                    members
+                        .iter()
+                        .all(|m| m["rx_packets"].as_u64().unwrap() > 0),
+                    "{s}"
+                );
+            }
+            "bond-2-1" => assert_eq!(members.len(), 2, "{s}"),
+            _ => assert!(members.is_empty(), "{s}"),
+        }
+    }
+    assert!(std::fs::read_to_string(dir.join("bond.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+    let left = namespaces_of(pid);
+    assert!(left.is_empty(), "left namespaces {left:?}");
+    let n = pid % 10_000;
+    for m in 0..2 {
+        let veth = format!("/sys/class/net/qsbdU{m}{n}");
+        assert!(
+            !std::path::Path::new(&veth).exists(),
+            "left the veth {veth}"
+        );
+    }
 }
 
 /// `bench pvp`, one short round with the defaults: every contender (qswitch, OVS-DPDK,
