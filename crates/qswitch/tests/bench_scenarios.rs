@@ -321,7 +321,7 @@ fn pvp_firewall_contenders_new_flows_and_flows() {
     }
     let dir = TempDir::new("bench-pvp-fw");
     let run = |extra: &[&str], name: &str| -> (String, Value, u32) {
-        let log = dir.join(format!("{name}.out"));
+        let log = dir.join(&format!("{name}.out"));
         let out = dir.join(name);
         let child = Command::new(QSWITCH)
             .args([
