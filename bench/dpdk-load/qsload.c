@@ -10,13 +10,19 @@
  *   qsload --no-huge -m 1024 --no-pci --iova-mode=va --file-prefix qsl$$ -l 0 \
  *       --vdev net_virtio_user0,path=/run/a.sock,queues=1[,server=1] \
  *       --vdev net_virtio_user1,path=/run/b.sock,queues=1[,server=1] \
- *       -- --size 64 --seconds 10 [--warmup 2] [--flows 4] [--link-timeout 15] [--pools 1|2]
+ *       -- --size 64 --seconds 10 [--warmup 2] [--flows 4 | --new-flows] [--link-timeout 15] \
+ *          [--pools 1|2]
  *
  * Port 0 sends from 02:00:00:00:00:0a to 02:00:00:00:00:0b; port 1 has 02:00:00:00:00:0b and
  * first announces itself (a few broadcast frames) so a learning switch knows where it is before
  * the measurement. The buffers come from one pool of 8191 mbufs (`--pools 1`, the default) or,
  * as a guest with a larger working set has them, from two pools of 16383 mbufs, one that the
  * generator sends from and one that the receive rings are filled from (`--pools 2`).
+ * Flows differ in the UDP source port (1024 + flow, wrapping past 65535): `--flows N` cycles
+ * through N of them frame by frame. `--new-flows` gives every frame a 5-tuple not sent before in
+ * the run (a connection-tracking switch sees each frame as a new connection): the source port
+ * walks 1024..65535, then the source address steps through 10.128.0.0/9, so 2^32 frames pass
+ * before a tuple repeats.
  * Prints one JSON object on stdout: frames sent and received in the measured
  * window, Mpps each way, and the received count of every second.
  */
@@ -114,12 +120,13 @@ int main(int argc, char **argv)
 	}
 	argc -= eal;
 	argv += eal;
-	unsigned size = 64, flows = 4, pools = 1;
+	unsigned size = 64, flows = 4, pools = 1, new_flows = 0;
 	double seconds = 10, warmup = 2, link_timeout = 15;
 	static const struct option opts[] = {
 		{"size", required_argument, 0, 's'},   {"seconds", required_argument, 0, 't'},
 		{"warmup", required_argument, 0, 'w'}, {"flows", required_argument, 0, 'f'},
 		{"link-timeout", required_argument, 0, 'l'}, {"pools", required_argument, 0, 'p'},
+		{"new-flows", no_argument, 0, 'n'},
 		{0, 0, 0, 0},
 	};
 	int c;
@@ -132,6 +139,7 @@ int main(int argc, char **argv)
 		case 'f': flows = (unsigned)strtoul(optarg, NULL, 10); break;
 		case 'l': link_timeout = strtod(optarg, NULL); break;
 		case 'p': pools = (unsigned)strtoul(optarg, NULL, 10); break;
+		case 'n': new_flows = 1; break;
 		default: fprintf(stderr, "qsload: bad argument\n"); return 2;
 		}
 	}
@@ -211,6 +219,11 @@ int main(int argc, char **argv)
 	uint64_t next_sec = t0 + hz, got_sec = 0;
 	int measuring = 0;
 	struct rte_mbuf *tx[BURST], *rx[BURST];
+	/* More flows than templates, or a new one per frame: each frame's tuple is set after the
+	 * copy (the source port; with --new-flows also the source address and the IP checksum). */
+	const int per_frame = new_flows || flows > BURST;
+	const size_t l4 = sizeof(struct rte_ether_hdr) + sizeof(struct rte_ipv4_hdr);
+	uint64_t next_flow = 0;
 	for (;;) {
 		uint64_t now = rte_get_timer_cycles();
 		if (!measuring && now >= t0) {
@@ -231,6 +244,22 @@ int main(int argc, char **argv)
 				rte_memcpy(rte_pktmbuf_mtod(tx[i], void *),
 					   rte_pktmbuf_mtod(tmpl[i], void *), size);
 				tx[i]->data_len = tx[i]->pkt_len = size;
+				if (!per_frame)
+					continue;
+				char *p = rte_pktmbuf_mtod(tx[i], char *);
+				struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(p + l4);
+				uint64_t k = next_flow++;
+				if (new_flows) {
+					struct rte_ipv4_hdr *ip =
+						(struct rte_ipv4_hdr *)(p + sizeof(struct rte_ether_hdr));
+					udp->src_port = rte_cpu_to_be_16(1024 + k % 64512);
+					ip->src_addr = rte_cpu_to_be_32(0x0a800000u +
+									(uint32_t)((k / 64512) & 0x7fffff));
+					ip->hdr_checksum = 0;
+					ip->hdr_checksum = rte_ipv4_cksum(ip);
+				} else {
+					udp->src_port = rte_cpu_to_be_16((uint16_t)(1024 + k % flows));
+				}
 			}
 			uint16_t n = rte_eth_tx_burst(gen, 0, tx, BURST);
 			sent += n;
@@ -247,9 +276,10 @@ int main(int argc, char **argv)
 	uint64_t end = rte_get_timer_cycles();
 	double window = measuring ? (double)((end < t1 ? end : t1) - t0) / hz : 0;
 	uint64_t s = sent - sent0, g = got - got0;
-	printf("{\"size\":%u,\"flows\":%u,\"pools\":%u,\"seconds\":%.3f,\"sent\":%" PRIu64 ",\"received\":%" PRIu64
+	printf("{\"size\":%u,\"new_flows\":%s,\"flows_sent\":%" PRIu64 ",\"flows\":%u,\"pools\":%u,\"seconds\":%.3f,\"sent\":%" PRIu64 ",\"received\":%" PRIu64
 	       ",\"tx_mpps\":%.4f,\"rx_mpps\":%.4f,\"tx_ring_full_bursts\":%" PRIu64 ",\"per_second\":[",
-	       size, flows, pools, window, s, g, window > 0 ? s / window / 1e6 : 0,
+	       size, new_flows ? "true" : "false", per_frame ? (new_flows ? next_flow : flows) : flows,
+	       flows, pools, window, s, g, window > 0 ? s / window / 1e6 : 0,
 	       window > 0 ? g / window / 1e6 : 0, tx_full);
 	for (unsigned i = 0; i < sec; i++)
 		printf("%s%" PRIu64, i ? "," : "", per_sec[i]);

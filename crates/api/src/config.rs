@@ -1090,6 +1090,24 @@ pub struct GenConfig {
     /// Frames to send in total; 0 = unlimited.
     #[serde(default)]
     pub count: u64,
+    /// The frames' IPv4 addresses and which UDP port the flows vary (default: from
+    /// 198.18.<port id> to 198.19.0.1, flows in the source port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<GenIp>,
+}
+
+/// `ip = { src = "10.9.0.1", dst = "10.9.0.2", reply = false }` of a gen port's `generate`:
+/// two gen ports with mirrored addresses, one of them `reply = true`, send the two directions
+/// of the same UDP connections (what a stateful firewall tracks as one connection each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenIp {
+    pub src: std::net::Ipv4Addr,
+    pub dst: std::net::Ipv4Addr,
+    /// The replies: from UDP port 5001 to the flow's port (1024 + flow), where the other
+    /// direction goes from the flow's port to 5001.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reply: bool,
 }
 
 fn default_gen_size() -> u16 {
@@ -3729,6 +3747,7 @@ capacity = "10G"
                             rate: 7,
                             flows: 3,
                             count: 0,
+                            ip: None,
                         }),
                     })
                 }),

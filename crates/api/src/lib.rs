@@ -24,9 +24,9 @@ pub mod request;
 pub mod value;
 
 pub use config::{
-    AfXdpConfig, BondConfig, BondMember, BondMode, Config, ConfigError, GenConfig, GenPortConfig,
-    LacpMode, LacpRate, ModeKey, PlacementMode, PortConfig, PortError, PortKeys, PortKind,
-    PortType, QosConfig, QosError, QosSettings, SwitchConfig, TapConfig, VhostMode,
+    AfXdpConfig, BondConfig, BondMember, BondMode, Config, ConfigError, GenConfig, GenIp,
+    GenPortConfig, LacpMode, LacpRate, ModeKey, PlacementMode, PortConfig, PortError, PortKeys,
+    PortKind, PortType, QosConfig, QosError, QosSettings, SwitchConfig, TapConfig, VhostMode,
     VhostUserConfig, VxlanConfig, XdpMode,
 };
 pub use cpulist::{CpuList, CpuListError};

@@ -505,6 +505,7 @@ fn switch_with_bond(ours: &[String], lacp: LacpMode, flows: u16) -> Switch {
             rate: 2000,
             flows,
             count: 0,
+            ip: None,
         }),
     });
     sw.add_port(&src).expect("gen port");

@@ -448,6 +448,7 @@ fn generated_frames_all_arrive_in_order_without_threads() {
             rate: 0,
             flows: 8,
             count,
+            ip: None,
         }),
     });
     sim.sw.add_ports(&[sink, src]).unwrap();

@@ -32,6 +32,7 @@ fn gen(name: &str, mac: &str, dst: &str, size: u16, rate: u64) -> PortConfig {
             rate,
             flows: 1,
             count: 0,
+            ip: None,
         }),
     });
     p

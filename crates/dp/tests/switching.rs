@@ -56,6 +56,7 @@ fn every_generated_frame_arrives_in_order() {
             rate: 0,
             flows: 8,
             count,
+            ip: None,
         };
         sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1))
             .unwrap();
@@ -225,6 +226,7 @@ fn ports_come_and_go_without_disturbing_traffic() {
         rate: 200_000,
         flows: 4,
         count: 0,
+        ip: None,
     };
     sw.add_port(&gen_port("sink", "02:00:00:00:00:02", None, 1))
         .unwrap();

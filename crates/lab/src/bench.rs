@@ -45,6 +45,7 @@ mod affinity;
 mod bond;
 mod bypass;
 mod cni;
+mod fw;
 mod gen;
 mod multiqueue;
 mod overlay;
@@ -60,7 +61,7 @@ mod uplink;
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Scenario to run (tap-tcp, pvp, qos, rss, placement, bypass, affinity, multiqueue,
-    /// uplink, soak, overlay, scale, cni, bond).
+    /// uplink, soak, overlay, scale, cni, bond, fw-scale).
     pub scenario: String,
     /// Runs per contender.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -96,6 +97,20 @@ pub struct BenchArgs {
         value_name = "N,..."
     )]
     pub ports: Vec<usize>,
+    /// pvp (DPDK load): the UDP flows the load cycles through, frame after frame (qsload
+    /// `--flows`; without it, qsload's 4). fw-scale: the connections (default 10000).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65535), value_name = "N")]
+    pub flows: Option<u32>,
+    /// pvp: also the firewall's contenders, interleaved with the others: qswitch-fw (both
+    /// ports in a stateful security group of 50 rules, only the last matching the load) and
+    /// ovs-dpdk-ct (OVS-DPDK with a `ct(commit)` flow table). fw-scale: nothing (it always
+    /// measures both).
+    #[arg(long)]
+    pub firewall: bool,
+    /// pvp (DPDK load, with --firewall): every frame a new flow (qsload `--new-flows`): new
+    /// connections per second; 64 B with one pool only, connection tables sized for it.
+    #[arg(long, conflicts_with = "flows")]
+    pub new_flows: bool,
 }
 
 /// The load of `bench pvp`.
@@ -192,6 +207,12 @@ const SCENARIOS: &[Scenario] = &[
         only: true,
     },
     Scenario {
+        name: "fw-scale",
+        about: "two gen ports answering each other's flows through the firewall (50-rule group, stateful): 1 vs 2 workers, firewall on and off",
+        run: fw::scale,
+        only: false,
+    },
+    Scenario {
         name: "cni",
         about: "pod -> pod iperf3 TCP, pods attached with cnitool: qswitch-cni (veth) vs the reference bridge plugin; 1 and 4 streams",
         run: cni::run,
@@ -226,6 +247,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "--queues {}: only bench tap-tcp sets TAP queues (multiqueue compares 1 and 4 itself)",
             args.queues
         );
+    }
+    if scenario.name != "pvp" {
+        let pvp_only = [
+            (
+                "--flows",
+                args.flows.is_some() && scenario.name != "fw-scale",
+            ),
+            ("--new-flows", args.new_flows),
+            ("--firewall", args.firewall && scenario.name != "fw-scale"),
+        ];
+        if let Some((opt, _)) = pvp_only.iter().find(|(_, set)| *set) {
+            bail!("{opt}: only bench pvp takes it");
+        }
+    } else if (args.flows.is_some() || args.new_flows) && args.load != Load::Dpdk {
+        bail!("--flows and --new-flows need the DPDK load (--load dpdk)");
     }
     netns::require_root(&format!("qswitch bench {}", scenario.name))?;
     let bench = Bench::new(args)?;

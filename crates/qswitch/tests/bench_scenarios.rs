@@ -1,8 +1,9 @@
 //! `qswitch load` on loopback (no privileges), and a short run of the `bypass`, `affinity`,
 //! `multiqueue`, `tap-tcp` (two queues per TAP, and its references), `uplink`, `pvp` (its three
-//! contenders, both load shapes), `cni` and `bond` bench scenarios (root): each writes its
-//! JSON with per-second records and a summary, and an SVG, and leaves no namespace (nor DPDK
-//! runtime directory) behind. Timings are never asserted.
+//! contenders, both load shapes; and with `--firewall`, its two more under `--new-flows` and
+//! `--flows`), `fw-scale`, `cni` and `bond` bench scenarios (root): each writes its JSON with
+//! per-second records and a summary, and an SVG, and leaves no namespace (nor DPDK runtime
+//! directory) behind. Timings are never asserted.
 
 mod common;
 
@@ -385,6 +386,175 @@ fn pvp_compares_with_ovs_and_testpmd_io_under_both_loads() {
         })
         .unwrap_or_default();
     assert!(dpdk.is_empty(), "left DPDK runtime dirs {dpdk:?}");
+}
+
+/// `bench pvp --firewall --new-flows`, one short round: the five contenders (qswitch-fw
+/// and ovs-dpdk-ct beside the three) at 64 B, one pool, every frame a new connection; the
+/// firewall contenders' connection counts in each run's `ct`, the firewall's ratios where
+/// both sides moved frames. Then `--flows 10000` for qswitch-fw alone: 10 000 connections,
+/// each in both ports' zones. Figures are not looked at.
+#[test]
+fn pvp_firewall_contenders_new_flows_and_flows() {
+    if !root_or_skip() || !cpus_or_skip(2) {
+        return;
+    }
+    let dir = TempDir::new("bench-pvp-fw");
+    let run = |extra: &[&str], name: &str| -> (String, Value, u32) {
+        let log = dir.join(&format!("{name}.out"));
+        let out = dir.join(name);
+        let child = Command::new(QSWITCH)
+            .args([
+                "bench",
+                "pvp",
+                "--firewall",
+                "--runs",
+                "1",
+                "--seconds",
+                "1",
+            ])
+            .args(extra)
+            .arg("--out")
+            .arg(&out)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = ChildGuard::new(child);
+        let pid = child.pid();
+        let status = child.wait_timeout(Duration::from_secs(600));
+        let stdout = std::fs::read_to_string(&log).unwrap();
+        assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
+        assert!(!stdout.contains("panicked"), "{stdout}");
+        let json: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("pvp.json")).unwrap()).unwrap();
+        assert!(std::fs::read_to_string(out.join("pvp.svg"))
+            .unwrap()
+            .starts_with("<svg"));
+        (stdout, json, pid)
+    };
+
+    let (stdout, json, pid) = run(&["--new-flows"], "new");
+    assert!(
+        !stdout.contains("skipped"),
+        "every contender runs: {stdout}"
+    );
+    let contenders = [
+        "qswitch",
+        "ovs-dpdk",
+        "testpmd-io",
+        "qswitch-fw",
+        "ovs-dpdk-ct",
+    ];
+    for c in contenders {
+        let line = format!("RESULT pvp {c} size=64 pools=1 mpps=");
+        assert!(stdout.contains(&line), "{line}: {stdout}");
+    }
+    assert!(
+        !stdout.contains("size=1518"),
+        "--new-flows: 64 B only: {stdout}"
+    );
+    for r in json["runs"].as_array().unwrap() {
+        let fw = r["contender"] == "qswitch-fw" || r["contender"] == "ovs-dpdk-ct";
+        assert_eq!(r["ct"].is_object(), fw, "{r}");
+        if fw {
+            assert!(r["ct"]["flows_sent"].as_u64().unwrap() > 0, "{r}");
+        }
+    }
+    let summary = json["summary"].as_array().unwrap();
+    let moved = |c: &str| {
+        summary
+            .iter()
+            .any(|s| s["contender"] == c && s["mpps_median"].as_f64().unwrap() > 0.0)
+    };
+    for (a, b) in [
+        ("qswitch-fw", "qswitch"),
+        ("qswitch-fw", "ovs-dpdk-ct"),
+        ("ovs-dpdk-ct", "ovs-dpdk"),
+    ] {
+        let of = format!("{a} / {b}");
+        let there = json["ratio"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["of"] == of.as_str());
+        assert_eq!(there, moved(a) && moved(b), "{of}: {json}");
+    }
+    assert!(namespaces_of(pid).is_empty());
+
+    let (stdout, json, _) = run(&["--flows", "10000", "--only", "qswitch-fw"], "flows");
+    assert!(
+        stdout.contains("RESULT pvp qswitch-fw size=1518 pools=2"),
+        "{stdout}"
+    );
+    let first = &json["runs"][0]["ct"];
+    assert_eq!(first["flows_sent"], 10000, "{json}");
+    assert_eq!(first["refused"], 0, "{json}");
+    assert_eq!(
+        first["sessions_after"], 20000,
+        "one entry per port's zone: {json}"
+    );
+}
+
+/// `bench fw-scale`, one short round with 1000 connections: the firewall on and off, 1 and 2
+/// workers, both ratios and the acceptance line; the firewall passes every frame both ways
+/// (nothing lost).
+#[test]
+fn fw_scale_writes_results() {
+    if !root_or_skip() || !cpus_or_skip(2) {
+        return;
+    }
+    let dir = TempDir::new("bench-fw-scale");
+    let log = dir.join("fw-scale.out");
+    let child = Command::new(QSWITCH)
+        .args([
+            "bench",
+            "fw-scale",
+            "--runs",
+            "1",
+            "--seconds",
+            "1",
+            "--flows",
+            "1000",
+        ])
+        .arg("--out")
+        .arg(dir.path())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let status = child.wait_timeout(Duration::from_secs(120));
+    let stdout = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
+    for c in [
+        "fw-1-worker",
+        "fw-2-workers",
+        "off-1-worker",
+        "off-2-workers",
+    ] {
+        assert!(
+            stdout.contains(&format!("RESULT fw-scale {c} mpps=")),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains("RESULT fw-scale ratio="), "{stdout}");
+    assert!(
+        stdout.contains("RESULT fw-scale ratio_off-2-workers="),
+        "{stdout}"
+    );
+    assert!(stdout.contains("acceptance: ratio"), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fw-scale.json")).unwrap()).unwrap();
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "{json}");
+    for r in results {
+        assert!(r["mpps"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["lost"], 0, "{r}");
+    }
+    assert_eq!(json["more_ratios"].as_array().unwrap().len(), 1, "{json}");
+    assert!(std::fs::read_to_string(dir.join("fw-scale.svg"))
+        .unwrap()
+        .starts_with("<svg"));
 }
 
 /// `bench cni`, one short round: pods attached with cnitool to qswitch-cni and to the

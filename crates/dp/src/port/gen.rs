@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use qswitch_api::request::SinkStats;
-use qswitch_api::{GenConfig, UnicastMac};
+use qswitch_api::{GenConfig, GenIp, UnicastMac};
 use qswitch_wire::checksum;
 use qswitch_wire::virtio_net_hdr::VirtioNetHdr;
 use qswitch_wire::MacAddr;
@@ -59,6 +59,8 @@ pub fn default_mac(name: &str) -> MacAddr {
 #[derive(Debug)]
 struct GenQueue {
     template: Vec<u8>,
+    /// Where the flow's UDP port goes: 34 (source) or 36 (destination, `ip.reply`).
+    flow_port_at: usize,
     /// Flows this queue generates, in turn: frame *k* of the queue is flow `flows[k % n]`
     /// with sequence number `k / n`, so nothing per flow is written per frame (a write there
     /// could share a cache line with another queue's state).
@@ -156,6 +158,7 @@ impl GenPort {
                 let Some(g) = gen else {
                     return Padded(Mutex::new(GenQueue {
                         template: Vec::new(),
+                        flow_port_at: 34,
                         flows: Vec::new(),
                         rate: 0,
                         limit: Some(0),
@@ -167,7 +170,12 @@ impl GenPort {
                 let flows = (0..g.flows).filter(|f| u64::from(*f) % nq == q).collect();
                 let share = |total: u64| total / nq + u64::from(q < total % nq);
                 Padded(Mutex::new(GenQueue {
-                    template: template(id, mac, dst, usize::from(g.size)),
+                    template: template(id, mac, dst, usize::from(g.size), g.ip),
+                    flow_port_at: if g.ip.is_some_and(|ip| ip.reply) {
+                        36
+                    } else {
+                        34
+                    },
                     flows,
                     rate: share(g.rate),
                     limit: (g.count > 0).then(|| share(g.count)),
@@ -215,8 +223,9 @@ impl GenPort {
     }
 }
 
-/// An Ethernet/IPv4/UDP frame of `size` bytes with the trailer's magic and source id set.
-fn template(id: PortId, src: MacAddr, dst: MacAddr, size: usize) -> Vec<u8> {
+/// An Ethernet/IPv4/UDP frame of `size` bytes with the trailer's magic and source id set;
+/// the addresses and the fixed UDP port from `ip` (the flow's port is set per frame).
+fn template(id: PortId, src: MacAddr, dst: MacAddr, size: usize, addrs: Option<GenIp>) -> Vec<u8> {
     let mut f = vec![0u8; size];
     f[0..6].copy_from_slice(&dst.0);
     f[6..12].copy_from_slice(&src.0);
@@ -229,11 +238,16 @@ fn template(id: PortId, src: MacAddr, dst: MacAddr, size: usize) -> Vec<u8> {
     ip[6] = 0x40; // DF
     ip[8] = 64;
     ip[9] = 17;
-    ip[12..16].copy_from_slice(&[198, 18, hi, lo]);
-    ip[16..20].copy_from_slice(&[198, 19, 0, 1]);
+    let (ip_src, ip_dst) = addrs.map_or(([198, 18, hi, lo], [198, 19, 0, 1]), |a| {
+        (a.src.octets(), a.dst.octets())
+    });
+    let reply = addrs.is_some_and(|a| a.reply);
+    ip[12..16].copy_from_slice(&ip_src);
+    ip[16..20].copy_from_slice(&ip_dst);
     let csum = checksum::fold(checksum::sum16(ip, 0));
     ip[10..12].copy_from_slice(&csum.to_be_bytes());
-    f[36..38].copy_from_slice(&UDP_DST_PORT.to_be_bytes());
+    let fixed_port_at = if reply { 34 } else { 36 };
+    f[fixed_port_at..fixed_port_at + 2].copy_from_slice(&UDP_DST_PORT.to_be_bytes());
     f[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
     f[TRAILER..TRAILER + 4].copy_from_slice(&MAGIC.to_be_bytes());
     f[TRAILER + 4..TRAILER + 6].copy_from_slice(&id.0.to_be_bytes());
@@ -276,7 +290,8 @@ impl Port for GenPort {
             let seq = this;
             let buf = pkt.frame_buf_mut();
             buf[..size].copy_from_slice(&q.template);
-            buf[34..36].copy_from_slice(&(UDP_SRC_BASE.wrapping_add(flow)).to_be_bytes());
+            let at = q.flow_port_at;
+            buf[at..at + 2].copy_from_slice(&(UDP_SRC_BASE.wrapping_add(flow)).to_be_bytes());
             buf[TRAILER + 6..TRAILER + 8].copy_from_slice(&flow.to_be_bytes());
             buf[TRAILER + 8..TRAILER + 16].copy_from_slice(&seq.to_be_bytes());
             pkt.set_len(size);
@@ -344,6 +359,7 @@ mod tests {
             rate,
             flows,
             count,
+            ip: None,
         };
         GenPort::new(
             PortId(7),
@@ -375,6 +391,36 @@ mod tests {
         assert_eq!(key.ports, Some((UDP_SRC_BASE + 1, UDP_DST_PORT)));
         assert_eq!(parse_trailer(f), Some((7, 1, 0)));
         assert_eq!(parse_trailer(b.pkts[2].frame()), Some((7, 0, 1)));
+    }
+
+    #[test]
+    fn ip_sets_addresses_and_reply_moves_the_flow_to_the_destination_port() {
+        let frames = |reply: bool| {
+            let g = GenConfig {
+                dst: "02:00:00:00:00:02".parse().expect("MAC"),
+                size: 64,
+                rate: 0,
+                flows: 3,
+                count: 0,
+                ip: Some(GenIp {
+                    src: "10.9.0.1".parse().expect("IP"),
+                    dst: "10.9.0.2".parse().expect("IP"),
+                    reply,
+                }),
+            };
+            let p = GenPort::new(PortId(7), "g", None, 1, Some(&g), 1);
+            let mut b = Burst::new();
+            assert_eq!(p.rx_burst(0, &mut b.pkts, 0, &mut DropTally::default()), 32);
+            let f = b.pkts[2].frame().to_vec();
+            assert_eq!(checksum::fold(checksum::sum16(&f[14..34], 0)), 0);
+            assert_eq!(
+                (&f[26..30], &f[30..34]),
+                (&[10, 9, 0, 1][..], &[10, 9, 0, 2][..])
+            );
+            qswitch_wire::flow::extract(&f).unwrap().ports
+        };
+        assert_eq!(frames(false), Some((UDP_SRC_BASE + 2, UDP_DST_PORT)));
+        assert_eq!(frames(true), Some((UDP_DST_PORT, UDP_SRC_BASE + 2)));
     }
 
     #[test]

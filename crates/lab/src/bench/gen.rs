@@ -86,17 +86,21 @@ pub struct GenReport {
     pub per_cpu_ratio: f64,
     /// `rss`: ratio ≥ 1.7 (two workers against one).
     pub acceptance: Option<String>,
+    /// With four contenders or more: each later pair's median Mpps, second over first
+    /// (`fw-scale`: the firewall off, 2 workers over 1).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub more_ratios: Vec<(String, f64)>,
     pub results: Vec<GenRun>,
 }
 
 /// A contender: its name and its config (given the control socket path).
-struct Contender {
-    name: &'static str,
-    config: Box<dyn Fn(&Path) -> String>,
+pub(super) struct Contender {
+    pub(super) name: &'static str,
+    pub(super) config: Box<dyn Fn(&Path) -> String>,
 }
 
 /// The two CPUs the benchmarks use (the first two online).
-fn two_cpus() -> anyhow::Result<[usize; 2]> {
+pub(super) fn two_cpus() -> anyhow::Result<[usize; 2]> {
     let cpus = qswitch_sys::thread::online_cpus().context("cannot read the online CPUs")?;
     match cpus[..] {
         [a, b, ..] => Ok([a, b]),
@@ -111,7 +115,7 @@ fn gen_port(name: &str, mac: &str, extra: &str, dst: &str, flows: u16) -> String
     )
 }
 
-fn switch_section(workers: &str, control: &Path) -> String {
+pub(super) fn switch_section(workers: &str, control: &Path) -> String {
     format!(
         "[switch]\nworkers = \"{workers}\"\ncontrol = \"{}\"\nplacement = \"static\"\n",
         control.display()
@@ -184,7 +188,7 @@ pub fn placement(b: &Bench) -> anyhow::Result<()> {
     )
 }
 
-fn run_scenario(
+pub(super) fn run_scenario(
     b: &Bench,
     name: &str,
     about: &str,
@@ -279,6 +283,19 @@ fn run_scenario(
          machine they get less than whole cores)"
     );
     println!("RESULT {name} ratio={ratio:.3} per_cpu_ratio={per_cpu_ratio:.3}");
+    let more_ratios: Vec<(String, f64)> = (summary.chunks_exact(2).skip(1))
+        .filter(|p| p[0].mpps_median > 0.0)
+        .map(|p| {
+            let of = format!("{} / {}", p[1].contender, p[0].contender);
+            let r = p[1].mpps_median / p[0].mpps_median;
+            println!("  ratio {of}: {r:.2}");
+            println!(
+                "RESULT {name} ratio_{}={r:.3}",
+                p[1].contender.replace(' ', "-")
+            );
+            (of, r)
+        })
+        .collect();
     let acceptance = accept.map(|min| {
         let verdict = if ratio >= min { "met" } else { "NOT met" };
         format!("ratio {ratio:.2} >= {min}: {verdict}")
@@ -311,6 +328,7 @@ fn run_scenario(
         ratio,
         per_cpu_ratio,
         acceptance,
+        more_ratios,
         results,
     };
     super::write_results(&b.args.out, name, &report, &svg)

@@ -68,7 +68,19 @@ const SWITCH_CPU: usize = 1;
 const IDLE_S: u64 = 3;
 /// (RFC 2544 frame size with FCS, bytes we send without it).
 const SIZES: [(u32, usize); 2] = [(64, 60), (1518, 1514)];
-const CONTENDERS: [&str; 3] = ["qswitch", "ovs-dpdk", "testpmd-io"];
+const CONTENDERS: [&str; 5] = [
+    "qswitch",
+    "ovs-dpdk",
+    "testpmd-io",
+    "qswitch-fw",
+    "ovs-dpdk-ct",
+];
+/// The ratios of medians the table prints, (numerator, denominator) in [`CONTENDERS`]:
+/// qswitch over each peer; with `--firewall` the firewall's cost on qswitch, qswitch-fw
+/// over OVS-DPDK's `ct()` table, and that table's cost on OVS-DPDK.
+const RATIOS: [(usize, usize); 5] = [(0, 1), (0, 2), (3, 0), (3, 4), (4, 1)];
+/// The contenders only `--firewall` runs.
+const FIREWALL: [usize; 2] = [3, 4];
 
 /// A measured case: (frame size, the load's mbuf pools: 1 or 2, see [`qsload::POOLS`]; 0
 /// under `--load own`).
@@ -89,6 +101,8 @@ fn cases<T>(items: &[T], case: impl Fn(&T) -> Case) -> Vec<Case> {
     v.dedup();
     v
 }
+/// The one case `--new-flows` measures: 64 B, one pool.
+const NEW_FLOWS_CASE: Case = (64, 1);
 const TESTPMD: &str = "dpdk-testpmd";
 const MAC_A: [u8; 6] = [0x02, 0x51, 0x50, 0x56, 0x50, 0x0a];
 const MAC_B: [u8; 6] = [0x02, 0x51, 0x50, 0x56, 0x50, 0x0b];
@@ -157,6 +171,9 @@ pub struct PvpMetrics {
     pub idle_worker_cpu_pct: f64,
     /// Machine busy CPUs while idle minus the switch's: other work on the machine.
     pub idle_other_busy_cpus: f64,
+    /// The firewall's contenders: what their connection tables did in this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ct: Option<CtRun>,
 }
 
 /// One run of one contender: [`PvpMetrics`] and a [`PvpSample`] per second.
@@ -205,6 +222,9 @@ pub struct PvpReport {
     pub ovs_skipped: Option<String>,
     /// Why testpmd-io did not run (or stopped running), if it did not.
     pub testpmd_skipped: Option<String>,
+    /// With `--firewall`: why qswitch-fw and ovs-dpdk-ct did not run, if they did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firewall_skipped: Option<serde_json::Value>,
     pub runs: Vec<PvpRun>,
     pub summary: Vec<PvpSummary>,
     pub ratio: Vec<PvpRatio>,
@@ -224,17 +244,37 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    // Why a peer (index 1: OVS-DPDK, 2: testpmd-io) does not run.
-    let mut skipped: [Option<String>; 3] = [None, None, None];
+    // Why a peer (index 1: OVS-DPDK, 2: testpmd-io, 3, 4: the firewall's) does not run.
+    let mut skipped: [Option<String>; 5] = Default::default();
+    let fw = fw_settings(b);
+    for c in FIREWALL {
+        if fw.is_none() {
+            skipped[c] = Some("needs --firewall".into());
+        }
+    }
+    let ovs_wanted = |c: usize| {
+        skipped[c].is_none() && b.args.only.as_deref().is_none_or(|o| o == CONTENDERS[c])
+    };
+    let ovs_ok = if ovs_wanted(1) || ovs_wanted(4) {
+        ovs_check(b).err().map(|e| format!("{e:#}"))
+    } else {
+        None
+    };
     skipped[1] = match b.args.only.as_deref() {
         Some(o) if o != CONTENDERS[1] => Some(format!("--only {o}")),
-        _ => ovs_check(b).err().map(|e| format!("{e:#}")),
+        _ => ovs_ok.clone(),
     };
+    if skipped[4].is_none() {
+        skipped[4] = match b.args.only.as_deref() {
+            Some(o) if o != CONTENDERS[4] => Some(format!("--only {o}")),
+            _ => ovs_ok,
+        };
+    }
     skipped[2] = match b.args.only.as_deref() {
         Some(o) if o != CONTENDERS[2] => Some(format!("--only {o}")),
         _ => testpmd_check().err().map(|e| format!("{e:#}")),
     };
-    let ovs_version = skipped[1].is_none().then(ovs_version);
+    let ovs_version = (skipped[1].is_none() || skipped[4].is_none()).then(ovs_version);
     let ovs_skipped = &skipped[1];
     if let Some(why) = &skipped[2] {
         b.say(format_args!("testpmd-io skipped: {why}"));
@@ -289,6 +329,11 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         let setup = match c {
             0 => QswitchSwitch::start(b.id, seq).map(|s| Box::new(s) as Box<dyn Switch>),
             1 => OvsSwitch::start(b, seq).map(|s| Box::new(s) as Box<dyn Switch>),
+            3 => QswitchSwitch::start_fw(b.id, seq, fw.as_ref())
+                .map(|s| Box::new(s) as Box<dyn Switch>),
+            4 => OvsSwitch::start(b, seq)
+                .and_then(|s| s.ct_table(fw.as_ref()))
+                .map(|s| Box::new(s) as Box<dyn Switch>),
             _ => TestpmdSwitch::start(b, seq).map(|s| Box::new(s) as Box<dyn Switch>),
         };
         // The generator attaches (OVS connects to it) and the switch learns both MACs.
@@ -342,6 +387,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         };
         let mut runs_here: Vec<(u32, usize, u32)> = (SIZES.iter())
             .flat_map(|&(size, len)| pools.iter().map(move |&p| (size, len, p)))
+            .filter(|&(size, _, p)| !b.args.new_flows || (size, p) == NEW_FLOWS_CASE)
             .collect();
         if round % 2 == 1 {
             runs_here.reverse();
@@ -369,6 +415,9 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             r.seq = seq + 1;
             (r.idle_cpu_pct, r.idle_worker_cpu_pct) = idle;
             r.idle_other_busy_cpus = idle_other;
+            if let Some(ct) = &r.ct {
+                print!("  ct: {}", ct_line(ct));
+            }
             println!("{}", run_line(&r));
             results.push(r);
         }
@@ -385,6 +434,9 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
     let title = format!("pvp ({seconds} s per run, {runs} runs each, one switch core)");
     print_table(&title, &summary, &ratio);
     for (c, why) in skipped.iter().enumerate().skip(1) {
+        if fw.is_none() && FIREWALL.contains(&c) {
+            continue;
+        }
         if let Some(why) = why {
             println!("note: {} skipped: {why}", CONTENDERS[c]);
         }
@@ -395,8 +447,20 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         "runs": runs,
         "seconds": seconds,
         "idle_seconds": IDLE_S,
-        "contenders": CONTENDERS,
-        "order": order.iter().map(|&(_, c)| CONTENDERS[c]).collect::<Vec<_>>(),
+        "contenders": CONTENDERS.iter().enumerate()
+            .filter(|(c, _)| fw.is_some() || !FIREWALL.contains(c))
+            .map(|(_, n)| *n).collect::<Vec<_>>(),
+        "flows": match (b.args.new_flows, b.args.flows) {
+            (true, _) => serde_json::json!("new: every frame a new 5-tuple (qsload --new-flows)"),
+            (false, Some(n)) => serde_json::json!(n),
+            (false, None) => serde_json::json!(4),
+        },
+        "firewall": fw.as_ref().map(|f| serde_json::json!({
+            "qswitch": f.qswitch_toml("/tmp/qswitch-bench-pvp-ID"),
+            "ovs_flows": OVS_CT_FLOWS,
+            "ovs_ct_maxconns": f.max_sessions,
+        })),
+        "order": order.iter().filter(|&&(_, c)| fw.is_some() || !FIREWALL.contains(&c)).map(|&(_, c)| CONTENDERS[c]).collect::<Vec<_>>(),
         "frame_sizes": SIZES.iter().map(|s| s.0).collect::<Vec<_>>(),
         "load_pools": match b.args.load {
             Load::Own => vec![0],
@@ -424,12 +488,15 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         "loadavg_at_end": first_line("/proc/loadavg"),
         "started_unix_s": started_unix_s,
     });
-    let [_, ovs_skipped, testpmd_skipped] = skipped;
+    let [_, ovs_skipped, testpmd_skipped, qswitch_fw_skipped, ovs_ct_skipped] = skipped;
     let report = PvpReport {
         scenario: "pvp".into(),
         config,
         ovs_skipped,
         testpmd_skipped,
+        firewall_skipped: fw.is_some().then(|| {
+            serde_json::json!({ "qswitch-fw": qswitch_fw_skipped, "ovs-dpdk-ct": ovs_ct_skipped })
+        }),
         runs: results,
         summary,
         ratio,
@@ -543,12 +610,30 @@ fn traffic_dpdk(
         sink: &s,
         server: matches!(sw.attach(), Attach::Accept),
     };
+    let flows = match (b.args.new_flows, b.args.flows) {
+        (true, _) => qsload::Flows::New,
+        (false, Some(n)) => qsload::Flows::Cycle(n),
+        (false, None) => qsload::Flows::Default,
+    };
+    let ct0 = sw.ct()?;
     let mut snaps: Vec<Snap> = vec![Snap::take(sw)?];
-    let out = qsload::run(b, bin, &sockets, GEN_CPU, (len, pools), seconds, || {
-        snaps.push(Snap::take(sw)?);
-        Ok(())
-    })?;
+    let out = qsload::run_flows(
+        b,
+        bin,
+        &sockets,
+        GEN_CPU,
+        (len, pools, flows),
+        seconds,
+        || {
+            snaps.push(Snap::take(sw)?);
+            Ok(())
+        },
+    )?;
     let end = Snap::take(sw)?;
+    let ct = match (ct0, sw.ct()?) {
+        (Some(before), Some(after)) => Some(after.since(&before, out.flows_sent)),
+        _ => None,
+    };
     let window = Duration::from_secs_f64(out.seconds.max(0.001));
     let nearest = |t: Instant| {
         snaps
@@ -593,11 +678,13 @@ fn traffic_dpdk(
         busy_cpus,
         generator_cpu_pct,
     };
+    let mut metrics = metrics((size, len), &moved, &cpu);
+    metrics.ct = ct;
     Ok(Run {
         contender: String::new(),
         round: 0,
         seq: 0,
-        metrics: metrics((size, len), &moved, &cpu),
+        metrics,
         samples,
     })
 }
@@ -651,6 +738,7 @@ fn metrics((size, len): (u32, usize), m: &Moved, c: &CpuOver) -> PvpMetrics {
         idle_cpu_pct: 0.0,
         idle_worker_cpu_pct: 0.0,
         idle_other_busy_cpus: 0.0,
+        ct: None,
     }
 }
 
@@ -743,9 +831,9 @@ fn summarise(names: &[&str], runs: &[PvpRun]) -> (Vec<PvpSummary>, Vec<PvpRatio>
                 })
             })
             .collect();
-        let q = mine.iter().find(|s| s.contender == CONTENDERS[0]);
-        for peer in &CONTENDERS[1..] {
-            let o = mine.iter().find(|s| s.contender == *peer);
+        for (num, den) in RATIOS {
+            let q = mine.iter().find(|s| s.contender == CONTENDERS[num]);
+            let o = mine.iter().find(|s| s.contender == CONTENDERS[den]);
             if let (Some(q), Some(o)) = (q, o) {
                 if o.mpps_median > 0.0 && o.mpps_per_cpu_s_median > 0.0 {
                     ratio.push(PvpRatio {
@@ -990,6 +1078,153 @@ fn pvp_svg(summary: &[PvpSummary], runs: &[PvpRun]) -> String {
         ));
     }
     plot::stack(&charts)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The firewall's contenders (`--firewall`)
+
+/// OVS-DPDK's stateful table (issue 31): untracked IP goes through conntrack, a new
+/// connection is committed, an established one passes; ARP and other non-IP frames NORMAL.
+/// A one-way UDP flow stays `+new` in OVS's conntrack (as in Linux's: a UDP connection is
+/// established once a reply is seen), so every frame of the load takes the `ct(commit)` flow
+/// (the flows' counters in each run's `ct` show it; `+est` counts nothing).
+const OVS_CT_FLOWS: &str = "table=0,priority=100,ip,ct_state=-trk,actions=ct(table=1)\n\
+table=0,priority=0,actions=NORMAL\n\
+table=1,priority=100,ip,ct_state=+trk+new,actions=ct(commit),NORMAL\n\
+table=1,priority=100,ip,ct_state=+trk+est,actions=NORMAL\n\
+table=1,priority=0,actions=drop\n";
+
+/// The firewall contenders' table sizes and timeouts.
+struct FwSettings {
+    /// qswitch's `max_sessions` and OVS's `ct-set-maxconns`.
+    max_sessions: u32,
+    /// qswitch's `udp_unreplied` (None: its default, 30 s like OVS's).
+    udp_unreplied: Option<u32>,
+}
+
+/// With `--firewall`: 1 Mi entries for a cycling load (qswitch keeps an entry per port's
+/// zone, two per connection); with `--new-flows` 16 Mi (1.7 GiB in qswitch) and qswitch's
+/// unreplied UDP connections expiring after 2 s, so that neither table is full within a run
+/// of a few seconds at a few million new connections per second (OVS keeps its 30 s and
+/// holds a whole run: a 5 s run at 2 Mpps makes 14 M).
+fn fw_settings(b: &Bench) -> Option<FwSettings> {
+    b.args.firewall.then(|| FwSettings {
+        max_sessions: if b.args.new_flows { 1 << 24 } else { 1 << 20 },
+        udp_unreplied: b.args.new_flows.then_some(2),
+    })
+}
+
+impl FwSettings {
+    /// qswitch-fw's config: the plain contender's, both ports in the group, `[firewall]`.
+    fn qswitch_toml(&self, dir: &str) -> String {
+        let plain = qswitch_config(Path::new(dir));
+        let mut s = plain.replace(
+            "mode = \"server\"\n",
+            &format!(
+                "mode = \"server\"\nsecurity_groups = [\"{}\"]\n",
+                super::fw::GROUP
+            ),
+        );
+        s += &format!("\n[firewall]\nmax_sessions = {}\n", self.max_sessions);
+        if let Some(t) = self.udp_unreplied {
+            s += &format!("udp_unreplied = {t}\n");
+        }
+        s += "\n";
+        s += &super::fw::group(
+            r#"{ direction = "ingress", protocol = "udp", ports = "9", remote = "10.0.0.0/8" }"#,
+        );
+        s
+    }
+}
+
+/// A connection table's counters at one moment.
+#[derive(Debug, Clone)]
+struct CtSnap {
+    /// Entries in the table (qswitch: one per filtered port a connection crosses).
+    sessions: u64,
+    /// qswitch: connections opened, the most of any port (each connection opens one in
+    /// each port's zone).
+    new: Option<u64>,
+    /// qswitch: new connections refused over `max_sessions` (`ct_limit`), all ports.
+    refused: Option<u64>,
+    /// OVS: each flow's packet count (the flow's match, `n_packets`).
+    ovs_flows: Option<Vec<(String, u64)>>,
+}
+
+/// What a firewall contender's connection table did in one run (warm-up included).
+#[derive(Debug, Clone, Serialize)]
+pub struct CtRun {
+    /// Entries at the end of the run.
+    pub sessions_after: u64,
+    /// Connections opened during the run (qswitch's `new`; OVS: its connection count's
+    /// growth, which no connection leaves within a run: UDP's first timeout is 30 s).
+    pub new: Option<u64>,
+    /// qswitch: new connections refused over `max_sessions`.
+    pub refused: Option<u64>,
+    /// The distinct flows the load sent (qsload's `flows_sent`).
+    pub flows_sent: u64,
+    /// OVS: packets per flow during the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ovs_flow_packets: Option<Vec<(String, u64)>>,
+}
+
+impl CtSnap {
+    fn since(&self, before: &CtSnap, flows_sent: u64) -> CtRun {
+        let delta = |a: Option<u64>, b: Option<u64>| a.map(|a| a.saturating_sub(b.unwrap_or(0)));
+        let flows = self.ovs_flows.as_ref().map(|after| {
+            after
+                .iter()
+                .map(|(m, n)| {
+                    let was = (before.ovs_flows.iter().flatten())
+                        .find(|(bm, _)| bm == m)
+                        .map_or(0, |b| b.1);
+                    (m.clone(), n.saturating_sub(was))
+                })
+                .collect::<Vec<_>>()
+        });
+        let new = match &flows {
+            Some(_) => Some(self.sessions.saturating_sub(before.sessions)),
+            None => delta(self.new, before.new),
+        };
+        CtRun {
+            sessions_after: self.sessions,
+            new,
+            refused: delta(self.refused, before.refused),
+            flows_sent,
+            ovs_flow_packets: flows,
+        }
+    }
+}
+
+/// A run's connection counts, for its progress line.
+fn ct_line(c: &CtRun) -> String {
+    let mut s = format!("{} sessions", c.sessions_after);
+    if let Some(n) = c.new {
+        s += &format!(", {n} new");
+    }
+    if let Some(r) = c.refused.filter(|&r| r > 0) {
+        s += &format!(", {r} refused");
+    }
+    s
+}
+
+/// `ovs-ofctl dump-flows` lines as (match, n_packets).
+fn parse_ovs_flows(dump: &str) -> Vec<(String, u64)> {
+    dump.lines()
+        .filter_map(|l| {
+            let n = l
+                .split("n_packets=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let table = l.split("table=").nth(1)?.split(',').next()?;
+            let rest = l.split("priority=").nth(1)?;
+            let key = rest.split(" actions=").next()?;
+            Some((format!("table={table},priority={key}"), n))
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1362,6 +1597,10 @@ trait Switch {
     /// Socket paths of ports A and B.
     fn sockets(&self) -> (PathBuf, PathBuf);
     fn cpu(&self) -> anyhow::Result<CpuSnap>;
+    /// The connection table's counters (the firewall's contenders; None for the others).
+    fn ct(&self) -> anyhow::Result<Option<CtSnap>> {
+        Ok(None)
+    }
 }
 
 /// `qswitch run` with one worker on [`SWITCH_CPU`] and two vhost-user ports in server mode.
@@ -1369,6 +1608,8 @@ trait Switch {
 struct QswitchSwitch {
     daemon: LabDaemon,
     dir: RemoveDir,
+    /// qswitch-fw: its ports are filtered (`ct stats` has something to say).
+    fw: bool,
 }
 
 /// Environment variable: TOML appended to the qswitch contender's config (after its two
@@ -1393,7 +1634,25 @@ impl QswitchSwitch {
         let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-pvp-{id}-{seq}")));
         let _ = std::fs::remove_dir_all(&dir.0);
         let daemon = LabDaemon::start(&dir.0, &qswitch_config(&dir.0))?;
-        Ok(QswitchSwitch { daemon, dir })
+        Ok(QswitchSwitch {
+            daemon,
+            dir,
+            fw: false,
+        })
+    }
+
+    /// qswitch-fw: both ports in the benchmark's security group.
+    fn start_fw(id: u32, seq: usize, fw: Option<&FwSettings>) -> anyhow::Result<QswitchSwitch> {
+        let fw = fw.context("qswitch-fw needs --firewall")?;
+        let dir = RemoveDir(std::env::temp_dir().join(format!("qswitch-bench-pvp-{id}-{seq}")));
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let config = fw.qswitch_toml(&dir.0.display().to_string());
+        let daemon = LabDaemon::start(&dir.0, &config)?;
+        Ok(QswitchSwitch {
+            daemon,
+            dir,
+            fw: true,
+        })
     }
 }
 
@@ -1410,6 +1669,19 @@ impl Switch for QswitchSwitch {
             process_s: s.process_cpu_ns as f64 / 1e9,
             worker_s: s.workers.iter().map(|w| w.cpu_ns).sum::<u64>() as f64 / 1e9,
         })
+    }
+    fn ct(&self) -> anyhow::Result<Option<CtSnap>> {
+        if !self.fw {
+            return Ok(None);
+        }
+        let r = super::fw::ct_stats(&self.daemon.control)?;
+        let sum = |f: fn(&qswitch_api::request::CtPortStats) -> u64| r.ports.iter().map(f).sum();
+        Ok(Some(CtSnap {
+            sessions: u64::from(r.sessions),
+            new: r.ports.iter().map(|p| p.new).max(),
+            refused: Some(sum(|p| p.ct_limit)),
+            ovs_flows: None,
+        }))
     }
 }
 
@@ -1468,6 +1740,8 @@ struct OvsSwitch {
     prefix: String,
     remove_dp_tap: bool,
     clk_tck: f64,
+    /// ovs-dpdk-ct: the `ct()` table replaced NORMAL.
+    ct: bool,
 }
 
 /// Runs `cmd` with the private OVS environment, waiting at most `timeout`.
@@ -1529,6 +1803,7 @@ impl OvsSwitch {
             dir,
             remove_dp_tap,
             clk_tck: clk_tck(),
+            ct: false,
         };
         let dir = ovs.dir.clone();
         let t = Duration::from_secs(10);
@@ -1674,6 +1949,32 @@ impl OvsSwitch {
         Ok(ovs)
     }
 
+    /// ovs-dpdk-ct: [`OVS_CT_FLOWS`] instead of NORMAL, conntrack sized by `fw`.
+    fn ct_table(mut self, fw: Option<&FwSettings>) -> anyhow::Result<OvsSwitch> {
+        let fw = fw.context("ovs-dpdk-ct needs --firewall")?;
+        let t = Duration::from_secs(10);
+        let file = self.dir.join("ct.flows");
+        std::fs::write(&file, OVS_CT_FLOWS)?;
+        let file = file.display().to_string();
+        ovs_cmd(&self.dir, &["ovs-ofctl", "del-flows", &self.bridge], t)?;
+        ovs_cmd(
+            &self.dir,
+            &["ovs-ofctl", "add-flows", &self.bridge, &file],
+            t,
+        )?;
+        self.appctl(&["dpctl/ct-set-maxconns", &fw.max_sessions.to_string()])?;
+        self.ct = true;
+        Ok(self)
+    }
+
+    /// `ovs-appctl` to this vswitchd.
+    fn appctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let ctl = self.dir.join("ovs-vswitchd.ctl").display().to_string();
+        let mut full = vec!["ovs-appctl", "-t", &ctl];
+        full.extend_from_slice(args);
+        ovs_cmd(&self.dir, &full, Duration::from_secs(10))
+    }
+
     /// The PMD thread's id (the thread whose name starts with "pmd").
     fn pmd_tid(&self) -> Option<u32> {
         thread_named(self.pid, "pmd")
@@ -1719,6 +2020,26 @@ impl Switch for OvsSwitch {
     }
     fn cpu(&self) -> anyhow::Result<CpuSnap> {
         cpu_of(self.pid, self.pmd_tid(), self.clk_tck)
+    }
+    fn ct(&self) -> anyhow::Result<Option<CtSnap>> {
+        if !self.ct {
+            return Ok(None);
+        }
+        let n = self.appctl(&["dpctl/ct-get-nconns"])?;
+        let dump = ovs_cmd(
+            &self.dir,
+            &["ovs-ofctl", "dump-flows", &self.bridge],
+            Duration::from_secs(10),
+        )?;
+        Ok(Some(CtSnap {
+            sessions: n
+                .trim()
+                .parse()
+                .with_context(|| format!("ct-get-nconns: {n}"))?,
+            new: None,
+            refused: None,
+            ovs_flows: Some(parse_ovs_flows(&dump)),
+        }))
     }
 }
 
@@ -1928,6 +2249,48 @@ mod tests {
     }
 
     #[test]
+    fn ovs_flows_parse_and_firewall_ratios() {
+        let dump = " cookie=0x0, duration=3.1s, table=1, n_packets=91336, n_bytes=5480160, \
+                    priority=100,ct_state=+new+trk,ip actions=ct(commit),NORMAL\n\
+                    NXST_FLOW reply (xid=0x4):\n";
+        assert_eq!(
+            parse_ovs_flows(dump),
+            vec![(
+                "table=1,priority=100,ct_state=+new+trk,ip".to_string(),
+                91336
+            )]
+        );
+        let runs = [
+            run("qswitch", 64, 10.0, 100.0, 0.0),
+            run("ovs-dpdk", 64, 5.0, 100.0, 100.0),
+            run("qswitch-fw", 64, 8.0, 100.0, 0.0),
+            run("ovs-dpdk-ct", 64, 2.0, 100.0, 100.0),
+        ];
+        let (_, r) = summarise(&CONTENDERS, &runs);
+        let of: Vec<(&str, f64)> = r.iter().map(|r| (r.of.as_str(), r.mpps)).collect();
+        assert_eq!(
+            of,
+            [
+                ("qswitch / ovs-dpdk", 2.0),
+                ("qswitch-fw / qswitch", 0.8),
+                ("qswitch-fw / ovs-dpdk-ct", 4.0),
+                ("ovs-dpdk-ct / ovs-dpdk", 0.4)
+            ]
+        );
+    }
+
+    #[test]
+    fn qswitch_fw_config_parses_with_both_ports_in_the_group() {
+        let fw = FwSettings {
+            max_sessions: 1 << 24,
+            udp_unreplied: Some(2),
+        };
+        let c = qswitch_api::Config::from_toml(&fw.qswitch_toml("/tmp/x")).expect("config");
+        assert!(c.ports.iter().all(|p| p.security_groups == ["bench"]));
+        assert_eq!(c.security_groups[0].rules.len(), 51);
+    }
+
+    #[test]
     fn stat_ticks_parse() {
         let line = "42 (pmd c01 (x)) R 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0";
         assert_eq!(parse_stat_ticks(line), Some(175));
@@ -1960,6 +2323,7 @@ mod tests {
                 idle_cpu_pct: idle,
                 idle_worker_cpu_pct: idle,
                 idle_other_busy_cpus: 0.0,
+                ct: None,
             },
             samples: vec![PvpSample {
                 t_s: 1.0,

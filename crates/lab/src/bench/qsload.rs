@@ -45,6 +45,10 @@ pub struct Output {
     pub tx_ring_full_bursts: u64,
     /// Frames received in each second of the window.
     pub per_second: Vec<u64>,
+    /// Distinct flows sent, warm-up included (`--new-flows`: every frame's tuple; builds of
+    /// qsload before the option printed none).
+    #[serde(default)]
+    pub flows_sent: u64,
 }
 
 /// Builds qsload into `dir` (once per bench run) and returns its path.
@@ -91,15 +95,38 @@ pub struct Sockets<'a> {
     pub server: bool,
 }
 
+/// The flows qsload sends (its `--flows N` or `--new-flows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flows {
+    /// qsload's default (4 UDP source ports), no option passed.
+    #[default]
+    Default,
+    /// `--flows N`: N UDP source ports, frame after frame.
+    Cycle(u32),
+    /// `--new-flows`: every frame a 5-tuple not sent before in the run.
+    New,
+}
+
+impl Flows {
+    fn args(self) -> Vec<String> {
+        match self {
+            Flows::Default => Vec::new(),
+            Flows::Cycle(n) => vec!["--flows".into(), n.to_string()],
+            Flows::New => vec!["--new-flows".into()],
+        }
+    }
+}
+
 /// Runs qsload once on `cpu` on `sockets`: frames of `len` bytes, buffers from `pools`
-/// (see [`POOLS`]). `on_tick` runs about every 250 ms while it does
-/// (for CPU samples). Returns what it printed.
-pub fn run(
+/// (see [`POOLS`]), `flows`. `on_tick` runs about every 250 ms while it does (for CPU
+/// samples). Returns what it printed.
+pub fn run_flows(
     b: &Bench,
     bin: &Path,
     sockets: &Sockets<'_>,
     cpu: usize,
-    (len, pools): (usize, u32),
+    (len, pools, flows): (usize, u32, Flows),
     seconds: u32,
     mut on_tick: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Output> {
@@ -139,6 +166,7 @@ pub fn run(
             &pools.to_string(),
         ])
         .args(["--warmup", &WARMUP_S.to_string()])
+        .args(flows.args())
         .args(["--link-timeout", &LINK_TIMEOUT_S.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

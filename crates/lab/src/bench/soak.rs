@@ -115,6 +115,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
                     rate: 200_000,
                     flows: 16,
                     count: 0,
+                    ip: None,
                 }),
             }),
         ),
