@@ -12,8 +12,14 @@
 //! keyed multiply-fold over the key packed into a few words (as the conntrack table's, not
 //! SipHash), a set is picked by a multiply (no division), and each slot has a 32-bit tag of
 //! its hash in an array apart from the entries, so a probe reads one cache line of tags and
-//! compares a whole key only where the tag matches. The slot last hit is tried first, with
-//! no hash: a burst of one flow (a guest's TCP stream) costs one key compare a frame.
+//! compares a whole key only where the tag matches.
+//!
+//! Before that, the common frame (untagged IPv4 without options, as [`parse`] reads in
+//! place) is looked up in a small direct-mapped memo of recent flows by its header words as
+//! they are ([`MEMO`] entries: header words with the ingress and egress port, and the slot): a flow seen a moment ago (a
+//! guest's burst, a few flows interleaved) costs a few word compares and the counter update,
+//! no key built, no hash, no probe. An entry only names a slot while no flow has left the
+//! cache since it was made (a generation number: anything that frees a slot bumps it).
 //!
 //! Sampling is systematic count-based (RFC 5475 §6.1, "1 in N"): every Nth frame the cache
 //! is offered is accounted; the exporter tells the collector N so it scales the counts.
@@ -144,8 +150,10 @@ pub struct FlowCache {
     entries: Vec<Entry>,
     sets: usize,
     seeds: [u64; 4],
-    /// The slot of the last flow accounted (tried before hashing).
-    recent: usize,
+    /// Recent flows by their header words (see the module docs).
+    memo: Box<[Memo; MEMO]>,
+    /// Bumped whenever a slot is freed: memo entries of older generations are void.
+    generation: u32,
     /// Frames until the next sampled one (1: the next).
     countdown: u32,
     stats: CacheStats,
@@ -294,6 +302,88 @@ pub fn parse_general(frame: &[u8], ingress: u32, egress: u32) -> Option<(FlowKey
     Some((key, octets, flags))
 }
 
+/// Entries of a cache's memo of recent flows (a power of two).
+pub const MEMO: usize = 32;
+
+/// A memo entry: a frame's header words ([`memo_words`]) and the slot of its flow.
+#[derive(Clone, Copy)]
+struct Memo {
+    words: [u64; 6],
+    slot: u32,
+    /// The cache's generation when made (0: never made; the cache's starts at 1).
+    generation: u32,
+}
+
+impl Memo {
+    const VOID: Memo = Memo {
+        words: [0; 6],
+        slot: 0,
+        generation: 0,
+    };
+}
+
+/// The words of a frame of the shape [`parse`] reads in place, that decide its flow key
+/// (with the ports and the VLAN the switch decided, see [`FlowCache::observe_in`]), and its
+/// IP octets and TCP flags; `None` for another shape. Frames with equal words have equal
+/// keys: the words hold every byte the key is read from, and the checks here (IPv4 with a
+/// 20-byte header from a unicast source, at least 20 bytes of upper layer, all present)
+/// make the fast parse's.
+#[inline]
+fn memo_words(
+    frame: &[u8],
+    ingress: u32,
+    egress: u32,
+    vlan: Option<u16>,
+) -> Option<([u64; 6], u64, u8)> {
+    let h: &[u8; ETH_IPV4 + tcp::HEADER_LEN] =
+        frame.get(..ETH_IPV4 + tcp::HEADER_LEN)?.try_into().ok()?;
+    let total = usize::from(u16::from_be_bytes([h[16], h[17]]));
+    if h[12..15] != [0x08, 0x00, 0x45]
+        || h[6] & 1 != 0
+        || frame.len() > l2::MAX_FRAME_LEN
+        || total < ipv4::HEADER_LEN + tcp::HEADER_LEN
+        || frame.len() - ethernet::HEADER_LEN < total
+    {
+        return None;
+    }
+    let w = |at: usize| {
+        u64::from_le_bytes([
+            h[at],
+            h[at + 1],
+            h[at + 2],
+            h[at + 3],
+            h[at + 4],
+            h[at + 5],
+            h[at + 6],
+            h[at + 7],
+        ])
+    };
+    let w32 = |at: usize| u64::from(u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]));
+    // The VLAN as decided (a code apart from every VID), or the frame's: untagged.
+    let vlan = vlan.map_or(1 << 17, |v| u64::from(v) | 1 << 16);
+    let words = [
+        w32(34) | u64::from(ingress) << 32, // ports first: what differs most between flows
+        w(26),                              // addresses
+        w32(20) | vlan << 32,               // fragment, TTL, protocol
+        w(0),                               // destination MAC, start of the source
+        w(8),                               // rest of the source MAC, EtherType, version
+        u64::from(egress),
+    ];
+    let later = u16::from_be_bytes([h[20], h[21]]) & 0x1fff != 0;
+    let flags = if h[23] == 6 && !later {
+        h[ETH_IPV4 + 13]
+    } else {
+        0
+    };
+    Some((words, total as u64, flags))
+}
+
+/// The memo entry of header words `w`.
+#[inline]
+fn memo_index(w: &[u64; 6]) -> usize {
+    ((w[0] ^ w[1] ^ w[5]).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 59) as usize & (MEMO - 1)
+}
+
 /// Whether `a` and `b` are the same flow: [`FlowKey`]'s equality, the fields that differ
 /// most between flows first (so a different flow is told in a compare or two).
 #[inline]
@@ -325,7 +415,8 @@ impl FlowCache {
             entries: vec![EMPTY; sets * WAYS],
             sets,
             seeds,
-            recent: 0,
+            memo: Box::new([Memo::VOID; MEMO]),
+            generation: 1,
             countdown: 1,
             stats: CacheStats::default(),
         }
@@ -422,6 +513,21 @@ impl FlowCache {
         }
         self.countdown = self.cfg.sampling.max(1);
         self.stats.sampled += 1;
+        // The memo: a flow seen a moment ago, found by its header words.
+        let memo = memo_words(frame, ingress, egress, vlan).map(|(words, octets, flags)| {
+            let i = memo_index(&words);
+            (words, octets, flags, i)
+        });
+        if let Some((words, octets, flags, i)) = memo {
+            let m = &self.memo[i];
+            if m.generation == self.generation
+                && m.words == words
+                && self.add(m.slot as usize, octets, flags, now_ms)
+            {
+                return;
+            }
+        }
+        let memo = memo.map(|(words, _, _, i)| (words, i));
         let Some((mut key, octets, flags)) = parse(frame, ingress, egress) else {
             self.stats.not_ip += 1;
             return;
@@ -429,10 +535,17 @@ impl FlowCache {
         if let Some(v) = vlan {
             key.vlan = (v != 0).then_some(v);
         }
-        self.account(&key, octets, flags, now_ms, out);
+        let slot = self.account(&key, octets, flags, now_ms, out);
+        if let Some((words, i)) = memo {
+            self.memo[i] = Memo {
+                words,
+                slot: slot as u32,
+                generation: self.generation,
+            };
+        }
     }
 
-    /// Accounts one sampled frame of flow `key`.
+    /// Accounts one sampled frame of flow `key`; returns the slot that holds the flow.
     #[inline]
     fn account(
         &mut self,
@@ -441,15 +554,7 @@ impl FlowCache {
         flags: u8,
         now_ms: u64,
         out: &mut Vec<FlowRecord>,
-    ) {
-        // The flow of the previous frame again: no hash, no probe.
-        let r = self.recent;
-        if self.tags[r] != 0
-            && same_flow(&self.entries[r].key, key)
-            && self.add(r, octets, flags, now_ms)
-        {
-            return;
-        }
+    ) -> usize {
         let h = self.hash(key);
         let (set, t) = (self.set_of(h), tag(h));
         let tags: &[u32; WAYS] = self.tags[set..set + WAYS].try_into().expect("a set");
@@ -457,8 +562,7 @@ impl FlowCache {
         let hit = (0..WAYS).find(|&w| tags[w] == t && same_flow(&entries[w].key, key));
         if let Some(w) = hit {
             if self.add(set + w, octets, flags, now_ms) {
-                self.recent = set + w;
-                return;
+                return set + w;
             }
             // Ended by a timeout: exported, and the flow starts over in a fresh entry.
             self.end(set + w, now_ms, out);
@@ -471,6 +575,7 @@ impl FlowCache {
                     .expect("WAYS > 0");
                 out.push(self.entries[set + w].record(EndReason::LackOfResources));
                 count(&mut self.stats, EndReason::LackOfResources);
+                self.bump();
                 w
             }
         };
@@ -483,8 +588,8 @@ impl FlowCache {
             last_ms: now_ms,
             tcp_flags: flags,
         };
-        self.recent = set + w;
         self.stats.flows += 1;
+        set + w
     }
 
     /// Adds a frame to the flow in slot `i`, unless the flow is past a timeout at `now_ms`
@@ -516,11 +621,24 @@ impl FlowCache {
         out.push(e.record(r));
         count(&mut self.stats, r);
         self.tags[i] = 0;
+        self.bump();
+    }
+
+    /// Voids every memo entry (a slot was freed, or may be).
+    #[inline]
+    fn bump(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            // Wrapped: every entry is voided, so none made 2^32 bumps ago can match.
+            self.memo.fill(Memo::VOID);
+            self.generation = 1;
+        }
     }
 
     /// Exports (onto `out`) and removes the flows past their idle or active timeout at
     /// `now_ms`. Looks at every slot: call it about once a second, not per frame.
     pub fn expire(&mut self, now_ms: u64, out: &mut Vec<FlowRecord>) {
+        self.bump();
         let (idle, active) = (self.cfg.idle_timeout_ms, self.cfg.active_timeout_ms);
         for (t, e) in self.tags.iter_mut().zip(&self.entries) {
             if *t == 0 {
@@ -541,6 +659,7 @@ impl FlowCache {
 
     /// Exports every flow with [`EndReason::ForcedEnd`] and empties the cache.
     pub fn flush(&mut self, out: &mut Vec<FlowRecord>) {
+        self.bump();
         for (t, e) in self.tags.iter_mut().zip(&self.entries) {
             if *t != 0 {
                 out.push(e.record(EndReason::ForcedEnd));
