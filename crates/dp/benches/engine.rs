@@ -5,9 +5,15 @@
 //! instructions of `Forwarder::poll` less its ports' `rx_burst` and `tx_burst`
 //! (`bench/cg_engine.py` does, from a callgrind profile of this bench).
 //!
+//! `ipfix_unicast` and `ipfix_unicast_10k` switch known unicast UDP frames with IPFIX export
+//! on at sampling 1 (the tap's cost per frame): 4 flows interleaved frame by frame, as the
+//! DPDK load generator sends them (`bench/dpdk-load/qsload.c`), and 10 000 flows (one flow a
+//! frame, round robin, more than the cache holds in a set's neighbourhood of the L1).
+//!
 //! Reported per burst of 32 frames (Criterion's throughput is frames/s).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use qswitch_dp::export::{CacheConfig, TapConfig};
 use qswitch_dp::packet::BURST;
 use qswitch_dp::{Options, Switch};
 
@@ -16,6 +22,22 @@ fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
     f[..6].copy_from_slice(&dst);
     f[6..12].copy_from_slice(&src);
     f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f
+}
+
+/// A 60-byte IPv4/UDP frame of flow `flow` (its UDP source port), as qsload sends.
+fn udp_frame(dst: [u8; 6], src: [u8; 6], flow: u16) -> Vec<u8> {
+    let mut f = frame(dst, src);
+    // IPv4: version 4, header 20 bytes, total length 46, TTL 64, UDP, 10.0.0.1 -> 10.0.0.2.
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&46u16.to_be_bytes());
+    f[22] = 64;
+    f[23] = 17;
+    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    f[34..36].copy_from_slice(&(1024 + flow).to_be_bytes());
+    f[36..38].copy_from_slice(&9u16.to_be_bytes());
+    f[38..40].copy_from_slice(&26u16.to_be_bytes());
     f
 }
 
@@ -52,6 +74,33 @@ fn bench(c: &mut Criterion) {
                 }
                 b.take_captured();
                 cp.take_captured();
+            })
+        });
+    }
+    // IPFIX at 1:1, the cache as the daemon sizes it (`CACHE_FLOWS` in crates/qswitch/src/export.rs).
+    sw.set_export(Some(TapConfig {
+        ipfix: Some(CacheConfig {
+            capacity: 16_384,
+            sampling: 1,
+            active_timeout_ms: 60_000,
+            idle_timeout_ms: 15_000,
+        }),
+        sflow: None,
+    }));
+    for (name, flows) in [("ipfix_unicast", 4u16), ("ipfix_unicast_10k", 10_000)] {
+        let frames: Vec<Vec<u8>> = (0..flows).map(|i| udp_frame(mb, ma, i)).collect();
+        let mut next = 0;
+        group.bench_function(name, |bench| {
+            bench.iter(|| {
+                for _ in 0..BURST {
+                    a.inject(&frames[next]);
+                    next = (next + 1) % frames.len();
+                }
+                while a.pending() > 0 {
+                    now += 1;
+                    sw.poll_once(now);
+                }
+                b.take_captured();
             })
         });
     }

@@ -167,47 +167,57 @@ impl ExportTap {
         let s = &mut *slot;
         let now_ms = now / 1_000_000;
         let input = if_index(ingress);
-        for &p in touched {
-            let output = if_index(p);
-            let Some(sel) = out.get(usize::from(p.0)) else {
-                continue;
-            };
-            for &i in sel {
-                let i = usize::from(i);
-                let frame = pkts[i].frame();
-                if let Some(cache) = s.cache.as_mut() {
+        if let Some(cache) = s.cache.as_mut() {
+            for &p in touched {
+                let output = if_index(p);
+                let Some(sel) = out.get(usize::from(p.0)) else {
+                    continue;
+                };
+                for &i in sel {
+                    let i = usize::from(i);
+                    let frame = pkts[i].frame();
                     cache.observe_in(frame, input, output, Some(vlan(i)), now_ms, &mut s.records);
                     if s.records.len() > MAX_PENDING_RECORDS {
                         s.dropped_records += (s.records.len() - MAX_PENDING_RECORDS) as u64;
                         s.records.truncate(MAX_PENDING_RECORDS);
                     }
                 }
-                if s.rate > 0 {
-                    let full = s.samples.len() >= MAX_PENDING_SAMPLES;
-                    let (sampler, drops) = s.sampler(ingress);
-                    if !sampler.take() {
-                        continue;
-                    }
-                    if full {
-                        *drops = drops.wrapping_add(1);
-                        s.dropped_samples += 1;
-                        continue;
-                    }
-                    let (pool, d, rate) = (sampler.pool, *drops, sampler.rate());
-                    let n = frame.len().min(HEADER_BYTES);
-                    let mut header = [0u8; HEADER_BYTES];
-                    header[..n].copy_from_slice(&frame[..n]);
-                    s.samples.push(Sample {
-                        input,
-                        output,
-                        rate,
-                        pool,
-                        drops: d,
-                        frame_len: frame.len() as u32,
-                        header_len: n as u8,
-                        header,
-                    });
+            }
+        }
+        if s.rate == 0 {
+            return;
+        }
+        for &p in touched {
+            let output = if_index(p);
+            let Some(sel) = out.get(usize::from(p.0)) else {
+                continue;
+            };
+            for &i in sel {
+                let frame = pkts[usize::from(i)].frame();
+                let full = s.samples.len() >= MAX_PENDING_SAMPLES;
+                let (sampler, drops) = s.sampler(ingress);
+                if !sampler.take() {
+                    continue;
                 }
+                if full {
+                    *drops = drops.wrapping_add(1);
+                    s.dropped_samples += 1;
+                    continue;
+                }
+                let (pool, d, rate) = (sampler.pool, *drops, sampler.rate());
+                let n = frame.len().min(HEADER_BYTES);
+                let mut header = [0u8; HEADER_BYTES];
+                header[..n].copy_from_slice(&frame[..n]);
+                s.samples.push(Sample {
+                    input,
+                    output,
+                    rate,
+                    pool,
+                    drops: d,
+                    frame_len: frame.len() as u32,
+                    header_len: n as u8,
+                    header,
+                });
             }
         }
     }
