@@ -373,7 +373,6 @@ impl CtTable {
         let h = self.hash(zone, key);
         let (shard, bucket) = self.locate(h);
         let mut s = shard.lock();
-        let reversed = key.reversed();
         let mut prev = NIL;
         let mut i = s.buckets[bucket];
         while i != NIL {
@@ -382,7 +381,7 @@ impl CtTable {
             if e.zone == zone {
                 let dir = if e.key == *key {
                     Some(Dir::Original)
-                } else if e.key == reversed {
+                } else if reverse_of(&e.key, key) {
                     Some(Dir::Reply)
                 } else {
                     None
@@ -575,6 +574,19 @@ impl CtTable {
         });
         out
     }
+}
+
+/// Whether `b` is `a` the other way round (without building the reversed key).
+#[inline]
+fn reverse_of(a: &CtKey, b: &CtKey) -> bool {
+    a.proto == b.proto
+        && a.src == b.dst
+        && a.dst == b.src
+        && match (&a.ips, &b.ips) {
+            (IpPair::V4 { src, dst }, IpPair::V4 { src: s2, dst: d2 }) => src == d2 && dst == s2,
+            (IpPair::V6 { src, dst }, IpPair::V6 { src: s2, dst: d2 }) => src == d2 && dst == s2,
+            _ => false,
+        }
 }
 
 impl Shard {
