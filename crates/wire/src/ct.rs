@@ -254,6 +254,8 @@ pub fn parse_v4_fast(frame: &[u8]) -> Option<CtPacket> {
 }
 
 /// [`parse`] of any frame, without the short path (the `ct` fuzz target compares the two).
+/// Not inlined: its callers stay small for the short path.
+#[inline(never)]
 pub fn parse_general(frame: &[u8]) -> Result<CtPacket, CtError> {
     let eth = Frame::new_checked(frame).map_err(|_| CtError::Truncated)?;
     let (vlan, ethertype, l3_offset) = l2::untag(&eth).ok_or(CtError::Truncated)?;
