@@ -10,6 +10,12 @@
 //! DPDK load generator sends them (`bench/dpdk-load/qsload.c`), and 10 000 flows (one flow a
 //! frame, round robin, more than the cache holds in a set's neighbourhood of the L1).
 //!
+//! `engine/unicast_fw50` is `unicast` with the firewall on both ports (a group of 50 rules
+//! where, in each direction, only the last matches: 24 TCP rules, then UDP), the frames
+//! UDP of 10 000 flows, so after the first round every frame is a packet of a tracked
+//! connection, checked by `a`'s egress filter on the way in and `b`'s ingress filter on
+//! the way out (docs/firewall.md).
+//!
 //! Reported per burst of 32 frames (Criterion's throughput is frames/s).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -104,7 +110,74 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    firewall_case(&mut group);
     group.finish();
+}
+
+/// Flows of `unicast_fw50`.
+const FLOWS: u16 = 10_000;
+
+/// A UDP frame of flow `flow` from a (10.0.0.1) to b (10.0.0.2).
+fn udp(dst: [u8; 6], src: [u8; 6], flow: u16) -> Vec<u8> {
+    let mut f = frame(dst, src);
+    f[14..34].copy_from_slice(&[
+        0x45, 0, 0, 46, 0, 1, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ]);
+    f[34..36].copy_from_slice(&(10_000 + flow).to_be_bytes());
+    f[36..42].copy_from_slice(&[0, 53, 0, 26, 0, 0]);
+    f
+}
+
+fn firewall_case(group: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>) {
+    let mut rules = String::new();
+    for direction in ["egress", "ingress"] {
+        for i in 0..24 {
+            rules.push_str(&format!(
+                "{{ direction = \"{direction}\", protocol = \"tcp\", ports = {} }},\n",
+                1000 + i
+            ));
+        }
+    }
+    rules.push_str("{ direction = \"egress\", protocol = \"udp\" },\n");
+    rules.push_str("{ direction = \"ingress\", protocol = \"udp\" },\n");
+    let text = format!(
+        "[[security_group]]\nname = \"g\"\nrules = [\n{rules}]\n\
+         [[port]]\nname = \"a\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n\
+         [[port]]\nname = \"b\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n"
+    );
+    let config = qswitch_api::config::Config::from_toml(&text).unwrap();
+    let options = Options {
+        topology: Some(qswitch_dp::control::placement::Topology::synthetic(1, 4, 1)),
+        firewall: config.firewall,
+        security_groups: config.security_groups.clone(),
+        ..Options::default()
+    };
+    let sw = Switch::manual(&[0], &options).unwrap();
+    let a = sw.add_inject_port_config(&config.ports[0]).unwrap();
+    let b = sw.add_inject_port_config(&config.ports[1]).unwrap();
+    let (ma, mb) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
+    let mut now = 0;
+    // b is known (its frame opens a connection of its own).
+    b.inject(&udp(ma, mb, FLOWS));
+    while b.pending() > 0 {
+        now += 1_000;
+        sw.poll_once(now);
+    }
+    let frames: Vec<Vec<u8>> = (0..FLOWS).map(|i| udp(mb, ma, i)).collect();
+    let mut next = 0usize;
+    group.bench_function("unicast_fw50", |bench| {
+        bench.iter(|| {
+            for _ in 0..BURST {
+                a.inject(&frames[next]);
+                next = (next + 1) % frames.len();
+            }
+            while a.pending() > 0 {
+                now += 1;
+                sw.poll_once(now);
+            }
+            b.take_captured();
+        })
+    });
 }
 
 criterion_group!(benches, bench);

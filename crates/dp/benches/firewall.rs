@@ -6,10 +6,17 @@
 //!
 //! `cargo bench --profile release -p qswitch-dp --bench firewall` (the release profile: the
 //! bench profile's LTO would rebuild every dependency).
+//!
+//! For instruction counts, `QSWITCH_FW_CASE=<case> valgrind --tool=callgrind
+//! --toggle-collect='*firewall::measure*' <bench binary>` runs one case without Criterion:
+//! its table set up, then [`ITERS`] frames inside `measure` (the only function counted), so
+//! callgrind's total over [`ITERS`] is the cost per frame. Cases: `parse`, `est_1k`,
+//! `est_1m`, `est_1m_burst` (the same frames, [`BURST`] at a time through
+//! [`Firewall::check_burst`]), `new_1`, `new_50`. `bench/cg_firewall.sh` runs them all.
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use qswitch_api::config::{Config, RuleDirection};
 use qswitch_dp::firewall::Firewall;
 
@@ -75,14 +82,7 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    let mut rules50 = String::new();
-    for i in 0..49 {
-        rules50.push_str(&format!(
-            "{{ direction = \"egress\", protocol = \"tcp\", ports = {} }},\n",
-            1000 + i
-        ));
-    }
-    rules50.push_str(r#"{ direction = "egress", protocol = "udp", ports = 53 },"#);
+    let rules50 = rules50();
     for (name, rules) in [
         ("new_1_rule", r#"{ direction = "egress" },"#),
         ("new_50_rules", &rules50),
@@ -108,5 +108,96 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// Frames a deterministic run measures.
+const ITERS: u32 = 100_000;
+
+/// Frames per call of [`Firewall::check_burst`] in the burst cases (the engine's burst).
+const BURST: usize = 32;
+
+/// The 50-rule group: 49 TCP rules, then the UDP rule the frames match.
+fn rules50() -> String {
+    let mut rules = String::new();
+    for i in 0..49 {
+        rules.push_str(&format!(
+            "{{ direction = \"egress\", protocol = \"tcp\", ports = {} }},\n",
+            1000 + i
+        ));
+    }
+    rules.push_str(r#"{ direction = "egress", protocol = "udp", ports = 53 },"#);
+    rules
+}
+
+/// The counted part of a deterministic run: `ITERS` frames of the case.
+#[inline(never)]
+fn measure(case: &str, fw: &Firewall, n: u32, f: &mut [u8]) -> u32 {
+    let mut allowed = 0u32;
+    match case {
+        "parse" => {
+            for _ in 0..ITERS {
+                allowed += u32::from(qswitch_wire::ct::parse(black_box(&*f)).is_ok());
+            }
+        }
+        "est_1m_burst" => {
+            let mut frames = vec![f.to_vec(); BURST];
+            let mut i = 0u32;
+            for _ in 0..ITERS / BURST as u32 {
+                for g in frames.iter_mut() {
+                    i = i.wrapping_add(1);
+                    set_flow(g, scatter(i, n));
+                }
+                fw.check_burst(
+                    0,
+                    RuleDirection::Egress,
+                    BURST,
+                    |k| black_box(&frames[k]),
+                    SEC,
+                    |_, v| allowed += u32::from(v.allowed()),
+                );
+            }
+        }
+        _ => {
+            let new = case.starts_with("new");
+            for i in 0..ITERS {
+                set_flow(f, if new { i } else { scatter(i, n) });
+                allowed += u32::from(
+                    fw.check(0, RuleDirection::Egress, black_box(&*f), SEC)
+                        .allowed(),
+                );
+            }
+        }
+    }
+    allowed
+}
+
+/// A deterministic run of one case (see the module's doc).
+fn deterministic(case: &str) {
+    let mut f = frame();
+    let (rules, n, max) = match case {
+        "est_1k" => (r#"{ direction = "egress" },"#.to_string(), 1 << 10, 1 << 11),
+        "est_1m" | "est_1m_burst" => (
+            r#"{ direction = "egress" },"#.to_string(),
+            1 << 20,
+            (1 << 20) + (1 << 18),
+        ),
+        "new_50" => (rules50(), 0, 1 << 20),
+        _ => (r#"{ direction = "egress" },"#.to_string(), 0, 1 << 20),
+    };
+    let fw = firewall(&rules, max);
+    for i in 0..n {
+        set_flow(&mut f, i);
+        assert!(fw.check(0, RuleDirection::Egress, &f, SEC).allowed());
+    }
+    let allowed = measure(case, &fw, n.max(1), &mut f);
+    eprintln!("{case}: {ITERS} frames, {allowed} allowed");
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(case) = std::env::var("QSWITCH_FW_CASE") {
+        deterministic(&case);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

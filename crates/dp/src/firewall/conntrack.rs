@@ -187,16 +187,21 @@ impl Dir {
 }
 
 struct Shard {
-    buckets: Box<[u32]>,
+    /// Bucket heads: written under the shard's lock, read under it too, and read without
+    /// it only as a prefetch hint ([`CtTable::prefetch`]), hence atomics (relaxed: plain
+    /// moves on x86).
+    buckets: std::sync::Arc<[AtomicU32]>,
     entries: Box<[Entry]>,
     free: u32,
     used: u32,
 }
 
 /// A shard on its own cache lines, so that two workers on neighbouring shards do not
-/// invalidate each other's lock word.
+/// invalidate each other's lock word; with what a prefetch needs without the lock: the
+/// bucket heads (shared with the shard) and where its entries are (an address, never
+/// dereferenced: only given to the CPU as a hint).
 #[repr(align(128))]
-struct Padded(Mutex<Shard>);
+struct Padded(Mutex<Shard>, std::sync::Arc<[AtomicU32]>, usize);
 
 /// Why [`CtTable::insert`] refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,12 +263,19 @@ impl CtTable {
                         NIL
                     };
                 }
-                Padded(Mutex::new(Shard {
-                    buckets: vec![NIL; buckets].into_boxed_slice(),
-                    entries,
-                    free: 0,
-                    used: 0,
-                }))
+                let heads: std::sync::Arc<[AtomicU32]> =
+                    (0..buckets).map(|_| AtomicU32::new(NIL)).collect();
+                let at = entries.as_ptr() as usize;
+                Padded(
+                    Mutex::new(Shard {
+                        buckets: heads.clone(),
+                        entries,
+                        free: 0,
+                        used: 0,
+                    }),
+                    heads,
+                    at,
+                )
             })
             .collect();
         CtTable {
@@ -354,9 +366,44 @@ impl CtTable {
     }
 
     fn locate(&self, h: u64) -> (&Mutex<Shard>, usize) {
-        let shard = &self.shards[(h & self.shard_mask) as usize].0;
+        let (shard, bucket) = self.locate_padded(h);
+        (&shard.0, bucket)
+    }
+
+    #[inline]
+    fn locate_padded(&self, h: u64) -> (&Padded, usize) {
+        let shard = &self.shards[(h & self.shard_mask) as usize];
         // The bucket uses other bits of the hash than the shard.
         (shard, ((h >> 20) & self.bucket_mask) as usize)
+    }
+
+    /// Asks the CPU for the bucket head of hash `h` (see [`CtTable::hash`]): the first step
+    /// of looking up a burst, before [`CtTable::prefetch_entry`] and [`CtTable::with_hash`],
+    /// so that the cache misses of a big table overlap instead of coming one by one.
+    #[inline]
+    pub fn prefetch_bucket(&self, h: u64) {
+        let (shard, bucket) = self.locate_padded(h);
+        if let Some(head) = shard.1.get(bucket) {
+            qswitch_sys::cpu::prefetch(head);
+        }
+    }
+
+    /// Asks the CPU for the first entry of the bucket of hash `h` (both cache lines it may
+    /// span), reading the bucket head without the lock: a hint only, a stale head costs a
+    /// useless prefetch.
+    #[inline]
+    pub fn prefetch_entry(&self, h: u64) {
+        let (shard, bucket) = self.locate_padded(h);
+        let Some(head) = shard.1.get(bucket) else {
+            return;
+        };
+        let i = head.load(Ordering::Relaxed);
+        if i != NIL {
+            let size = std::mem::size_of::<Entry>();
+            let at = shard.2.wrapping_add((i as usize).wrapping_mul(size));
+            qswitch_sys::cpu::prefetch(at as *const u8);
+            qswitch_sys::cpu::prefetch(at.wrapping_add(size - 1) as *const u8);
+        }
     }
 
     /// Finds the connection of `key` in `zone` and runs `f` on it under the shard's lock,
@@ -370,19 +417,31 @@ impl CtTable {
         now: u64,
         f: impl FnOnce(&mut Entry, Dir) -> (R, bool),
     ) -> Option<R> {
-        let h = self.hash(zone, key);
+        self.with_hash(self.hash(zone, key), zone, key, now, f)
+    }
+
+    /// [`CtTable::with`] with the key's hash already computed (`h` must be
+    /// [`CtTable::hash`] of `zone` and `key`).
+    #[inline]
+    pub fn with_hash<R>(
+        &self,
+        h: u64,
+        zone: u32,
+        key: &CtKey,
+        now: u64,
+        f: impl FnOnce(&mut Entry, Dir) -> (R, bool),
+    ) -> Option<R> {
         let (shard, bucket) = self.locate(h);
         let mut s = shard.lock();
-        let reversed = key.reversed();
         let mut prev = NIL;
-        let mut i = s.buckets[bucket];
+        let mut i = s.head(bucket);
         while i != NIL {
             let e = &mut s.entries[i as usize];
             let next = e.next;
             if e.zone == zone {
                 let dir = if e.key == *key {
                     Some(Dir::Original)
-                } else if e.key == reversed {
+                } else if reverse_of(&e.key, key) {
                     Some(Dir::Reply)
                 } else {
                     None
@@ -430,7 +489,7 @@ impl CtTable {
         let (shard, bucket) = self.locate(h);
         let mut s = shard.lock();
         let reversed = entry.key.reversed();
-        let mut i = s.buckets[bucket];
+        let mut i = s.head(bucket);
         while i != NIL {
             let e = &s.entries[i as usize];
             if e.zone == entry.zone && e.expires > now && (e.key == entry.key || e.key == reversed)
@@ -451,10 +510,10 @@ impl CtTable {
         }
         s.free = s.entries[i as usize].next;
         s.entries[i as usize] = Entry {
-            next: s.buckets[bucket],
+            next: s.head(bucket),
             ..entry
         };
-        s.buckets[bucket] = i;
+        s.set_head(bucket, i);
         s.used += 1;
         Ok(true)
     }
@@ -467,8 +526,8 @@ impl CtTable {
             batch.clear();
             {
                 let s = shard.0.lock();
-                for &head in s.buckets.iter() {
-                    let mut i = head;
+                for head in s.buckets.iter() {
+                    let mut i = head.load(Ordering::Relaxed);
                     while i != NIL {
                         let e = &s.entries[i as usize];
                         if e.expires > now {
@@ -577,11 +636,34 @@ impl CtTable {
     }
 }
 
+/// Whether `b` is `a` the other way round (without building the reversed key).
+#[inline]
+fn reverse_of(a: &CtKey, b: &CtKey) -> bool {
+    a.proto == b.proto
+        && a.src == b.dst
+        && a.dst == b.src
+        && match (&a.ips, &b.ips) {
+            (IpPair::V4 { src, dst }, IpPair::V4 { src: s2, dst: d2 }) => src == d2 && dst == s2,
+            (IpPair::V6 { src, dst }, IpPair::V6 { src: s2, dst: d2 }) => src == d2 && dst == s2,
+            _ => false,
+        }
+}
+
 impl Shard {
+    #[inline]
+    fn head(&self, bucket: usize) -> u32 {
+        self.buckets[bucket].load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn set_head(&self, bucket: usize, i: u32) {
+        self.buckets[bucket].store(i, Ordering::Relaxed);
+    }
+
     fn unlink(&mut self, bucket: usize, prev: u32, i: u32) {
         let next = self.entries[i as usize].next;
         if prev == NIL {
-            self.buckets[bucket] = next;
+            self.set_head(bucket, next);
         } else {
             self.entries[prev as usize].next = next;
         }
@@ -595,7 +677,7 @@ impl Shard {
     /// that bucket's chain (it always is).
     fn unlink_slot(&mut self, bucket: usize, i: u32) -> bool {
         let mut prev = NIL;
-        let mut j = self.buckets[bucket];
+        let mut j = self.head(bucket);
         while j != NIL {
             if j == i {
                 self.unlink(bucket, prev, i);
@@ -611,7 +693,7 @@ impl Shard {
         let mut freed = 0;
         for bucket in 0..self.buckets.len() {
             let mut prev = NIL;
-            let mut i = self.buckets[bucket];
+            let mut i = self.head(bucket);
             while i != NIL {
                 let e = &self.entries[i as usize];
                 let next = e.next;

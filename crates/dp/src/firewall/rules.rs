@@ -113,19 +113,86 @@ pub struct PortRules {
     pub egress: Vec<Rule>,
     /// The port's `max_sessions`.
     pub max_sessions: Option<u32>,
+    /// The rules of each direction by address family and protocol ([`PortRules::reindex`]).
+    index: RuleIndex,
+}
+
+/// Per direction, for each address family and each protocol that has ports or types to
+/// match (TCP, UDP, ICMP, ICMPv6, SCTP), the positions of the rules that can match such a
+/// packet (their family, and their protocol that one or any), in order: a new connection
+/// walks only those, so 49 TCP rules before the UDP rule that matches cost a UDP packet
+/// nothing. Packets of other protocols walk the whole list. Derived from the rules, so it
+/// plays no part in comparing them.
+#[derive(Debug, Clone, Default)]
+struct RuleIndex {
+    /// The lengths of `ingress` and `egress` when it was built: a list changed since (and
+    /// not reindexed) is walked whole.
+    built: [usize; 2],
+    /// `[direction][family * PROTOS.len() + protocol]`.
+    lists: [[Vec<u16>; 2 * PROTOS.len()]; 2],
+}
+
+/// The protocols [`RuleIndex`] keeps lists for.
+const PROTOS: [u8; 5] = [6, 17, 1, 58, qswitch_wire::ct::PROTO_SCTP];
+
+impl PartialEq for RuleIndex {
+    fn eq(&self, _: &RuleIndex) -> bool {
+        true
+    }
+}
+
+impl Eq for RuleIndex {}
+
+impl RuleIndex {
+    fn slot(p: &CtPacket) -> Option<usize> {
+        let proto = PROTOS.iter().position(|&n| n == p.key.proto)?;
+        Some(usize::from(p.key.is_ipv6()) * PROTOS.len() + proto)
+    }
+
+    fn build(ingress: &[Rule], egress: &[Rule]) -> RuleIndex {
+        let mut index = RuleIndex {
+            built: [ingress.len(), egress.len()],
+            ..RuleIndex::default()
+        };
+        for (d, rules) in [ingress, egress].into_iter().enumerate() {
+            for (i, r) in rules.iter().enumerate() {
+                let Ok(i) = u16::try_from(i) else { break };
+                for (family, on) in [r.v4, r.v6].into_iter().enumerate() {
+                    for (k, &proto) in PROTOS.iter().enumerate() {
+                        if on && r.proto.is_none_or(|n| n == proto) {
+                            index.lists[d][family * PROTOS.len() + k].push(i);
+                        }
+                    }
+                }
+            }
+        }
+        index
+    }
 }
 
 impl PortRules {
+    /// Rebuilds the index of the rules by family and protocol; call it after changing
+    /// `ingress` or `egress` ([`RuleSet::compile_ports`] does). Until then a list whose
+    /// length changed is walked whole.
+    pub fn reindex(&mut self) {
+        self.index = RuleIndex::build(&self.ingress, &self.egress);
+    }
+
     /// The first rule of `direction` that allows `p`.
     #[inline]
     pub fn first_match(&self, direction: RuleDirection, p: &CtPacket) -> Option<&Rule> {
-        let (rules, remote) = match direction {
-            RuleDirection::Ingress => (&self.ingress, src(&p.key)),
-            RuleDirection::Egress => (&self.egress, dst(&p.key)),
+        let (rules, remote, d) = match direction {
+            RuleDirection::Ingress => (&self.ingress, src(&p.key), 0),
+            RuleDirection::Egress => (&self.egress, dst(&p.key), 1),
         };
-        rules
-            .iter()
-            .find(|r| r.matches(p) && r.remote_matches(remote))
+        let allows = |r: &&Rule| r.matches(p) && r.remote_matches(remote);
+        match RuleIndex::slot(p) {
+            Some(k) if self.index.built[d] == rules.len() => self.index.lists[d][k]
+                .iter()
+                .filter_map(|&i| rules.get(usize::from(i)))
+                .find(allows),
+            _ => rules.iter().find(allows),
+        }
     }
 }
 
@@ -198,6 +265,7 @@ impl RuleSet {
                     let Some(gi) = find(name) else { continue };
                     compile_group(gi, &groups[gi], &members, &mut rules);
                 }
+                rules.reindex();
                 Some(rules)
             })
             .collect();
@@ -247,5 +315,105 @@ fn compile_group(
             RuleDirection::Ingress => out.ingress.push(rule),
             RuleDirection::Egress => out.egress.push(rule),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qswitch_wire::ct::{Fragment, TcpInfo};
+
+    fn packet(v6: bool, proto: u8, dst: u16) -> CtPacket {
+        let ips = if v6 {
+            IpPair::V6 {
+                src: [0xfd; 16],
+                dst: [0xfe; 16],
+            }
+        } else {
+            IpPair::V4 {
+                src: [10, 0, 0, 1],
+                dst: [10, 0, 0, 2],
+            }
+        };
+        let l4 = match proto {
+            6 => L4::Tcp(TcpInfo {
+                flags: 0x02,
+                seq: 1,
+                ack: 0,
+                window: 100,
+                payload_len: 0,
+                wscale: None,
+            }),
+            17 => L4::Udp,
+            1 | 58 => L4::Echo {
+                id: dst,
+                request: true,
+            },
+            _ => L4::Other,
+        };
+        CtPacket {
+            key: CtKey {
+                ips,
+                proto,
+                src: 4000,
+                dst,
+            },
+            l4,
+            fragment: Fragment::No,
+            vlan: None,
+        }
+    }
+
+    #[test]
+    fn the_index_finds_what_the_walk_finds() {
+        let c = Config::from_toml(
+            r#"
+[[security_group]]
+name = "g"
+rules = [
+  { direction = "ingress", protocol = "tcp", ports = "22" },
+  { direction = "ingress", ethertype = "ipv6", protocol = "udp", ports = "53" },
+  { direction = "ingress", protocol = 47 },
+  { direction = "ingress", protocol = "icmp", icmp_type = 8 },
+  { direction = "ingress", ethertype = "ipv4", ports = "80", protocol = "tcp" },
+  { direction = "ingress", ethertype = "ipv4", protocol = "udp" },
+  { direction = "ingress", protocol = "icmpv6" },
+  { direction = "ingress", ethertype = "ipv6" },
+  { direction = "egress", protocol = "sctp", ports = "9" },
+  { direction = "egress", remote = "10.0.0.0/8" },
+]
+[[port]]
+name = "vm"
+type = "gen"
+security_groups = ["g"]
+"#,
+        )
+        .unwrap();
+        let set = RuleSet::compile(&c);
+        let indexed = set.ports[0].clone().unwrap();
+        let mut walked = indexed.clone();
+        walked.index = RuleIndex::default();
+        for v6 in [false, true] {
+            for proto in [6, 17, 1, 58, 132, 47, 99] {
+                for dst in [9, 22, 53, 80, 8] {
+                    let p = packet(v6, proto, dst);
+                    for d in [RuleDirection::Ingress, RuleDirection::Egress] {
+                        let a = indexed.first_match(d, &p).map(|r| r.id);
+                        let b = walked.first_match(d, &p).map(|r| r.id);
+                        assert_eq!(a, b, "v6 {v6} proto {proto} port {dst} {d:?}");
+                    }
+                }
+            }
+        }
+        // A list changed and not reindexed is walked whole.
+        let mut changed = indexed.clone();
+        changed.ingress.remove(0);
+        let p = packet(false, 6, 80);
+        assert_eq!(
+            changed
+                .first_match(RuleDirection::Ingress, &p)
+                .map(|r| r.id.index),
+            Some(4)
+        );
     }
 }

@@ -52,6 +52,8 @@ pub(crate) fn reason(d: Denied) -> DropReason {
 
 /// Stage `firewall_out` for the frames `sel` (indices into `pkts`) going to `port`, which
 /// has security groups: those its ingress rules refuse leave `sel`, counted in `drops`.
+/// The frames are judged together ([`Firewall::check_burst`]: parsed, hashed and their
+/// connections prefetched before the first lookup).
 #[inline(never)]
 pub(crate) fn filter_out(
     fw: &Firewall,
@@ -61,16 +63,38 @@ pub(crate) fn filter_out(
     now: u64,
     drops: &mut crate::stats::DropTally,
 ) {
-    sel.retain(|&i| {
-        let frame = pkts[usize::from(i)].frame();
-        match check(
-            fw,
-            port,
-            RuleDirection::Ingress,
-            frame,
-            now,
-            &mut super::NoTrace,
-        ) {
+    let mut denied = [None; crate::packet::BURST];
+    if sel.len() > denied.len() {
+        // Never with the engine's bursts; one by one then.
+        return sel.retain(|&i| {
+            let frame = pkts[usize::from(i)].frame();
+            let ingress = RuleDirection::Ingress;
+            match check(fw, port, ingress, frame, now, &mut super::NoTrace) {
+                None => true,
+                Some(r) => {
+                    drops.count(r);
+                    false
+                }
+            }
+        });
+    }
+    fw.check_burst(
+        u32::from(port.0),
+        RuleDirection::Ingress,
+        sel.len(),
+        |k| pkts[usize::from(sel[k])].frame(),
+        now,
+        |k, v| {
+            if let Verdict::Deny(d, _) = v {
+                denied[k] = Some(reason(d));
+            }
+        },
+    );
+    let mut k = 0;
+    sel.retain(|_| {
+        let r = denied[k];
+        k += 1;
+        match r {
             None => true,
             Some(r) => {
                 drops.count(r);
