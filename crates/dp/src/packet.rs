@@ -12,6 +12,7 @@
 //! TAP keeps its GSO type and size until it is written out whole to the destination.
 //! A [`Burst`] is a worker's fixed set of [`BURST`] buffers, allocated once at start.
 
+use qswitch_sys::placed::PlacedBuf;
 use qswitch_wire::l2::MAX_FRAME_LEN;
 use qswitch_wire::virtio_net_hdr::{self, VirtioNetHdr};
 
@@ -35,10 +36,8 @@ pub const PLACE_PERIOD: usize = 128 * 1024;
 
 /// One frame and its offload metadata.
 pub struct Pkt {
-    /// The allocation; the packet's buffer is its [`BUF_SIZE`] bytes from `off` (0 unless
-    /// the packet was placed by [`Pkt::placed`]).
-    buf: Box<[u8]>,
-    off: usize,
+    /// [`BUF_SIZE`] bytes, placed by cache colour for [`Pkt::placed`].
+    buf: PlacedBuf,
     len: usize,
     /// Offload metadata (GSO, partial checksum) of the frame.
     pub hdr: VirtioNetHdr,
@@ -48,8 +47,7 @@ impl Pkt {
     /// An empty packet with a full-size buffer.
     pub fn new() -> Pkt {
         Pkt {
-            buf: vec![0u8; BUF_SIZE].into_boxed_slice(),
-            off: 0,
+            buf: PlacedBuf::new(BUF_SIZE, 1, 0),
             len: 0,
             hdr: VirtioNetHdr::default(),
         }
@@ -57,35 +55,22 @@ impl Pkt {
 
     /// An empty packet whose buffer starts at cache colour `color` (see [`PLACE_PERIOD`]):
     /// its address modulo [`PLACE_PERIOD`] is `color * 4 KiB + (color * 33 % 64) * 64`,
-    /// whatever address the allocator returned. [`Burst::new`] gives its buffers colours
-    /// 0..BURST. The allocation is `PLACE_PERIOD` larger than the buffer; the slack is never
-    /// never written.
+    /// whatever address the allocator returned ([`PlacedBuf`]). [`Burst::new`] gives its
+    /// buffers colours 0..BURST. The allocation is `PLACE_PERIOD` larger than the buffer;
+    /// the slack is never written.
     pub fn placed(color: usize) -> Pkt {
-        let buf = vec![0u8; BUF_SIZE + PLACE_PERIOD].into_boxed_slice();
-        let want = (color * 4096 + (color * 33 % 64) * 64) % PLACE_PERIOD;
-        let at = buf.as_ptr() as usize % PLACE_PERIOD;
+        let at = color * 4096 + (color * 33 % 64) * 64;
         Pkt {
-            off: (want + PLACE_PERIOD - at) % PLACE_PERIOD,
-            buf,
+            buf: PlacedBuf::new(BUF_SIZE, PLACE_PERIOD, at),
             len: 0,
             hdr: VirtioNetHdr::default(),
         }
     }
 
-    #[inline(always)]
-    fn b(&self) -> &[u8] {
-        &self.buf[self.off..self.off + BUF_SIZE]
-    }
-
-    #[inline(always)]
-    fn b_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[self.off..self.off + BUF_SIZE]
-    }
-
     /// The frame.
     #[inline]
     pub fn frame(&self) -> &[u8] {
-        &self.b()[HEADROOM..HEADROOM + self.len]
+        &self.buf[HEADROOM..HEADROOM + self.len]
     }
 
     /// Frame length in bytes.
@@ -98,13 +83,13 @@ impl Pkt {
     /// The whole buffer including headroom, for a read that brings its own virtio-net header.
     #[inline]
     pub fn raw_buf_mut(&mut self) -> &mut [u8] {
-        self.b_mut()
+        &mut self.buf
     }
 
     /// Space for a frame of up to [`MAX_FRAME_LEN`] bytes; call [`Pkt::set_len`] after writing.
     #[inline]
     pub fn frame_buf_mut(&mut self) -> &mut [u8] {
-        &mut self.b_mut()[HEADROOM..]
+        &mut self.buf[HEADROOM..]
     }
 
     /// Sets the frame length (clamped to the buffer).
@@ -117,7 +102,7 @@ impl Pkt {
     /// (and then fail the oversize check).
     pub fn fill(&mut self, frame: &[u8]) {
         let n = frame.len().min(BUF_SIZE - HEADROOM);
-        self.b_mut()[HEADROOM..HEADROOM + n].copy_from_slice(&frame[..n]);
+        self.buf[HEADROOM..HEADROOM + n].copy_from_slice(&frame[..n]);
         self.len = n;
         self.hdr = VirtioNetHdr::default();
     }
@@ -130,9 +115,9 @@ impl Pkt {
         if self.len < 12 || end + 4 > BUF_SIZE {
             return false;
         }
-        self.b_mut().copy_within(HEADROOM + 12..end, HEADROOM + 16);
-        self.b_mut()[HEADROOM + 12..HEADROOM + 14].copy_from_slice(&0x8100u16.to_be_bytes());
-        self.b_mut()[HEADROOM + 14..HEADROOM + 16].copy_from_slice(&tci.to_be_bytes());
+        self.buf.copy_within(HEADROOM + 12..end, HEADROOM + 16);
+        self.buf[HEADROOM + 12..HEADROOM + 14].copy_from_slice(&0x8100u16.to_be_bytes());
+        self.buf[HEADROOM + 14..HEADROOM + 16].copy_from_slice(&tci.to_be_bytes());
         self.len += 4;
         self.shift_offloads(true);
         true
@@ -145,7 +130,7 @@ impl Pkt {
             return;
         }
         let end = HEADROOM + self.len;
-        self.b_mut().copy_within(HEADROOM + 16..end, HEADROOM + 12);
+        self.buf.copy_within(HEADROOM + 16..end, HEADROOM + 12);
         self.len -= 4;
         self.shift_offloads(false);
     }
@@ -172,9 +157,8 @@ impl Pkt {
     /// ready for a TAP write.
     #[inline(always)]
     pub fn with_vnet_hdr(&mut self) -> &[u8] {
-        let hdr = self.hdr;
-        hdr.emit(&mut self.b_mut()[..HEADROOM]);
-        &self.b()[..HEADROOM + self.len]
+        self.hdr.emit(&mut self.buf[..HEADROOM]);
+        &self.buf[..HEADROOM + self.len]
     }
 }
 
