@@ -8,7 +8,13 @@
 # give D1 and last-level misses per frame; the worker's sleeps and wake-ups per frame come
 # from its counters. Deterministic where `bench pvp`'s Mpps are noisy; valgrind makes the
 # worker ~50x slower, so the rings stay full and bursts are whole.
-# Usage: [SIZES="64 1518"] [POOLS=1|2] [KEEP=1] bench/callgrind-dpdk.sh [QSWITCH_BINARY]
+# The simulated caches are given explicitly: valgrind sizes its last-level cache from CPUID,
+# which this project's VMs (PVM) report wrongly (a 256 MiB direct-mapped LL whose misses
+# meant nothing). D1 and LL default to this machine's L1d and L3 as sysfs reports them;
+# LL=L2 simulates the core's private L2 as the last level instead (where the worker's own
+# buffers should stay), LL=size,assoc,line any other cache.
+# Usage: [SIZES="64 1518"] [POOLS=1|2] [LL=L3|L2|size,assoc,line] [KEEP=1]
+#        bench/callgrind-dpdk.sh [QSWITCH_BINARY]
 #        POOLS: qsload's load shape (1: one pool of 8191 mbufs, default; 2: transmit and
 #        receive pools of 16383, the larger working set `bench pvp` also measures)
 #        (default binary: target/release/qswitch)
@@ -16,6 +22,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
 bin=$(realpath "${1:-target/release/qswitch}")
+# A cache of this machine as valgrind's size,assoc,line: index 0 (or 1) of cpu0 is L1d.
+cache() {
+    local d=/sys/devices/system/cpu/cpu0/cache/index$1 size
+    size=$(sed 's/K$//' "$d/size")
+    echo "$((size * 1024)),$(cat "$d/ways_of_associativity"),$(cat "$d/coherency_line_size")"
+}
+d1=$(cache 0 2>/dev/null || echo 32768,8,64)
+case "${LL:-L3}" in
+L3) ll=$(cache 3 2>/dev/null || echo 33554432,16,64) ;;
+L2) ll=$(cache 2 2>/dev/null || echo 1048576,8,64) ;;
+*) ll=$LL ;;
+esac
+echo "simulated caches: D1 $d1, LL $ll (size,assoc,line)"
 dir=$(mktemp -d /tmp/qswitch-cg-dpdk-XXXXXX)
 pid=
 cleanup() {
@@ -46,7 +65,7 @@ socket = "$dir/b.sock"
 mode = "server"
 EOF
     rm -f "$dir"/cg.* "$dir"/*.sock
-    valgrind --tool=callgrind --separate-threads=yes --cache-sim=yes \
+    valgrind --tool=callgrind --separate-threads=yes --cache-sim=yes --D1="$d1" --LL="$ll" \
         --callgrind-out-file="$dir/cg.%p" "$bin" run --config "$dir/q.toml" >"$dir/qswitch.log" 2>&1 &
     pid=$!
     for _ in $(seq 300); do [ -S "$dir/b.sock" ] && break; sleep 0.1; done

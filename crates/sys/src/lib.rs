@@ -67,6 +67,7 @@ pub mod interrupt;
 pub mod netif;
 pub mod netns;
 pub mod packet;
+pub mod placed;
 pub mod rtnl;
 pub mod tap;
 pub mod thread;
