@@ -51,7 +51,8 @@ pub(crate) fn reason(d: Denied) -> DropReason {
 }
 
 /// Stage `firewall_out` for the frames `sel` (indices into `pkts`) going to `port`, which
-/// has security groups: those its ingress rules refuse leave `sel`, counted in `drops`.
+/// has security groups: those its ingress rules refuse leave `sel`, counted in `drops`;
+/// those they allow are added to `allowed` (the worker's own counter of that port).
 #[inline(never)]
 pub(crate) fn filter_out(
     fw: &Firewall,
@@ -60,6 +61,7 @@ pub(crate) fn filter_out(
     sel: &mut Vec<u8>,
     now: u64,
     drops: &mut crate::stats::DropTally,
+    allowed: &crate::stats::Counter,
 ) {
     sel.retain(|&i| {
         let frame = pkts[usize::from(i)].frame();
@@ -78,4 +80,5 @@ pub(crate) fn filter_out(
             }
         }
     });
+    allowed.add(sel.len() as u64);
 }
