@@ -444,6 +444,9 @@ pub struct PolicyUpdate {
     pub link_local_forward: Option<LinkLocalGroups>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bpdu_guard: Option<bool>,
+    /// The port's security groups (empty: none, the port is not filtered). Each must exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_groups: Option<Vec<String>>,
 }
 
 impl PolicyUpdate {

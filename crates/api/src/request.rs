@@ -556,7 +556,7 @@ pub struct CtStatsReport {
 }
 
 /// `ct stats` of one rule on one port: new connections and stateless frames it allowed
-/// there since the rules were last compiled (a group change recompiles them).
+/// there (kept when other rules change; a changed rule starts again at zero).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CtRuleHits {
     pub port: String,
@@ -578,6 +578,20 @@ pub struct CtPortStats {
     pub ct_invalid: u64,
     pub ct_limit: u64,
     pub ct_fragment: u64,
+    /// Frames its filter allowed and denied since start, per direction (ingress: toward
+    /// the port's VM; egress: from it). Denied are the drop reasons `fw_denied_ingress`
+    /// and `fw_denied_egress`.
+    #[serde(default)]
+    pub allowed_ingress: u64,
+    #[serde(default)]
+    pub allowed_egress: u64,
+    #[serde(default)]
+    pub denied_ingress: u64,
+    #[serde(default)]
+    pub denied_egress: u64,
+    /// Connections opened in the last second (the daemon's one-second sampler).
+    #[serde(default)]
+    pub new_per_s: u64,
 }
 
 /// A security group and the ports that use it.
@@ -586,6 +600,10 @@ pub struct SecurityGroupInfo {
     pub group: crate::config::SecurityGroupConfig,
     /// Ports of this switch whose `security_groups` name it.
     pub ports: Vec<String>,
+    /// Per rule (by index): new connections and stateless frames it allowed, summed over
+    /// those ports (per port: `ct stats`). A rule keeps its count when others change.
+    #[serde(default)]
+    pub hits: Vec<u64>,
 }
 
 /// A mirror session as it runs: its settings and counters.

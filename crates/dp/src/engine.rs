@@ -211,6 +211,9 @@ pub struct Forwarder {
     /// [`RxLearn::ALL`]): decided once per burst, so the ports that need no proof (all but
     /// VXLAN) learn on the plain path.
     gated: bool,
+    /// Frames of this burst that the ingress port's egress firewall allowed (set by the
+    /// policy path of a filtered port, added to its rx queue's `fw_allowed` once per burst).
+    fw_allowed: u32,
 }
 
 /// One-entry caches in front of the fdb.
@@ -233,6 +236,7 @@ impl Forwarder {
             rx_learn: RxLearn::ALL,
             accepted: 0,
             gated: false,
+            fw_allowed: 0,
         }
     }
 
@@ -317,6 +321,10 @@ impl Forwarder {
         qc.rx_packets.add(n as u64);
         qc.rx_bytes.add(rx_bytes);
         drops.flush(&qc.drops);
+        if self.fw_allowed != 0 {
+            qc.fw_allowed
+                .add(u64::from(std::mem::take(&mut self.fw_allowed)));
+        }
         if let Some(x) = view.export.as_deref() {
             let (meta, vlan_aware, vlan) = (&self.meta, view.vlan_aware, ingress.vlan);
             let vlan_of = |i: usize| if vlan_aware { meta[i].vlan } else { vlan };
@@ -444,6 +452,7 @@ impl Forwarder {
             .filtered(id.0.into())
             .then_some(&*view.firewall);
         let mut rx_bytes = 0u64;
+        let mut fw_allowed = 0u32;
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
             rx_bytes += frame.len() as u64;
@@ -470,6 +479,7 @@ impl Forwarder {
                     drops.count(r);
                     continue;
                 }
+                fw_allowed += 1;
             }
             let dst = if l2.dst.is_multicast() {
                 if let Some(g) = link_local::group(l2.dst) {
@@ -515,6 +525,10 @@ impl Forwarder {
                 }
             }
         }
+        // A dry run (trace) counts nothing.
+        if !T::ON {
+            self.fw_allowed = fw_allowed;
+        }
         rx_bytes
     }
 
@@ -558,7 +572,8 @@ impl Forwarder {
                 } else {
                     if view.firewall.filtered(p.0.into()) {
                         let pkts = &self.burst.pkts;
-                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td);
+                        let a = &tc.fw_allowed;
+                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td, a);
                     }
                     if dst.capture.on() {
                         dst.capture.tx(w, &self.burst.pkts, sel, now);
@@ -612,8 +627,10 @@ impl Forwarder {
                             }
                         }
                     });
+                    let tc = &dst.counters.tx[w];
                     if view.firewall.filtered(p.0.into()) {
-                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td);
+                        let a = &tc.fw_allowed;
+                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td, a);
                     }
                     if dst.capture.on() {
                         dst.capture.tx(w, pkts, sel, now);
@@ -622,7 +639,6 @@ impl Forwarder {
                         stage::mirror::tx(dst, pkts, sel);
                     }
                     let done = dst.dev.tx_burst(w, pkts, sel, &mut td);
-                    let tc = &dst.counters.tx[w];
                     tc.tx_packets.add(u64::from(done.packets));
                     tc.tx_bytes.add(done.bytes);
                     td.flush(&tc.drops);

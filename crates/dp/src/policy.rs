@@ -86,6 +86,9 @@ pub struct PortPolicy {
     pub storm: Storm,
     /// Link-local groups relayed from the port, BPDU guard ([`crate::link_local`]).
     pub link_local: crate::link_local::LinkLocal,
+    /// The port's security groups (`security_groups`): compiled into the firewall's rules
+    /// (`Switch::compile_firewall`); a veth port with groups leaves the kernel fast path.
+    pub security_groups: Vec<String>,
 }
 
 impl PortPolicy {
@@ -119,6 +122,7 @@ impl PortPolicy {
                 forward: config.link_local_forward.unwrap_or_default(),
                 bpdu_guard: config.bpdu_guard,
             },
+            security_groups: config.security_groups.clone(),
         }
     }
 }
@@ -159,6 +163,9 @@ impl PortPolicy {
         }
         if let Some(g) = u.bpdu_guard {
             self.link_local.bpdu_guard = g;
+        }
+        if let Some(g) = &u.security_groups {
+            self.security_groups = g.clone();
         }
     }
 
@@ -206,6 +213,7 @@ impl PortPolicy {
         let ll = self.link_local;
         config.link_local_forward = (!ll.forward.is_empty()).then_some(ll.forward);
         config.bpdu_guard = ll.bpdu_guard;
+        config.security_groups = self.security_groups.clone();
     }
 }
 

@@ -351,6 +351,10 @@ pub struct QueueCounters {
     /// load that dynamic placement balances.
     pub busy_ns: Counter,
     pub drops: DropCounters,
+    /// Frames of this queue that the port's firewall let out of its VM (its egress rules
+    /// or tracked connections allowed them; docs/firewall.md). Zero on ports without
+    /// security groups.
+    pub fw_allowed: Counter,
 }
 
 /// Counters of what one worker sent to one port. Aligned to 128 bytes (the adjacent-line prefetcher's
@@ -361,6 +365,9 @@ pub struct TxCounters {
     pub tx_packets: Counter,
     pub tx_bytes: Counter,
     pub drops: DropCounters,
+    /// Frames this worker sent toward the port that the port's firewall let in (its
+    /// ingress rules or tracked connections allowed them). Zero on ports without groups.
+    pub fw_allowed: Counter,
 }
 
 /// All counters of one port.

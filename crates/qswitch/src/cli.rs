@@ -114,7 +114,26 @@ pub enum PortCmd {
         /// A BPDU from the port disables it (until `qswitch port enable`).
         #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
         bpdu_guard: Option<bool>,
+        /// The port's security groups ("web,db"; each must exist), or "" or none: no
+        /// groups, the port is not filtered.
+        #[arg(long, value_name = "GROUP,...", value_parser = parse_groups)]
+        security_groups: Option<Groups>,
     },
+}
+
+/// `--security-groups`: a comma-separated list of group names; "" or `none` is no group.
+#[derive(Debug, Clone)]
+pub struct Groups(Vec<String>);
+
+fn parse_groups(s: &str) -> Result<Groups, String> {
+    if s.trim().is_empty() || s.trim() == "none" {
+        return Ok(Groups(Vec::new()));
+    }
+    let names: Vec<String> = s.split(',').map(|n| n.trim().to_string()).collect();
+    if names.iter().any(String::is_empty) {
+        return Err(format!("'{s}': an empty group name"));
+    }
+    Ok(Groups(names))
 }
 
 // clap takes `Vec<T>` as a repeated argument; these newtypes carry one comma-separated list.
@@ -369,6 +388,7 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
             storm_unknown_unicast,
             link_local_forward,
             bpdu_guard,
+            security_groups,
         } => {
             let update = PolicyUpdate {
                 vlans,
@@ -382,9 +402,10 @@ pub fn port(control: &Path, cmd: PortCmd) -> anyhow::Result<()> {
                 storm_unknown_unicast: storm_unknown_unicast.map(|v| v.0),
                 link_local_forward,
                 bpdu_guard,
+                security_groups: security_groups.map(|g| g.0),
             };
             if update.is_empty() {
-                bail!("nothing to change: give at least one of --vlans, --macs, --ips, --mac-limit, --dhcp-guard, --ra-guard, --storm-*, --link-local-forward, --bpdu-guard");
+                bail!("nothing to change: give at least one of --vlans, --macs, --ips, --mac-limit, --dhcp-guard, --ra-guard, --storm-*, --link-local-forward, --bpdu-guard, --security-groups");
             }
             call(control, &Request::PortSet { name, update })?;
         }

@@ -30,6 +30,9 @@ pub struct Daemon {
     pub switch: Switch,
     /// Rates over the most recent complete second.
     pub rates: Mutex<Option<Rates>>,
+    /// The firewall's new connections per zone (port id): the count at the last second
+    /// and how many opened during it (see [`feed_firewall`]).
+    pub fw_new: Mutex<std::collections::HashMap<u32, (u64, u64)>>,
     /// The last 15 minutes, one point per second (for the HTTP API and the dashboard).
     pub history: Mutex<crate::series::History>,
     /// What runs and its record; every change goes through it (see [`crate::state`]).
@@ -235,6 +238,25 @@ fn feed_qos(
     history.set_qos((!rows.is_empty()).then_some(rows));
 }
 
+/// The firewall's new connections per second and port, for `ct stats` and `/metrics`:
+/// once a second, the zones' counts of connections opened (counters only, no table walk)
+/// against the last second's. Nothing while no port is filtered and nothing was counted.
+fn feed_firewall(daemon: &Daemon) {
+    let fw = daemon.switch.firewall();
+    let mut last = daemon.fw_new.lock();
+    if !fw.active() && last.is_empty() {
+        return;
+    }
+    let zones = fw.stats().zones;
+    *last = zones
+        .iter()
+        .map(|z| {
+            let before = last.get(&z.zone).map_or(z.new, |&(n, _)| n);
+            (z.zone, (z.new, z.new.saturating_sub(before)))
+        })
+        .collect();
+}
+
 /// Opens the waiting ports as their interfaces appear ([`Switch::attach_waiting`] on each
 /// `RTM_NEWLINK`), until none waits or the daemon stops. The first look is after the watch
 /// was opened, so an interface that appeared since start-up is not missed.
@@ -366,6 +388,7 @@ fn serve(
     let daemon = Arc::new(Daemon {
         switch,
         rates: Mutex::new(None),
+        fw_new: Mutex::default(),
         history: Mutex::new(crate::series::History::new()),
         persist: Mutex::new(persist),
         captures: Default::default(),
@@ -489,6 +512,7 @@ fn serve(
             *daemon.rates.lock() = Some(qswitch_api::request::Rates::between(&prev, &cur));
             // Only the ports QoS is configured on, without histories: the rows need no more.
             let qos = daemon.switch.qos_show_configured();
+            feed_firewall(&daemon);
             let mut history = daemon.history.lock();
             feed_qos(&mut history, &qos, &mut qos_gauges);
             history.push(&prev, &cur, crate::series::unix_ms());

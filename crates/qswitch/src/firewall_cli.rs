@@ -149,6 +149,14 @@ fn answer(req: Request, daemon: &Daemon) -> anyhow::Result<Response> {
         Request::CtStats => Response::CtStats(Box::new(ct_stats(daemon))),
         Request::SgList { name } => {
             let ports = sw.port_configs();
+            let rules = fw.rules();
+            let mut hits: std::collections::HashMap<(&str, u16), u64> = Default::default();
+            for r in (rules.ports.iter().flatten()).flat_map(|p| p.ingress.iter().chain(&p.egress))
+            {
+                if let Some(g) = rules.groups.get(usize::from(r.id.group)) {
+                    *hits.entry((g.as_str(), r.id.index)).or_default() += r.hits.get();
+                }
+            }
             let groups: Vec<SecurityGroupInfo> = sw
                 .security_groups()
                 .into_iter()
@@ -157,6 +165,12 @@ fn answer(req: Request, daemon: &Daemon) -> anyhow::Result<Response> {
                     ports: (ports.iter())
                         .filter(|p| p.security_groups.contains(&g.name))
                         .map(|p| p.name.clone())
+                        .collect(),
+                    hits: (0..g.rules.len())
+                        .map(|i| {
+                            let i = u16::try_from(i).unwrap_or(u16::MAX);
+                            hits.get(&(g.name.as_str(), i)).copied().unwrap_or(0)
+                        })
                         .collect(),
                     group: g,
                 })
@@ -177,11 +191,15 @@ pub fn ct_stats(daemon: &Daemon) -> CtStatsReport {
     let fw = sw.firewall();
     let st = fw.stats();
     let names = sw.zone_names();
+    let traffic = sw.zone_traffic();
+    let per_s = daemon.fw_new.lock().clone();
     let ports = st
         .zones
         .iter()
         .filter_map(|z| {
             let port = names.get(z.zone as usize).cloned().flatten()?;
+            let t = traffic.get(z.zone as usize).copied().flatten();
+            let t = t.unwrap_or_default();
             Some(CtPortStats {
                 port,
                 sessions: z.sessions,
@@ -190,6 +208,11 @@ pub fn ct_stats(daemon: &Daemon) -> CtStatsReport {
                 ct_invalid: z.ct_invalid,
                 ct_limit: z.ct_limit,
                 ct_fragment: z.ct_fragment,
+                allowed_ingress: t.allowed_ingress,
+                allowed_egress: t.allowed_egress,
+                denied_ingress: t.denied_ingress,
+                denied_egress: t.denied_egress,
+                new_per_s: per_s.get(&z.zone).map_or(0, |&(_, r)| r),
             })
         })
         .collect();
@@ -328,15 +351,34 @@ pub fn run_ct(control: &Path, cmd: CtCmd) -> anyhow::Result<()> {
             );
             if !st.ports.is_empty() {
                 println!(
-                    "{:<16} {:>9} {:>9} {:>12} {:>10} {:>10} {:>11}",
-                    "PORT", "SESSIONS", "LIMIT", "NEW", "INVALID", "LIMITED", "FRAGMENTS"
+                    "{:<16} {:>9} {:>9} {:>12} {:>7} {:>10} {:>10} {:>11}",
+                    "PORT", "SESSIONS", "LIMIT", "NEW", "NEW/S", "INVALID", "LIMITED", "FRAGMENTS"
                 );
             }
             for p in &st.ports {
                 let limit = p.max_sessions.map_or_else(|| "-".into(), |m| m.to_string());
                 println!(
-                    "{:<16} {:>9} {:>9} {:>12} {:>10} {:>10} {:>11}",
-                    p.port, p.sessions, limit, p.new, p.ct_invalid, p.ct_limit, p.ct_fragment
+                    "{:<16} {:>9} {:>9} {:>12} {:>7} {:>10} {:>10} {:>11}",
+                    p.port,
+                    p.sessions,
+                    limit,
+                    p.new,
+                    p.new_per_s,
+                    p.ct_invalid,
+                    p.ct_limit,
+                    p.ct_fragment
+                );
+            }
+            if !st.ports.is_empty() {
+                println!(
+                    "{:<16} {:>14} {:>14} {:>14} {:>14}",
+                    "PORT", "IN ALLOWED", "IN DENIED", "OUT ALLOWED", "OUT DENIED"
+                );
+            }
+            for p in &st.ports {
+                println!(
+                    "{:<16} {:>14} {:>14} {:>14} {:>14}",
+                    p.port, p.allowed_ingress, p.denied_ingress, p.allowed_egress, p.denied_egress
                 );
             }
             if !st.rules.is_empty() {
@@ -416,7 +458,8 @@ pub fn run_sg(control: &Path, cmd: SgCmd) -> anyhow::Result<()> {
                     println!("addresses: {}", a.join(","));
                 }
                 for (i, r) in g.group.rules.iter().enumerate() {
-                    println!("  {i}: {}", rule_text(r));
+                    let hits = g.hits.get(i).copied().unwrap_or(0);
+                    println!("  {i}: {} hits {hits}", rule_text(r));
                 }
             }
         }

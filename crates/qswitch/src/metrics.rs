@@ -362,7 +362,18 @@ pub const FIREWALL_FAMILIES: &[(&str, &str, &str)] = &[
         "qswitch_firewall_rule_hits_total",
         "counter",
         "New connections and stateless frames a security group rule allowed on the port \
-         (since the rules were last compiled: a group change resets it).",
+         (the rule's own count: other rules' changes keep it; a changed rule starts at 0).",
+    ),
+    (
+        "qswitch_firewall_frames_total",
+        "counter",
+        "Frames the port's filter allowed or denied, per direction (ingress: toward the \
+         port's VM; egress: from it).",
+    ),
+    (
+        "qswitch_firewall_new_sessions_per_second",
+        "gauge",
+        "Connections the port's security group rules opened in the last second.",
     ),
 ];
 
@@ -396,6 +407,28 @@ pub fn render_firewall(ct: &qswitch_api::request::CtStatsReport) -> String {
             &[("port", &r.port), ("group", &r.group), ("index", &index)],
             r.hits,
         );
+    }
+    let frames = "qswitch_firewall_frames_total";
+    o.family(frames);
+    for p in &ct.ports {
+        for (direction, verdict, v) in [
+            ("ingress", "allowed", p.allowed_ingress),
+            ("ingress", "denied", p.denied_ingress),
+            ("egress", "allowed", p.allowed_egress),
+            ("egress", "denied", p.denied_egress),
+        ] {
+            let labels = [
+                ("port", &*p.port),
+                ("direction", direction),
+                ("verdict", verdict),
+            ];
+            o.sample(frames, &labels, v);
+        }
+    }
+    let rate = "qswitch_firewall_new_sessions_per_second";
+    o.family(rate);
+    for p in &ct.ports {
+        o.sample(rate, &[("port", &p.port)], p.new_per_s);
     }
     o.text
 }
@@ -1230,6 +1263,11 @@ mod tests {
                 ct_invalid: 4,
                 ct_limit: 2,
                 ct_fragment: 1,
+                allowed_ingress: 20,
+                allowed_egress: 21,
+                denied_ingress: 5,
+                denied_egress: 6,
+                new_per_s: 2,
             }],
             rules: vec![qswitch_api::request::CtRuleHits {
                 port: "vm\"1".into(),
@@ -1248,6 +1286,11 @@ mod tests {
             "qswitch_firewall_ct_invalid_total{port=\"vm\\\"1\"} 4\n",
             "qswitch_firewall_ct_limit_total{port=\"vm\\\"1\"} 2\n",
             "qswitch_firewall_rule_hits_total{port=\"vm\\\"1\",group=\"web\",index=\"2\"} 9\n",
+            "qswitch_firewall_frames_total{port=\"vm\\\"1\",direction=\"ingress\",verdict=\"allowed\"} 20\n",
+            "qswitch_firewall_frames_total{port=\"vm\\\"1\",direction=\"ingress\",verdict=\"denied\"} 5\n",
+            "qswitch_firewall_frames_total{port=\"vm\\\"1\",direction=\"egress\",verdict=\"allowed\"} 21\n",
+            "qswitch_firewall_frames_total{port=\"vm\\\"1\",direction=\"egress\",verdict=\"denied\"} 6\n",
+            "qswitch_firewall_new_sessions_per_second{port=\"vm\\\"1\"} 2\n",
         ] {
             assert!(t.contains(line), "{line} not in {t}");
         }

@@ -19,7 +19,7 @@ use qswitch_api::config::SwitchConfig;
 use qswitch_api::Config;
 use qswitch_dp::Switch;
 
-use crate::state::{merge, qos_update, same_but_qos, Live, Persist, Pins};
+use crate::state::{merge, qos_update, same_but_live, Live, Persist, Pins};
 
 /// Reloads; returns one line per change applied. Holds no lock of its own: the caller holds
 /// the persistence mutex.
@@ -129,9 +129,19 @@ fn apply(
         let name = old.name.as_str();
         match find(&target.config, name).map(|i| &target.config.ports[i]) {
             Some(new) if new == old => {}
-            Some(new) if same_but_qos(old, new) => {
-                sw.qos_set(name, &qos_update(new.qos_settings()))?;
-                changes.push(format!("port {name}: qos set"));
+            Some(new) if same_but_live(old, new) => {
+                if new.security_groups != old.security_groups {
+                    let update = qswitch_api::policy::PolicyUpdate {
+                        security_groups: Some(new.security_groups.clone()),
+                        ..Default::default()
+                    };
+                    sw.update_port_policy(name, &update)?;
+                    changes.push(format!("port {name}: security groups set"));
+                }
+                if new.qos != old.qos {
+                    sw.qos_set(name, &qos_update(new.qos_settings()))?;
+                    changes.push(format!("port {name}: qos set"));
+                }
             }
             Some(new) => {
                 sw.del_port(name)?;

@@ -796,7 +796,7 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
         .iter()
         .filter(
             |((port, _), _)| match (find(&config, port), find(&live.config, port)) {
-                (Some(a), Some(b)) => same_but_qos(a, b),
+                (Some(a), Some(b)) => same_but_live(a, b),
                 _ => false,
             },
         )
@@ -805,11 +805,14 @@ pub fn merge(base: &Config, live: &Live, file: &Config) -> Live {
     Live { config, pins }
 }
 
-/// Whether two port configurations differ at most in their QoS settings.
-pub fn same_but_qos(a: &PortConfig, b: &PortConfig) -> bool {
+/// Whether two port configurations differ at most in what reload changes live on a
+/// running port: its QoS settings and its security groups.
+pub fn same_but_live(a: &PortConfig, b: &PortConfig) -> bool {
     let (mut a, mut b) = (a.clone(), b.clone());
     a.qos = None;
     b.qos = None;
+    a.security_groups.clear();
+    b.security_groups.clear();
     a == b
 }
 

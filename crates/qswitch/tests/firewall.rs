@@ -11,8 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    drops, have_tool, require, root_or_skip, sh_ok, wait_until, worker_cpus, ChildGuard,
-    DaemonChild, LinkGuard, Netns, TempDir,
+    drops, have_tool, qs, qs_json, require, root_or_skip, sh_ok, wait_until, worker_cpus,
+    ChildGuard, DaemonChild, LinkGuard, Netns, TempDir,
 };
 
 const GROUP: &str = r#"
@@ -121,6 +121,11 @@ fn ifname(n: u8, port: char) -> String {
 impl Lab {
     /// Ports `a` (group web, with `a_keys`) and `b`, of kind `kind` (tap or veth).
     fn new(n: u8, kind: &str, a_keys: &str) -> Lab {
+        Lab::build(n, kind, &format!("security_groups = [\"web\"]\n{a_keys}\n"))
+    }
+
+    /// Ports `a` (with the keys `a_table`) and `b`, of kind `kind` (tap or veth).
+    fn build(n: u8, kind: &str, a_table: &str) -> Lab {
         let dir = TempDir::new(&format!("fw{n}"));
         let control = dir.join("control.sock");
         let pid = std::process::id();
@@ -139,7 +144,7 @@ impl Lab {
                 "[[port]]\nname = \"{name}\"\ntype = \"{kind}\"\nifname = \"{ifn}\"\n"
             ));
             if name == 'a' {
-                text.push_str(&format!("security_groups = [\"web\"]\n{a_keys}\n"));
+                text.push_str(a_table);
             }
             if kind == "veth" {
                 text.push_str("fastpath = true\n");
@@ -250,6 +255,22 @@ impl Lab {
             .ok()
     }
 
+    /// `port list --json`'s `fastpath` of `port` (veth ports: whether it is on).
+    fn fast_on(&self, port: char) -> Option<bool> {
+        let list = qs_json(&self.daemon.control, &["port", "list", "--json"]);
+        list.as_array()?
+            .iter()
+            .find(|p| p["name"] == port.to_string())
+            .and_then(|p| p["fastpath"].as_bool())
+    }
+
+    /// `/metrics`' frames that `port`'s filter allowed or denied in `direction`.
+    fn frames(&self, port: &str, direction: &str, verdict: &str) -> Option<u64> {
+        self.scrape_line(&format!(
+            "qswitch_firewall_frames_total{{port=\"{port}\",direction=\"{direction}\",verdict=\"{verdict}\"}}"
+        ))
+    }
+
     fn drops(&self, port: &str, reason: &str) -> u64 {
         drops(&self.daemon.stats(), port, reason)
     }
@@ -319,6 +340,93 @@ fn default_deny_and_state(n: u8, kind: &str) {
     let hits =
         lab.scrape_line("qswitch_firewall_rule_hits_total{port=\"a\",group=\"web\",index=\"0\"}");
     assert_eq!(hits, Some(1), "hits of web/0 on a");
+    let control = &lab.daemon.control;
+    let show = qs_json(control, &["sg", "show", "web", "--json"]);
+    assert_eq!(show[0]["hits"][0], 1, "sg show: hits of web/0: {show}");
+    let egress = show[0]["hits"][1].as_u64();
+    assert!(
+        egress.is_some_and(|n| n >= 3),
+        "web/1 opened a's connections out: {show}"
+    );
+    // A rule added to the group recompiles it: web/0 keeps its count, the new rule is 0.
+    let add = [
+        "sg",
+        "rule",
+        "add",
+        "web",
+        "--direction",
+        "ingress",
+        "--protocol",
+        "sctp",
+    ];
+    qs(control, &add).assert_ok("sg rule add");
+    let show = qs_json(control, &["sg", "show", "web", "--json"]);
+    assert_eq!(
+        show[0]["hits"],
+        serde_json::json!([1, show[0]["hits"][1], 0, 0]),
+        "{show}"
+    );
+    // Frames per direction and verdict: a's filter let frames in (8080, replies) and out,
+    // and refused some in (9090, ping); the denied are the drop reason's count.
+    for dir in ["ingress", "egress"] {
+        let allowed = lab.frames("a", dir, "allowed");
+        assert!(allowed.is_some_and(|n| n > 0), "{dir} allowed: {allowed:?}");
+    }
+    let denied = lab.frames("a", "ingress", "denied");
+    assert!(denied.is_some_and(|n| n > 0), "ingress denied: {denied:?}");
+    assert!(denied <= Some(lab.drops("a", "fw_denied_ingress")));
+    assert_eq!(lab.frames("a", "egress", "denied"), Some(0));
+    let ct = qs_json(&lab.daemon.control, &["ct", "stats", "--json"]);
+    let a = &ct["ports"][0];
+    assert_eq!(a["port"], "a", "{ct}");
+    assert!(a["allowed_ingress"].as_u64() > Some(0), "{ct}");
+    assert!(a["allowed_egress"].as_u64() > Some(0), "{ct}");
+    assert!(a["denied_ingress"].as_u64() > Some(0), "{ct}");
+}
+
+/// A veth port's groups set and removed live (`port set --security-groups`): with groups,
+/// it leaves the kernel fast path at once and a flow its rules do not allow is really
+/// dropped; without them it is back on the fast path and the flow passes.
+#[test]
+fn veth_groups_set_live_leave_and_rejoin_the_fast_path() {
+    if !root_or_skip() {
+        return;
+    }
+    let lab = Lab::build(5, "veth", "");
+    let control = lab.daemon.control.clone();
+    let _open = lab.server('a', 8080);
+    let _closed = lab.server('a', 9090);
+    assert_eq!(lab.connect('b', 'a', 9090), "hi", "no groups: not filtered");
+    assert_eq!(lab.fast_on('a'), Some(true));
+
+    qs(&control, &["port", "set", "a", "--security-groups", "web"]).assert_ok("port set");
+    // At once: the change syncs the fast path's map before it answers.
+    assert_eq!(
+        lab.fast_on('a'),
+        Some(false),
+        "a with groups left the fast path"
+    );
+    assert_eq!(lab.connect('b', 'a', 9090), "timeout", "no rule for 9090");
+    assert!(lab.drops("a", "fw_denied_ingress") > 0);
+    assert_eq!(lab.connect('b', 'a', 8080), "hi", "web/0 lets TCP 8080 in");
+
+    // An unknown group: one line, nothing changes.
+    let out = qs(
+        &control,
+        &["port", "set", "a", "--security-groups", "web,nope"],
+    );
+    assert!(!out.ok(), "{out:?}");
+    let lines = out.stderr_lines();
+    assert_eq!(lines.len(), 1, "{out:?}");
+    assert!(
+        lines[0].contains("unknown security group 'nope'"),
+        "{out:?}"
+    );
+    assert_eq!(lab.connect('b', 'a', 9090), "timeout", "still filtered");
+
+    qs(&control, &["port", "set", "a", "--security-groups", ""]).assert_ok("port set ''");
+    assert_eq!(lab.fast_on('a'), Some(true), "back on the fast path");
+    assert_eq!(lab.connect('b', 'a', 9090), "hi", "no groups: not filtered");
 }
 
 #[test]

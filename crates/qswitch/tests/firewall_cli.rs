@@ -262,3 +262,65 @@ fn groups_change_live_persist_and_reload_and_ct_answers() {
     refused(&control, &["sg", "show", "db"], "does not exist");
     d.child.stop();
 }
+
+fn ports_of(control: &Path, group: &str) -> serde_json::Value {
+    qs_json(control, &["sg", "show", group, "--json"])[0]["ports"].clone()
+}
+
+/// `port set --security-groups`: a port's groups set and removed live, recorded (`config
+/// dump`, restart), an unknown group refused in one line; a reload that changes only a
+/// port's groups applies them without removing the port.
+#[test]
+fn port_groups_set_live_persist_and_reload() {
+    let dir = TempDir::new("fwpg");
+    let control = dir.join("control.sock");
+    let mut d = DaemonChild::start(dir.path(), "f", &config(&control, WEB), &control);
+
+    qs(&control, &["port", "set", "g1", "--security-groups", "web"]).assert_ok("port set");
+    assert_eq!(ports_of(&control, "web"), serde_json::json!(["g1", "vm"]));
+    let st = qs_json(&control, &["ct", "stats", "--json"]);
+    let filtered: Vec<&str> = (st["ports"].as_array().unwrap().iter())
+        .filter_map(|p| p["port"].as_str())
+        .collect();
+    assert!(filtered.contains(&"g1"), "{st}");
+    refused(
+        &control,
+        &["port", "set", "g1", "--security-groups", "nope"],
+        "unknown security group 'nope'",
+    );
+    refused(
+        &control,
+        &["sg", "del", "web"],
+        "security group 'web' is used by port",
+    );
+    assert_eq!(ports_of(&control, "web"), serde_json::json!(["g1", "vm"]));
+    let dump = qs(&control, &["config", "dump"]);
+    dump.assert_ok("config dump");
+    assert_eq!(
+        dump.stdout.matches("security_groups = [\"web\"]").count(),
+        2,
+        "{}",
+        dump.stdout
+    );
+
+    // A restart keeps them; "" removes them.
+    d.child.stop();
+    let mut d = DaemonChild::start(dir.path(), "f", &config(&control, WEB), &control);
+    assert_eq!(ports_of(&control, "web"), serde_json::json!(["g1", "vm"]));
+    qs(&control, &["port", "set", "g1", "--security-groups", ""]).assert_ok("port set ''");
+    assert_eq!(ports_of(&control, "web"), serde_json::json!(["vm"]));
+
+    // A reload that takes vm's groups away changes them live: vm stays.
+    let text = config(&control, WEB).replace("security_groups = [\"web\"]\n", "");
+    std::fs::write(dir.join("f.toml"), text).unwrap();
+    let out = qs(&control, &["reload"]);
+    out.assert_ok("reload");
+    assert!(
+        out.stdout.contains("port vm: security groups set"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("removed"), "{}", out.stdout);
+    assert_eq!(ports_of(&control, "web"), serde_json::json!([]));
+    d.child.stop();
+}

@@ -9,6 +9,8 @@
 //! - Reconnect, with qswitch as the socket's server (QEMU `reconnect=1`) and as its client
 //!   (QEMU `server=on`): the daemon is SIGKILLed while the guests ping and restarted on the
 //!   same config; traffic must be back within 5 s with no action in the guests.
+//! - A guest behind a security group, set live (docs/firewall.md): ingress default deny, an
+//!   allowed TCP port reachable from the namespace, replies to the guest's egress pass.
 //!
 //! Each test has its own number `n`: subnet 10.201.n.0/24 (guest i has .i+1, the namespace
 //! .100), guest MACs 52:54:00:c9:0n:0i, guests `vg<n>a`, `vg<n>b`, namespace `qsvg<pid>-<n>`,
@@ -814,4 +816,99 @@ fn reconnect_body(lab: &mut Lab, mode: QsMode, pairs: u16) -> Result<()> {
         "traffic back only {t_ping:.2?} after the restart (bound {RECONNECT_MAX:?}); {timings}"
     );
     Ok(())
+}
+
+/// Connects to argv[1]:argv[2] (3 s): `ok`, `timeout` or `refused`.
+const CONNECT: &str = "
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+    print('ok')
+except (socket.timeout, TimeoutError):
+    print('timeout')
+except ConnectionRefusedError:
+    print('refused')
+";
+
+/// A guest behind a vhost-user port with a security group (docs/firewall.md), set live:
+/// `sg add`, `sg rule add` (TCP 8080 in, everything out), `port set --security-groups`.
+/// From the namespace (outside the group), the allowed port is reachable and another port
+/// with a listener is not, nor does ping get an answer (ingress default deny); the guest's
+/// own ping to the namespace gets its replies (egress, stateful).
+#[test]
+fn guest_behind_a_security_group() {
+    let Some(_serial) = setup() else { return };
+    let t0 = Instant::now();
+    let mut lab = Lab::new(&LabSpec {
+        n: 5,
+        mode: QsMode::Server,
+        queues: 1,
+        guests: 1,
+        tap: true,
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let r = firewall_body(&mut lab);
+    lab.check(r);
+    drop(lab);
+    eprintln!("[5] done in {:.1?}", t0.elapsed());
+}
+
+fn firewall_body(lab: &mut Lab) -> Result<()> {
+    let (ip_g, ip_ns) = (lab.ip(0), lab.ns_ip());
+    let control = lab.control.clone();
+    let steps: [&[&str]; 4] = [
+        &["sg", "add", "web"],
+        &[
+            "sg",
+            "rule",
+            "add",
+            "web",
+            "--direction",
+            "ingress",
+            "--protocol",
+            "tcp",
+            "--ports",
+            "8080",
+        ],
+        &["sg", "rule", "add", "web", "--direction", "egress"],
+        &["port", "set", "vm1", "--security-groups", "web"],
+    ];
+    for args in steps {
+        let out = common::qs(&control, args);
+        ensure!(out.ok(), "qswitch {args:?}: {out:?}");
+    }
+    lab.guests[0].run_ok(
+        "iperf3 -s -D -p 8080 --logfile /tmp/i8080.log; iperf3 -s -D -p 9090 --logfile /tmp/i9090.log\n\
+         i=0; until netstat -ltn | grep -q ':8080 ' && netstat -ltn | grep -q ':9090 '; do\n\
+         i=$((i+1)); [ $i -gt 100 ] && exit 1; sleep 0.1; done",
+        T,
+    )?;
+    // Egress: the guest's echo requests open connections; their replies pass.
+    ping(&mut lab.guests[0], &ip_ns)?;
+    let connect = |lab: &Lab, port: &str| {
+        let out = lab.ns().run_for(
+            &["python3", "-c", CONNECT, &ip_g, port],
+            Duration::from_secs(20),
+        );
+        out.stdout.trim().to_string()
+    };
+    ensure!(connect(lab, "8080") == "ok", "TCP 8080 is allowed in");
+    ensure!(
+        connect(lab, "9090") == "timeout",
+        "TCP 9090: no rule lets it in"
+    );
+    let out = lab.ns().run_for(
+        &["ping", "-n", "-c", "2", "-i", "0.2", "-W", "1", &ip_g],
+        Duration::from_secs(10),
+    );
+    ensure!(!out.ok(), "no rule lets ICMP in: {out:?}");
+    let stats = request(&lab.control, b"{\"request\":\"stats\"}\n")?;
+    let denied = common::drops(&stats, "vm1", "fw_denied_ingress");
+    ensure!(denied > 0, "fw_denied_ingress of vm1: {denied}");
+    let ct = common::qs_json(&control, &["ct", "stats", "--json"]);
+    ensure!(
+        ct["ports"][0]["port"] == "vm1" && ct["ports"][0]["allowed_egress"].as_u64() > Some(0),
+        "ct stats: {ct}"
+    );
+    no_guest_errors(lab)
 }

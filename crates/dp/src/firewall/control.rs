@@ -49,7 +49,7 @@ pub struct CtStats {
 }
 
 /// The hits of one rule on one port (zone): new connections and stateless frames it
-/// allowed since the rules were last compiled.
+/// allowed (kept across recompiles: [`RuleSet::keep_hits`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RuleHits {
     pub zone: u32,
@@ -126,6 +126,30 @@ impl Firewall {
             c.ct_invalid.store(0, Ordering::Relaxed);
             c.ct_limit.store(0, Ordering::Relaxed);
             c.ct_fragment.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl RuleSet {
+    /// Gives each rule of these new rules the hit counter of the same rule in `old` (same
+    /// zone, same [`super::Rule::key`]: its group, its configuration, its rank among identical
+    /// rules), so that a recompile (a rule added or removed elsewhere, a member port
+    /// added) neither resets nor shifts the counts. The counter is shared, not copied:
+    /// hits counted by a worker still on the old rules are not lost.
+    pub fn keep_hits(&mut self, old: &RuleSet) {
+        for (zone, new) in self.ports.iter_mut().enumerate() {
+            let (Some(new), Some(Some(old))) = (new, old.ports.get(zone)) else {
+                continue;
+            };
+            let before: HashMap<u64, &super::Hits> = (old.ingress.iter())
+                .chain(&old.egress)
+                .map(|r| (r.key, &r.hits))
+                .collect();
+            for r in new.ingress.iter_mut().chain(new.egress.iter_mut()) {
+                if let Some(h) = before.get(&r.key) {
+                    r.hits = (*h).clone();
+                }
+            }
         }
     }
 }
@@ -386,6 +410,59 @@ rules = [
         c.ports[0].security_groups.clear();
         assert_eq!(fw.set_rules(RuleSet::compile(&c)), 3);
         assert!(fw.table().is_empty());
+    }
+
+    /// The hits of the rule on port 80 and 22 of `vm` (zone 0), by the port the rule opens.
+    fn hits_by_port(fw: &Firewall) -> Vec<(u16, u64)> {
+        let rules = fw.rules();
+        let vm = rules.ports[0].as_ref().unwrap();
+        let mut out: Vec<(u16, u64)> = (vm.ingress.iter())
+            .map(|r| {
+                let p = [80, 22, 443]
+                    .into_iter()
+                    .find(|&p| r.matches(&qswitch_wire::ct::parse(&syn(OUT, VM, 1, p)).unwrap()))
+                    .unwrap_or(0);
+                (p, r.hits.get())
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn rule_hits_survive_a_recompile_by_identity_not_index() {
+        let group = |rules: &[&str]| {
+            let rules: Vec<String> = (rules.iter())
+                .map(|p| format!(r#"{{ direction = "ingress", protocol = "tcp", ports = "{p}" }}"#))
+                .collect();
+            format!(
+                "[[security_group]]\nname = \"g\"\nrules = [{}]",
+                rules.join(", ")
+            )
+        };
+        let fw = Firewall::from_config(&config(&group(&["22", "80"]), "")).unwrap();
+        for p in 0..3 {
+            assert!(fw
+                .check(0, Ingress, &syn(OUT, VM, 6000 + p, 80), S)
+                .allowed());
+        }
+        assert!(fw.check(0, Ingress, &syn(OUT, VM, 6100, 22), S).allowed());
+        assert_eq!(hits_by_port(&fw), [(22, 1), (80, 3)]);
+        // A rule added before both: theirs move down one index and keep their counts.
+        let mut rules = RuleSet::compile(&config(&group(&["443", "22", "80"]), ""));
+        rules.keep_hits(&fw.rules());
+        fw.set_rules(rules);
+        assert_eq!(hits_by_port(&fw), [(22, 1), (80, 3), (443, 0)]);
+        // The rule on 22 removed: 80's (now index 1) keeps its count.
+        let mut rules = RuleSet::compile(&config(&group(&["443", "80"]), ""));
+        rules.keep_hits(&fw.rules());
+        fw.set_rules(rules);
+        assert_eq!(hits_by_port(&fw), [(80, 3), (443, 0)]);
+        assert!(fw.check(0, Ingress, &syn(OUT, VM, 6200, 80), S).allowed());
+        assert_eq!(hits_by_port(&fw), [(80, 4), (443, 0)]);
+        // Without keep_hits a recompile starts again from zero.
+        fw.set_rules(RuleSet::compile(&config(&group(&["443", "80"]), "")));
+        assert_eq!(hits_by_port(&fw), [(80, 0), (443, 0)]);
     }
 
     #[test]

@@ -27,9 +27,13 @@ pub struct Rule {
     /// `None`: any address; `Some`: one of these (an empty list matches nothing: a
     /// `remote_group` with no addresses).
     remote: Option<Vec<IpPrefix>>,
-    /// New connections and stateless frames this rule allowed on this port since the
-    /// rules were last compiled.
+    /// New connections and stateless frames this rule allowed on this port (kept across
+    /// recompiles for the same rule: [`RuleSet::keep_hits`]).
     pub hits: Hits,
+    /// The rule's identity across recompiles: a hash of its group's name, the rule as
+    /// configured, and how many identical rules come before it in the group. Its index
+    /// may change (a rule before it removed); this does not.
+    pub key: u64,
 }
 
 /// A rule's hit counter: relaxed, counted once per new connection or stateless frame;
@@ -291,7 +295,17 @@ fn compile_group(
     members: &dyn Fn(&str) -> Vec<IpPrefix>,
     out: &mut PortRules,
 ) {
+    let mut seen = std::collections::HashMap::new();
     for (i, r) in g.rules.iter().enumerate() {
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let text = format!("{r:?}");
+            let before = seen.entry(text.clone()).or_insert(0usize);
+            let mut h = std::hash::DefaultHasher::new();
+            (&g.name, &text, *before).hash(&mut h);
+            *before += 1;
+            h.finish()
+        };
         let rule = Rule {
             id: RuleRef {
                 group: u16::try_from(gi).unwrap_or(u16::MAX),
@@ -310,6 +324,7 @@ fn compile_group(
                 Some(RuleRemote::Group(name)) => Some(members(name)),
             },
             hits: Hits::default(),
+            key,
         };
         match r.direction {
             RuleDirection::Ingress => out.ingress.push(rule),

@@ -51,7 +51,8 @@ pub(crate) fn reason(d: Denied) -> DropReason {
 }
 
 /// Stage `firewall_out` for the frames `sel` (indices into `pkts`) going to `port`, which
-/// has security groups: those its ingress rules refuse leave `sel`, counted in `drops`.
+/// has security groups: those its ingress rules refuse leave `sel`, counted in `drops`;
+/// those they allow are added to `allowed` (the worker's own counter of that port).
 /// The frames are judged together ([`Firewall::check_burst`]: parsed, hashed and their
 /// connections prefetched before the first lookup).
 #[inline(never)]
@@ -62,11 +63,12 @@ pub(crate) fn filter_out(
     sel: &mut Vec<u8>,
     now: u64,
     drops: &mut crate::stats::DropTally,
+    allowed: &crate::stats::Counter,
 ) {
     let mut denied = [None; crate::packet::BURST];
     if sel.len() > denied.len() {
         // Never with the engine's bursts; one by one then.
-        return sel.retain(|&i| {
+        sel.retain(|&i| {
             let frame = pkts[usize::from(i)].frame();
             let ingress = RuleDirection::Ingress;
             match check(fw, port, ingress, frame, now, &mut super::NoTrace) {
@@ -77,6 +79,8 @@ pub(crate) fn filter_out(
                 }
             }
         });
+        allowed.add(sel.len() as u64);
+        return;
     }
     fw.check_burst(
         u32::from(port.0),
@@ -102,4 +106,5 @@ pub(crate) fn filter_out(
             }
         }
     });
+    allowed.add(sel.len() as u64);
 }

@@ -159,6 +159,7 @@ pub(crate) fn eligible(p: &PortEntry) -> Option<u32> {
         && !p.disabled.get()
         // The firewall runs in userspace: a port with security groups leaves the fast path
         // both ways (its addresses are not mirrored, so the kernel hands frames to it up).
-        && p.config.security_groups.is_empty();
+        // The live value: `port set --security-groups` changes it.
+        && policy.settings.security_groups.is_empty();
     (v.fastpath() && plain).then_some(v.ifindex())
 }

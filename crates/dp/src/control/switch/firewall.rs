@@ -70,4 +70,41 @@ impl Switch {
         }
         names
     }
+
+    /// Frames each port's firewall allowed and denied, per direction, by zone (port id;
+    /// `None`: no port there): the sums of the workers' per-port counters (rx queues for
+    /// egress, tx slots for ingress).
+    pub fn zone_traffic(&self) -> Vec<Option<ZoneTraffic>> {
+        use crate::stats::DropReason;
+        let table = self.shared.ports.load();
+        let mut out = Vec::new();
+        for p in table.iter().flatten() {
+            let i = usize::from(p.id.0);
+            if out.len() <= i {
+                out.resize(i + 1, None);
+            }
+            let c = &p.counters;
+            out[i] = Some(ZoneTraffic {
+                allowed_egress: c.rx.iter().map(|q| q.fw_allowed.get()).sum(),
+                denied_egress: (c.rx.iter())
+                    .map(|q| q.drops.get(DropReason::FwDeniedEgress))
+                    .sum(),
+                allowed_ingress: c.tx.iter().map(|t| t.fw_allowed.get()).sum(),
+                denied_ingress: (c.tx.iter())
+                    .map(|t| t.drops.get(DropReason::FwDeniedIngress))
+                    .sum(),
+            });
+        }
+        out
+    }
+}
+
+/// One port's firewall verdicts in frames ([`Switch::zone_traffic`]). Egress: from the
+/// port's VM; ingress: toward it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZoneTraffic {
+    pub allowed_ingress: u64,
+    pub allowed_egress: u64,
+    pub denied_ingress: u64,
+    pub denied_egress: u64,
 }

@@ -42,7 +42,7 @@
 pub(crate) mod drivers;
 mod export;
 mod firewall;
-pub use firewall::RecordGroups;
+pub use firewall::{RecordGroups, ZoneTraffic};
 mod inspect;
 mod lldp;
 mod mirror;

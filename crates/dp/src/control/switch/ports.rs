@@ -601,6 +601,15 @@ impl Switch {
             .ok_or_else(|| SwitchError::NoSuchPort(name.to_string()))?;
         let mut policy = entry.policy.load().settings.clone();
         change(&mut policy);
+        if let Some(group) = (policy.security_groups.iter())
+            .find(|g| !ctl.security_groups.iter().any(|s| &s.name == *g))
+        {
+            return Err(qswitch_api::ConfigError::UnknownGroup {
+                port: name.to_string(),
+                group: group.clone(),
+            }
+            .into());
+        }
         let result = policy.clone();
         let limit = policy.security.mac_limit.unwrap_or(DEFAULT_PORT_LIMIT);
         let compiled = Arc::new(Policy::new(
@@ -631,6 +640,9 @@ impl Switch {
         self.apply(&mut ctl, Some(new_table));
         self.shared.fdb.forget_port(id);
         self.shared.fdb.set_port_limit(id, limit);
+        // A veth port given security groups leaves the kernel fast path now, not at the
+        // next housekeeping tick (and one whose groups went returns to it).
+        self.sync_fastpath(self.shared.now());
         tracing::info!(port = %name, "port policy set");
         Ok(result)
     }
@@ -823,12 +835,11 @@ impl Switch {
             })
             .collect();
         let ports: Vec<Option<&PortConfig>> = configs.iter().map(Option::as_ref).collect();
-        self.shared
-            .firewall
-            .set_rules(crate::firewall::RuleSet::compile_ports(
-                &ctl.security_groups,
-                &ports,
-            ));
+        let fw = &self.shared.firewall;
+        let mut rules = crate::firewall::RuleSet::compile_ports(&ctl.security_groups, &ports);
+        // Hits are the rule's, not its index's: they survive the recompile.
+        rules.keep_hits(&fw.rules());
+        fw.set_rules(rules);
     }
 
     /// The receive-side indirection table of a multi-queue port (vhost-user).
