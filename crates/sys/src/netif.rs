@@ -100,41 +100,6 @@ pub fn set_up(ifname: &str, up: bool) -> io::Result<()> {
     set_flag(ifname, libc::IFF_UP as libc::c_short, up)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback() {
-        assert!(exists("lo"));
-        assert!(!is_tap("lo"));
-        assert!(!exists("qsys-no-such"));
-        assert!(!is_tap("qsys-no-such"));
-    }
-
-    #[test]
-    fn rejects_path_like_names() {
-        for name in ["", ".", "..", "../net", "lo/", "a\0"] {
-            assert!(!exists(name), "{name:?}");
-            assert!(!is_tap(name), "{name:?}");
-        }
-    }
-
-    #[test]
-    fn set_up_errors() {
-        let err = set_up("qsys-no-such", true).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ENODEV));
-        let err = set_up("sixteen-chars-xx", true).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
-    }
-
-    #[test]
-    fn loopback_up_is_noop() {
-        // lo is up; asking for up again changes nothing and needs no privilege.
-        set_up("lo", true).unwrap();
-    }
-}
-
 /// The interface that holds IPv4 address `addr` (its name and ifindex), `None` if none does
 /// or only a loopback one (`getifaddrs`).
 pub fn holding_ipv4(addr: std::net::Ipv4Addr) -> io::Result<Option<(String, u32)>> {
@@ -176,5 +141,50 @@ pub fn holding_ipv4(addr: std::net::Ipv4Addr) -> io::Result<Option<(String, u32)
             Ok(Some((name, ifindex)))
         }
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback() {
+        assert!(exists("lo"));
+        assert!(!is_tap("lo"));
+        assert!(!exists("qsys-no-such"));
+        assert!(!is_tap("qsys-no-such"));
+    }
+
+    #[test]
+    fn rejects_path_like_names() {
+        for name in ["", ".", "..", "../net", "lo/", "a\0"] {
+            assert!(!exists(name), "{name:?}");
+            assert!(!is_tap(name), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn set_up_errors() {
+        let err = set_up("qsys-no-such", true).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENODEV));
+        let err = set_up("sixteen-chars-xx", true).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn only_a_non_loopback_interface_holds_an_address() {
+        // 127.0.0.1 is on lo alone; 192.0.2.77 (TEST-NET-1) on nothing.
+        assert_eq!(holding_ipv4(std::net::Ipv4Addr::LOCALHOST).unwrap(), None);
+        assert_eq!(
+            holding_ipv4(std::net::Ipv4Addr::new(192, 0, 2, 77)).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn loopback_up_is_noop() {
+        // lo is up; asking for up again changes nothing and needs no privilege.
+        set_up("lo", true).unwrap();
     }
 }
