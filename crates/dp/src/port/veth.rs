@@ -141,6 +141,8 @@ struct SyncState {
     remote: HashMap<u64, [u8; overlay::REMOTE_VALUE]>,
     /// The covered VXLAN ports' receive programs, by port.
     links: HashMap<u16, overlay::RxLink>,
+    /// VXLAN ports whose receive program could not be attached, and for what.
+    refused: HashMap<u16, overlay::RxKey>,
     /// Remote MACs waiting to enter the `remote` map: key → since when.
     pending: HashMap<u64, u64>,
 }

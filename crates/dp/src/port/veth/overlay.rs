@@ -457,11 +457,12 @@ impl FastPath {
             }
         }
         st.links.retain(|p, l| keep.get(p) == Some(&l.key));
+        st.refused.retain(|p, k| keep.get(p) == Some(k));
         for o in overlay {
             let Some(k) = keep.get(&o.port.0) else {
                 continue;
             };
-            if st.links.contains_key(&o.port.0) {
+            if st.links.contains_key(&o.port.0) || st.refused.get(&o.port.0) == Some(k) {
                 continue;
             }
             let attached = self
@@ -481,8 +482,8 @@ impl FastPath {
                 }
                 Err(e) => {
                     tracing::warn!(port = %o.port, error = %e, "VXLAN port: no kernel path for veth ports");
-                    // Not retried every 100 ms: only once the set of ports changes.
-                    keep.remove(&o.port.0);
+                    // Not retried every 100 ms: only once what it is built for changes.
+                    st.refused.insert(o.port.0, *k);
                 }
             }
         }
