@@ -926,6 +926,10 @@ pub struct FastPathStats {
     pub rx_bytes: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
+    /// Frames the kernel path dropped: for a VXLAN port, encapsulated datagrams (or
+    /// segments) larger than the underlay's MTU, as the port's own `mtu_exceeded`.
+    #[serde(default)]
+    pub drops: u64,
 }
 
 /// A TAP port's own counters.

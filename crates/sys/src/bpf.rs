@@ -109,6 +109,7 @@ pub enum Alu {
     And = 0x50,
     Lsh = 0x60,
     Rsh = 0x70,
+    Xor = 0xa0,
     Mov = 0xb0,
 }
 
@@ -122,6 +123,13 @@ pub enum Jmp {
 
 /// Helper functions (`enum bpf_func_id`).
 pub const FUNC_MAP_LOOKUP_ELEM: i32 = 1;
+pub const FUNC_SKB_STORE_BYTES: i32 = 9;
+pub const FUNC_SKB_LOAD_BYTES: i32 = 26;
+pub const FUNC_CSUM_DIFF: i32 = 28;
+pub const FUNC_GET_HASH_RECALC: i32 = 34;
+pub const FUNC_SKB_ADJUST_ROOM: i32 = 50;
+pub const FUNC_REDIRECT_NEIGH: i32 = 152;
+pub const FUNC_CHECK_MTU: i32 = 163;
 pub const FUNC_SKB_VLAN_PUSH: i32 = 18;
 pub const FUNC_REDIRECT: i32 = 23;
 pub const FUNC_XDP_ADJUST_HEAD: i32 = 44;
@@ -384,8 +392,30 @@ pub mod skb {
     pub const DATA_END: i16 = 80;
 }
 
+/// `bpf_skb_adjust_room`'s modes and flags (`include/uapi/linux/bpf.h`).
+pub mod adj_room {
+    /// Room made or taken right after the MAC header.
+    pub const MODE_MAC: i32 = 1;
+    /// Keep `gso_size`: the segments the sender chose stay as they are.
+    pub const FIXED_GSO: u64 = 1 << 0;
+    pub const ENCAP_L3_IPV4: u64 = 1 << 1;
+    pub const ENCAP_L4_UDP: u64 = 1 << 4;
+    pub const ENCAP_L2_ETH: u64 = 1 << 6;
+    pub const DECAP_L3_IPV4: u64 = 1 << 7;
+    pub const DECAP_L3_IPV6: u64 = 1 << 8;
+    /// The inner L2 header's length, for the segmentation of encapsulated packets.
+    pub const fn encap_l2(len: u8) -> u64 {
+        (len as u64) << 56
+    }
+}
+
+/// `bpf_check_mtu`'s flag: check each segment of a GSO packet.
+pub const MTU_CHK_SEGS: i32 = 1;
+
 /// tc program return codes.
 pub const TC_ACT_OK: i32 = 0;
+/// tcx: leave the frame to the next program on the hook (or the stack if none).
+pub const TCX_NEXT: i32 = -1;
 pub const TC_ACT_SHOT: i32 = 2;
 
 /// The BTF id of kernel function `name` in vmlinux's BTF (`/sys/kernel/btf/vmlinux`), for

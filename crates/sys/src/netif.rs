@@ -100,6 +100,50 @@ pub fn set_up(ifname: &str, up: bool) -> io::Result<()> {
     set_flag(ifname, libc::IFF_UP as libc::c_short, up)
 }
 
+/// The interface that holds IPv4 address `addr` (its name and ifindex), `None` if none does
+/// or only a loopback one (`getifaddrs`).
+pub fn holding_ipv4(addr: std::net::Ipv4Addr) -> io::Result<Option<(String, u32)>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `list` is a valid out-pointer; on success the kernel's list is ours to read
+    // and to free with `freeifaddrs` (below, once).
+    cvt(unsafe { libc::getifaddrs(&mut list) })?;
+    let mut found = None;
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list `getifaddrs` returned, not yet freed; its
+        // `ifa_addr` is null or points to a sockaddr of the family it names, and
+        // `ifa_name` to a NUL-terminated string, both living as long as the list.
+        let (name, v4, flags) = unsafe {
+            let ifa = &*at;
+            at = ifa.ifa_next;
+            let v4 = (!ifa.ifa_addr.is_null()
+                && i32::from((*ifa.ifa_addr).sa_family) == libc::AF_INET)
+                .then(|| {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))
+                });
+            let name = std::ffi::CStr::from_ptr(ifa.ifa_name)
+                .to_string_lossy()
+                .into_owned();
+            (name, v4, ifa.ifa_flags)
+        };
+        if v4 == Some(addr) && flags & libc::IFF_LOOPBACK as u32 == 0 {
+            found = Some(name);
+            break;
+        }
+    }
+    // SAFETY: `list` came from a successful `getifaddrs` and is freed once, after the last
+    // use of its nodes.
+    unsafe { libc::freeifaddrs(list) };
+    match found {
+        Some(name) => {
+            let ifindex = crate::xdp::ifindex(&name)?;
+            Ok(Some((name, ifindex)))
+        }
+        None => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +170,16 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::ENODEV));
         let err = set_up("sixteen-chars-xx", true).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn only_a_non_loopback_interface_holds_an_address() {
+        // 127.0.0.1 is on lo alone; 192.0.2.77 (TEST-NET-1) on nothing.
+        assert_eq!(holding_ipv4(std::net::Ipv4Addr::LOCALHOST).unwrap(), None);
+        assert_eq!(
+            holding_ipv4(std::net::Ipv4Addr::new(192, 0, 2, 77)).unwrap(),
+            None
+        );
     }
 
     #[test]

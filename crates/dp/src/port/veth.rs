@@ -41,6 +41,10 @@
 //! refreshes (and clears) the fdb entries the program marked seen, so that addresses in
 //! use on the fast path do not age out.
 //!
+//! Known unicast to and from MACs behind a remote VTEP of a VXLAN port stays in the
+//! kernel too: the program encapsulates it and the underlay's ingress program
+//! decapsulates it ([`overlay`]; docs/overlay.md, "veth ports across hosts").
+//!
 //! The root end's program is attached with a tcx link owned by the process (see
 //! [`qswitch_sys::bpf`]): removing the port, stopping qswitch or `kill -9` detaches it. The
 //! companion TAP goes with its last fd, and with it its two programs, classic tc filters
@@ -61,6 +65,8 @@
 //!   (the source check sends every frame whose source is not learnt on its port there).
 //! - Needs Linux 6.6 (tcx) and `CAP_BPF`.
 
+mod overlay;
+
 use std::collections::HashMap;
 use std::io;
 
@@ -79,13 +85,15 @@ use crate::ids::PortId;
 use crate::packet::Pkt;
 use crate::stats::DropTally;
 
+pub use overlay::OverlayPort;
+
 /// Addresses the fast path map holds at most.
 const FDB_ENTRIES: u32 = 16_384;
 /// Bytes of a map value: destination ifindex (u32), port (u32), seen (u64: set by the
 /// program when it forwards a frame from the address, cleared by the switch's refresh).
 const VALUE: usize = 16;
-/// Bytes of a counter: rx packets, rx bytes, tx packets, tx bytes (u64 each).
-const COUNTER: usize = 32;
+/// Bytes of a counter: rx packets, rx bytes, tx packets, tx bytes, drops (u64 each).
+const COUNTER: usize = 40;
 
 /// Errors opening a veth port.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +122,8 @@ pub enum VethError {
 #[derive(Debug)]
 pub struct FastPath {
     fdb: Map,
+    /// MACs behind remote VTEPs of the VXLAN ports the kernel path covers ([`overlay`]).
+    remote: Map,
     counters: Map,
     state: Mutex<SyncState>,
 }
@@ -127,6 +137,14 @@ struct SyncState {
     /// Which ports were in, with which ifindex and access VLAN, at the last sync.
     ports: HashMap<u16, (u32, u16)>,
     last_refresh: u64,
+    /// What is in the `remote` map: key → value without the seen word.
+    remote: HashMap<u64, [u8; overlay::REMOTE_VALUE]>,
+    /// The covered VXLAN ports' receive programs, by port.
+    links: HashMap<u16, overlay::RxLink>,
+    /// VXLAN ports whose receive program could not be attached, and for what.
+    refused: HashMap<u16, overlay::RxKey>,
+    /// Remote MACs waiting to enter the `remote` map: key → since when.
+    pending: HashMap<u64, u64>,
 }
 
 /// How often hit counts are read back into the fdb's ages.
@@ -144,6 +162,7 @@ impl FastPath {
     pub fn new(max_ports: u32) -> io::Result<FastPath> {
         Ok(FastPath {
             fdb: Map::new(MapKind::Hash, 8, VALUE as u32, FDB_ENTRIES)?,
+            remote: Map::new(MapKind::Hash, 8, overlay::REMOTE_VALUE as u32, FDB_ENTRIES)?,
             counters: Map::new(MapKind::PercpuArray, 4, COUNTER as u32, max_ports)?,
             state: Mutex::new(SyncState::default()),
         })
@@ -168,6 +187,7 @@ impl FastPath {
             c.rx_bytes += word(cpu, 1);
             c.tx_packets += word(cpu, 2);
             c.tx_bytes += word(cpu, 3);
+            c.drops += word(cpu, 4);
         }
         c
     }
@@ -183,10 +203,26 @@ impl FastPath {
     /// Mirrors the fdb into the map: the addresses learnt on `ports` (port id → (veth
     /// ifindex, access VLAN): the ports whose fast path is on, chosen by the switch), in
     /// their access VLAN; and, every second, refreshes the fdb entries the fast path has
-    /// seen frames from. Called by the switch's housekeeping (every 100 ms); cheap when
-    /// nothing changed.
-    pub fn sync(&self, ports: HashMap<u16, (u32, u16)>, fdb: &Fdb, now: u64) {
+    /// seen frames from. `overlay`: the VXLAN ports the kernel path may cover (their
+    /// receive programs and remote MACs: [`overlay`]). Called by the switch's housekeeping
+    /// (every 100 ms); cheap when nothing changed.
+    pub fn sync(
+        &self,
+        ports: HashMap<u16, (u32, u16)>,
+        overlay: &[OverlayPort],
+        fdb: &Fdb,
+        now: u64,
+    ) {
         let mut st = self.state.lock();
+        let st = &mut *st;
+        let refresh = now.saturating_sub(st.last_refresh) >= REFRESH_NS;
+        if !overlay.is_empty()
+            || !st.links.is_empty()
+            || !st.remote.is_empty()
+            || !st.pending.is_empty()
+        {
+            self.sync_overlay(st, !ports.is_empty(), overlay, fdb, now, refresh);
+        }
         let generation = fdb.generation();
         if st.fdb_generation != Some(generation) || st.ports != ports {
             let mut want: HashMap<u64, (u32, u16)> = HashMap::new();
@@ -219,7 +255,7 @@ impl FastPath {
             st.fdb_generation = Some(generation);
             st.ports = ports;
         }
-        if now.saturating_sub(st.last_refresh) >= REFRESH_NS {
+        if refresh {
             st.last_refresh = now;
             let mut v = [0u8; VALUE];
             for (&k, &(_, port)) in st.entries.iter() {
@@ -243,7 +279,14 @@ impl FastPath {
     fn ingress_program(&self, port: PortId, vlan: u16, tap_ifindex: u32) -> io::Result<Program> {
         Program::load(
             ProgKind::SchedCls,
-            &fast_insns(&self.fdb, &self.counters, port, vlan, tap_ifindex),
+            &fast_insns(
+                &self.fdb,
+                &self.remote,
+                &self.counters,
+                port,
+                vlan,
+                tap_ifindex,
+            ),
             "qs_veth_fast",
         )
     }
@@ -304,8 +347,16 @@ impl Asm {
 }
 
 /// The fast path program (see the module docs). Registers: R6 the skb, R7 the destination's
-/// map value, R8 the destination ifindex, R9 the destination port.
-fn fast_insns(fdb: &Map, counters: &Map, port: PortId, vlan: u16, tap_ifindex: u32) -> Vec<Insn> {
+/// map value, R8 whether it is a remote one (then [`overlay::encap_insns`] takes over),
+/// later the destination ifindex, R9 the destination port.
+fn fast_insns(
+    fdb: &Map,
+    remote: &Map,
+    counters: &Map,
+    port: PortId,
+    vlan: u16,
+    tap_ifindex: u32,
+) -> Vec<Insn> {
     let me = i32::from(port.0);
     let vlan_bits = u64::from(vlan) << 48;
     let mut a = Asm::default();
@@ -343,13 +394,32 @@ fn fast_insns(fdb: &Map, counters: &Map, port: PortId, vlan: u16, tap_ifindex: u
     a.extend(Insn::load_imm64(R5, vlan_bits));
     a.push(Insn::alu_reg(Alu::Or, R4, R5));
     a.push(Insn::store(Size::DW, R10, -16, R4));
-    // The destination must be known (on a fast port), ...
+    // The destination must be known: on a fast port (R8 = 0), ...
+    let remote_dst = a.label();
+    let src = a.label();
     a.extend(Insn::load_map(R1, fdb));
+    a.push(Insn::mov_reg(R2, R10));
+    a.push(Insn::alu_imm(Alu::Add, R2, -8));
+    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
+    a.jump_imm(Jmp::Eq, R0, 0, remote_dst);
+    a.push(Insn::mov_reg(R7, R0));
+    a.push(Insn::mov_imm(R8, 0));
+    a.push(Insn::jump(0));
+    let to_src = a.insns.len() - 1;
+    // ... or behind a remote VTEP of a VXLAN port the kernel path covers (R8 = 1).
+    a.here(remote_dst);
+    a.extend(Insn::load_map(R1, remote));
     a.push(Insn::mov_reg(R2, R10));
     a.push(Insn::alu_imm(Alu::Add, R2, -8));
     a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
     a.jump_imm(Jmp::Eq, R0, 0, slow);
     a.push(Insn::mov_reg(R7, R0));
+    a.push(Insn::mov_imm(R8, 1));
+    a.here(src);
+    a.fixups.push(Fixup {
+        at: to_src,
+        label: src,
+    });
     // ... and the source known on this port (else the switch must learn it).
     a.extend(Insn::load_map(R1, fdb));
     a.push(Insn::mov_reg(R2, R10));
@@ -367,6 +437,8 @@ fn fast_insns(fdb: &Map, counters: &Map, port: PortId, vlan: u16, tap_ifindex: u
     a.push(Insn::mov_imm(R1, 1));
     a.push(Insn::store(Size::DW, R0, 8, R1));
     a.here(seen);
+    let encap = a.label();
+    a.jump_imm(Jmp::Ne, R8, 0, encap);
     a.push(Insn::load(Size::W, R8, R7, 0));
     a.push(Insn::load(Size::W, R9, R7, 4));
     // Never back out of the port it came in on: the switch drops (and counts) that.
@@ -393,6 +465,8 @@ fn fast_insns(fdb: &Map, counters: &Map, port: PortId, vlan: u16, tap_ifindex: u
     a.push(Insn::mov_imm(R2, 0));
     a.push(Insn::call(bpf::FUNC_REDIRECT_PEER));
     a.push(Insn::exit());
+    a.here(encap);
+    overlay::encap_insns(&mut a, counters, me, slow);
     a.here(slow);
     a.push(Insn::mov_imm(R1, tap_ifindex as i32));
     a.push(Insn::mov_imm(R2, 0));

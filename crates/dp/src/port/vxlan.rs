@@ -717,6 +717,17 @@ impl VxlanPort {
         n
     }
 
+    /// Marks `mac` seen now if it is behind `vtep` (frames the kernel path took for a veth
+    /// port: they passed no `rx_burst` to refresh it).
+    pub fn refresh(&self, mac: MacAddr, vtep: IpAddr) {
+        let now = self.now.load(Ordering::Relaxed);
+        if let Some(e) = self.macs.read().get(&mac) {
+            if e.vtep == vtep {
+                e.seen.store(now, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The VTEP that has `mac` (a learned entry only while it has not aged out).
     pub fn lookup(&self, mac: MacAddr) -> Option<IpAddr> {
         let now = self.now.load(Ordering::Relaxed);

@@ -1,8 +1,8 @@
 //! `qswitch bench overlay`: VM namespace ↔ VM namespace across two namespace-hosts joined by
 //! a veth underlay, (a) through a qswitch per host (TAP port + VXLAN port, VNI 100), (b)
 //! through a Linux bridge + vxlan device per host, and (c) as (a) with the VMs on veth ports
-//! (the container's case: the kernel fast path for local unicast, the userspace VXLAN port
-//! across hosts); iperf3 TCP, interleaved runs. The ratios printed: (a) / (b) and (c) / (b).
+//! (the container's case: the kernel fast path, which encapsulates and decapsulates known
+//! unicast across hosts itself); iperf3 TCP, interleaved runs. The ratios printed: (a) / (b) and (c) / (b).
 //!
 //! ```text
 //!   vmA ── TAP/veth ── [host A: qswitch | br+vxlan] ══ veth 10.97.0.1 ↔ 10.97.0.2 ══ [host B] ── vmB

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 
 use super::{Options, MAX_PORTS};
 use crate::fdb::Fdb;
-use crate::port::veth::FastPath;
+use crate::port::veth::{FastPath, OverlayPort};
 use crate::port::vhost_user::{Reactor, Settings as VhostSettings};
 use crate::port::vxlan::VxlanGroups;
 use crate::port::Device;
@@ -135,7 +135,8 @@ impl VethDriver {
             .flatten()
             .filter_map(|p| eligible(p).map(|ifindex| (p.id.0, (ifindex, p.vlan))))
             .collect();
-        fp.sync(ports, fdb, now);
+        let overlay: Vec<OverlayPort> = table.iter().flatten().filter_map(|p| overlay(p)).collect();
+        fp.sync(ports, &overlay, fdb, now);
     }
 }
 
@@ -162,4 +163,28 @@ pub(crate) fn eligible(p: &PortEntry) -> Option<u32> {
         // The live value: `port set --security-groups` changes it.
         && policy.settings.security_groups.is_empty();
     (v.fastpath() && plain).then_some(v.ifindex())
+}
+
+/// A VXLAN port whose remote MACs veth ports may reach in the kernel (docs/overlay.md,
+/// "veth ports across hosts"): an access port with no per-frame policy, as for a veth port
+/// in [`eligible`] (its frames then need the workers).
+fn overlay(p: &PortEntry) -> Option<OverlayPort> {
+    let Device::Vxlan(v) = &p.dev else {
+        return None;
+    };
+    let policy = p.policy.load();
+    let qos = p.qos.settings();
+    let plain = policy.settings.vlans.is_empty()
+        && !policy.settings.security.checks_frames()
+        && qos.min.is_none()
+        && qos.max.is_none()
+        && !p.capture.on()
+        && !p.mirror.on()
+        && !p.disabled.get()
+        && p.config.security_groups.is_empty();
+    plain.then(|| OverlayPort {
+        port: p.id,
+        vlan: p.vlan,
+        vxlan: v.clone(),
+    })
 }

@@ -390,7 +390,7 @@ fn port_stats(
         _ => None,
     };
     let fastpath = match (&p.dev, fast) {
-        (Device::Veth(_), Some(fp)) => Some(fp.counters(p.id)),
+        (Device::Veth(_) | Device::Vxlan(_), Some(fp)) => Some(fp.counters(p.id)),
         _ => None,
     };
     let f = fastpath.unwrap_or_default();
