@@ -44,7 +44,7 @@ tidy() {
     done
 }
 trap tidy EXIT
-for t in frame desc_chain config control_json vxlan guard gso gro vhost_messages lacp lldp ct; do
+for t in frame desc_chain config control_json vxlan guard gso gro vhost_messages lacp lldp ct erspan; do
     echo "== fuzz $t (${secs}s)"
     cargo +nightly fuzz run "$t" -- -max_total_time="$secs" -rss_limit_mb=2048 2>&1 | tail -3
 done

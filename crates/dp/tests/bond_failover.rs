@@ -8,12 +8,15 @@
 //! docs/teaming.md. And balance-slb: a broadcast from the peer, flooded by its bridge out of
 //! both members, reaches each of two VMs once and never comes back out of the other member. Everything is removed on drop, also when an assertion fails.
 
+mod common;
+
 use std::time::Duration;
 
+use common::packet_bond;
 use qswitch_api::bond::BondInfo;
 use qswitch_api::config::VethConfig;
-use qswitch_api::{BondConfig, BondMember, BondMode, LacpMode, LacpRate};
-use qswitch_api::{PortConfig, PortKind, XdpMode};
+use qswitch_api::{BondMode, LacpMode, LacpRate};
+use qswitch_api::{PortConfig, PortKind};
 use qswitch_dp::{Options, Switch};
 use qswitch_test_support::harness::{ChildGuard, LinkGuard};
 use qswitch_test_support::{have_tool, root_or_skip, sh_ok, skip, wait_until};
@@ -120,26 +123,12 @@ impl Lab {
             sh_ok(&["ip", "link", "set", "dev", &m, "up"]);
             members.push(m);
         }
-        sw.add_port(&PortConfig::new(
+        sw.add_port(&packet_bond(
             "uplink",
-            PortKind::Bond(BondConfig {
-                mode,
-                lacp: LacpMode::Off,
-                lacp_rate: LacpRate::Slow,
-                members: members
-                    .iter()
-                    .map(|i| BondMember {
-                        kind: qswitch_api::PortType::Afxdp,
-                        ifname: i.parse().unwrap(),
-                        mode: Some(XdpMode::Packet.into()),
-                        queues: None,
-                        fastpath: None,
-                    })
-                    .collect(),
-                updelay: 0,
-                downdelay: 0,
-                lacp_fallback: false,
-            }),
+            mode,
+            LacpMode::Off,
+            LacpRate::Slow,
+            &members,
         ))
         .expect("bond port");
         Lab {

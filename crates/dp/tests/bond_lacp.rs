@@ -16,6 +16,8 @@
 //! so this side's veth ends are brought up only after the bond exists (as a cable plugged in).
 //! Everything is stopped by PID and removed on drop, also when an assertion fails.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -23,207 +25,14 @@ use std::time::{Duration, Instant};
 
 use qswitch_dp::port::bond::lacp::{Config, Lacp, Mode, Rate, RxState};
 use qswitch_sys::packet::{PacketOptions, PacketSocket};
-use qswitch_test_support::harness::{signal, ChildGuard, LinkGuard};
-use qswitch_test_support::{have_tool, root_or_skip, run_timeout, sh_ok, skip, wait_until};
-use qswitch_test_support::{Netns, TempDir};
+use qswitch_test_support::harness::{signal, LinkGuard};
+use qswitch_test_support::ovs::{ovs_or_skip, Ovs};
+use qswitch_test_support::{root_or_skip, sh_ok, wait_until};
 use qswitch_wire::lacp::Lacpdu;
 use qswitch_wire::MacAddr;
 
 const WAIT: Duration = Duration::from_secs(20);
 const SYSTEM: MacAddr = MacAddr([0x02, 0x51, 0x53, 0x00, 0x00, 0x01]);
-
-fn tools_or_skip() -> bool {
-    if !root_or_skip() {
-        return false;
-    }
-    for tool in [
-        "ovs-vswitchd",
-        "ovsdb-server",
-        "ovsdb-tool",
-        "ovs-vsctl",
-        "ovs-appctl",
-    ] {
-        if !have_tool(tool, &["--version"]) {
-            skip(&format!("needs {tool} (Debian package openvswitch-switch)"));
-            return false;
-        }
-    }
-    true
-}
-
-/// Open vSwitch in namespace `ns`, bonding p0 and p1; this side's ends are `ours`.
-struct Ovs {
-    vswitchd: ChildGuard,
-    _ovsdb: ChildGuard,
-    _links: Vec<LinkGuard>,
-    _ns: Netns,
-    dir: TempDir,
-    ours: Vec<String>,
-}
-
-impl Ovs {
-    fn start(tag: &str, ovs_lacp: &str) -> Ovs {
-        let pid = std::process::id();
-        let dir = TempDir::new(&format!("lacp-{tag}"));
-        let ns = Netns::new(&format!("qs-lacp-{pid}-{tag}"));
-        let mut links = Vec::new();
-        let mut ours = Vec::new();
-        for i in 0..2 {
-            let name = format!("ql{}{tag}{i}", pid % 100_000);
-            sh_ok(&[
-                "ip",
-                "link",
-                "add",
-                &name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &format!("p{i}"),
-                "netns",
-                &ns.name,
-            ]);
-            links.push(LinkGuard(name.clone()));
-            ns.sysctl(&format!("net.ipv6.conf.p{i}.disable_ipv6"), "1");
-            ns.ok(&["ip", "link", "set", "dev", &format!("p{i}"), "up"]);
-            sh_ok(&[
-                "sysctl",
-                "-qw",
-                &format!("net.ipv6.conf.{name}.disable_ipv6=1"),
-            ]);
-            ours.push(name);
-        }
-        let d = dir.path().to_str().expect("utf-8 temp dir").to_string();
-        let db = format!("{d}/conf.db");
-        sh_ok(&[
-            "ovsdb-tool",
-            "create",
-            &db,
-            "/usr/share/openvswitch/vswitch.ovsschema",
-        ]);
-        let env = [
-            format!("OVS_RUNDIR={d}"),
-            format!("OVS_LOGDIR={d}"),
-            format!("OVS_DBDIR={d}"),
-            format!("OVS_SYSCONFDIR={d}"),
-        ];
-        let spawn = |args: &[String], log: &str| {
-            let mut all: Vec<&str> = vec!["env"];
-            all.extend(env.iter().map(String::as_str));
-            all.extend(args.iter().map(String::as_str));
-            ns.spawn(&all, &dir.join(log))
-        };
-        let ovsdb = spawn(
-            &[
-                "ovsdb-server".into(),
-                db,
-                format!("--remote=punix:{d}/db.sock"),
-                format!("--pidfile={d}/ovsdb-server.pid"),
-                format!("--unixctl={d}/ovsdb-server.ctl"),
-                format!("--log-file={d}/ovsdb-server.log"),
-            ],
-            "ovsdb-server.out",
-        );
-        let sock = dir.join("db.sock");
-        assert!(
-            wait_until(WAIT, || sock.exists()),
-            "ovsdb-server did not start"
-        );
-        let vswitchd = spawn(
-            &[
-                "ovs-vswitchd".into(),
-                format!("unix:{d}/db.sock"),
-                format!("--pidfile={d}/vswitchd.pid"),
-                format!("--unixctl={d}/vswitchd.ctl"),
-                format!("--log-file={d}/vswitchd.log"),
-            ],
-            "vswitchd.out",
-        );
-        let ovs = Ovs {
-            vswitchd,
-            _ovsdb: ovsdb,
-            _links: links,
-            _ns: ns,
-            dir,
-            ours,
-        };
-        ovs.vsctl(&["--no-wait", "init"]);
-        let ctl = ovs.dir.join("vswitchd.ctl");
-        assert!(
-            wait_until(WAIT, || ctl.exists()),
-            "ovs-vswitchd did not start"
-        );
-        ovs.vsctl(&[
-            "add-br",
-            "br0",
-            "--",
-            "set",
-            "bridge",
-            "br0",
-            "datapath_type=netdev",
-            "--",
-            "add-bond",
-            "br0",
-            "bond0",
-            "p0",
-            "p1",
-            "bond_mode=balance-tcp",
-            &format!("lacp={ovs_lacp}"),
-            "other_config:lacp-time=fast",
-        ]);
-        ovs
-    }
-
-    fn vsctl(&self, args: &[&str]) {
-        let db = format!("--db=unix:{}", self.dir.join("db.sock").display());
-        let mut all = vec![db.as_str(), "--timeout=10"];
-        all.extend_from_slice(args);
-        let out = run_timeout(
-            std::process::Command::new("ovs-vsctl").args(&all),
-            Duration::from_secs(15),
-        );
-        assert!(
-            out.ok(),
-            "ovs-vsctl {args:?}: {}\n{}",
-            out.stderr,
-            self.log()
-        );
-    }
-
-    fn appctl(&self, args: &[&str]) -> String {
-        let ctl = self.dir.join("vswitchd.ctl");
-        let mut cmd = std::process::Command::new("ovs-appctl");
-        cmd.arg("-t").arg(&ctl).args(args);
-        run_timeout(&mut cmd, Duration::from_secs(10)).stdout
-    }
-
-    fn log(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.join("vswitchd.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(30).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-    }
-
-    /// Whether `lacp/show` has both members current, with `partner` as their partner in
-    /// sync, collecting and distributing.
-    fn formed_with(&self, partner: MacAddr) -> bool {
-        let show = self.appctl(&["lacp/show", "bond0"]);
-        let sections: Vec<&str> = show.split("\nmember: ").skip(1).collect();
-        sections.len() == 2
-            && sections.iter().all(|s| {
-                let partner_line = format!("partner sys_id: {partner}");
-                let state = s
-                    .lines()
-                    .find(|l| l.trim_start().starts_with("partner state:"))
-                    .unwrap_or("");
-                s.lines().next().is_some_and(|l| l.contains("current"))
-                    && s.contains(&partner_line)
-                    && s.contains("may_enable: true")
-                    && ["synchronized", "collecting", "distributing"]
-                        .iter()
-                        .all(|w| state.contains(w))
-            })
-    }
-}
 
 /// This side: the LACP machine of two members, driven over AF_PACKET by a thread.
 struct Side {
@@ -366,7 +175,7 @@ impl Drop for Side {
 }
 
 fn forms(tag: &str, ours: Mode, theirs: &str) -> Option<(Ovs, Side)> {
-    if !tools_or_skip() {
+    if !ovs_or_skip() {
         return None;
     }
     let ovs = Ovs::start(tag, theirs);
@@ -437,7 +246,7 @@ fn active_against_passive_ovs_forms() {
 
 #[test]
 fn passive_against_passive_ovs_never_forms() {
-    if !tools_or_skip() {
+    if !ovs_or_skip() {
         return;
     }
     let ovs = Ovs::start("pp", "passive");
@@ -460,9 +269,10 @@ fn passive_against_passive_ovs_never_forms() {
 
 // ---- The bond port (`type = "bond"`) of a running switch against Open vSwitch ----
 
+use common::packet_bond;
 use qswitch_api::bond::BondInfo;
 use qswitch_api::{BondConfig, BondMember, BondMode, GenConfig, GenPortConfig, LacpMode, LacpRate};
-use qswitch_api::{PortConfig, PortKind, XdpMode};
+use qswitch_api::{PortConfig, PortKind};
 use qswitch_dp::{Options, Switch};
 
 /// A started switch with a bond of `ours` (AF_PACKET members), balance-tcp, LACP `lacp` at
@@ -474,27 +284,7 @@ fn switch_with_bond(ours: &[String], lacp: LacpMode, flows: u16) -> Switch {
     for name in ours {
         sh_ok(&["ip", "link", "set", "dev", name, "up"]);
     }
-    let bond = PortConfig::new(
-        "uplink",
-        PortKind::Bond(BondConfig {
-            mode: BondMode::BalanceTcp,
-            lacp,
-            lacp_rate: LacpRate::Fast,
-            members: ours
-                .iter()
-                .map(|i| BondMember {
-                    kind: qswitch_api::PortType::Afxdp,
-                    ifname: i.parse().unwrap(),
-                    mode: Some(XdpMode::Packet.into()),
-                    queues: None,
-                    fastpath: None,
-                })
-                .collect(),
-            updelay: 0,
-            downdelay: 0,
-            lacp_fallback: false,
-        }),
-    );
+    let bond = packet_bond("uplink", BondMode::BalanceTcp, lacp, LacpRate::Fast, ours);
     sw.add_port(&bond).expect("bond port");
     let mut src = PortConfig::gen("src");
     src.kind = PortKind::Gen(GenPortConfig {
@@ -539,7 +329,7 @@ fn tx_during(sw: &Switch, f: impl FnOnce()) -> Vec<u64> {
 
 #[test]
 fn bond_port_balance_tcp_against_ovs_spreads_flows_and_survives_a_member() {
-    if !tools_or_skip() {
+    if !ovs_or_skip() {
         return;
     }
     let ovs = Ovs::start("bt", "active");
@@ -606,7 +396,7 @@ fn bond_port_balance_tcp_against_ovs_spreads_flows_and_survives_a_member() {
 
 #[test]
 fn bond_port_passive_forms_with_active_ovs() {
-    if !tools_or_skip() {
+    if !ovs_or_skip() {
         return;
     }
     let ovs = Ovs::start("bp", "active");
@@ -624,7 +414,7 @@ fn bond_port_passive_forms_with_active_ovs() {
 
 #[test]
 fn bond_port_passive_never_forms_with_passive_ovs() {
-    if !tools_or_skip() {
+    if !ovs_or_skip() {
         return;
     }
     let ovs = Ovs::start("bq", "passive");

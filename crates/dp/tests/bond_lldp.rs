@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use qswitch_dp::port::bond::lldp::{Neighbors, Transmitter, TxConfig};
 use qswitch_sys::packet::{PacketOptions, PacketSocket};
-use qswitch_test_support::harness::{ChildGuard, LinkGuard};
-use qswitch_test_support::{have_tool, root_or_skip, sh_ok, skip, wait_until, Netns, TempDir};
+use qswitch_test_support::lldpd::{lldpd_or_skip, Lldpd};
+use qswitch_test_support::{wait_until, TempDir};
 use qswitch_wire::lldp::{chassis_subtype, port_subtype, Lldpdu};
 use qswitch_wire::MacAddr;
 
@@ -56,61 +56,14 @@ impl Side {
 
 #[test]
 fn lldp_with_lldpd() {
-    if !root_or_skip() {
+    if !lldpd_or_skip() {
         return;
-    }
-    for tool in ["lldpd", "lldpcli"] {
-        if !have_tool(tool, &["-v"]) {
-            skip(&format!("needs {tool} (Debian package lldpd)"));
-            return;
-        }
     }
     let pid = std::process::id();
     let dir = TempDir::new("lldp");
-    let ns = Netns::new(&format!("qs-lldp-{pid}"));
     let ours = format!("qd{}0", pid % 1_000_000);
-    sh_ok(&[
-        "ip", "link", "add", &ours, "type", "veth", "peer", "name", "e0", "netns", &ns.name,
-    ]);
-    let _link = LinkGuard(ours.clone());
-    sh_ok(&[
-        "sysctl",
-        "-qw",
-        &format!("net.ipv6.conf.{ours}.disable_ipv6=1"),
-    ]);
-    ns.sysctl("net.ipv6.conf.e0.disable_ipv6", "1");
-    ns.ok(&["ip", "link", "set", "dev", "e0", "up"]);
-    sh_ok(&["ip", "link", "set", "dev", &ours, "up"]);
-
-    let ctl = dir.join("lldpd.ctl");
-    let ctl_s = ctl.to_str().expect("utf-8 path").to_string();
-    let peer_name = format!("lldp-peer-{pid}");
-    let mut lldpd: ChildGuard = ns.spawn(
-        &[
-            "lldpd",
-            "-d",
-            "-u",
-            &ctl_s,
-            "-I",
-            "e0",
-            "-S",
-            "qswitch test peer",
-        ],
-        &dir.join("lldpd.log"),
-    );
-    let lldpcli = |args: &[&str]| {
-        let mut all = vec!["lldpcli", "-u", &ctl_s];
-        all.extend_from_slice(args);
-        ns.run(&all)
-    };
-    assert!(
-        wait_until(WAIT, || lldpcli(&["show", "configuration"]).ok()),
-        "lldpd did not start: {}",
-        std::fs::read_to_string(dir.join("lldpd.log")).unwrap_or_default()
-    );
-    // Talk every second (TTL 4 s), under a name this test knows.
-    assert!(lldpcli(&["configure", "system", "hostname", &peer_name]).ok());
-    assert!(lldpcli(&["configure", "lldp", "tx-interval", "1"]).ok());
+    let mut lldpd = Lldpd::start(&dir, "d", &ours, None);
+    let peer_name = lldpd.name.clone();
 
     let system_name = format!("qswitch-test-{pid}");
     let chassis: MacAddr = read_sys(&ours, "address").parse().expect("mac");
@@ -138,7 +91,7 @@ fn lldp_with_lldpd() {
     };
 
     // lldpd's frames parse into our table.
-    let peer_mac: MacAddr = ns.mac("e0").parse().expect("mac");
+    let peer_mac: MacAddr = lldpd.ns.mac("eth0").parse().expect("mac");
     let heard = wait_until(WAIT, || {
         side.step();
         side.table
@@ -160,7 +113,7 @@ fn lldp_with_lldpd() {
         n.port_id.display(port_subtype::MAC_ADDRESS),
         peer_mac.to_string()
     );
-    assert_eq!(n.port_description().as_deref(), Some("e0"));
+    assert_eq!(n.port_description().as_deref(), Some("eth0"));
     assert_eq!(n.ttl, 4, "tx-interval 1 s, hold 4");
     println!(
         "lldpd in our table: chassis {}, port {}, system name {:?}, ttl {}",
@@ -174,16 +127,16 @@ fn lldp_with_lldpd() {
     let mut shown = String::new();
     let seen = wait_until(WAIT, || {
         side.step();
-        shown = lldpcli(&["-f", "keyvalue", "show", "neighbors"]).stdout;
+        shown = lldpd.neighbors();
         shown.contains(&format!("chassis.name={system_name}"))
     });
     assert!(seen, "lldpd does not show us: {shown}");
     for want in [
-        format!("lldp.e0.chassis.mac={chassis}"),
-        format!("lldp.e0.port.ifname={ours}"),
-        "lldp.e0.port.ttl=5".to_string(),
-        "lldp.e0.chassis.mgmt-ip=192.0.2.1".to_string(),
-        "lldp.e0.chassis.descr=qswitch bond lldp test".to_string(),
+        format!("lldp.eth0.chassis.mac={chassis}"),
+        format!("lldp.eth0.port.ifname={ours}"),
+        "lldp.eth0.port.ttl=5".to_string(),
+        "lldp.eth0.chassis.mgmt-ip=192.0.2.1".to_string(),
+        "lldp.eth0.chassis.descr=qswitch bond lldp test".to_string(),
     ] {
         assert!(shown.lines().any(|l| l == want), "no {want} in:\n{shown}");
     }

@@ -8,13 +8,15 @@
 //! `.ci/run` installs them (a missing one fails under CI, as every tool does).
 
 use std::net::{SocketAddr, UdpSocket};
-use std::process::{Command, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use qswitch_dp::export::{
     CacheConfig, FlowCache, FlowRecord, FlowSample, IfCounters, IpfixEncoder, SflowEncoder,
 };
-use qswitch_test_support::{have_tool, require, wait_until, ChildGuard, TempDir};
+use qswitch_test_support::nfdump::{collected, nfcapd, nfdump_or_skip};
+use qswitch_test_support::tshark::{sflow_fields, sflow_pcap};
+use qswitch_test_support::{have_tool, require, TempDir};
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
 const MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
@@ -175,96 +177,6 @@ fn records(flows: &[Flow], sampling: u32, t0: u64) -> Vec<FlowRecord> {
     out
 }
 
-/// nfcapd on 127.0.0.1:`port` writing into `dir`, scaling what it reads by `sampling` (its
-/// `-s`: nfdump 1.7.1, Debian 12's, does not apply the sampling interval of our options
-/// record in our tests, so the collector is told, as docs/visibility.md advises).
-fn nfcapd(dir: &std::path::Path, port: u16, sampling: u32) -> ChildGuard {
-    std::fs::create_dir_all(dir).unwrap();
-    let child = Command::new("nfcapd")
-        .args([
-            "-b",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-s",
-            &sampling.to_string(),
-            "-w",
-        ])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nfcapd");
-    let guard = ChildGuard::new(child);
-    // Bound when our own bind of the port fails.
-    assert!(
-        wait_until(Duration::from_secs(10), || UdpSocket::bind((
-            "127.0.0.1",
-            port
-        ))
-        .is_err()),
-        "nfcapd did not bind 127.0.0.1:{port}"
-    );
-    guard
-}
-
-/// Stops nfcapd (SIGTERM: it writes its file out) and returns what `nfdump` reads from
-/// `dir`: (src, dst, sport, dport, proto, packets, bytes) per flow.
-fn collected(
-    mut nfcapd: ChildGuard,
-    port: u16,
-    dir: &std::path::Path,
-) -> Vec<(String, String, u16, u16, String, u64, u64)> {
-    assert!(
-        wait_until(Duration::from_secs(10), || rx_queue(port) == Some(0)),
-        "nfcapd did not read what was sent"
-    );
-    qswitch_test_support::signal(nfcapd.pid(), "TERM");
-    assert!(
-        nfcapd.wait_timeout(Duration::from_secs(10)).is_some(),
-        "nfcapd did not stop"
-    );
-    let out = Command::new("nfdump")
-        .arg("-R")
-        .arg(dir)
-        .args(["-q", "-N", "-o", "fmt:%sa|%da|%sp|%dp|%pr|%pkt|%byt"])
-        .output()
-        .expect("nfdump");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "nfdump: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text.lines()
-        .filter(|l| l.contains('|'))
-        .map(|l| {
-            let c: Vec<&str> = l.split('|').map(str::trim).collect();
-            (
-                c[0].to_string(),
-                c[1].to_string(),
-                c[2].parse().unwrap(),
-                c[3].parse().unwrap(),
-                c[4].to_string(),
-                c[5].parse().unwrap_or_else(|_| panic!("packets in {l}")),
-                c[6].parse().unwrap_or_else(|_| panic!("bytes in {l}")),
-            )
-        })
-        .collect()
-}
-
-/// Bytes waiting in the receive queue of the UDP socket bound to 127.0.0.1:`port`.
-fn rx_queue(port: u16) -> Option<u64> {
-    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
-    let local = format!("0100007F:{port:04X}");
-    table.lines().skip(1).find_map(|l| {
-        let c: Vec<&str> = l.split_whitespace().collect();
-        (c.get(1) == Some(&local.as_str()))
-            .then(|| u64::from_str_radix(c.get(4)?.split(':').nth(1)?, 16).ok())
-            .flatten()
-    })
-}
-
 fn send(sock: &UdpSocket, to: SocketAddr, msgs: &[Vec<u8>]) {
     for m in msgs {
         assert_eq!(sock.send_to(m, to).unwrap(), m.len());
@@ -279,18 +191,11 @@ fn ip_text(a: &[u8]) -> String {
     }
 }
 
-fn tools() -> bool {
-    require(
-        have_tool("nfcapd", &["-V"]) && have_tool("nfdump", &["-V"]),
-        "nfdump not installed (apt-get install nfdump)",
-    )
-}
-
 /// Sampling 1 shows each flow's exact addresses, ports, protocol, packets and IP bytes;
 /// sampling 10 shows the counts scaled by 10.
 #[test]
 fn nfdump_reads_our_flows() {
-    if !tools() {
+    if !nfdump_or_skip() {
         return;
     }
     let dir = TempDir::new("export-nfdump");
@@ -344,7 +249,7 @@ fn nfdump_reads_our_flows() {
 /// flows that follow are read.
 #[test]
 fn templates_survive_a_collector_restart() {
-    if !tools() {
+    if !nfdump_or_skip() {
         return;
     }
     let dir = TempDir::new("export-restart");
@@ -374,34 +279,6 @@ fn templates_survive_a_collector_restart() {
     let mut ports: Vec<u16> = got.iter().map(|r| r.2).collect();
     ports.sort();
     assert_eq!(ports, [40003, 40004], "{got:?}");
-}
-
-/// Writes UDP datagrams (127.0.0.1:50000 → 127.0.0.1:6343) into a classic pcap file.
-fn pcap(path: &std::path::Path, datagrams: &[Vec<u8>]) {
-    let mut f = Vec::new();
-    f.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-    f.extend_from_slice(&2u16.to_le_bytes());
-    f.extend_from_slice(&4u16.to_le_bytes());
-    f.extend_from_slice(&[0; 8]);
-    f.extend_from_slice(&65535u32.to_le_bytes());
-    f.extend_from_slice(&1u32.to_le_bytes()); // Ethernet
-    for d in datagrams {
-        let mut p = Vec::new();
-        p.extend_from_slice(&[0; 12]);
-        p.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
-        p.extend_from_slice(&((28 + d.len()) as u16).to_be_bytes());
-        p.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1]);
-        p.extend_from_slice(&50000u16.to_be_bytes());
-        p.extend_from_slice(&6343u16.to_be_bytes());
-        p.extend_from_slice(&((8 + d.len()) as u16).to_be_bytes());
-        p.extend_from_slice(&[0, 0]);
-        p.extend_from_slice(d);
-        f.extend_from_slice(&[0; 8]);
-        f.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        f.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        f.extend_from_slice(&p);
-    }
-    std::fs::write(path, f).unwrap();
 }
 
 /// tshark decodes our sFlow datagrams: flow samples (rate, pool, in and out port, the
@@ -462,38 +339,8 @@ fn tshark_decodes_our_sflow() {
     let mut enc = SflowEncoder::new("192.0.2.1".parse().unwrap(), 0, 1400);
     let dgs = enc.encode(&flows, &counters, 60_000);
     let file = dir.join("sflow.pcap");
-    pcap(&file, &dgs);
-    let fields = |filter: &str, names: &[&str]| -> Vec<String> {
-        let mut cmd = Command::new("tshark");
-        cmd.env("HOME", dir.path())
-            .args(["-n", "-r"])
-            .arg(&file)
-            .args([
-                "-d",
-                "udp.port==6343,sflow",
-                "-Y",
-                filter,
-                "-T",
-                "fields",
-                "-E",
-                "separator=|",
-                "-E",
-                "aggregator=,",
-            ]);
-        for n in names {
-            cmd.args(["-e", n]);
-        }
-        let out = cmd.output().expect("tshark");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect()
-    };
+    sflow_pcap(&file, &dgs);
+    let fields = |filter: &str, names: &[&str]| sflow_fields(dir.path(), &file, filter, names);
     let agent = fields(
         "sflow",
         &[
@@ -555,7 +402,7 @@ fn tshark_decodes_our_sflow() {
 /// "failure", at the message after the one that carried the templates, and none after.
 #[test]
 fn many_flows_span_messages_in_sequence() {
-    if !tools() {
+    if !nfdump_or_skip() {
         return;
     }
     let dir = TempDir::new("export-seq");

@@ -218,6 +218,16 @@ impl LabDaemon {
     /// Writes `config_text` next to the control socket path and starts the daemon; returns when
     /// the control socket answers.
     pub fn start(dir: &Path, config_text: &str) -> anyhow::Result<LabDaemon> {
+        LabDaemon::start_within(dir, config_text, Duration::from_secs(10))
+    }
+
+    /// [`LabDaemon::start`], waiting up to `timeout` for the control socket (a daemon with
+    /// thousands of ports takes longer to start).
+    pub fn start_within(
+        dir: &Path,
+        config_text: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<LabDaemon> {
         std::fs::create_dir_all(dir)?;
         let config = dir.join("qswitch.toml");
         std::fs::write(&config, config_text)?;
@@ -240,7 +250,7 @@ impl LabDaemon {
             control,
             child: ChildGuard(Some(child)),
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + timeout;
         loop {
             if qswitch_api::client::call(&d.control, &Request::Ping).is_ok() {
                 return Ok(d);
@@ -250,8 +260,9 @@ impl LabDaemon {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "qswitch run did not answer on {} within 10 s",
-                    d.control.display()
+                    "qswitch run did not answer on {} within {} s",
+                    d.control.display(),
+                    timeout.as_secs()
                 );
             }
         }

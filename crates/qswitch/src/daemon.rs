@@ -181,6 +181,10 @@ pub fn run(path: &Path) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Err(msg) = open_file_limit(config.ports.len()) {
+        eprintln!("qswitch: {msg}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     keep_off_worker_cpus(&online, workers.cpus());
     match serve(start.persist, start.live, &text, &file, workers.cpus()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -193,6 +197,35 @@ pub fn run(path: &Path) -> ExitCode {
             }
         }
     }
+}
+
+/// Descriptors a port holds at the least: an idle vhost-user server port, its listening
+/// socket and two eventfds (a connected one, or a multi-queue TAP port, holds more).
+const FDS_PER_PORT: u64 = 3;
+/// Descriptors the daemon holds besides its ports (control and HTTP sockets, epolls,
+/// workers' eventfds, the state file, clients).
+const FDS_BASE: u64 = 256;
+
+/// Raises the soft open-file limit to the hard one (a service starts with 1024 under
+/// systemd: about 300 idle vhost-user ports) and refuses to start, in one line, when even
+/// that is below what `ports` ports need at the least.
+fn open_file_limit(ports: usize) -> Result<(), String> {
+    let need = FDS_BASE + FDS_PER_PORT * ports as u64;
+    let (soft, hard) = match qswitch_sys::rlimit::raise_nofile() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit (RLIMIT_NOFILE)");
+            qswitch_sys::rlimit::nofile().map_err(|e| format!("cannot read RLIMIT_NOFILE: {e}"))?
+        }
+    };
+    if soft < need {
+        return Err(format!(
+            "{ports} ports need at least {need} open files, but RLIMIT_NOFILE is {soft} \
+             (hard limit {hard}): raise it (LimitNOFILE= in the service unit, ulimit -Hn)"
+        ));
+    }
+    tracing::debug!(soft, hard, need, "open-file limit");
+    Ok(())
 }
 
 /// Confines this thread, and so every thread the daemon starts from here on (control,

@@ -13,12 +13,12 @@
 mod common;
 
 use std::net::UdpSocket;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::nfdump::{collected, nfcapd, nfdump_or_skip, Flow};
+use common::tshark::{sflow_fields, sflow_pcap};
 use common::{
-    counter, have_tool, qs_json, require, root_or_skip, sh_ok, wait_until, worker_cpus, ChildGuard,
+    counter, have_tool, qs_json, require, root_or_skip, sh_ok, wait_until, worker_cpus,
     DaemonChild, LinkGuard, Netns, TempDir,
 };
 use serde_json::Value;
@@ -162,10 +162,7 @@ impl Lab {
 
 fn tools() -> bool {
     root_or_skip()
-        && require(
-            have_tool("nfcapd", &["-V"]) && have_tool("nfdump", &["-V"]),
-            "nfdump not installed (apt-get install nfdump)",
-        )
+        && nfdump_or_skip()
         && require(have_tool("iperf3", &["-v"]), "iperf3 not installed")
         && require(have_tool("python3", &["-V"]), "python3 not installed")
         && require(have_tool("tshark", &["-v"]), "tshark not installed")
@@ -173,81 +170,6 @@ fn tools() -> bool {
 
 fn collector_port(n: u8) -> u16 {
     31_000 + (std::process::id() % 10_000) as u16 + u16::from(n)
-}
-
-/// nfcapd on 127.0.0.1:`port` writing into `dir`, scaling by `sampling` (its `-s`: nfdump
-/// 1.7.1 does not apply the sampling interval of an options record; docs/visibility.md).
-fn nfcapd(dir: &Path, port: u16, sampling: u32) -> ChildGuard {
-    std::fs::create_dir_all(dir).unwrap();
-    let child = Command::new("nfcapd")
-        .args(["-b", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-s", &sampling.to_string(), "-w"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nfcapd");
-    let guard = ChildGuard::new(child);
-    assert!(
-        wait_until(Duration::from_secs(10), || UdpSocket::bind((
-            "127.0.0.1",
-            port
-        ))
-        .is_err()),
-        "nfcapd did not bind 127.0.0.1:{port}"
-    );
-    guard
-}
-
-type Flow = (String, String, u16, u16, String, u64, u64);
-
-/// Stops nfcapd (SIGTERM: it writes its file out) and returns what `nfdump` reads from
-/// `dir`: (src, dst, sport, dport, proto, packets, bytes) per flow.
-fn collected(mut nfcapd: ChildGuard, port: u16, dir: &Path) -> Vec<Flow> {
-    assert!(
-        wait_until(Duration::from_secs(10), || rx_queue(port) == Some(0)),
-        "nfcapd did not read what was sent"
-    );
-    common::signal(nfcapd.pid(), "TERM");
-    assert!(
-        nfcapd.wait_timeout(Duration::from_secs(10)).is_some(),
-        "nfcapd did not stop"
-    );
-    let out = Command::new("nfdump")
-        .arg("-R")
-        .arg(dir)
-        .args(["-q", "-N", "-o", "fmt:%sa|%da|%sp|%dp|%pr|%pkt|%byt"])
-        .output()
-        .expect("nfdump");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "nfdump: {text}");
-    text.lines()
-        .filter(|l| l.contains('|'))
-        .map(|l| {
-            let c: Vec<&str> = l.split('|').map(str::trim).collect();
-            (
-                c[0].to_string(),
-                c[1].to_string(),
-                c[2].parse().unwrap_or(0),
-                c[3].parse().unwrap_or(0),
-                c[4].to_string(),
-                c[5].parse().unwrap_or_else(|_| panic!("packets in {l}")),
-                c[6].parse().unwrap_or_else(|_| panic!("bytes in {l}")),
-            )
-        })
-        .collect()
-}
-
-/// Bytes waiting in the receive queue of the UDP socket bound to 127.0.0.1:`port`.
-fn rx_queue(port: u16) -> Option<u64> {
-    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
-    let local = format!("0100007F:{port:04X}");
-    table.lines().skip(1).find_map(|l| {
-        let c: Vec<&str> = l.split_whitespace().collect();
-        (c.get(1) == Some(&local.as_str()))
-            .then(|| u64::from_str_radix(c.get(4)?.split(':').nth(1)?, 16).ok())
-            .flatten()
-    })
 }
 
 /// The packets and bytes of the flows from `src`:`sport` to `dst`:`dport` over `proto`.
@@ -337,56 +259,6 @@ fn ipfix_sampling_scales() {
     assert_eq!(b, p * 228, "{flows:?}");
 }
 
-/// Writes `datagrams` (UDP payloads to port 6343) into a pcap tshark can read.
-fn pcap(path: &Path, datagrams: &[Vec<u8>]) {
-    let mut f = Vec::new();
-    f.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-    f.extend_from_slice(&2u16.to_le_bytes());
-    f.extend_from_slice(&4u16.to_le_bytes());
-    f.extend_from_slice(&[0; 8]);
-    f.extend_from_slice(&65535u32.to_le_bytes());
-    f.extend_from_slice(&1u32.to_le_bytes()); // Ethernet
-    for d in datagrams {
-        let mut p = Vec::new();
-        p.extend_from_slice(&[0; 12]);
-        p.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
-        p.extend_from_slice(&((28 + d.len()) as u16).to_be_bytes());
-        p.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1]);
-        p.extend_from_slice(&50000u16.to_be_bytes());
-        p.extend_from_slice(&6343u16.to_be_bytes());
-        p.extend_from_slice(&((8 + d.len()) as u16).to_be_bytes());
-        p.extend_from_slice(&[0, 0]);
-        p.extend_from_slice(d);
-        f.extend_from_slice(&[0; 8]);
-        f.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        f.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        f.extend_from_slice(&p);
-    }
-    std::fs::write(path, f).unwrap();
-}
-
-fn tshark(dir: &Path, file: &Path, names: &[&str]) -> Vec<String> {
-    let mut cmd = Command::new("tshark");
-    cmd.env("HOME", dir)
-        .args(["-n", "-r"])
-        .arg(file)
-        .args(["-d", "udp.port==6343,sflow", "-Y", "sflow", "-T", "fields"])
-        .args(["-E", "separator=|", "-E", "aggregator=,"]);
-    for n in names {
-        cmd.args(["-e", n]);
-    }
-    let out = cmd.output().expect("tshark");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 /// sFlow at 1 in 1: tshark finds a flow sample for every datagram of the UDP stream (in
 /// port a, out port b, the addresses and ports from the first 128 bytes), and the counter
 /// samples of port a taken after the traffic agree with `qswitch stats`.
@@ -419,10 +291,11 @@ fn sflow_flow_and_counter_samples_in_tshark() {
     // Two polling intervals after the traffic settled: a counter sample of the final counts.
     recv(&mut got, Duration::from_millis(2500));
     let file = lab.dir.join("sflow.pcap");
-    pcap(&file, &got);
-    let flows = tshark(
+    sflow_pcap(&file, &got);
+    let flows = sflow_fields(
         lab.dir.path(),
         &file,
+        "sflow",
         &[
             "sflow.flow_sample.input_interface",
             "sflow.flow_sample.output_interface_value",
@@ -449,9 +322,10 @@ fn sflow_flow_and_counter_samples_in_tshark() {
         })
         .sum();
     assert_eq!(stream, 200, "{flows:?}");
-    let counters = tshark(
+    let counters = sflow_fields(
         lab.dir.path(),
         &file,
+        "sflow",
         &[
             "sflow_245.ifindex",
             "sflow_245.ifinoct",

@@ -19,90 +19,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{
-    drops, have_tool, qs, qs_json, root_or_skip, sh_ok, skip, wait_until, worker_cpus, ChildGuard,
-    DaemonChild, LinkGuard, Netns, TempDir,
-};
+use common::lldpd::{lldpd_or_skip, Lldpd};
+use common::{drops, qs, qs_json, wait_until, worker_cpus, DaemonChild, TempDir};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// A namespace with lldpd on `eth0`, the other end of veth `ifname` in the root namespace.
-struct Peer {
-    ns: Netns,
-    ctl: String,
-    name: String,
-    _lldpd: ChildGuard,
-    _link: LinkGuard,
-}
-
-impl Peer {
-    fn new(dir: &TempDir, tag: &str, ifname: &str, addr: &str) -> Peer {
-        let pid = std::process::id();
-        let ns = Netns::new(&format!("qs-lldp{tag}-{pid}"));
-        sh_ok(&[
-            "ip", "link", "add", ifname, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
-        ]);
-        let link = LinkGuard(ifname.to_string());
-        sh_ok(&[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{ifname}.disable_ipv6=1"),
-        ]);
-        ns.sysctl("net.ipv6.conf.eth0.disable_ipv6", "1");
-        ns.ok(&["ip", "addr", "add", addr, "dev", "eth0"]);
-        ns.ok(&["ip", "link", "set", "dev", "eth0", "up"]);
-        // Up before the daemon takes it, so its first LLDPDU finds a carrier.
-        sh_ok(&["ip", "link", "set", "dev", ifname, "up"]);
-        let ctl = dir
-            .join(&format!("lldpd-{tag}.ctl"))
-            .to_str()
-            .expect("utf-8 path")
-            .to_string();
-        let name = format!("lldp-{tag}-{pid}");
-        let lldpd = ns.spawn(
-            &[
-                "lldpd",
-                "-d",
-                "-u",
-                &ctl,
-                "-I",
-                "eth0",
-                "-S",
-                "lldpd test peer",
-            ],
-            &dir.join(&format!("lldpd-{tag}.log")),
-        );
-        let peer = Peer {
-            ns,
-            ctl,
-            name,
-            _lldpd: lldpd,
-            _link: link,
-        };
-        assert!(
-            wait_until(WAIT, || peer.cli(&["show", "configuration"]).ok()),
-            "lldpd did not start: {}",
-            std::fs::read_to_string(dir.join(&format!("lldpd-{tag}.log"))).unwrap_or_default()
-        );
-        assert!(peer
-            .cli(&["configure", "system", "hostname", &peer.name])
-            .ok());
-        assert!(peer.cli(&["configure", "lldp", "tx-interval", "1"]).ok());
-        peer
-    }
-
-    fn cli(&self, args: &[&str]) -> common::Out {
-        let mut all = vec!["lldpcli", "-u", &self.ctl];
-        all.extend_from_slice(args);
-        self.ns.run(&all)
-    }
-
-    /// `lldpcli -f keyvalue show neighbors`.
-    fn neighbors(&self) -> String {
-        self.cli(&["-f", "keyvalue", "show", "neighbors"]).stdout
-    }
-}
 
 fn lldp(control: &std::path::Path, port: Option<&str>) -> Vec<Value> {
     let mut args = vec!["lldp", "--json"];
@@ -130,22 +51,16 @@ fn metrics(addr: &str) -> String {
 
 #[test]
 fn lldp_with_lldpd_both_ways_aging_and_off() {
-    if !root_or_skip() {
+    if !lldpd_or_skip() {
         return;
-    }
-    for tool in ["lldpd", "lldpcli"] {
-        if !have_tool(tool, &["-v"]) {
-            skip(&format!("needs {tool} (Debian package lldpd)"));
-            return;
-        }
     }
     let pid = std::process::id();
     let dir = TempDir::new("lldp");
     let up_if = format!("ql{}u", pid % 1_000_000);
     let quiet_if = format!("ql{}q", pid % 1_000_000);
     let n = pid % 200 + 20;
-    let up = Peer::new(&dir, "u", &up_if, &format!("10.203.{n}.2/24"));
-    let quiet = Peer::new(&dir, "q", &quiet_if, &format!("10.204.{n}.2/24"));
+    let up = Lldpd::start(&dir, "u", &up_if, Some(&format!("10.203.{n}.2/24")));
+    let quiet = Lldpd::start(&dir, "q", &quiet_if, Some(&format!("10.204.{n}.2/24")));
 
     let control = dir.join("control.sock");
     let http = {
@@ -297,22 +212,16 @@ fn lldp_with_lldpd_both_ways_aging_and_off() {
 /// per member as `BOND/IFNAME`, each with its own lldpd; `/metrics` counts them.
 #[test]
 fn lldp_on_bond_members_with_lldpd() {
-    if !root_or_skip() {
+    if !lldpd_or_skip() {
         return;
-    }
-    for tool in ["lldpd", "lldpcli"] {
-        if !have_tool(tool, &["-v"]) {
-            skip(&format!("needs {tool} (Debian package lldpd)"));
-            return;
-        }
     }
     let pid = std::process::id();
     let dir = TempDir::new("lldp-bond");
     let if0 = format!("qb{}a", pid % 1_000_000);
     let if1 = format!("qb{}b", pid % 1_000_000);
     let n = pid % 200 + 20;
-    let peer0 = Peer::new(&dir, "ba", &if0, &format!("10.205.{n}.2/24"));
-    let peer1 = Peer::new(&dir, "bb", &if1, &format!("10.206.{n}.2/24"));
+    let peer0 = Lldpd::start(&dir, "ba", &if0, Some(&format!("10.205.{n}.2/24")));
+    let peer1 = Lldpd::start(&dir, "bb", &if1, Some(&format!("10.206.{n}.2/24")));
 
     let control = dir.join("control.sock");
     let http = {

@@ -34,6 +34,8 @@
 //!   addresses, never-fragment, transmit checksum on/off, route MTU.
 //! - [`packet`]: AF_PACKET sockets (a `TPACKET_V2` receive ring, `sendmmsg` with
 //!   `PACKET_QDISC_BYPASS`) and promiscuous mode held by a socket.
+//! - [`rlimit`]: the open-file limit (`RLIMIT_NOFILE`): read it, raise the soft limit to
+//!   the hard one.
 //! - [`rtnl`]: rtnetlink: an interface's IPv6 address generation mode, flushing its
 //!   addresses.
 //! - [`thread`]: CPU pinning, online CPU list, thread id, per-thread context switches and
@@ -68,6 +70,7 @@ pub mod netif;
 pub mod netns;
 pub mod packet;
 pub mod placed;
+pub mod rlimit;
 pub mod rtnl;
 pub mod tap;
 pub mod thread;

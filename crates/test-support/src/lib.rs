@@ -9,6 +9,9 @@
 //! - [`guest`]: small QEMU/Linux guests with one virtio-net NIC (built by
 //!   `tests/guest/build.sh`), for the vhost-user tests.
 //! - [`frames`]: Ethernet/IPv4/TCP/UDP frame builders and checksum checks.
+//! - Real peers and collectors, one module per tool: [`lldpd`] (an LLDP partner in a
+//!   namespace), [`ovs`] (Open vSwitch's userspace datapath as a LACP partner), [`nfdump`]
+//!   (`nfcapd` + `nfdump` as the IPFIX collector), [`tshark`] (sFlow in a pcap, decoded).
 //!
 //! Everything cleans up after itself on drop (also when a test panics), and no wait is
 //! unbounded.
@@ -16,7 +19,11 @@
 pub mod frames;
 pub mod guest;
 pub mod harness;
+pub mod lldpd;
+pub mod nfdump;
+pub mod ovs;
 pub mod skip;
+pub mod tshark;
 
 pub use harness::*;
 pub use skip::{cpus_or_skip, have_tool, is_root, online_cpus, require, root_or_skip, skip};

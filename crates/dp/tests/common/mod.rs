@@ -87,3 +87,35 @@ pub fn numbered(dst: [u8; 6], src: [u8; 6], seq: u64) -> Vec<u8> {
 pub fn seq_of(f: &[u8]) -> u64 {
     u64::from_be_bytes(f[14..22].try_into().expect("8 bytes"))
 }
+
+/// A bond port `name` (`mode`, LACP `lacp` at `rate`, no up/down delay) of AF_PACKET
+/// members on the interfaces `ifnames`, as the bond tests against real links build it.
+pub fn packet_bond(
+    name: &str,
+    mode: qswitch_api::BondMode,
+    lacp: qswitch_api::LacpMode,
+    rate: qswitch_api::LacpRate,
+    ifnames: &[String],
+) -> qswitch_api::PortConfig {
+    qswitch_api::PortConfig::new(
+        name,
+        qswitch_api::PortKind::Bond(qswitch_api::BondConfig {
+            mode,
+            lacp,
+            lacp_rate: rate,
+            members: ifnames
+                .iter()
+                .map(|i| qswitch_api::BondMember {
+                    kind: qswitch_api::PortType::Afxdp,
+                    ifname: i.parse().unwrap(),
+                    mode: Some(qswitch_api::XdpMode::Packet.into()),
+                    queues: None,
+                    fastpath: None,
+                })
+                .collect(),
+            updelay: 0,
+            downdelay: 0,
+            lacp_fallback: false,
+        }),
+    )
+}

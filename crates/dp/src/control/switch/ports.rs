@@ -229,6 +229,11 @@ impl Switch {
         let table = self.shared.ports.load_full();
         let mut new_table = (*table).clone();
         let mut ids = Vec::with_capacity(configs.len());
+        // Refused before any device is opened: thousands of sockets bound and closed again.
+        if new_table.iter().flatten().count() + configs.len() > MAX_PORTS {
+            return Err(SwitchError::Full);
+        }
+        let mut taken = Taken::of(&new_table);
         for config in configs {
             for w in &ctl.waiting {
                 if w.name == config.name {
@@ -245,7 +250,7 @@ impl Switch {
                     });
                 }
             }
-            let id = self.prepare(&new_table, config)?;
+            let id = self.prepare(&new_table, &taken, config)?;
             if let Some(group) = config
                 .security_groups
                 .iter()
@@ -277,6 +282,7 @@ impl Switch {
                 _ => config,
             };
             new_table[slot] = Some(self.entry(id, config, dev));
+            taken.hold(config);
             ids.push(id);
         }
         qos::ops::admit(&new_table, self.shared.qos.reservable, None, None)
@@ -301,38 +307,16 @@ impl Switch {
         Ok(ids)
     }
 
-    /// Checks that `config` can join `table` and returns the id it gets.
-    fn prepare(&self, table: &PortTable, config: &PortConfig) -> Result<PortId, SwitchError> {
+    /// Checks that `config` can join `table`, whose ports hold what `taken` lists, and
+    /// returns the id it gets.
+    fn prepare(
+        &self,
+        table: &PortTable,
+        taken: &Taken,
+        config: &PortConfig,
+    ) -> Result<PortId, SwitchError> {
         config.validate()?;
-        for p in table.iter().flatten() {
-            if p.config.name == config.name {
-                return Err(SwitchError::PortExists(config.name.clone()));
-            }
-            if let Some(ifname) = config
-                .ifnames()
-                .into_iter()
-                .find(|i| p.config.ifnames().contains(i))
-            {
-                return Err(SwitchError::IfnameInUse {
-                    ifname: ifname.to_string(),
-                    port: p.config.name.clone(),
-                });
-            }
-            // The file names first: comparing whole paths component by component for each
-            // of a thousand ports was a visible part of `port add` at that scale.
-            let same_socket = |s: &&qswitch_api::SocketPath| {
-                p.config.socket().is_some_and(|o| {
-                    let (a, b): (&std::path::Path, &std::path::Path) = (o.as_ref(), s.as_ref());
-                    a.file_name() == b.file_name() && a == b
-                })
-            };
-            if let Some(socket) = config.socket().filter(same_socket) {
-                return Err(SwitchError::SocketInUse {
-                    socket: socket.to_string(),
-                    port: p.config.name.clone(),
-                });
-            }
-        }
+        taken.check(config)?;
         let slot = table
             .iter()
             .position(Option::is_none)
@@ -374,7 +358,7 @@ impl Switch {
             kind: PortConfig::gen(&config.name).kind,
             ..config.clone()
         };
-        let id = self.prepare(&table, &config)?;
+        let id = self.prepare(&table, &Taken::of(&table), &config)?;
         let port = Arc::new(crate::port::inject::InjectPort::new());
         let slot = usize::from(id.0);
         if slot == table.len() {
@@ -864,5 +848,91 @@ fn waits_for(config: &PortConfig) -> Option<&str> {
         PortKind::Veth(v) => Some(v.ifname.as_str()),
         PortKind::AfXdp(a) => Some(a.ifname.as_str()),
         _ => None,
+    }
+}
+
+/// What the ports of a table hold that no other port may share: names, interfaces and
+/// vhost-user sockets, each with the port holding it. Made once per batch of adds, so that
+/// adding N ports at start-up is O(N): a scan of the table per added port made 4096
+/// vhost-user ports take minutes to start.
+#[derive(Default)]
+struct Taken {
+    names: std::collections::HashSet<String>,
+    ifnames: std::collections::HashMap<String, String>,
+    sockets: std::collections::HashMap<std::path::PathBuf, String>,
+}
+
+impl Taken {
+    fn of(table: &PortTable) -> Taken {
+        let mut t = Taken::default();
+        for p in table.iter().flatten() {
+            t.hold(&p.config);
+        }
+        t
+    }
+
+    fn hold(&mut self, c: &PortConfig) {
+        self.names.insert(c.name.clone());
+        for i in c.ifnames() {
+            self.ifnames.insert(i.to_string(), c.name.clone());
+        }
+        if let Some(s) = c.socket() {
+            let path: &std::path::Path = s.as_ref();
+            self.sockets.insert(path.to_path_buf(), c.name.clone());
+        }
+    }
+
+    fn check(&self, config: &PortConfig) -> Result<(), SwitchError> {
+        if self.names.contains(&config.name) {
+            return Err(SwitchError::PortExists(config.name.clone()));
+        }
+        for i in config.ifnames() {
+            if let Some(port) = self.ifnames.get(&i.to_string()) {
+                return Err(SwitchError::IfnameInUse {
+                    ifname: i.to_string(),
+                    port: port.clone(),
+                });
+            }
+        }
+        if let Some(socket) = config.socket() {
+            let path: &std::path::Path = socket.as_ref();
+            if let Some(port) = self.sockets.get(path) {
+                return Err(SwitchError::SocketInUse {
+                    socket: socket.to_string(),
+                    port: port.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qswitch_api::VhostMode;
+
+    #[test]
+    fn taken_names_interfaces_and_sockets_with_their_holder() {
+        let mut t = Taken::default();
+        let sock = |p: &str| p.parse().unwrap();
+        t.hold(&PortConfig::gen("g"));
+        t.hold(&PortConfig::tap("t", "qtap0".parse().unwrap()));
+        t.hold(&PortConfig::vhost_user(
+            "v",
+            sock("/run/q/v.sock"),
+            VhostMode::Server,
+        ));
+        assert!(t.check(&PortConfig::gen("h")).is_ok());
+        let err = |c: &PortConfig| t.check(c).unwrap_err().to_string();
+        assert_eq!(err(&PortConfig::gen("g")), "port 'g' already exists");
+        assert!(err(&PortConfig::tap("u", "qtap0".parse().unwrap())).contains("'t'"));
+        let other = PortConfig::vhost_user("w", sock("/run/q/v.sock"), VhostMode::Server);
+        assert_eq!(
+            err(&other),
+            "socket '/run/q/v.sock' is already used by port 'v'"
+        );
+        let elsewhere = PortConfig::vhost_user("w", sock("/run/r/v.sock"), VhostMode::Server);
+        assert!(t.check(&elsewhere).is_ok());
     }
 }
