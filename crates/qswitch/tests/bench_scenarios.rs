@@ -13,6 +13,14 @@ use std::time::Duration;
 use common::*;
 use serde_json::Value;
 
+/// The pvp tests each start OVS-DPDK, testpmd and the DPDK load pinned to CPUs 0 and 1: one
+/// at a time (the test harness runs tests of this file on two threads).
+static PVP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn pvp_alone() -> std::sync::MutexGuard<'static, ()> {
+    PVP.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn load_generator_on_loopback() {
     let addr = qswitch_test_support::free_tcp_addr();
@@ -323,6 +331,7 @@ fn pvp_compares_with_ovs_and_testpmd_io_under_both_loads() {
     if !root_or_skip() || !cpus_or_skip(2) {
         return;
     }
+    let _alone = pvp_alone();
     let dir = TempDir::new("bench-pvp");
     let log = dir.join("pvp.out");
     let child = Command::new(QSWITCH)
@@ -398,6 +407,7 @@ fn pvp_firewall_contenders_new_flows_and_flows() {
     if !root_or_skip() || !cpus_or_skip(2) {
         return;
     }
+    let _alone = pvp_alone();
     let dir = TempDir::new("bench-pvp-fw");
     let run = |extra: &[&str], name: &str| -> (String, Value, u32) {
         let log = dir.join(&format!("{name}.out"));

@@ -1943,8 +1943,14 @@ impl OvsSwitch {
             Duration::from_secs(15),
         )
         .map_err(|e| e.context(log_tail(&dir, "ovs-vswitchd.log")))?;
-        if ovs.pmd_tid().is_none() {
-            bail!("no PMD thread in ovs-vswitchd after adding the ports");
+        // ovs-vswitchd starts its PMD thread after the transaction that added the ports
+        // has committed; on a busy machine that can be a moment after ovs-vsctl returns.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ovs.pmd_tid().is_none() {
+            if Instant::now() > deadline {
+                bail!("no PMD thread in ovs-vswitchd within 10 s of adding the ports");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         Ok(ovs)
     }
