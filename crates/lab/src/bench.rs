@@ -111,6 +111,10 @@ pub struct BenchArgs {
     /// connections per second; 64 B with one pool only, connection tables sized for it.
     #[arg(long, conflicts_with = "flows")]
     pub new_flows: bool,
+    /// pvp (with --firewall): the connection tables' size (qswitch's `max_sessions`, OVS's
+    /// `ct-set-maxconns`); default 1 Mi, 16 Mi with --new-flows.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_sessions: Option<u32>,
 }
 
 /// The load of `bench pvp`.
@@ -255,6 +259,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 args.flows.is_some() && scenario.name != "fw-scale",
             ),
             ("--new-flows", args.new_flows),
+            ("--max-sessions", args.max_sessions.is_some()),
             ("--firewall", args.firewall && scenario.name != "fw-scale"),
         ];
         if let Some((opt, _)) = pvp_only.iter().find(|(_, set)| *set) {
@@ -262,6 +267,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     } else if (args.flows.is_some() || args.new_flows) && args.load != Load::Dpdk {
         bail!("--flows and --new-flows need the DPDK load (--load dpdk)");
+    } else if args.max_sessions.is_some() && !args.firewall {
+        bail!("--max-sessions: only with --firewall (it sizes the firewall contenders' tables)");
     }
     netns::require_root(&format!("qswitch bench {}", scenario.name))?;
     let bench = Bench::new(args)?;

@@ -1109,7 +1109,11 @@ struct FwSettings {
 /// holds a whole run: a 5 s run at 2 Mpps makes 14 M).
 fn fw_settings(b: &Bench) -> Option<FwSettings> {
     b.args.firewall.then(|| FwSettings {
-        max_sessions: if b.args.new_flows { 1 << 24 } else { 1 << 20 },
+        max_sessions: b.args.max_sessions.unwrap_or(if b.args.new_flows {
+            1 << 24
+        } else {
+            1 << 20
+        }),
         udp_unreplied: b.args.new_flows.then_some(2),
     })
 }
