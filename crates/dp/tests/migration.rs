@@ -175,7 +175,19 @@ fn start_logging(d: &mut Driver) -> (std::fs::File, usize) {
 
 #[test]
 fn dirty_log_marks_exactly_the_pages_written() {
-    let dir = TestDir::new("log_exact");
+    log_marks_exactly("log_exact", false);
+}
+
+/// The same with long unicast frames (those a one-copy path, issue 30 item 3, would copy
+/// from p2's transmit buffers straight into p1's receive buffers: they must be marked all
+/// the same).
+#[test]
+fn dirty_log_marks_exactly_the_pages_long_unicast_frames_write() {
+    log_marks_exactly("log_one_copy", true);
+}
+
+fn log_marks_exactly(name: &str, unicast: bool) {
+    let dir = TestDir::new(name);
     let sw = switch();
     let s1 = add_server(&sw, &dir, "p1");
     let s2 = add_server(&sw, &dir, "p2");
@@ -189,13 +201,19 @@ fn dirty_log_marks_exactly_the_pages_written() {
         port_info(&sw, "p1").dirty_log == Some(true)
     });
     assert_eq!(port_info(&sw, "p2").dirty_log, Some(false));
+    if unicast {
+        // p1's MAC learned, so p2's frames to it are unicast.
+        send(&mut d1, &frame(BCAST, mac(1), 0, 60));
+        assert!(got_from(&mut d2, mac(1), WAIT));
+    }
     // Let the workers settle (they may arm the rings, writing the used rings' event index).
     std::thread::sleep(Duration::from_millis(100));
     let before = snapshot(&d1);
     let log_before = read_log(&log, len);
     const N: u8 = 20;
+    let (dst, min) = if unicast { (mac(1), 300) } else { (BCAST, 60) };
     for i in 0..N {
-        send(&mut d2, &frame(BCAST, mac(2), i, 60 + 90 * usize::from(i)));
+        send(&mut d2, &frame(dst, mac(2), i, min + 90 * usize::from(i)));
     }
     wait_until("frames delivered to p1", || {
         port_stats(&sw, "p1").tx_packets >= u64::from(N)

@@ -4,7 +4,8 @@
 //!
 //! - Negotiation: `port list` shows the connection, the negotiated features and the
 //!   enabled queue pairs.
-//! - Frames cross between two drivers intact and in order, both ways.
+//! - Frames cross between two drivers intact and in order, both ways; into a full receive
+//!   ring they are exact `tx_full` drops and the sender gets every transmit buffer back.
 //! - vRSS: flows spread over the enabled receive pairs only, a flow always on one pair.
 //! - MRG_RXBUF: a 9000-byte frame over 2048-byte buffers, with all its used entries published
 //!   at once.
@@ -579,6 +580,59 @@ fn frames_cross_intact_and_in_order() {
         st_a.drops,
         st_b.drops
     );
+    a.close();
+    b.close();
+    sw.shutdown();
+}
+
+/// Long unicast frames into a full receive ring (what a one-copy path, issue 30 item 3,
+/// must keep: docs/architecture.md): with B's receive ring full the rest count as B's
+/// `tx_full` drops, A still gets every transmit buffer back (its 16-entry ring carries 64
+/// frames), and the counters are exact; the frames that fitted arrive intact and in order.
+#[test]
+fn a_full_receive_ring_drops_exactly_and_returns_every_transmit_buffer() {
+    let dir = TestDir::new("one_copy");
+    let sw = switch(1);
+    let (ma, mb) = (mac(0xa), mac(0xb));
+    let sa = add_server(&sw, &dir, "a");
+    let sb = add_server(&sw, &dir, "b");
+    let small = DriverOptions {
+        queue_size: 16,
+        ..opts()
+    };
+    let mut a = connect(&sa, small.clone());
+    let mut b = connect(&sb, small);
+    // b is learned first, so a's frames are unicast.
+    let hello = l2_frame(ma, mb, 0, 60);
+    assert_eq!(
+        transfer(&mut b, &mut a, mb, std::slice::from_ref(&hello)),
+        vec![hello]
+    );
+    let frames: Vec<Vec<u8>> = (0..64).map(|i| l2_frame(mb, ma, i, 1514)).collect();
+    // b reads nothing: its 16 receive buffers take the first 16 frames.
+    for f in &frames {
+        send_plain(&mut a, f);
+    }
+    wait_until("every frame delivered or dropped", || {
+        let st = port_stats(&sw, "b");
+        st.tx_packets + drops_of(&sw, "b", "tx_full") == 64
+    });
+    let (st_a, st_b) = (port_stats(&sw, "a"), port_stats(&sw, "b"));
+    assert_eq!(st_a.rx_packets, 64);
+    assert_eq!(st_a.rx_bytes, 64 * 1514);
+    assert_eq!(st_b.tx_packets, 16);
+    assert_eq!(st_b.tx_bytes, 16 * 1514);
+    assert_eq!(drops_of(&sw, "b", "tx_full"), 48);
+    assert!(st_a.drops.is_empty(), "{:?}", st_a.drops);
+    for (i, f) in frames[..16].iter().enumerate() {
+        let (_, got) = recv_from(&mut b, 0, ma);
+        assert!(got == *f, "frame {i} differs");
+    }
+    assert!(!frame_from_within(&mut b, 0, ma, Duration::from_millis(50)));
+    // Refilled, b receives again (fewer frames than its ring holds).
+    let more: Vec<Vec<u8>> = (64..72).map(|i| l2_frame(mb, ma, i, 1000)).collect();
+    assert_eq!(transfer(&mut a, &mut b, ma, &more), more);
+    assert_eq!(drops_of(&sw, "b", "tx_full"), 48);
     a.close();
     b.close();
     sw.shutdown();
