@@ -31,7 +31,8 @@ fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
     f
 }
 
-/// A 60-byte IPv4/UDP frame of flow `flow` (its UDP source port), as qsload sends.
+/// A 60-byte IPv4/UDP frame of flow `flow` (its UDP source port), as qsload sends: the IPFIX
+/// and firewall cases' frames.
 fn udp_frame(dst: [u8; 6], src: [u8; 6], flow: u16) -> Vec<u8> {
     let mut f = frame(dst, src);
     // IPv4: version 4, header 20 bytes, total length 46, TTL 64, UDP, 10.0.0.1 -> 10.0.0.2.
@@ -117,17 +118,6 @@ fn bench(c: &mut Criterion) {
 /// Flows of `unicast_fw50`.
 const FLOWS: u16 = 10_000;
 
-/// A UDP frame of flow `flow` from a (10.0.0.1) to b (10.0.0.2).
-fn udp(dst: [u8; 6], src: [u8; 6], flow: u16) -> Vec<u8> {
-    let mut f = frame(dst, src);
-    f[14..34].copy_from_slice(&[
-        0x45, 0, 0, 46, 0, 1, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-    ]);
-    f[34..36].copy_from_slice(&(10_000 + flow).to_be_bytes());
-    f[36..42].copy_from_slice(&[0, 53, 0, 26, 0, 0]);
-    f
-}
-
 fn firewall_case(group: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>) {
     let mut rules = String::new();
     for direction in ["egress", "ingress"] {
@@ -158,12 +148,12 @@ fn firewall_case(group: &mut criterion::BenchmarkGroup<criterion::measurement::W
     let (ma, mb) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
     let mut now = 0;
     // b is known (its frame opens a connection of its own).
-    b.inject(&udp(ma, mb, FLOWS));
+    b.inject(&udp_frame(ma, mb, FLOWS));
     while b.pending() > 0 {
         now += 1_000;
         sw.poll_once(now);
     }
-    let frames: Vec<Vec<u8>> = (0..FLOWS).map(|i| udp(mb, ma, i)).collect();
+    let frames: Vec<Vec<u8>> = (0..FLOWS).map(|i| udp_frame(mb, ma, i)).collect();
     let mut next = 0usize;
     group.bench_function("unicast_fw50", |bench| {
         bench.iter(|| {

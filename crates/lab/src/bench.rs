@@ -56,6 +56,7 @@ mod scale;
 mod soak;
 mod txn;
 mod uplink;
+mod wire;
 
 /// Arguments of `qswitch bench`.
 #[derive(clap::Args, Debug)]
@@ -371,6 +372,51 @@ pub struct IperfMetrics {
     /// Over the whole run, qswitch only: busy % per worker, context switches/s.
     pub worker_busy_pct: Option<Vec<f64>>,
     pub ctx_switches_ps: Option<f64>,
+}
+
+impl Sample {
+    /// One second of an iperf3 run: its interval's end, Gbit/s and retransmits (all streams),
+    /// and `tick` when the second was sampled: the machine's busy CPUs and, with a daemon in
+    /// the path, its rates over the second.
+    fn new(
+        t_s: f64,
+        gbps: f64,
+        retransmits: Option<u64>,
+        tick: Option<(f64, Option<&Rates>)>,
+    ) -> Sample {
+        let rates = tick.and_then(|t| t.1);
+        Sample {
+            t_s,
+            gbps,
+            retransmits,
+            busy_cpus: tick.map(|t| t.0),
+            worker_busy_pct: rates.map(|r| r.workers.iter().map(|w| w.busy_pct).collect()),
+            worker_cpu_pct: rates.map(|r| r.workers.iter().map(|w| w.cpu_pct).collect()),
+            ctx_switches_ps: rates.map(|r| r.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+        }
+    }
+}
+
+impl IperfMetrics {
+    /// A run's figures; `totals`: the daemon's rates over the whole run, with a daemon in the
+    /// path.
+    fn new(
+        gbps: f64,
+        retransmits: u64,
+        busy_cpus: f64,
+        idle_busy_cpus: f64,
+        totals: Option<&Rates>,
+    ) -> IperfMetrics {
+        IperfMetrics {
+            gbps,
+            retransmits,
+            busy_cpus,
+            idle_busy_cpus,
+            cpu_per_gbps: busy_cpus / gbps,
+            worker_busy_pct: totals.map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
+            ctx_switches_ps: totals.map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
+        }
+    }
 }
 
 /// One run of one contender: [`IperfMetrics`] and a [`Sample`] per second.
@@ -728,36 +774,25 @@ pub fn iperf_run_with(
         .enumerate()
         .map(|(i, iv)| {
             let sum = &iv["sum"];
-            let tick = ticks.get(i);
-            let rates = tick.and_then(|t| t.1.as_ref());
-            Sample {
-                t_s: sum["end"].as_f64().unwrap_or(i as f64 + 1.0),
-                gbps: sum["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9,
-                retransmits: sum["retransmits"].as_u64(),
-                busy_cpus: tick.map(|t| t.0),
-                worker_busy_pct: rates.map(|r| r.workers.iter().map(|w| w.busy_pct).collect()),
-                worker_cpu_pct: rates.map(|r| r.workers.iter().map(|w| w.cpu_pct).collect()),
-                ctx_switches_ps: rates.map(|r| r.workers.iter().map(|w| w.ctx_switches_ps).sum()),
-            }
+            Sample::new(
+                sum["end"].as_f64().unwrap_or(i as f64 + 1.0),
+                sum["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9,
+                sum["retransmits"].as_u64(),
+                ticks.get(i).map(|t| (t.0, t.1.as_ref())),
+            )
         })
         .collect();
     Ok(Run {
         contender: contender.to_string(),
         round,
         seq,
-        metrics: IperfMetrics {
+        metrics: IperfMetrics::new(
             gbps,
             retransmits,
             busy_cpus,
             idle_busy_cpus,
-            cpu_per_gbps: busy_cpus / gbps,
-            worker_busy_pct: totals
-                .as_ref()
-                .map(|t| t.workers.iter().map(|w| w.busy_pct).collect()),
-            ctx_switches_ps: totals
-                .as_ref()
-                .map(|t| t.workers.iter().map(|w| w.ctx_switches_ps).sum()),
-        },
+            totals.as_ref(),
+        ),
         samples,
     })
 }

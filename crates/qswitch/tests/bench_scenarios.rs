@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -86,6 +87,52 @@ fn namespaces() -> String {
     sh(&["ip", "netns", "list"]).stdout
 }
 
+/// A finished `qswitch bench` run: what it printed, its JSON report and SVG, and its pid
+/// (the suffix of the namespaces and interfaces it made).
+struct BenchRun {
+    stdout: String,
+    json: Value,
+    svg: String,
+    pid: u32,
+}
+
+/// Runs `qswitch bench ARGS --out OUT` (`ARGS[0]` the scenario; its stdout in
+/// `OUT/SCENARIO.out`) for up to `timeout`, and checks what every run must do: exit 0
+/// without a panic, and write `OUT/SCENARIO.json` and an SVG `OUT/SCENARIO.svg`.
+fn run_bench(args: &[&str], out: &Path, timeout: Duration) -> BenchRun {
+    let scenario = args[0];
+    std::fs::create_dir_all(out).unwrap();
+    let log = out.join(format!("{scenario}.out"));
+    let child = Command::new(QSWITCH)
+        .arg("bench")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard::new(child);
+    let pid = child.pid();
+    let status = child.wait_timeout(timeout);
+    let stdout = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{scenario}: {status:?} {stdout}"
+    );
+    assert!(!stdout.contains("panicked"), "{stdout}");
+    let text = std::fs::read_to_string(out.join(format!("{scenario}.json"))).unwrap();
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let svg = std::fs::read_to_string(out.join(format!("{scenario}.svg"))).unwrap();
+    assert!(svg.starts_with("<svg"), "{scenario}");
+    BenchRun {
+        stdout,
+        json,
+        svg,
+        pid,
+    }
+}
+
 #[test]
 fn bypass_affinity_multiqueue_tap_tcp_write_results() {
     if !root_or_skip() || !cpus_or_skip(2) {
@@ -98,28 +145,14 @@ fn bypass_affinity_multiqueue_tap_tcp_write_results() {
         ("multiqueue", 2, &[]),
         ("tap-tcp", 5, &["--queues", "2", "--streams", "2"]),
     ] {
-        let log = dir.join(&format!("{scenario}.out"));
-        let child = Command::new(QSWITCH)
-            .args(["bench", scenario, "--runs", "1", "--seconds", "2"])
-            .args(extra)
-            .arg("--out")
-            .arg(dir.path())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut child = ChildGuard::new(child);
-        let pid = child.pid();
-        let status = child.wait_timeout(Duration::from_secs(180));
-        let stdout = std::fs::read_to_string(&log).unwrap();
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "{scenario}: {status:?} {stdout}"
-        );
-        assert!(!stdout.contains("panicked"), "{stdout}");
+        let args = [&[scenario, "--runs", "1", "--seconds", "2"][..], extra].concat();
+        let BenchRun {
+            stdout,
+            json,
+            svg,
+            pid,
+        } = run_bench(&args, dir.path(), Duration::from_secs(180));
         assert!(stdout.contains(&format!("RESULT {scenario} ")), "{stdout}");
-        let text = std::fs::read_to_string(dir.join(&format!("{scenario}.json"))).unwrap();
-        let json: Value = serde_json::from_str(&text).unwrap();
         let runs = json["runs"].as_array().unwrap();
         assert_eq!(runs.len(), contenders, "{scenario}");
         assert!(
@@ -128,11 +161,7 @@ fn bypass_affinity_multiqueue_tap_tcp_write_results() {
             "{scenario}"
         );
         assert_eq!(json["summary"].as_array().unwrap().len(), contenders);
-        let svg = std::fs::read_to_string(dir.join(&format!("{scenario}.svg"))).unwrap();
-        assert!(
-            svg.starts_with("<svg") && !svg.contains("NaN"),
-            "{scenario}"
-        );
+        assert!(!svg.contains("NaN"), "{scenario}");
         let left = namespaces_of(pid);
         assert!(left.is_empty(), "{scenario} left namespaces {left:?}");
     }
@@ -190,28 +219,26 @@ fn uplink_native_and_bridge_write_results() {
         return;
     }
     let dir = TempDir::new("bench-uplink");
-    let log = dir.join("uplink.out");
-    let child = Command::new(QSWITCH)
-        .args(["bench", "uplink", "--runs", "1", "--seconds", "2"])
-        .args(["--only", "native-,bridge-", "--out"])
-        .arg(dir.path())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard::new(child);
-    let pid = child.pid();
-    let status = child.wait_timeout(Duration::from_secs(240));
-    let stdout = std::fs::read_to_string(&log).unwrap();
-    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
-    assert!(!stdout.contains("panicked"), "{stdout}");
+    let BenchRun {
+        stdout, json, pid, ..
+    } = run_bench(
+        &[
+            "uplink",
+            "--runs",
+            "1",
+            "--seconds",
+            "2",
+            "--only",
+            "native-,bridge-",
+        ],
+        dir.path(),
+        Duration::from_secs(240),
+    );
     assert!(
         stdout.contains("RESULT uplink qswitch-native-64B mpps="),
         "{stdout}"
     );
     assert!(stdout.contains("RESULT uplink pps_generator="), "{stdout}");
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("uplink.json")).unwrap()).unwrap();
     assert_eq!(json["runs"].as_array().unwrap().len(), 4, "{json}");
     let pps = json["pps_runs"].as_array().unwrap();
     assert_eq!(pps.len(), 2, "{json}");
@@ -228,8 +255,6 @@ fn uplink_native_and_bridge_write_results() {
         "{json}"
     );
     assert_eq!(json["pps_ratios"].as_array().unwrap().len(), 1, "{json}");
-    let svg = std::fs::read_to_string(dir.join("uplink.svg")).unwrap();
-    assert!(svg.starts_with("<svg"));
     let left = namespaces_of(pid);
     assert!(left.is_empty(), "left namespaces {left:?}");
     let dpdk: Vec<String> = std::fs::read_dir("/var/run/dpdk")
@@ -252,20 +277,13 @@ fn bond_writes_results() {
         return;
     }
     let dir = TempDir::new("bench-bond");
-    let log = dir.join("bond.out");
-    let child = Command::new(QSWITCH)
-        .args(["bench", "bond", "--runs", "1", "--seconds", "1", "--out"])
-        .arg(dir.path())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard::new(child);
-    let pid = child.pid();
-    let status = child.wait_timeout(Duration::from_secs(180));
-    let stdout = std::fs::read_to_string(&log).unwrap();
-    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
-    assert!(!stdout.contains("panicked"), "{stdout}");
+    let BenchRun {
+        stdout, json, pid, ..
+    } = run_bench(
+        &["bond", "--runs", "1", "--seconds", "1"],
+        dir.path(),
+        Duration::from_secs(180),
+    );
     for s in [1, 4] {
         assert!(
             stdout.contains(&format!(
@@ -278,8 +296,6 @@ fn bond_writes_results() {
         stdout.contains("RESULT bond bond-2-4 member_rx_share="),
         "{stdout}"
     );
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("bond.json")).unwrap()).unwrap();
     let runs = json["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 4, "{json}");
     assert!(runs
@@ -307,9 +323,6 @@ fn bond_writes_results() {
             _ => assert!(members.is_empty(), "{s}"),
         }
     }
-    assert!(std::fs::read_to_string(dir.join("bond.svg"))
-        .unwrap()
-        .starts_with("<svg"));
     let left = namespaces_of(pid);
     assert!(left.is_empty(), "left namespaces {left:?}");
     let n = pid % 10_000;
@@ -333,26 +346,17 @@ fn pvp_compares_with_ovs_and_testpmd_io_under_both_loads() {
     }
     let _alone = pvp_alone();
     let dir = TempDir::new("bench-pvp");
-    let log = dir.join("pvp.out");
-    let child = Command::new(QSWITCH)
-        .args(["bench", "pvp", "--runs", "1", "--seconds", "1", "--out"])
-        .arg(dir.path())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard::new(child);
-    let pid = child.pid();
-    let status = child.wait_timeout(Duration::from_secs(900));
-    let stdout = std::fs::read_to_string(&log).unwrap();
-    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
-    assert!(!stdout.contains("panicked"), "{stdout}");
+    let BenchRun {
+        stdout, json, pid, ..
+    } = run_bench(
+        &["pvp", "--runs", "1", "--seconds", "1"],
+        dir.path(),
+        Duration::from_secs(900),
+    );
     assert!(
         !stdout.contains("skipped"),
         "every contender runs: {stdout}"
     );
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("pvp.json")).unwrap()).unwrap();
     let summary = json["summary"].as_array().unwrap();
     for contender in ["qswitch", "ovs-dpdk", "testpmd-io"] {
         for size in [64, 1518] {
@@ -384,8 +388,6 @@ fn pvp_compares_with_ovs_and_testpmd_io_under_both_loads() {
         let of = r["of"].as_str().unwrap();
         assert!(stdout.contains(&format!("ratio {of}")), "{of}: {stdout}");
     }
-    let svg = std::fs::read_to_string(dir.join("pvp.svg")).unwrap();
-    assert!(svg.starts_with("<svg"));
     let dpdk: Vec<String> = std::fs::read_dir("/var/run/dpdk")
         .map(|d| {
             d.flatten()
@@ -409,41 +411,18 @@ fn pvp_firewall_contenders_new_flows_and_flows() {
     }
     let _alone = pvp_alone();
     let dir = TempDir::new("bench-pvp-fw");
-    let run = |extra: &[&str], name: &str| -> (String, Value, u32) {
-        let log = dir.join(&format!("{name}.out"));
-        let out = dir.join(name);
-        let child = Command::new(QSWITCH)
-            .args([
-                "bench",
-                "pvp",
-                "--firewall",
-                "--runs",
-                "1",
-                "--seconds",
-                "1",
-            ])
-            .args(extra)
-            .arg("--out")
-            .arg(&out)
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut child = ChildGuard::new(child);
-        let pid = child.pid();
-        let status = child.wait_timeout(Duration::from_secs(600));
-        let stdout = std::fs::read_to_string(&log).unwrap();
-        assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
-        assert!(!stdout.contains("panicked"), "{stdout}");
-        let json: Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("pvp.json")).unwrap()).unwrap();
-        assert!(std::fs::read_to_string(out.join("pvp.svg"))
-            .unwrap()
-            .starts_with("<svg"));
-        (stdout, json, pid)
+    let run = |extra: &[&str], name: &str| {
+        let args = [
+            &["pvp", "--firewall", "--runs", "1", "--seconds", "1"][..],
+            extra,
+        ]
+        .concat();
+        run_bench(&args, &dir.join(name), Duration::from_secs(600))
     };
 
-    let (stdout, json, pid) = run(&["--new-flows"], "new");
+    let BenchRun {
+        stdout, json, pid, ..
+    } = run(&["--new-flows"], "new");
     assert!(
         !stdout.contains("skipped"),
         "every contender runs: {stdout}"
@@ -491,7 +470,7 @@ fn pvp_firewall_contenders_new_flows_and_flows() {
     }
     assert!(namespaces_of(pid).is_empty());
 
-    let (stdout, json, _) = run(&["--flows", "10000", "--only", "qswitch-fw"], "flows");
+    let BenchRun { stdout, json, .. } = run(&["--flows", "10000", "--only", "qswitch-fw"], "flows");
     assert!(
         stdout.contains("RESULT pvp qswitch-fw size=1518 pools=2"),
         "{stdout}"
@@ -514,10 +493,8 @@ fn fw_scale_writes_results() {
         return;
     }
     let dir = TempDir::new("bench-fw-scale");
-    let log = dir.join("fw-scale.out");
-    let child = Command::new(QSWITCH)
-        .args([
-            "bench",
+    let BenchRun { stdout, json, .. } = run_bench(
+        &[
             "fw-scale",
             "--runs",
             "1",
@@ -525,17 +502,10 @@ fn fw_scale_writes_results() {
             "1",
             "--flows",
             "1000",
-        ])
-        .arg("--out")
-        .arg(dir.path())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard::new(child);
-    let status = child.wait_timeout(Duration::from_secs(120));
-    let stdout = std::fs::read_to_string(&log).unwrap();
-    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
+        ],
+        dir.path(),
+        Duration::from_secs(120),
+    );
     for c in [
         "fw-1-worker",
         "fw-2-workers",
@@ -553,8 +523,6 @@ fn fw_scale_writes_results() {
         "{stdout}"
     );
     assert!(stdout.contains("acceptance: ratio"), "{stdout}");
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("fw-scale.json")).unwrap()).unwrap();
     let results = json["results"].as_array().unwrap();
     assert_eq!(results.len(), 4, "{json}");
     for r in results {
@@ -562,9 +530,6 @@ fn fw_scale_writes_results() {
         assert_eq!(r["lost"], 0, "{r}");
     }
     assert_eq!(json["more_ratios"].as_array().unwrap().len(), 1, "{json}");
-    assert!(std::fs::read_to_string(dir.join("fw-scale.svg"))
-        .unwrap()
-        .starts_with("<svg"));
 }
 
 /// `bench cni`, one short round: pods attached with cnitool to qswitch-cni and to the
@@ -587,20 +552,13 @@ fn cni_writes_results() {
         return;
     }
     let dir = TempDir::new("bench-cni");
-    let log = dir.join("cni.out");
-    let child = Command::new(QSWITCH)
-        .args(["bench", "cni", "--runs", "1", "--seconds", "1", "--out"])
-        .arg(dir.path())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = ChildGuard::new(child);
-    let pid = child.pid();
-    let status = child.wait_timeout(Duration::from_secs(180));
-    let stdout = std::fs::read_to_string(&log).unwrap();
-    assert!(status.is_some_and(|s| s.success()), "{status:?} {stdout}");
-    assert!(!stdout.contains("panicked"), "{stdout}");
+    let BenchRun {
+        stdout, json, pid, ..
+    } = run_bench(
+        &["cni", "--runs", "1", "--seconds", "1"],
+        dir.path(),
+        Duration::from_secs(180),
+    );
     for s in [1, 4] {
         assert!(
             stdout.contains(&format!(
@@ -609,16 +567,11 @@ fn cni_writes_results() {
             "{stdout}"
         );
     }
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("cni.json")).unwrap()).unwrap();
     let runs = json["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 4, "{json}");
     assert!(runs
         .iter()
         .all(|r| !r["samples"].as_array().unwrap().is_empty()));
-    assert!(std::fs::read_to_string(dir.join("cni.svg"))
-        .unwrap()
-        .starts_with("<svg"));
     let left = namespaces_of(pid);
     assert!(left.is_empty(), "left namespaces {left:?}");
     let bridge = format!("/sys/class/net/qsbc{}", pid % 10_000);

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{qs, qs_json, worker_cpus, DaemonChild, TempDir};
+use common::{add_security_group, qs, qs_json, worker_cpus, DaemonChild, TempDir};
 
 fn config(control: &Path, web_rules: &str) -> String {
     format!(
@@ -55,30 +55,25 @@ fn groups_change_live_persist_and_reload_and_ct_answers() {
         "{}",
         list.stdout
     );
-    qs(&control, &["sg", "add", "db"]).assert_ok("sg add");
-    qs(
+    add_security_group(
         &control,
+        "db",
         &[
-            "sg",
-            "rule",
-            "add",
-            "db",
-            "--direction",
-            "ingress",
-            "--protocol",
-            "tcp",
-            "--ports",
-            "5432",
-            "--remote-group",
-            "web",
+            &[
+                "--direction",
+                "ingress",
+                "--protocol",
+                "tcp",
+                "--ports",
+                "5432",
+                "--remote-group",
+                "web",
+            ],
+            &["--direction", "egress"],
         ],
+        &[],
     )
-    .assert_ok("sg rule add");
-    qs(
-        &control,
-        &["sg", "rule", "add", "db", "--direction", "egress"],
-    )
-    .assert_ok("rule add");
+    .unwrap_or_else(|e| panic!("{e}"));
     qs(
         &control,
         &["sg", "addresses", "web", "--set", "10.0.0.7,10.0.1.0/24"],

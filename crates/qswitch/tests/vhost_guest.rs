@@ -856,27 +856,23 @@ fn guest_behind_a_security_group() {
 fn firewall_body(lab: &mut Lab) -> Result<()> {
     let (ip_g, ip_ns) = (lab.ip(0), lab.ns_ip());
     let control = lab.control.clone();
-    let steps: [&[&str]; 4] = [
-        &["sg", "add", "web"],
+    common::add_security_group(
+        &control,
+        "web",
         &[
-            "sg",
-            "rule",
-            "add",
-            "web",
-            "--direction",
-            "ingress",
-            "--protocol",
-            "tcp",
-            "--ports",
-            "8080",
+            &[
+                "--direction",
+                "ingress",
+                "--protocol",
+                "tcp",
+                "--ports",
+                "8080",
+            ],
+            &["--direction", "egress"],
         ],
-        &["sg", "rule", "add", "web", "--direction", "egress"],
-        &["port", "set", "vm1", "--security-groups", "web"],
-    ];
-    for args in steps {
-        let out = common::qs(&control, args);
-        ensure!(out.ok(), "qswitch {args:?}: {out:?}");
-    }
+        &["vm1"],
+    )
+    .map_err(anyhow::Error::msg)?;
     lab.guests[0].run_ok(
         "iperf3 -s -D -p 8080 --logfile /tmp/i8080.log; iperf3 -s -D -p 9090 --logfile /tmp/i9090.log\n\
          i=0; until netstat -ltn | grep -q ':8080 ' && netstat -ltn | grep -q ':9090 '; do\n\

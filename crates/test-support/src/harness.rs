@@ -380,6 +380,36 @@ pub fn qs_json(control: &Path, args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("qswitch {} printed no JSON ({e}): {out:?}", args.join(" ")))
 }
 
+/// Makes security group `name` live over `control`: `sg add NAME`, then `sg rule add NAME
+/// RULE...` for each of `rules` (e.g. `&["--direction", "egress"]`), then `port set PORT
+/// --security-groups NAME` for each of `ports`. The first command that fails stops it: its
+/// arguments and output are the error.
+pub fn add_security_group(
+    control: &Path,
+    name: &str,
+    rules: &[&[&str]],
+    ports: &[&str],
+) -> Result<(), String> {
+    let steps = std::iter::once(vec!["sg", "add", name])
+        .chain(
+            rules
+                .iter()
+                .map(|r| [&["sg", "rule", "add", name][..], r].concat()),
+        )
+        .chain(
+            ports
+                .iter()
+                .map(|p| vec!["port", "set", p, "--security-groups", name]),
+        );
+    for args in steps {
+        let out = qs(control, &args);
+        if !out.ok() {
+            return Err(format!("qswitch {}: {out:?}", args.join(" ")));
+        }
+    }
+    Ok(())
+}
+
 /// Port names from `port list --json`, in order.
 pub fn port_names(control: &Path) -> Vec<String> {
     qs_json(control, &["port", "list", "--json"])

@@ -336,6 +336,34 @@ impl Asm {
         });
         self.insns.push(Insn::jump_reg(op, dst, src, 0));
     }
+    /// Builds the map key (see [`key`]) of the MAC at `off` from `base` (the frame's data or
+    /// the stack) in `vlan`, in R4 (R5 clobbered), and stores it at `fp + slot`. Every load
+    /// is aligned (the stack takes no other): a MAC on a 4-byte boundary is read word then
+    /// half-word, one two bytes past it half-word then word.
+    fn mac_key(&mut self, base: u8, off: i16, vlan: u16, slot: i16) {
+        debug_assert!(off % 2 == 0, "a MAC on a 2-byte boundary");
+        if off.rem_euclid(4) == 0 {
+            self.push(Insn::load(Size::W, R4, base, off));
+            self.push(Insn::load(Size::H, R5, base, off + 4));
+            self.push(Insn::alu_imm(Alu::Lsh, R5, 32));
+        } else {
+            self.push(Insn::load(Size::H, R4, base, off));
+            self.push(Insn::load(Size::W, R5, base, off + 2));
+            self.push(Insn::alu_imm(Alu::Lsh, R5, 16));
+        }
+        self.push(Insn::alu_reg(Alu::Or, R4, R5));
+        self.extend(Insn::load_imm64(R5, u64::from(vlan) << 48));
+        self.push(Insn::alu_reg(Alu::Or, R4, R5));
+        self.push(Insn::store(Size::DW, R10, slot, R4));
+    }
+    /// `R0 = map[fp + slot]`, or `goto miss` when it has no such key.
+    fn lookup(&mut self, map: &Map, slot: i16, miss: usize) {
+        self.extend(Insn::load_map(R1, map));
+        self.push(Insn::mov_reg(R2, R10));
+        self.push(Insn::alu_imm(Alu::Add, R2, i32::from(slot)));
+        self.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
+        self.jump_imm(Jmp::Eq, R0, 0, miss);
+    }
     fn finish(mut self) -> Vec<Insn> {
         for f in &self.fixups {
             let target = self.labels[f.label].expect("every label placed");
@@ -358,7 +386,6 @@ fn fast_insns(
     tap_ifindex: u32,
 ) -> Vec<Insn> {
     let me = i32::from(port.0);
-    let vlan_bits = u64::from(vlan) << 48;
     let mut a = Asm::default();
     let slow = a.label();
     let no_rx = a.label();
@@ -375,44 +402,26 @@ fn fast_insns(
     a.push(Insn::load(Size::H, R4, R2, 12));
     a.jump_imm(Jmp::Eq, R4, 0x0081, slow); // 0x8100 read little-endian
     a.jump_imm(Jmp::Eq, R4, 0xa888, slow); // 0x88a8
-                                           // Destination: a group address (broadcast, multicast) floods in the slow path.
-    a.push(Insn::load(Size::W, R4, R2, 0));
+
+    // Destination: a group address (broadcast, multicast) floods in the slow path (the
+    // key's low byte is the MAC's first).
+    a.mac_key(R2, 0, vlan, -8);
     a.push(Insn::mov_reg(R5, R4));
     a.push(Insn::alu_imm(Alu::And, R5, 1));
     a.jump_imm(Jmp::Ne, R5, 0, slow);
-    a.push(Insn::load(Size::H, R5, R2, 4));
-    a.push(Insn::alu_imm(Alu::Lsh, R5, 32));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.extend(Insn::load_imm64(R5, vlan_bits));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.push(Insn::store(Size::DW, R10, -8, R4));
     // Source.
-    a.push(Insn::load(Size::H, R4, R2, 6));
-    a.push(Insn::load(Size::W, R5, R2, 8));
-    a.push(Insn::alu_imm(Alu::Lsh, R5, 16));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.extend(Insn::load_imm64(R5, vlan_bits));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.push(Insn::store(Size::DW, R10, -16, R4));
+    a.mac_key(R2, 6, vlan, -16);
     // The destination must be known: on a fast port (R8 = 0), ...
     let remote_dst = a.label();
     let src = a.label();
-    a.extend(Insn::load_map(R1, fdb));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -8));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, remote_dst);
+    a.lookup(fdb, -8, remote_dst);
     a.push(Insn::mov_reg(R7, R0));
     a.push(Insn::mov_imm(R8, 0));
     a.push(Insn::jump(0));
     let to_src = a.insns.len() - 1;
     // ... or behind a remote VTEP of a VXLAN port the kernel path covers (R8 = 1).
     a.here(remote_dst);
-    a.extend(Insn::load_map(R1, remote));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -8));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, slow);
+    a.lookup(remote, -8, slow);
     a.push(Insn::mov_reg(R7, R0));
     a.push(Insn::mov_imm(R8, 1));
     a.here(src);
@@ -421,11 +430,7 @@ fn fast_insns(
         label: src,
     });
     // ... and the source known on this port (else the switch must learn it).
-    a.extend(Insn::load_map(R1, fdb));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -16));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, slow);
+    a.lookup(fdb, -16, slow);
     a.push(Insn::load(Size::W, R1, R0, 4));
     a.jump_imm(Jmp::Ne, R1, me, slow);
     // Seen: the switch refreshes the address's age from this and clears it. Set only when
@@ -447,18 +452,10 @@ fn fast_insns(
     a.push(Insn::mov_imm(R1, me));
     a.push(Insn::store(Size::W, R10, -20, R1));
     a.push(Insn::store(Size::W, R10, -24, R9));
-    a.extend(Insn::load_map(R1, counters));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -20));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, no_rx);
+    a.lookup(counters, -20, no_rx);
     count(&mut a, 0);
     a.here(no_rx);
-    a.extend(Insn::load_map(R1, counters));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -24));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, no_tx);
+    a.lookup(counters, -24, no_tx);
     count(&mut a, 16);
     a.here(no_tx);
     a.push(Insn::mov_reg(R1, R8));

@@ -30,9 +30,10 @@ use qswitch_api::bond::BondMemberInfo;
 use qswitch_api::{Request, Response};
 use serde::Serialize;
 
+use super::wire::{offloads_off, print_idle, print_ran, wire};
 use super::{
-    print_table, ratio_of, run_line, summarise, warn_if_busy, Bench, ContenderSummary,
-    IperfMetrics, IperfRun, Ratio, Report, Sample,
+    ratio_of, run_line, summarise, Bench, ContenderSummary, IperfMetrics, IperfRun, Ratio, Report,
+    Sample,
 };
 use crate::netns::{self, ChildGuard, LabDaemon, Link, Netns};
 use crate::plot;
@@ -131,18 +132,12 @@ fn setup(id: u32, workers: &str, links: usize, streams: usize) -> anyhow::Result
     let mut members = Vec::new();
     for m in 0..links {
         let (up, w) = (format!("qsbdU{m}{n}"), format!("qsbdP{m}{n}"));
-        wires.push(Link::veth(&up, &w)?);
-        netns::run(&["ip", "link", "set", &w, "netns", &peer.name])?;
-        peer.exec(&["ethtool", "-K", &w, "tx", "off", "tso", "off", "gso", "off"])?;
+        wires.push(wire(&peer, &up, &w)?);
         peer.exec(&["ip", "link", "set", &w, "master", &br])?;
         peer.exec(&["ip", "link", "set", &w, "up"])?;
-        netns::run(&["ethtool", "-K", &up, "gro", "off"])?;
-        netns::run(&["ip", "link", "set", &up, "up"])?;
         members.push(up);
     }
-    peer.exec(&[
-        "ethtool", "-K", &br, "tx", "off", "tso", "off", "gso", "off",
-    ])?;
+    offloads_off(&peer, &br)?;
     peer.exec(&["ip", "addr", "add", &format!("{PEER_ADDR}/24"), "dev", &br])?;
     peer.exec(&["ip", "link", "set", &br, "up"])?;
 
@@ -366,19 +361,14 @@ fn run_once(
                     .map(|j| j["intervals"][i]["sum"][f].as_f64())
                     .sum()
             };
-            let tick = ticks.get(i);
-            let rates = tick.map(|t| &t.1);
-            Sample {
-                t_s: jsons[0]["intervals"][i]["sum"]["end"]
+            Sample::new(
+                jsons[0]["intervals"][i]["sum"]["end"]
                     .as_f64()
                     .unwrap_or(i as f64 + 1.0),
-                gbps: sum("bits_per_second").unwrap_or(0.0) / 1e9,
-                retransmits: sum("retransmits").map(|r| r as u64),
-                busy_cpus: tick.map(|t| t.0),
-                worker_busy_pct: rates.map(|r| r.workers.iter().map(|w| w.busy_pct).collect()),
-                worker_cpu_pct: rates.map(|r| r.workers.iter().map(|w| w.cpu_pct).collect()),
-                ctx_switches_ps: rates.map(|r| r.workers.iter().map(|w| w.ctx_switches_ps).sum()),
-            }
+                sum("bits_per_second").unwrap_or(0.0) / 1e9,
+                sum("retransmits").map(|r| r as u64),
+                ticks.get(i).map(|t| (t.0, Some(&t.1))),
+            )
         })
         .collect();
     drop(servers);
@@ -386,15 +376,7 @@ fn run_once(
         contender: contender.to_string(),
         round,
         seq,
-        metrics: IperfMetrics {
-            gbps,
-            retransmits,
-            busy_cpus,
-            idle_busy_cpus,
-            cpu_per_gbps: busy_cpus / gbps,
-            worker_busy_pct: Some(totals.workers.iter().map(|w| w.busy_pct).collect()),
-            ctx_switches_ps: Some(totals.workers.iter().map(|w| w.ctx_switches_ps).sum()),
-        },
+        metrics: IperfMetrics::new(gbps, retransmits, busy_cpus, idle_busy_cpus, Some(&totals)),
         samples,
     };
     let spread = Spread {
@@ -507,8 +489,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         .filter_map(|pair| ratio_of(&pair[0], &pair[1]))
         .collect();
     let title = format!("bond ({seconds} s, {runs} runs each)");
-    let ran: Vec<ContenderSummary> = summary.iter().filter(|s| s.runs > 0).cloned().collect();
-    print_table("bond", &title, &ran, &ratios);
+    let ran = print_ran("bond", &title, &summary, &ratios);
     for s in ran.iter().filter(|s| s.contender.starts_with("bond-")) {
         let m = member_totals(&s.contender, &spreads);
         let list = |f: fn(&MemberShare) -> f64| {
@@ -525,11 +506,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         );
     }
     let idle: Vec<f64> = results.iter().map(|r| r.idle_busy_cpus).collect();
-    println!(
-        "RESULT bond idle_busy_cpus_median={:.3}",
-        super::median(&idle)
-    );
-    warn_if_busy(&results);
+    print_idle("bond", &idle, &results);
     let svg = svg(&title, &counts, &summary, &results, &spreads);
     let report = BondReport {
         report: Report {

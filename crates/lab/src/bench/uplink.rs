@@ -23,8 +23,7 @@
 use serde::Serialize;
 
 use super::{
-    iperf_run_with, print_table, ratio_of, run_line, summarise, warn_if_busy, Bench,
-    ContenderSummary, Ratio, Report, Topology,
+    iperf_run_with, ratio_of, run_line, summarise, Bench, ContenderSummary, Ratio, Report, Topology,
 };
 use crate::netns::{self, LabDaemon, Link, Netns};
 use crate::plot;
@@ -110,11 +109,9 @@ fn wire(id: u32, tag: &str) -> anyhow::Result<(Link, Netns, Netns)> {
     let peer = Netns::create(&format!("qsbench-up-{tag}-p-{id}"))?;
     let vm = Netns::create(&format!("qsbench-up-{tag}-v-{id}"))?;
     let (up, w) = (format!("qsuU{n}"), format!("qsuP{n}"));
-    let link = Link::veth(&up, &w)?;
-    peer.adopt(&w, "10.97.0.1/24")?;
-    peer.exec(&["ethtool", "-K", &w, "tx", "off", "tso", "off", "gso", "off"])?;
-    netns::run(&["ethtool", "-K", &up, "gro", "off"])?;
-    netns::run(&["ip", "link", "set", &up, "up"])?;
+    let link = super::wire::wire(&peer, &up, &w)?;
+    peer.exec(&["ip", "addr", "add", "10.97.0.1/24", "dev", &w])?;
+    peer.exec(&["ip", "link", "set", &w, "up"])?;
     Ok((link, peer, vm))
 }
 
@@ -284,11 +281,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         })
         .collect();
     let title = format!("uplink ({seconds} s, {runs} runs each)");
-    // Contenders `--only` left out have no runs: not in the tables.
-    let ran: Vec<ContenderSummary> = summary.iter().filter(|s| s.runs > 0).cloned().collect();
-    if !ran.is_empty() {
-        print_table("uplink", &title, &ran, &[]);
-    }
+    super::wire::print_ran("uplink", &title, &summary, &[]);
     for r in &ratios {
         println!(
             "RESULT uplink {} gbps_ratio={:.3} cpu_per_gbps_ratio={:.3}",
@@ -309,11 +302,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         .map(|r| r.idle_busy_cpus)
         .chain(pps_results.iter().map(|r| r.idle_busy_cpus))
         .collect();
-    println!(
-        "RESULT uplink idle_busy_cpus_median={:.3}",
-        super::median(&idle)
-    );
-    warn_if_busy(&results);
+    super::wire::print_idle("uplink", &idle, &results);
     super::warn_busy_before(
         "64 B run(s)",
         pps_results.iter().map(|r| (r.seq, r.idle_busy_cpus)),

@@ -212,8 +212,8 @@ pub(super) fn encap_insns(a: &mut Asm, counters: &Map, me: i32, slow: usize) {
     a.push(Insn::call(bpf::FUNC_CHECK_MTU));
     a.jump_imm(Jmp::Ne, R0, 0, drop);
     // Counters: rx on this port, tx on the VXLAN port, the inner frame's bytes.
-    counter(a, counters, Some(me), 0, Some(R8));
-    counter(a, counters, None, 16, Some(R8));
+    counter(a, counters, Insn::mov_imm(R1, me), 0, Some(R8));
+    counter(a, counters, vxlan_port(), 16, Some(R8));
     a.push(Insn::load(Size::W, R1, R7, 12));
     a.push(Insn::mov_imm(R2, 0));
     a.push(Insn::mov_imm(R3, 0));
@@ -221,25 +221,18 @@ pub(super) fn encap_insns(a: &mut Asm, counters: &Map, me: i32, slow: usize) {
     a.push(Insn::call(bpf::FUNC_REDIRECT_NEIGH));
     a.push(Insn::exit());
     a.here(drop);
-    counter(a, counters, None, DROPS, None);
+    counter(a, counters, vxlan_port(), DROPS, None);
     a.push(Insn::mov_imm(R0, bpf::TC_ACT_SHOT));
     a.push(Insn::exit());
 }
 
-/// Counts one frame on the counter value of port `port` (`None`: the port in the word at
-/// 16 of R7's value) at `off`: packets, and with `bytes` the bytes in that register.
-fn counter(a: &mut Asm, counters: &Map, port: Option<i32>, off: i16, bytes: Option<u8>) {
+/// Counts one frame on the counter value of the port `port` puts in R1 at `off`: packets,
+/// and with `bytes` the bytes in that register.
+fn counter(a: &mut Asm, counters: &Map, port: Insn, off: i16, bytes: Option<u8>) {
     let done = a.label();
-    match port {
-        Some(p) => a.push(Insn::mov_imm(R1, p)),
-        None => a.push(Insn::load(Size::W, R1, R7, 16)),
-    }
+    a.push(port);
     a.push(Insn::store(Size::W, R10, -20, R1));
-    a.extend(Insn::load_map(R1, counters));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -20));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, done);
+    a.lookup(counters, -20, done);
     a.push(Insn::load(Size::DW, R1, R0, off));
     a.push(Insn::alu_imm(Alu::Add, R1, 1));
     a.push(Insn::store(Size::DW, R0, off, R1));
@@ -251,11 +244,15 @@ fn counter(a: &mut Asm, counters: &Map, port: Option<i32>, off: i16, bytes: Opti
     a.here(done);
 }
 
+/// Puts the VXLAN port of R7's `remote` value (its word at 16) in R1.
+fn vxlan_port() -> Insn {
+    Insn::load(Size::W, R1, R7, 16)
+}
+
 /// The receive program of VXLAN port `port` (see the module docs). Registers: R6 the skb,
 /// R7 the destination veth's ifindex, R8 its port, R9 the outer source address.
 fn decap_insns(fp: &FastPath, port: PortId, k: &RxKey) -> Vec<Insn> {
     let me = i32::from(port.0);
-    let vlan_bits = u64::from(k.vlan) << 48;
     let mut a = Asm::default();
     let next = a.label();
     let v4 = a.label();
@@ -300,33 +297,13 @@ fn decap_insns(fp: &FastPath, port: PortId, k: &RxKey) -> Vec<Insn> {
     a.jump_imm(Jmp::Ne, R4, vni_word(k.vni) as i32, next);
     a.push(Insn::load(Size::W, R9, R10, at(26)));
     // The inner destination on a fast veth port of this VLAN.
-    a.push(Insn::load(Size::W, R4, R10, at(50)));
-    a.push(Insn::load(Size::H, R5, R10, at(54)));
-    a.push(Insn::alu_imm(Alu::Lsh, R5, 32));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.extend(Insn::load_imm64(R5, vlan_bits));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.push(Insn::store(Size::DW, R10, -80, R4));
-    a.extend(Insn::load_map(R1, &fp.fdb));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -80));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, next);
+    a.mac_key(R10, at(50), k.vlan, -80);
+    a.lookup(&fp.fdb, -80, next);
     a.push(Insn::load(Size::W, R7, R0, 0));
     a.push(Insn::load(Size::W, R8, R0, 4));
     // The inner source known behind this very VTEP, on this port.
-    a.push(Insn::load(Size::H, R4, R10, at(56)));
-    a.push(Insn::load(Size::W, R5, R10, at(58)));
-    a.push(Insn::alu_imm(Alu::Lsh, R5, 16));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.extend(Insn::load_imm64(R5, vlan_bits));
-    a.push(Insn::alu_reg(Alu::Or, R4, R5));
-    a.push(Insn::store(Size::DW, R10, -88, R4));
-    a.extend(Insn::load_map(R1, &fp.remote));
-    a.push(Insn::mov_reg(R2, R10));
-    a.push(Insn::alu_imm(Alu::Add, R2, -88));
-    a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-    a.jump_imm(Jmp::Eq, R0, 0, next);
+    a.mac_key(R10, at(56), k.vlan, -88);
+    a.lookup(&fp.remote, -88, next);
     a.push(Insn::load(Size::W, R1, R0, 0));
     a.jump_reg(Jmp::Ne, R1, R9, next);
     a.push(Insn::load(Size::W, R1, R0, 16));
@@ -368,26 +345,8 @@ fn decap_insns(fp: &FastPath, port: PortId, k: &RxKey) -> Vec<Insn> {
     a.jump_imm(Jmp::Ne, R0, 0, shot);
     a.push(Insn::load(Size::W, R9, R6, skb::LEN));
     // Counters: rx on the VXLAN port, tx on the veth port.
-    for (reg_or_me, off) in [(None, 0i16), (Some(R8), 16)] {
-        let done = a.label();
-        match reg_or_me {
-            None => a.push(Insn::mov_imm(R1, me)),
-            Some(r) => a.push(Insn::mov_reg(R1, r)),
-        }
-        a.push(Insn::store(Size::W, R10, -20, R1));
-        a.extend(Insn::load_map(R1, &fp.counters));
-        a.push(Insn::mov_reg(R2, R10));
-        a.push(Insn::alu_imm(Alu::Add, R2, -20));
-        a.push(Insn::call(bpf::FUNC_MAP_LOOKUP_ELEM));
-        a.jump_imm(Jmp::Eq, R0, 0, done);
-        a.push(Insn::load(Size::DW, R1, R0, off));
-        a.push(Insn::alu_imm(Alu::Add, R1, 1));
-        a.push(Insn::store(Size::DW, R0, off, R1));
-        a.push(Insn::load(Size::DW, R2, R0, off + 8));
-        a.push(Insn::alu_reg(Alu::Add, R2, R9));
-        a.push(Insn::store(Size::DW, R0, off + 8, R2));
-        a.here(done);
-    }
+    counter(&mut a, &fp.counters, Insn::mov_imm(R1, me), 0, Some(R9));
+    counter(&mut a, &fp.counters, Insn::mov_reg(R1, R8), 16, Some(R9));
     a.push(Insn::mov_reg(R1, R7));
     a.push(Insn::mov_imm(R2, 0));
     a.push(Insn::call(bpf::FUNC_REDIRECT_PEER));
