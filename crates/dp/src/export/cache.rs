@@ -654,16 +654,18 @@ impl FlowCache {
         let use_runs = self.runs_off == 0;
         self.runs_off = self.runs_off.saturating_sub(1);
         let (mut countdown, mut seen, mut sampled) = (self.countdown, 0u64, 0u64);
-        // Runs in the table, the last one added to, frames added to an earlier run.
-        let (mut runs, mut last, mut joined, mut fast) = (0usize, 0usize, 0u32, 0u32);
+        // Runs in the table, and the one the last frame went to.
+        let (mut runs, mut last) = (0usize, 0usize);
         for (frame, vlan) in frames {
             seen += 1;
-            countdown -= 1;
-            if countdown > 0 {
-                continue;
+            if every > 1 {
+                countdown -= 1;
+                if countdown > 0 {
+                    continue;
+                }
+                countdown = every;
+                sampled += 1;
             }
-            countdown = every;
-            sampled += 1;
             let code = if vlan == 0 {
                 Some(0)
             } else {
@@ -678,9 +680,15 @@ impl FlowCache {
                 continue;
             };
             if use_runs {
-                fast += 1;
-                let at = if runs > 0 && same_words(&self.runs[last].words, &words) {
+                // The last frame's flow (a run of one flow), the one after it (flows
+                // interleaved frame by frame), then any.
+                let next = if last + 1 < runs { last + 1 } else { 0 };
+                let at = if runs == 0 {
+                    None
+                } else if same_words(&self.runs[last].words, &words) {
                     Some(last)
+                } else if same_words(&self.runs[next].words, &words) {
+                    Some(next)
                 } else {
                     self.runs[..runs]
                         .iter()
@@ -691,7 +699,7 @@ impl FlowCache {
                     r.packets += 1;
                     r.octets += octets;
                     r.flags |= flags;
-                    (last, joined) = (at, joined + 1);
+                    last = at;
                     continue;
                 }
                 if runs < RUNS {
@@ -707,14 +715,19 @@ impl FlowCache {
             }
             self.account_words(&words, 1, octets, flags, now_ms, out);
         }
+        if every == 1 {
+            sampled = seen;
+        }
         self.countdown = countdown;
         self.stats.frames += seen;
         self.stats.sampled += sampled;
+        let mut joined = false;
         for k in 0..runs {
             let r = self.runs[k];
+            joined |= r.packets > 1;
             self.account_words(&r.words, r.packets, r.octets, r.flags, now_ms, out);
         }
-        if use_runs && joined == 0 && fast >= RUNS as u32 {
+        if use_runs && !joined && runs == RUNS {
             // Every frame a different flow: the table only costs, for a while.
             self.runs_off = RUNS_OFF;
         }
