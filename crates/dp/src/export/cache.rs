@@ -8,18 +8,23 @@
 //! [`EndReason::LackOfResources`] and counted. So memory is fixed at creation, a lookup
 //! costs at most [`WAYS`] compares, and nothing allocates after [`FlowCache::new`].
 //!
-//! It runs once per forwarded frame at sampling 1, so a lookup is kept small: the hash is a
-//! keyed multiply-fold over the key packed into a few words (as the conntrack table's, not
-//! SipHash), a set is picked by a multiply (no division), and each slot has a 32-bit tag of
-//! its hash in an array apart from the entries, so a probe reads one cache line of tags and
-//! compares a whole key only where the tag matches.
+//! It runs for every forwarded frame at sampling 1, so the common frame is kept cheap. A
+//! frame of the common shape (untagged IPv4 without options, unicast source, as [`parse`]
+//! reads in place) is not made into a [`FlowKey`]: its key fields are read straight into
+//! four words (`compact`: the MACs, the protocol and ingress port, the addresses, the ports
+//! with the egress port and VLAN), which are what an entry of such a key is found by, hashed
+//! (a keyed multiply-fold, as the conntrack table's, not SipHash) and compared. A set is
+//! picked by a multiply (no division), and each slot has a 32-bit tag of its hash in an array
+//! apart from the entries, so a probe reads one cache line of tags and compares words only
+//! where a tag matches. Keys of other shapes (IPv6, VLAN tags in the frame, IPv4 options)
+//! take the same path with the key itself.
 //!
-//! Before that, the common frame (untagged IPv4 without options, as [`parse`] reads in
-//! place) is looked up in a small direct-mapped memo of recent flows by its header words as
-//! they are ([`MEMO`] entries: header words with the ingress and egress port, and the slot): a flow seen a moment ago (a
-//! guest's burst, a few flows interleaved) costs a few word compares and the counter update,
-//! no key built, no hash, no probe. An entry only names a slot while no flow has left the
-//! cache since it was made (a generation number: anything that frees a slot bumps it).
+//! [`FlowCache::observe_burst`] takes the frames one destination gets from a burst: frames
+//! of a flow already seen in the same burst are added up in a small table of the burst's
+//! flows ([`RUNS`]) and each flow updates the cache once, at the end of the burst, with its
+//! frame and octet counts (all frames of a burst have the same time, so this is what one
+//! update per frame would count). While bursts keep holding a different flow in every
+//! frame, the table is skipped for a while ([`RUNS_OFF`] bursts).
 //!
 //! Sampling is systematic count-based (RFC 5475 §6.1, "1 in N"): every Nth frame the cache
 //! is offered is accounted; the exporter tells the collector N so it scales the counts.
@@ -120,6 +125,8 @@ pub struct CacheStats {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     key: FlowKey,
+    /// `compact` of the key, or `NOT_COMPACT`.
+    words: Words,
     packets: u64,
     octets: u64,
     start_ms: u64,
@@ -150,10 +157,10 @@ pub struct FlowCache {
     entries: Vec<Entry>,
     sets: usize,
     seeds: [u64; 4],
-    /// Recent flows by their header words (see the module docs).
-    memo: Box<[Memo; MEMO]>,
-    /// Bumped whenever a slot is freed: memo entries of older generations are void.
-    generation: u32,
+    /// The flows of the burst [`FlowCache::observe_burst`] is adding up.
+    runs: [Run; RUNS],
+    /// Bursts to go without the table of runs (it kept missing).
+    runs_off: u32,
     /// Frames until the next sampled one (1: the next).
     countdown: u32,
     stats: CacheStats,
@@ -187,6 +194,7 @@ const EMPTY: Entry = Entry {
         ingress: 0,
         egress: 0,
     },
+    words: NOT_COMPACT,
     packets: 0,
     octets: 0,
     start_ms: 0,
@@ -302,46 +310,96 @@ pub fn parse_general(frame: &[u8], ingress: u32, egress: u32) -> Option<(FlowKey
     Some((key, octets, flags))
 }
 
-/// Entries of a cache's memo of recent flows (a power of two).
-pub const MEMO: usize = 32;
+/// A key of the common shape packed into words (see [`compact`]).
+pub(super) type Words = [u64; 4];
 
-/// A memo entry: a frame's header words ([`memo_words`]) and the slot of its flow.
-#[derive(Clone, Copy)]
-struct Memo {
-    words: [u64; 6],
-    slot: u32,
-    /// The cache's generation when made (0: never made; the cache's starts at 1).
-    generation: u32,
-}
+/// The words of an entry whose key has no [`compact`] form: bits that no compact key has.
+const NOT_COMPACT: Words = [u64::MAX; 4];
 
-impl Memo {
-    const VOID: Memo = Memo {
-        words: [0; 6],
-        slot: 0,
-        generation: 0,
-    };
-}
-
-/// The words of a frame of the shape [`parse`] reads in place, that decide its flow key
-/// (with the ports and the VLAN the switch decided, see [`FlowCache::observe_in`]), and its
-/// IP octets and TCP flags; `None` for another shape. Frames with equal words have equal
-/// keys: the words hold every byte the key is read from, and the checks here (IPv4 with a
-/// 20-byte header from a unicast source, at least 20 bytes of upper layer, all present)
-/// make the fast parse's.
+/// The packed words of key `k`, if it has the common shape: IPv4, ports that fit in 16 bits,
+/// a VLAN below 4096. One-to-one: keys with equal words are equal. Word 1's top 8 bits are
+/// always 0 (so no compact key has [`NOT_COMPACT`]'s words).
+///
+/// - 0: destination MAC, first 2 bytes of the source MAC;
+/// - 1: its other 4 bytes, the protocol (bits 32–39), the ingress port (40–55);
+/// - 2: source and destination address;
+/// - 3: source and destination port as on the wire, the egress port (32–47), the VLAN
+///   (48–60: 0 none, else 0x1000 | VID).
 #[inline]
-fn memo_words(
+pub(super) fn compact(k: &FlowKey) -> Option<Words> {
+    let IpPair::V4 { src, dst } = k.ips else {
+        return None;
+    };
+    let vlan = vlan_code(k.vlan)?;
+    if k.ingress > 0xffff || k.egress > 0xffff {
+        return None;
+    }
+    let [a0, a1, a2, a3, a4, a5] = k.src_mac;
+    let [b0, b1, b2, b3, b4, b5] = k.dst_mac;
+    let ([s0, s1], [d0, d1]) = (k.src_port.to_be_bytes(), k.dst_port.to_be_bytes());
+    Some([
+        u64::from_le_bytes([b0, b1, b2, b3, b4, b5, a0, a1]),
+        u64::from(u32::from_le_bytes([a2, a3, a4, a5]))
+            | u64::from(k.proto) << 32
+            | u64::from(k.ingress) << 40,
+        u64::from(u32::from_le_bytes(src)) | u64::from(u32::from_le_bytes(dst)) << 32,
+        u64::from(u32::from_le_bytes([s0, s1, d0, d1])) | u64::from(k.egress) << 32 | vlan << 48,
+    ])
+}
+
+/// A key's VLAN as [`compact`] packs it; `None` for a VID that does not fit.
+#[inline]
+fn vlan_code(vlan: Option<u16>) -> Option<u64> {
+    match vlan {
+        None => Some(0),
+        Some(v) if v < 0x1000 => Some(u64::from(v) | 0x1000),
+        Some(_) => None,
+    }
+}
+
+/// The key that [`compact`] packed into `w`.
+pub(super) fn key_of(w: &Words) -> FlowKey {
+    let [b0, b1, b2, b3, b4, b5, a0, a1] = w[0].to_le_bytes();
+    let [a2, a3, a4, a5, ..] = w[1].to_le_bytes();
+    let [s0, s1, s2, s3, d0, d1, d2, d3] = w[2].to_le_bytes();
+    let [p0, p1, p2, p3, ..] = w[3].to_le_bytes();
+    let vlan = (w[3] >> 48) as u16;
+    FlowKey {
+        src_mac: [a0, a1, a2, a3, a4, a5],
+        dst_mac: [b0, b1, b2, b3, b4, b5],
+        vlan: (vlan != 0).then_some(vlan & 0xfff),
+        ips: IpPair::V4 {
+            src: [s0, s1, s2, s3],
+            dst: [d0, d1, d2, d3],
+        },
+        proto: (w[1] >> 32) as u8,
+        src_port: u16::from_be_bytes([p0, p1]),
+        dst_port: u16::from_be_bytes([p2, p3]),
+        ingress: (w[1] >> 40) as u32 & 0xffff,
+        egress: (w[3] >> 32) as u32 & 0xffff,
+    }
+}
+
+/// The bytes of a frame [`frame_words`] reads: Ethernet, IPv4 without options, 20 more.
+const WORDS_BYTES: usize = ETH_IPV4 + tcp::HEADER_LEN;
+
+/// [`compact`] of the key of a frame of the shape [`parse`] reads in place, read from the
+/// frame without making the key, with its IP octets and TCP flags; `None` for a frame of
+/// another shape (or shorter than [`WORDS_BYTES`]). `ingress` is the ingress port shifted to
+/// its place in word 1, `egress_vlan` the egress port and VLAN code in theirs in word 3
+/// (the caller checked they fit).
+#[inline]
+pub(super) fn frame_words(
     frame: &[u8],
-    ingress: u32,
-    egress: u32,
-    vlan: Option<u16>,
-) -> Option<([u64; 6], u64, u8)> {
-    let h: &[u8; ETH_IPV4 + tcp::HEADER_LEN] =
-        frame.get(..ETH_IPV4 + tcp::HEADER_LEN)?.try_into().ok()?;
+    ingress: u64,
+    egress_vlan: u64,
+) -> Option<(Words, u64, u8)> {
+    let h: &[u8; WORDS_BYTES] = frame.get(..WORDS_BYTES)?.try_into().ok()?;
     let total = usize::from(u16::from_be_bytes([h[16], h[17]]));
     if h[12..15] != [0x08, 0x00, 0x45]
         || h[6] & 1 != 0
         || frame.len() > l2::MAX_FRAME_LEN
-        || total < ipv4::HEADER_LEN + tcp::HEADER_LEN
+        || total < ipv4::HEADER_LEN
         || frame.len() - ethernet::HEADER_LEN < total
     {
         return None;
@@ -359,29 +417,58 @@ fn memo_words(
         ])
     };
     let w32 = |at: usize| u64::from(u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]));
-    // The VLAN as decided (a code apart from every VID), or the frame's: untagged.
-    let vlan = vlan.map_or(1 << 17, |v| u64::from(v) | 1 << 16);
-    let words = [
-        w32(34) | u64::from(ingress) << 32, // ports first: what differs most between flows
-        w(26),                              // addresses
-        w32(20) | vlan << 32,               // fragment, TTL, protocol
-        w(0),                               // destination MAC, start of the source
-        w(8),                               // rest of the source MAC, EtherType, version
-        u64::from(egress),
-    ];
+    // As `l4_fields`: ports of TCP and UDP with their whole header, flags of TCP; none in a
+    // later fragment.
     let later = u16::from_be_bytes([h[20], h[21]]) & 0x1fff != 0;
-    let flags = if h[23] == 6 && !later {
-        h[ETH_IPV4 + 13]
+    let (proto, l4) = (h[23], total - ipv4::HEADER_LEN);
+    let (ports, flags) = if later {
+        (0, 0)
+    } else if proto == 6 && l4 >= tcp::HEADER_LEN {
+        (w32(ETH_IPV4), h[ETH_IPV4 + 13])
+    } else if proto == 17 && l4 >= udp::HEADER_LEN {
+        (w32(ETH_IPV4), 0)
     } else {
-        0
+        (0, 0)
     };
+    let words = [
+        w(0),
+        w32(8) | u64::from(proto) << 32 | ingress,
+        w(26),
+        ports | egress_vlan,
+    ];
     Some((words, total as u64, flags))
 }
 
-/// The memo entry of header words `w`.
+/// Whether two keys' words are equal, the word that differs most between flows (ports)
+/// first.
 #[inline]
-fn memo_index(w: &[u64; 6]) -> usize {
-    ((w[0] ^ w[1] ^ w[5]).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 59) as usize & (MEMO - 1)
+fn same_words(a: &Words, b: &Words) -> bool {
+    a[3] == b[3] && a[2] == b[2] && a[0] == b[0] && a[1] == b[1]
+}
+
+/// Distinct flows of a burst [`FlowCache::observe_burst`] adds up before it updates the
+/// cache; frames of further flows update it one by one.
+pub const RUNS: usize = 8;
+
+/// Bursts that skip the table of runs after one in which no frame joined a run.
+pub const RUNS_OFF: u32 = 16;
+
+/// One flow's frames in a burst, added up.
+#[derive(Clone, Copy)]
+struct Run {
+    words: Words,
+    packets: u64,
+    octets: u64,
+    flags: u8,
+}
+
+impl Run {
+    const NONE: Run = Run {
+        words: NOT_COMPACT,
+        packets: 0,
+        octets: 0,
+        flags: 0,
+    };
 }
 
 /// Whether `a` and `b` are the same flow: [`FlowKey`]'s equality, the fields that differ
@@ -415,8 +502,8 @@ impl FlowCache {
             entries: vec![EMPTY; sets * WAYS],
             sets,
             seeds,
-            memo: Box::new([Memo::VOID; MEMO]),
-            generation: 1,
+            runs: [Run::NONE; RUNS],
+            runs_off: 0,
             countdown: 1,
             stats: CacheStats::default(),
         }
@@ -439,9 +526,19 @@ impl FlowCache {
         self.len() == 0
     }
 
-    /// The keyed hash of `k`: its fields packed into words, folded with the cache's seeds.
+    /// The keyed hash of a key's `compact` words.
     #[inline]
+    fn hash_words(&self, w: &Words) -> u64 {
+        fold(w[0] ^ self.seeds[0], w[1] ^ self.seeds[1])
+            ^ fold(w[2] ^ self.seeds[2], w[3] ^ self.seeds[3])
+    }
+
+    /// The keyed hash of `k`: of its `compact` words, or, for a key without them, of its
+    /// fields packed into words.
     fn hash(&self, k: &FlowKey) -> u64 {
+        if let Some(w) = compact(k) {
+            return self.hash_words(&w);
+        }
         let [a0, a1, a2, a3, a4, a5] = k.src_mac;
         let [b0, b1, b2, b3, b4, b5] = k.dst_mac;
         let macs = u64::from_le_bytes([a0, a1, a2, a3, a4, a5, b0, b1]);
@@ -479,6 +576,17 @@ impl FlowCache {
         ((u128::from(h) * self.sets as u128) >> 64) as usize * WAYS
     }
 
+    /// The ways of the set at `set` whose tag is `t`, as a bit mask.
+    #[inline]
+    fn tag_hits(&self, set: usize, t: u32) -> u32 {
+        let tags: &[u32; WAYS] = self.tags[set..set + WAYS].try_into().expect("a set");
+        let mut m = 0;
+        for (w, &g) in tags.iter().enumerate() {
+            m |= u32::from(g == t) << w;
+        }
+        m
+    }
+
     /// Offers one forwarded frame (from port `ingress` to `egress`) at `now_ms`. Records
     /// that end because of it (a flow past a timeout, a flow evicted for room) are pushed
     /// onto `out`.
@@ -496,7 +604,6 @@ impl FlowCache {
     /// [`FlowCache::observe`] with the frame's VLAN as the switch decided it (`Some(0)`:
     /// none), where the frame's own tag may not say it (an untagged frame of an access
     /// port's VLAN). `None`: the frame's tag.
-    #[inline]
     pub fn observe_in(
         &mut self,
         frame: &[u8],
@@ -513,21 +620,130 @@ impl FlowCache {
         }
         self.countdown = self.cfg.sampling.max(1);
         self.stats.sampled += 1;
-        // The memo: a flow seen a moment ago, found by its header words.
-        let memo = memo_words(frame, ingress, egress, vlan).map(|(words, octets, flags)| {
-            let i = memo_index(&words);
-            (words, octets, flags, i)
-        });
-        if let Some((words, octets, flags, i)) = memo {
-            let m = &self.memo[i];
-            if m.generation == self.generation
-                && m.words == words
-                && self.add(m.slot as usize, octets, flags, now_ms)
-            {
+        // The frame's own tag: the in-place shape has none.
+        let decided = vlan.map_or(Some(0), |v| vlan_code((v != 0).then_some(v)));
+        if let (Some(code), true) = (decided, ingress <= 0xffff && egress <= 0xffff) {
+            let (i, ev) = (
+                u64::from(ingress) << 40,
+                u64::from(egress) << 32 | code << 48,
+            );
+            if let Some((words, octets, flags)) = frame_words(frame, i, ev) {
+                self.account_words(&words, 1, octets, flags, now_ms, out);
                 return;
             }
         }
-        let memo = memo.map(|(words, _, _, i)| (words, i));
+        self.observe_general(frame, ingress, egress, vlan, now_ms, out);
+    }
+
+    /// Offers the frames a burst sends to one destination (from port `ingress` to `egress`,
+    /// each with its VLAN as the switch decided it, 0: none) at `now_ms`: what
+    /// [`FlowCache::observe_in`] of each would count, the frames of a flow seen before in
+    /// the burst added up and accounted once (see the module docs).
+    #[inline]
+    pub fn observe_burst<'a>(
+        &mut self,
+        frames: impl Iterator<Item = (&'a [u8], u16)>,
+        ingress: u32,
+        egress: u32,
+        now_ms: u64,
+        out: &mut Vec<FlowRecord>,
+    ) {
+        let fits = ingress <= 0xffff && egress <= 0xffff;
+        let (i, e) = (u64::from(ingress) << 40, u64::from(egress) << 32);
+        let every = self.cfg.sampling.max(1);
+        let use_runs = self.runs_off == 0;
+        self.runs_off = self.runs_off.saturating_sub(1);
+        let (mut countdown, mut seen, mut sampled) = (self.countdown, 0u64, 0u64);
+        // Runs in the table, and the one the last frame went to.
+        let (mut runs, mut last) = (0usize, 0usize);
+        for (frame, vlan) in frames {
+            seen += 1;
+            if every > 1 {
+                countdown -= 1;
+                if countdown > 0 {
+                    continue;
+                }
+                countdown = every;
+                sampled += 1;
+            }
+            let code = if vlan == 0 {
+                Some(0)
+            } else {
+                vlan_code(Some(vlan))
+            };
+            let words = match code {
+                Some(code) if fits => frame_words(frame, i, e | code << 48),
+                _ => None,
+            };
+            let Some((words, octets, flags)) = words else {
+                self.observe_general(frame, ingress, egress, Some(vlan), now_ms, out);
+                continue;
+            };
+            if use_runs {
+                // The last frame's flow (a run of one flow), the one after it (flows
+                // interleaved frame by frame), then any.
+                let next = if last + 1 < runs { last + 1 } else { 0 };
+                let at = if runs == 0 {
+                    None
+                } else if same_words(&self.runs[last].words, &words) {
+                    Some(last)
+                } else if same_words(&self.runs[next].words, &words) {
+                    Some(next)
+                } else {
+                    self.runs[..runs]
+                        .iter()
+                        .position(|r| same_words(&r.words, &words))
+                };
+                if let Some(at) = at {
+                    let r = &mut self.runs[at];
+                    r.packets += 1;
+                    r.octets += octets;
+                    r.flags |= flags;
+                    last = at;
+                    continue;
+                }
+                if runs < RUNS {
+                    self.runs[runs] = Run {
+                        words,
+                        packets: 1,
+                        octets,
+                        flags,
+                    };
+                    (last, runs) = (runs, runs + 1);
+                    continue;
+                }
+            }
+            self.account_words(&words, 1, octets, flags, now_ms, out);
+        }
+        if every == 1 {
+            sampled = seen;
+        }
+        self.countdown = countdown;
+        self.stats.frames += seen;
+        self.stats.sampled += sampled;
+        let mut joined = false;
+        for k in 0..runs {
+            let r = self.runs[k];
+            joined |= r.packets > 1;
+            self.account_words(&r.words, r.packets, r.octets, r.flags, now_ms, out);
+        }
+        if use_runs && !joined && runs == RUNS {
+            // Every frame a different flow: the table only costs, for a while.
+            self.runs_off = RUNS_OFF;
+        }
+    }
+
+    /// Accounts a sampled frame of any shape (with the general parse).
+    #[cold]
+    fn observe_general(
+        &mut self,
+        frame: &[u8],
+        ingress: u32,
+        egress: u32,
+        vlan: Option<u16>,
+        now_ms: u64,
+        out: &mut Vec<FlowRecord>,
+    ) {
         let Some((mut key, octets, flags)) = parse(frame, ingress, egress) else {
             self.stats.not_ip += 1;
             return;
@@ -535,37 +751,81 @@ impl FlowCache {
         if let Some(v) = vlan {
             key.vlan = (v != 0).then_some(v);
         }
-        let slot = self.account(&key, octets, flags, now_ms, out);
-        if let Some((words, i)) = memo {
-            self.memo[i] = Memo {
-                words,
-                slot: slot as u32,
-                generation: self.generation,
-            };
+        if let Some(words) = compact(&key) {
+            return self.account_words(&words, 1, octets, flags, now_ms, out);
         }
+        let h = self.hash(&key);
+        let (set, t) = (self.set_of(h), tag(h));
+        let mut m = self.tag_hits(set, t);
+        let mut ended = None;
+        while m != 0 {
+            let w = m.trailing_zeros() as usize;
+            if same_flow(&self.entries[set + w].key, &key) {
+                if self.add(set + w, 1, octets, flags, now_ms) {
+                    return;
+                }
+                ended = Some(set + w);
+                break;
+            }
+            m &= m - 1;
+        }
+        self.update(set, t, ended, (1, octets, flags), now_ms, out, || {
+            (key, NOT_COMPACT)
+        });
     }
 
-    /// Accounts one sampled frame of flow `key`; returns the slot that holds the flow.
+    /// Accounts `packets` sampled frames of the flow of `compact` words `words`, with
+    /// `octets` IP octets and TCP flags `flags` between them.
     #[inline]
-    fn account(
+    fn account_words(
         &mut self,
-        key: &FlowKey,
+        words: &Words,
+        packets: u64,
         octets: u64,
         flags: u8,
         now_ms: u64,
         out: &mut Vec<FlowRecord>,
-    ) -> usize {
-        let h = self.hash(key);
+    ) {
+        let h = self.hash_words(words);
         let (set, t) = (self.set_of(h), tag(h));
-        let tags: &[u32; WAYS] = self.tags[set..set + WAYS].try_into().expect("a set");
-        let entries: &[Entry; WAYS] = self.entries[set..set + WAYS].try_into().expect("a set");
-        let hit = (0..WAYS).find(|&w| tags[w] == t && same_flow(&entries[w].key, key));
-        if let Some(w) = hit {
-            if self.add(set + w, octets, flags, now_ms) {
-                return set + w;
+        let mut m = self.tag_hits(set, t);
+        while m != 0 {
+            let w = m.trailing_zeros() as usize;
+            if same_words(&self.entries[set + w].words, words) {
+                if self.add(set + w, packets, octets, flags, now_ms) {
+                    return;
+                }
+                let ended = Some(set + w);
+                return self.update(set, t, ended, (packets, octets, flags), now_ms, out, || {
+                    (key_of(words), *words)
+                });
             }
-            // Ended by a timeout: exported, and the flow starts over in a fresh entry.
-            self.end(set + w, now_ms, out);
+            m &= m - 1;
+        }
+        self.update(set, t, None, (packets, octets, flags), now_ms, out, || {
+            (key_of(words), *words)
+        });
+    }
+
+    /// The slow half of a lookup in the set at `set` for a flow with tag `t` that was not
+    /// found, or found in slot `ended` past a timeout (exported and freed here): a new entry
+    /// (`key` makes its key and words) with counts (packets, octets, flags) at `now_ms`, in
+    /// a free slot or in the set's least recently seen flow's (exported, counted).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn update(
+        &mut self,
+        set: usize,
+        t: u32,
+        ended: Option<usize>,
+        (packets, octets, flags): (u64, u64, u8),
+        now_ms: u64,
+        out: &mut Vec<FlowRecord>,
+        key: impl FnOnce() -> (FlowKey, Words),
+    ) {
+        if let Some(i) = ended {
+            // Exported, and the flow starts over in a fresh entry.
+            self.end(i, now_ms, out);
         }
         let w = match self.tags[set..set + WAYS].iter().position(|&g| g == 0) {
             Some(w) => w,
@@ -575,34 +835,34 @@ impl FlowCache {
                     .expect("WAYS > 0");
                 out.push(self.entries[set + w].record(EndReason::LackOfResources));
                 count(&mut self.stats, EndReason::LackOfResources);
-                self.bump();
                 w
             }
         };
+        let (key, words) = key();
         self.tags[set + w] = t;
         self.entries[set + w] = Entry {
-            key: *key,
-            packets: 1,
+            key,
+            words,
+            packets,
             octets,
             start_ms: now_ms,
             last_ms: now_ms,
             tcp_flags: flags,
         };
         self.stats.flows += 1;
-        set + w
     }
 
-    /// Adds a frame to the flow in slot `i`, unless the flow is past a timeout at `now_ms`
+    /// Adds frames to the flow in slot `i`, unless the flow is past a timeout at `now_ms`
     /// (then `false`, nothing changed).
     #[inline]
-    fn add(&mut self, i: usize, octets: u64, flags: u8, now_ms: u64) -> bool {
+    fn add(&mut self, i: usize, packets: u64, octets: u64, flags: u8, now_ms: u64) -> bool {
         let e = &mut self.entries[i];
         if now_ms.saturating_sub(e.last_ms) >= self.cfg.idle_timeout_ms
             || now_ms.saturating_sub(e.start_ms) >= self.cfg.active_timeout_ms
         {
             return false;
         }
-        e.packets += 1;
+        e.packets += packets;
         e.octets += octets;
         e.last_ms = e.last_ms.max(now_ms);
         e.tcp_flags |= flags;
@@ -621,24 +881,11 @@ impl FlowCache {
         out.push(e.record(r));
         count(&mut self.stats, r);
         self.tags[i] = 0;
-        self.bump();
-    }
-
-    /// Voids every memo entry (a slot was freed, or may be).
-    #[inline]
-    fn bump(&mut self) {
-        self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 {
-            // Wrapped: every entry is voided, so none made 2^32 bumps ago can match.
-            self.memo.fill(Memo::VOID);
-            self.generation = 1;
-        }
     }
 
     /// Exports (onto `out`) and removes the flows past their idle or active timeout at
     /// `now_ms`. Looks at every slot: call it about once a second, not per frame.
     pub fn expire(&mut self, now_ms: u64, out: &mut Vec<FlowRecord>) {
-        self.bump();
         let (idle, active) = (self.cfg.idle_timeout_ms, self.cfg.active_timeout_ms);
         for (t, e) in self.tags.iter_mut().zip(&self.entries) {
             if *t == 0 {
@@ -659,7 +906,6 @@ impl FlowCache {
 
     /// Exports every flow with [`EndReason::ForcedEnd`] and empties the cache.
     pub fn flush(&mut self, out: &mut Vec<FlowRecord>) {
-        self.bump();
         for (t, e) in self.tags.iter_mut().zip(&self.entries) {
             if *t != 0 {
                 out.push(e.record(EndReason::ForcedEnd));

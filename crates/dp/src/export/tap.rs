@@ -8,8 +8,9 @@
 //!
 //! Per burst, for every frame the pipeline sent to a destination (a flooded frame once per
 //! destination, as the egress port is part of a flow's key):
-//! - IPFIX: the worker's [`FlowCache`] is offered it (1 in N accounted); records that end
-//!   (timeouts met at the flow's next frame, evictions) go to the slot's pending list;
+//! - IPFIX: the worker's [`FlowCache`] is offered them, a destination's frames at once
+//!   ([`FlowCache::observe_burst`], 1 in N accounted); records that end (timeouts met at the
+//!   flow's next frame, evictions) go to the slot's pending list;
 //! - sFlow: the ingress port's [`Sampler`] (one per port and worker) picks 1 in N on
 //!   average; a picked frame's first [`HEADER_BYTES`] are copied into the pending samples.
 //!
@@ -23,7 +24,7 @@ use parking_lot::Mutex;
 use super::cache::{CacheConfig, CacheStats, FlowCache, FlowRecord};
 use super::sflow::{Sampler, HEADER_BYTES};
 use crate::ids::PortId;
-use crate::packet::Pkt;
+use crate::packet::{Pkt, BURST};
 
 /// Flow records a worker holds for the exporter at most.
 pub const MAX_PENDING_RECORDS: usize = 16_384;
@@ -76,7 +77,7 @@ impl Slot {
         Slot {
             cache: cfg.ipfix.map(FlowCache::new),
             records: Vec::with_capacity(if cfg.ipfix.is_some() {
-                MAX_PENDING_RECORDS + 2
+                MAX_PENDING_RECORDS + BURST
             } else {
                 0
             }),
@@ -173,14 +174,15 @@ impl ExportTap {
                 let Some(sel) = out.get(usize::from(p.0)) else {
                     continue;
                 };
-                for &i in sel {
+                let frames = sel.iter().map(|&i| {
                     let i = usize::from(i);
-                    let frame = pkts[i].frame();
-                    cache.observe_in(frame, input, output, Some(vlan(i)), now_ms, &mut s.records);
-                    if s.records.len() > MAX_PENDING_RECORDS {
-                        s.dropped_records += (s.records.len() - MAX_PENDING_RECORDS) as u64;
-                        s.records.truncate(MAX_PENDING_RECORDS);
-                    }
+                    (pkts[i].frame(), vlan(i))
+                });
+                cache.observe_burst(frames, input, output, now_ms, &mut s.records);
+                // At most one record a frame ended: within the list's spare room.
+                if s.records.len() > MAX_PENDING_RECORDS {
+                    s.dropped_records += (s.records.len() - MAX_PENDING_RECORDS) as u64;
+                    s.records.truncate(MAX_PENDING_RECORDS);
                 }
             }
         }

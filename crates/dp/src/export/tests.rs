@@ -355,7 +355,8 @@ fn the_in_place_parse_agrees_with_the_general_one() {
 fn interleaved_and_repeated_flows_keep_exact_counts() {
     // 4 flows frame by frame (as the DPDK load sends), runs of one flow (a guest's burst),
     // then more flows than the cache holds: every frame and octet is in exactly one record.
-    // Frames of 12 payload bytes or more take the memo of recent flows, shorter ones not.
+    // Frames of 12 payload bytes or more are read in place into packed words, shorter ones
+    // take the general parse.
     let mut c = cache(1_024, 1);
     let mut out = Vec::new();
     let mut sent = std::collections::HashMap::<u16, (u64, u64)>::new();
@@ -391,9 +392,9 @@ fn interleaved_and_repeated_flows_keep_exact_counts() {
 }
 
 #[test]
-fn the_memo_never_names_a_slot_its_flow_left() {
-    // One set: after the flush, b takes the slot a had; a's memo entry must not count a's
-    // next frame into b, nor after an expiry.
+fn a_slot_freed_and_taken_again_counts_only_its_new_flow() {
+    // One set: after the flush, b takes the slot a had; a's next frame must not count into
+    // b, nor after an expiry.
     let mut c = cache(cache::WAYS, 1);
     let mut out = Vec::new();
     let (a, b) = (v4(1, None, 20), v4(2, None, 20));
@@ -414,4 +415,223 @@ fn the_memo_never_names_a_slot_its_flow_left() {
         "{counts:?}"
     );
     assert_eq!(c.stats().flows, 4);
+}
+
+#[test]
+fn the_packed_words_are_the_keys() {
+    // For every frame the in-place words take (any VLAN decided, the ports of the switch),
+    // they are the packed words of the key the general parse makes, and unpack to it.
+    let mut taken = 0;
+    for base in [
+        v4(1000, None, 30),
+        v4(2000, Some(0x12), 0),
+        v4(3000, None, 0),
+    ] {
+        let mut frames = Vec::new();
+        for len in 0..=base.len() {
+            frames.push(base[..len].to_vec());
+        }
+        for at in 0..base.len().min(60) {
+            for v in [
+                0, 1, 0x06, 0x08, 0x11, 0x1f, 0x20, 0x45, 0x46, 0x60, 0x81, 0xff,
+            ] {
+                let mut f = base.clone();
+                f[at] = v;
+                frames.push(f);
+            }
+        }
+        for f in &frames {
+            for (ingress, egress, vlan) in [(1, 2, 0u16), (7, 65_535, 10), (65_535, 3, 4_095)] {
+                let code = if vlan == 0 {
+                    0
+                } else {
+                    u64::from(vlan) | 0x1000
+                };
+                let words = cache::frame_words(
+                    f,
+                    u64::from(ingress) << 40,
+                    u64::from(egress) << 32 | code << 48,
+                );
+                let Some((words, octets, flags)) = words else {
+                    continue;
+                };
+                taken += 1;
+                let (mut key, o, fl) = cache::parse_general(f, ingress, egress).unwrap();
+                key.vlan = (vlan != 0).then_some(vlan);
+                assert_eq!((octets, flags), (o, fl));
+                assert_eq!(cache::compact(&key), Some(words), "{f:?}");
+                assert_eq!(cache::key_of(&words), key);
+            }
+        }
+    }
+    assert!(taken > 1_000, "{taken}");
+    // Keys without packed words: IPv6, a port or VID that does not fit.
+    let (key, _, _) = cache::parse(&v4(1, None, 0), 1, 2).unwrap();
+    for k in [
+        FlowKey {
+            ingress: 70_000,
+            ..key
+        },
+        FlowKey {
+            egress: 70_000,
+            ..key
+        },
+        FlowKey {
+            vlan: Some(4_096),
+            ..key
+        },
+        FlowKey {
+            ips: IpPair::V6 {
+                src: [1; 16],
+                dst: [2; 16],
+            },
+            ..key
+        },
+    ] {
+        assert_eq!(cache::compact(&k), None);
+    }
+}
+
+/// Per source port: (frames, octets) in `records`.
+fn totals(records: &[FlowRecord]) -> std::collections::BTreeMap<u16, (u64, u64)> {
+    let mut got = std::collections::BTreeMap::new();
+    for r in records {
+        let e: &mut (u64, u64) = got.entry(r.key.src_port).or_default();
+        *e = (e.0 + r.packets, e.1 + r.octets);
+    }
+    got
+}
+
+/// Offers `bursts` (each a list of (source port, payload bytes) frames) to a cache burst by
+/// burst and to another frame by frame, both at `now_ms` + the burst's index; returns each
+/// one's records (after a flush) and counters.
+fn both_ways(
+    capacity: usize,
+    sampling: u32,
+    bursts: &[Vec<(u16, usize)>],
+) -> [(Vec<FlowRecord>, CacheStats); 2] {
+    let (mut by_burst, mut by_frame) = (cache(capacity, sampling), cache(capacity, sampling));
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (t, burst) in bursts.iter().enumerate() {
+        let frames: Vec<Vec<u8>> = burst
+            .iter()
+            .map(|&(sport, payload)| v4(sport, (sport % 5 == 0).then_some(0x10), payload))
+            .collect();
+        let now = 1_000 + t as u64;
+        by_burst.observe_burst(frames.iter().map(|f| (&f[..], 0)), 1, 2, now, &mut a);
+        for f in &frames {
+            by_frame.observe_in(f, 1, 2, Some(0), now, &mut b);
+        }
+    }
+    by_burst.flush(&mut a);
+    by_frame.flush(&mut b);
+    let (sa, sb) = (by_burst.stats(), by_frame.stats());
+    [(a, sa), (b, sb)]
+}
+
+#[test]
+fn a_burst_of_one_flow_is_one_update_with_exact_counts() {
+    let burst: Vec<(u16, usize)> = (0..32).map(|i| (7, 12 + i % 5)).collect();
+    let [(a, sa), (b, sb)] = both_ways(64, 1, &[burst.clone(), burst]);
+    assert_eq!(a.len(), 1, "one flow, one record");
+    assert_eq!(a[0].packets, 64);
+    assert_eq!(totals(&a), totals(&b));
+    assert_eq!((sa.frames, sa.sampled, sa.flows), (64, 64, 1));
+    assert_eq!(
+        (sa.frames, sa.sampled, sa.flows),
+        (sb.frames, sb.sampled, sb.flows)
+    );
+}
+
+#[test]
+fn interleaved_flows_in_bursts_keep_exact_counts() {
+    // 4 flows frame by frame (as the DPDK load sends), a burst of more flows than the table
+    // of runs holds, short frames (the general parse) among them, every 3rd frame sampled.
+    let mut bursts = Vec::new();
+    for b in 0..20u16 {
+        bursts.push(
+            (0..32u16)
+                .map(|i| (i % 4, 12 + usize::from((b + i) % 7)))
+                .collect(),
+        );
+        bursts.push(
+            (0..32u16)
+                .map(|i| (100 + i % 12, usize::from(i % 3)))
+                .collect(),
+        );
+    }
+    for sampling in [1, 3] {
+        let [(a, sa), (b, sb)] = both_ways(1_024, sampling, &bursts);
+        assert_eq!(totals(&a), totals(&b), "sampling {sampling}");
+        assert_eq!(
+            (sa.frames, sa.sampled, sa.not_ip, sa.evicted),
+            (sb.frames, sb.sampled, sb.not_ip, sb.evicted)
+        );
+        assert_eq!(sa.frames, 40 * 32);
+        // The TCP flags of the flows that have them.
+        assert!(a
+            .iter()
+            .all(|r| (r.tcp_flags == 0x10) == (r.key.src_port % 5 == 0)));
+    }
+}
+
+#[test]
+fn flows_evicted_mid_burst_keep_exact_counts() {
+    // One set: a burst of 3 flows with frames on both sides of 10 new flows, so flows of
+    // the table of runs are evicted before the burst's end updates them, and frames past
+    // the table's room are accounted one by one, evicting more.
+    let mut bursts = vec![(0..8u16).map(|p| (p, 20)).collect::<Vec<_>>()];
+    for round in 0..30u16 {
+        let mut b: Vec<(u16, usize)> = vec![(1, 20), (2, 20), (3, 20)];
+        b.extend((0..10).map(|i| (200 + (round * 10 + i) % 40, 12)));
+        b.extend([(1, 30), (2, 30), (3, 30), (1, 40)]);
+        bursts.push(b);
+    }
+    let [(a, sa), (b, _)] = both_ways(cache::WAYS, 1, &bursts);
+    assert_eq!(totals(&a), totals(&b));
+    assert!(sa.evicted > 30, "{sa:?}");
+    let sent: u64 = bursts.iter().map(|b| b.len() as u64).sum();
+    assert_eq!(a.iter().map(|r| r.packets).sum::<u64>(), sent);
+}
+
+#[test]
+fn bursts_of_all_new_flows_skip_the_table_and_keep_exact_counts() {
+    // Every frame a different flow for many bursts (the table off, then tried again), then
+    // bursts of few flows again.
+    let mut bursts: Vec<Vec<(u16, usize)>> = (0..3 * cache::RUNS_OFF as u16)
+        .map(|b| {
+            (0..32u16)
+                .map(|i| (1_000 + (b * 32 + i) % 3_000, 12))
+                .collect()
+        })
+        .collect();
+    bursts.extend((0..10).map(|_| (0..32u16).map(|i| (i % 2, 20)).collect::<Vec<_>>()));
+    let [(a, sa), (b, sb)] = both_ways(16_384, 1, &bursts);
+    assert_eq!(totals(&a), totals(&b));
+    assert_eq!(sa.flows, sb.flows);
+}
+
+#[test]
+fn a_flow_past_its_timeout_starts_over_within_a_burst() {
+    let mut c = cache(64, 1);
+    let mut out = Vec::new();
+    let f = v4(9, None, 20);
+    c.observe(&f, 1, 2, 0, &mut out);
+    let burst = [&f[..], &f[..], &f[..]];
+    c.observe_burst(burst.iter().map(|f| (*f, 0)), 1, 2, 20_000, &mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (out[0].packets, out[0].end_reason),
+        (1, EndReason::IdleTimeout)
+    );
+    c.flush(&mut out);
+    assert_eq!((out[1].packets, out[1].start_ms), (3, 20_000));
+    // The VLAN decided splits flows; a VID past 4095 takes the general path.
+    let mut out = Vec::new();
+    let burst = [(&f[..], 10), (&f[..], 0), (&f[..], 10), (&f[..], 5_000)];
+    c.observe_burst(burst.into_iter(), 1, 2, 30_000, &mut out);
+    c.flush(&mut out);
+    let mut vlans: Vec<(Option<u16>, u64)> = out.iter().map(|r| (r.key.vlan, r.packets)).collect();
+    vlans.sort();
+    assert_eq!(vlans, [(None, 1), (Some(10), 2), (Some(5_000), 1)]);
 }
