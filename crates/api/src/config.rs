@@ -2129,32 +2129,31 @@ fn key_of_value_at(text: &str, offset: usize) -> Option<String> {
     Some(path.join("."))
 }
 
-/// Fails if two ports name the same TAP interface or the same vhost-user socket.
+/// Fails if two ports name the same TAP interface or the same vhost-user socket. Hashed, so
+/// that a configuration of 10 000 ports is checked in O(ports), not O(ports²).
 pub fn check_ifnames(ports: &[PortConfig]) -> Result<(), ConfigError> {
-    let mut seen: Vec<(&IfName, &str)> = Vec::new();
+    let mut seen: std::collections::HashMap<&IfName, &str> = Default::default();
     for p in ports {
         for ifname in p.ifnames() {
-            if let Some((_, first)) = seen.iter().find(|(i, _)| *i == ifname) {
+            if let Some(first) = seen.insert(ifname, &p.name) {
                 return Err(ConfigError::DuplicateIfname {
                     ifname: ifname.to_string(),
                     first: first.to_string(),
                     second: p.name.clone(),
                 });
             }
-            seen.push((ifname, &p.name));
         }
     }
-    let mut sockets: Vec<(&SocketPath, &str)> = Vec::new();
+    let mut sockets: std::collections::HashMap<&SocketPath, &str> = Default::default();
     for p in ports {
         if let Some(s) = p.socket() {
-            if let Some((_, first)) = sockets.iter().find(|(x, _)| *x == s) {
+            if let Some(first) = sockets.insert(s, &p.name) {
                 return Err(ConfigError::DuplicateSocket {
                     socket: s.to_string(),
                     first: first.to_string(),
                     second: p.name.clone(),
                 });
             }
-            sockets.push((s, &p.name));
         }
     }
     Ok(())

@@ -331,3 +331,64 @@ fn allocator_without_uplinks_runs_once_a_second() {
     );
     sw.shutdown();
 }
+
+/// Idle work proportional to what changes (issue 30): while no worker moves a frame the
+/// allocator's one-second sample is skipped (nothing per port), yet a port that becomes
+/// active afterwards is measured in the next second (no frozen rate), its history holds a
+/// zero for every idle second, and every port is still in `qos show` and `stats`.
+#[test]
+fn idle_seconds_cost_nothing_per_port_and_a_port_that_wakes_up_is_measured() {
+    let sw = Switch::manual(&[0], &Options::default()).unwrap();
+    let ports: Vec<_> = (0..20)
+        .map(|i| sw.add_inject_port(&format!("p{i}"), None).unwrap())
+        .collect();
+    const S: u64 = 1_000_000_000;
+    let mut t = 0;
+    let mut run_to = |until: u64, feed: Option<&qswitch_dp::port::inject::InjectPort>| {
+        while t < until {
+            t += 10_000_000;
+            if let Some(p) = feed {
+                let mut f = vec![0xffu8; 6];
+                f.extend_from_slice(&[2, 0, 0, 0, 0, 0x33, 0x08, 0x00]);
+                f.resize(60, 0);
+                p.inject(&f);
+            }
+            sw.poll_once(t);
+        }
+    };
+    run_to(5 * S + S / 2, None);
+    let idle = sw.qos_show();
+    assert_eq!(idle.ports.len(), 20);
+    for p in &idle.ports {
+        assert_eq!(p.rate_bps, 0.0, "{}", p.name);
+        assert_eq!(
+            p.history.len() as u64,
+            idle.seconds,
+            "{}: {:?}",
+            p.name,
+            p.history
+        );
+        assert!(p.history.iter().all(|&r| r == 0.0), "{}", p.name);
+    }
+    // Port p3 sends through the sixth second: measured in it, not frozen at zero.
+    run_to(6 * S + S / 2, Some(&ports[3]));
+    let busy = sw.qos_show();
+    let p3 = busy.ports.iter().find(|p| p.name == "p3").unwrap();
+    assert!(p3.rate_bps > 0.0, "p3 moved frames: {p3:?}");
+    assert_eq!(p3.history.len() as u64, busy.seconds);
+    assert!(*p3.history.last().unwrap() > 0.0, "{:?}", p3.history);
+    let p4 = busy.ports.iter().find(|p| p.name == "p4").unwrap();
+    assert_eq!(p4.history.len() as u64, busy.seconds);
+    // Quiet again: its rate goes back to zero at the next sample.
+    run_to(8 * S + S / 2, None);
+    let quiet = sw.qos_show();
+    let p3 = quiet.ports.iter().find(|p| p.name == "p3").unwrap();
+    assert_eq!(p3.rate_bps, 0.0, "{p3:?}");
+    assert_eq!(p3.history.len() as u64, quiet.seconds);
+    assert_eq!(*p3.history.last().unwrap(), 0.0);
+    // Every port is in the counters, p3's with its frames.
+    let stats = sw.stats();
+    assert_eq!(stats.ports.len(), 20);
+    let s3 = stats.ports.iter().find(|p| p.name == "p3").unwrap();
+    assert_eq!(s3.rx_packets, 100);
+}

@@ -250,6 +250,71 @@ fn keep_off_worker_cpus(online: &[usize], workers: &[usize]) {
     }
 }
 
+/// The 1-s sampler's memory between seconds: what lets a second in which nothing moved
+/// cost nothing per port.
+#[derive(Default)]
+struct Sampler {
+    /// The switch's [`Switch::activity`], [`Switch::epoch`] and QoS settings generation at
+    /// the last full sample, when it found every port's rates zero and no QoS row to show:
+    /// while they stand still (and
+    /// the kernel forwards nothing by itself), the ports' counters are those of that sample.
+    quiet_at: Option<(u64, u64, u64)>,
+}
+
+impl Sampler {
+    /// One second: the rates, the QoS rows and a point of the history, from `prev` (the
+    /// last report, which this one replaces).
+    fn sample(&mut self, daemon: &Daemon, prev: &mut StatsReport, qos_gauges: &mut Vec<String>) {
+        let sw = &daemon.switch;
+        // Read before the counters: a frame moved after it shows at the next second.
+        let mark = (sw.activity(), sw.epoch(), sw.qos_generation());
+        if self.quiet_at == Some(mark) && !sw.kernel_forwards() {
+            let mut cur = sw.stats_quiet();
+            // The ports' counters and the workers' queue lists are the last full report's:
+            // set aside, so that nothing below copies them.
+            let ports = std::mem::take(&mut prev.ports);
+            let queues: Vec<Vec<String>> = prev
+                .workers
+                .iter_mut()
+                .map(|w| std::mem::take(&mut w.queues))
+                .collect();
+            let mut rates = daemon.rates.lock();
+            let mut r = Rates::between(prev, &cur);
+            // The ports' rates stay the zeros they were.
+            r.ports = rates.take().map(|old| old.ports).unwrap_or_default();
+            *rates = Some(r);
+            drop(rates);
+            feed_firewall(daemon);
+            daemon
+                .history
+                .lock()
+                .push_quiet(prev, &cur, crate::series::unix_ms());
+            cur.ports = ports;
+            for (w, q) in cur.workers.iter_mut().zip(queues) {
+                w.queues = q;
+            }
+            *prev = cur;
+            return;
+        }
+        let cur = sw.stats();
+        let rates = Rates::between(prev, &cur);
+        let zero = rates
+            .ports
+            .iter()
+            .all(|p| p.rx_pps == 0.0 && p.tx_pps == 0.0 && p.drops_ps == 0.0);
+        *daemon.rates.lock() = Some(rates);
+        // Only the ports QoS is configured on, without histories: the rows need no more.
+        let qos = sw.qos_show_configured();
+        feed_firewall(daemon);
+        let mut history = daemon.history.lock();
+        feed_qos(&mut history, &qos, qos_gauges);
+        history.push(prev, &cur, crate::series::unix_ms());
+        drop(history);
+        self.quiet_at = (zero && qos.ports.is_empty()).then_some(mark);
+        *prev = cur;
+    }
+}
+
 /// Puts the QoS settings and allocations into the history: the dashboard's QoS table (every
 /// port with a setting, as `qos show` lists them: see [`crate::http::qos_rows`]) and one
 /// gauge per shaped port, `qos.<port>.alloc_bps`, on every following one-second point. No
@@ -513,6 +578,7 @@ fn serve(
     crate::sdnotify::notify("READY=1");
     let mut prev = daemon.switch.stats();
     let mut qos_gauges: Vec<String> = Vec::new();
+    let mut sampler = Sampler::default();
     let mut next = Instant::now() + Duration::from_secs(1);
     let mut failure = None;
     while !term.load(Ordering::Relaxed) && !daemon.switch.stopping() {
@@ -541,16 +607,7 @@ fn serve(
         }
         if Instant::now() >= next {
             next += Duration::from_secs(1);
-            let cur = daemon.switch.stats();
-            *daemon.rates.lock() = Some(qswitch_api::request::Rates::between(&prev, &cur));
-            // Only the ports QoS is configured on, without histories: the rows need no more.
-            let qos = daemon.switch.qos_show_configured();
-            feed_firewall(&daemon);
-            let mut history = daemon.history.lock();
-            feed_qos(&mut history, &qos, &mut qos_gauges);
-            history.push(&prev, &cur, crate::series::unix_ms());
-            drop(history);
-            prev = cur;
+            sampler.sample(&daemon, &mut prev, &mut qos_gauges);
         }
     }
     // A thread that failed stops the switch by itself; a signal stops it by request.
@@ -563,6 +620,7 @@ fn serve(
     crate::sdnotify::notify("STOPPING=1");
     tracing::info!("stopping");
     term.store(true, Ordering::Relaxed);
+    daemon.export.wake();
     let _ = server.join();
     let _ = exporter.join();
     if let Some(t) = http_server {

@@ -1,6 +1,7 @@
 //! The exporter: flow export's control side (issue 32, docs/visibility.md).
 //!
-//! One thread (`qs-export`) wakes every [`TICK`]: it takes the flow records and sFlow
+//! One thread (`qs-export`) wakes every [`TICK`] while something is exported (with nothing
+//! configured it sleeps until [`Export::configure`] or [`Export::wake`]): it takes the flow records and sFlow
 //! samples the workers left in their slots ([`qswitch_dp::export::tap`]), expires the
 //! workers' flow caches once a second (idle and active timeouts), encodes IPFIX messages
 //! (templates again every 10 s) and sFlow datagrams, and sends them over UDP to the
@@ -61,6 +62,9 @@ struct State {
 #[derive(Default)]
 pub struct Export {
     state: Mutex<State>,
+    /// Signalled when the configuration changes or the daemon stops ([`Export::wake`]): the
+    /// thread sleeps on it while nothing is exported.
+    changed: parking_lot::Condvar,
 }
 
 /// A UDP socket connected to `collector` (so that an address this host cannot send to
@@ -175,6 +179,7 @@ impl Export {
         if !same_sflow {
             st.sflow = new_sflow;
         }
+        self.changed.notify_all();
         let what: Vec<String> = [
             ipfix.map(|c| format!("ipfix to {} (1 in {})", c.collector, c.sampling)),
             sflow.map(|c| format!("sflow to {} (1 in {})", c.collector, c.sampling)),
@@ -428,9 +433,29 @@ fn if_counters(sw: &Switch) -> Vec<IfCounters> {
 /// The exporter thread's loop, until `term` or the switch stops; flushes at the end.
 pub fn run(export: &Export, sw: &Switch, term: &std::sync::atomic::AtomicBool) {
     use std::sync::atomic::Ordering;
-    while !term.load(Ordering::Relaxed) && !sw.stopping() {
+    let ending = || term.load(Ordering::Relaxed) || sw.stopping();
+    while !ending() {
         export.tick(sw);
-        std::thread::sleep(TICK);
+        let mut st = export.state.lock();
+        if st.ipfix.is_some() || st.sflow.is_some() {
+            drop(st);
+            std::thread::sleep(TICK);
+            continue;
+        }
+        // Nothing exported: no tick to run until a configuration or the end wakes it (both
+        // change what is looked at under the lock, so no wake-up is missed).
+        while st.ipfix.is_none() && st.sflow.is_none() && !ending() {
+            export.changed.wait(&mut st);
+        }
     }
     export.stop(sw);
+}
+
+impl Export {
+    /// Wakes the exporter thread: the daemon calls it after setting its `term` flag, so a
+    /// thread sleeping with nothing to export sees the end.
+    pub fn wake(&self) {
+        let _st = self.state.lock();
+        self.changed.notify_all();
+    }
 }

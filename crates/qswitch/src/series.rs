@@ -12,6 +12,7 @@
 //! second, and one `/api/series` answer was 145 MB).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use qswitch_api::request::StatsReport;
 use serde::Serialize;
@@ -35,7 +36,9 @@ pub struct Point {
     /// Wall-clock time at the end of the second (Unix milliseconds), for display.
     pub unix_ms: u64,
     pub process_cpu_pct: f64,
-    pub ports: Vec<PortPoint>,
+    /// Shared with the point before when no port moved a frame ([`History::push_quiet`]).
+    #[serde(serialize_with = "shared_ports")]
+    pub ports: Arc<Vec<PortPoint>>,
     pub workers: Vec<WorkerPoint>,
     /// Named values fed by other subsystems for this second (e.g. `qos.<port>.alloc_bps`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -46,6 +49,20 @@ pub struct Point {
     /// The point's size as JSON.
     #[serde(skip)]
     pub bytes: usize,
+    /// What `ports` takes of it.
+    #[serde(skip)]
+    pub ports_bytes: usize,
+}
+
+fn shared_ports<S: serde::Serializer>(p: &Arc<Vec<PortPoint>>, s: S) -> Result<S::Ok, S::Error> {
+    p.as_slice().serialize(s)
+}
+
+/// The size of `v` as JSON.
+fn json_bytes(v: &impl Serialize) -> usize {
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -175,10 +192,49 @@ impl History {
         let mut point = point(prev, cur);
         point.unix_ms = unix_ms;
         point.gauges = self.gauges.clone();
-        let mut count = Count(0);
-        let _ = serde_json::to_writer(&mut count, &point);
-        point.bytes = count.0;
+        point.bytes = json_bytes(&point);
+        point.ports_bytes = json_bytes(&*point.ports);
         self.track_placement(cur, point.t_ms, unix_ms);
+        self.add(point);
+    }
+
+    /// [`History::push`] for a second in which no port moved a frame and the ports and
+    /// placement stayed as they were (the daemon's sampler knows: see
+    /// [`qswitch_dp::Switch::activity`]), while the last point's port rates were zero:
+    /// `cur` may leave its ports and the workers' queue lists out
+    /// ([`qswitch_dp::Switch::stats_quiet`]). The point shares the last point's ports, so
+    /// it costs nothing per port.
+    pub fn push_quiet(&mut self, prev: &StatsReport, cur: &StatsReport, unix_ms: u64) {
+        let Some(last) = self.points.back() else {
+            return self.push(prev, cur, unix_ms);
+        };
+        let (ports, ports_bytes) = (last.ports.clone(), last.ports_bytes);
+        let omitted = last.queues_omitted;
+        let prev = StatsReport {
+            uptime_ms: prev.uptime_ms,
+            process_cpu_ns: prev.process_cpu_ns,
+            ports: Vec::new(),
+            workers: prev.workers.clone(),
+            rates: None,
+        };
+        let cur = StatsReport {
+            ports: Vec::new(),
+            workers: cur.workers.clone(),
+            rates: None,
+            ..*cur
+        };
+        let mut point = point(&prev, &cur);
+        point.unix_ms = unix_ms;
+        point.gauges = self.gauges.clone();
+        point.queues_omitted = omitted;
+        // "[]" is in the count already.
+        point.bytes = json_bytes(&point) + ports_bytes.saturating_sub(2);
+        point.ports = ports;
+        point.ports_bytes = ports_bytes;
+        self.add(point);
+    }
+
+    fn add(&mut self, point: Point) {
         self.bytes += point.bytes;
         self.points.push_back(point);
         while self.points.len() > CAPACITY || (self.bytes > HISTORY_BYTES && self.points.len() > 1)
@@ -369,11 +425,12 @@ fn point(prev: &StatsReport, cur: &StatsReport) -> Point {
         t_ms: cur.uptime_ms,
         unix_ms: 0,
         process_cpu_pct: pct_ns(cur.process_cpu_ns.saturating_sub(prev.process_cpu_ns)),
-        ports,
+        ports: Arc::new(ports),
         workers,
         gauges: BTreeMap::new(),
         queues_omitted,
         bytes: 0,
+        ports_bytes: 0,
     }
 }
 
@@ -548,5 +605,27 @@ mod tests {
         assert_eq!(v.qos.unwrap()[0].min_bps, 1e8);
         h.clear_gauge("qos.a.alloc_bps");
         assert!(h.since(1500, CAPACITY).placement_events.len() == 2);
+    }
+    /// A quiet second (issue 30) shares the last point's ports: the same rates as a full
+    /// push of unchanged counters would give, its size counted as if it were written out,
+    /// and the placement it cannot see left as it was.
+    #[test]
+    fn a_quiet_second_shares_the_ports_and_counts_its_size() {
+        let mut h = History::new();
+        h.push(&report(0, 0, &["a/0"]), &report(1000, 0, &["a/0"]), 1);
+        let prev = report(1000, 0, &["a/0"]);
+        let mut cur = report(2000, 0, &[]);
+        cur.ports.clear();
+        h.push_quiet(&prev, &cur, 2);
+        let mut full = History::new();
+        full.push(&report(0, 0, &["a/0"]), &report(1000, 0, &["a/0"]), 1);
+        full.push(&prev, &report(2000, 0, &["a/0"]), 2);
+        let (q, f) = (h.points.back().unwrap(), full.points.back().unwrap());
+        assert!(Arc::ptr_eq(&q.ports, &h.points[0].ports));
+        assert_eq!(q.ports, f.ports);
+        assert_eq!(q.workers, f.workers);
+        assert_eq!(q.bytes, serde_json::to_string(q).unwrap().len());
+        assert_eq!(h.bytes(), h.points.iter().map(|p| p.bytes).sum::<usize>());
+        assert!(h.events.is_empty(), "{:?}", h.events);
     }
 }

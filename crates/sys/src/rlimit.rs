@@ -36,6 +36,25 @@ pub fn raise_nofile() -> io::Result<(u64, u64)> {
     nofile()
 }
 
+/// Raises the soft and hard `RLIMIT_NOFILE` to at least `need` (never lowers either) and
+/// returns the limits now in force. Raising the hard limit takes `CAP_SYS_RESOURCE` (up to
+/// `fs.nr_open`): for a privileged parent (a benchmark) whose children need more
+/// descriptors than its hard limit allows; they inherit the limits.
+pub fn raise_nofile_to(need: u64) -> io::Result<(u64, u64)> {
+    let (soft, hard) = nofile()?;
+    if soft >= need {
+        return Ok((soft, hard));
+    }
+    let lim = libc::rlimit {
+        rlim_cur: need,
+        rlim_max: hard.max(need),
+    };
+    // SAFETY: `lim` is a valid `struct rlimit` read by the call; the kernel refuses (EPERM)
+    // a hard limit above the current one without CAP_SYS_RESOURCE, and changes nothing then.
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    nofile()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -110,6 +110,15 @@ pub struct Balancer {
 }
 
 impl Balancer {
+    /// What [`Balancer::evaluate`] does, without the loads, for an interval in which no
+    /// queue carried anything and every queue is on one worker: nothing to spread, pair or
+    /// coalesce, so it keeps them, and its streaks restart.
+    pub fn idle(&mut self) {
+        self.settle = self.settle.saturating_sub(1);
+        self.pair_streak = 0;
+        self.low_streak = 0;
+    }
+
     /// Decides from the loads of the last interval. `busy[w]` is worker *w*'s busy fraction.
     pub fn evaluate(&mut self, queues: &[QueueLoad], busy: &[f64]) -> Decision {
         self.settle = self.settle.saturating_sub(1);

@@ -106,8 +106,48 @@ pub(crate) struct AllocState {
     pub(crate) rate_bps: f64,
     pub(crate) alloc_last_second: Option<u64>,
     pub(crate) history: VecDeque<f64>,
+    /// The one-second sample (`QosShared::seconds` after it) that `history` ends with, if
+    /// any: seconds the allocator skipped as idle since are zeros not stored (see
+    /// `AllocState::history_at`).
+    pub(crate) history_to: Option<u64>,
     /// The allocator tick that last measured this port (0: never).
     pub(crate) measured_tick: u64,
+}
+
+impl AllocState {
+    /// Appends one second's rate `r` as second `second`, after the zeros of the seconds the
+    /// allocator skipped since the last one it stored (every port was idle then).
+    pub(crate) fn push_history(&mut self, second: u64, r: f64) {
+        let skipped = self.history_to.map_or(0, |t| second.saturating_sub(t + 1));
+        for _ in 0..skipped.min(HISTORY as u64) {
+            self.push_one(0.0);
+        }
+        self.push_one(r);
+        self.history_to = Some(second);
+    }
+
+    fn push_one(&mut self, r: f64) {
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(r);
+    }
+
+    /// The history as of second `now` (`QosShared::seconds`): what is stored, then a zero
+    /// for each second skipped since, at most [`HISTORY`] values.
+    pub(crate) fn history_at(&self, now: u64) -> Vec<f64> {
+        let skipped = self.history_to.map_or(0, |t| now.saturating_sub(t)) as usize;
+        let skipped = skipped.min(HISTORY);
+        let kept = self.history.len().min(HISTORY - skipped);
+        let mut v: Vec<f64> = self
+            .history
+            .iter()
+            .skip(self.history.len() - kept)
+            .copied()
+            .collect();
+        v.resize(kept + skipped, 0.0);
+        v
+    }
 }
 
 impl PortQos {

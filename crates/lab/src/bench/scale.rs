@@ -11,7 +11,10 @@
 //!
 //! Acceptance (issue 10): < 1% of a CPU at 1000 ports, threads independent of N, port add at
 //! 1000 within 2× of its time at 10. Issue 30: median of the 1-s samples over 60 s
-//! (`--seconds 60`) ≤ 0.5 % at 1000 ports and ≤ 1 % at 10 000. The daemon's own CPU time is counted, not the machine's,
+//! (`--ports 1000,10000 --seconds 60`) ≤ 0.5 % at 1000 ports and ≤ 1 % at 10 000, each
+//! printed against its target. A switch holds up to 16 384 ports; the daemon raises its own
+//! open-file limit (three descriptors per idle port) and the sockets go in one directory
+//! under the temporary directory (short paths, whatever N). The daemon's own CPU time is counted, not the machine's,
 //! so other load slows the measurement down without counting in it (it still perturbs the
 //! port add times).
 
@@ -183,6 +186,19 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             s.port_add_ms
         );
     }
+    for s in &summary {
+        if let Some(target) = target_pct(s.ports) {
+            let met = if s.idle_cpu_pct <= target {
+                "met"
+            } else {
+                "NOT met"
+            };
+            println!(
+                "issue 30: {} ports, median {:.2} % of a CPU, target <= {target} %: {met}",
+                s.ports, s.idle_cpu_pct
+            );
+        }
+    }
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "note: port add times are wall-clock and suffer from other load (loadavg {}); CPU % is \
@@ -234,6 +250,15 @@ fn measure(
             "[[port]]\nname = \"p{i}\"\ntype = \"vhost-user\"\nsocket = \"{}\"\nmode = \"server\"\n",
             dir.0.join(format!("p{i}.sock")).display()
         );
+    }
+    // The daemon raises its soft limit to the hard one, which may be too low for N ports
+    // (three descriptors each, 256 besides: `qswitch run`'s rule): raise the hard limit here,
+    // as root, for it to inherit.
+    let need = 256 + 3 * (n + ADDS) as u64;
+    if let Err(e) = qswitch_sys::rlimit::raise_nofile_to(need) {
+        b.say(format_args!(
+            "cannot raise RLIMIT_NOFILE to {need} for {n} ports: {e}"
+        ));
     }
     let started = Instant::now();
     let start_timeout = (START_PER_1000 * (n / 1000) as u32).max(Duration::from_secs(10));
@@ -328,6 +353,16 @@ fn measure(
         },
         samples,
     })
+}
+
+/// Issue 30's target for `ports` idle ports, % of a CPU (median of the 1-s samples), if it
+/// sets one: 0.5 at 1000 ports, 1 at 10 000.
+fn target_pct(ports: usize) -> Option<f64> {
+    match ports {
+        1000 => Some(0.5),
+        10_000 => Some(1.0),
+        _ => None,
+    }
 }
 
 fn pct(ticks: u64, hz: f64, wall: Duration) -> f64 {

@@ -13,7 +13,7 @@ use qswitch_api::QosSettings;
 
 use super::alloc::{allocate, Claim};
 use crate::policy::Policy;
-use crate::qos::{QosUpdate, HISTORY, MIN_RATE, TICK, UNLIMITED};
+use crate::qos::{QosUpdate, MIN_RATE, TICK, UNLIMITED};
 use crate::stats::Counter;
 use crate::table::{PortEntry, PortTable, Shared};
 
@@ -129,8 +129,10 @@ pub(crate) fn set<E: From<SetError>>(
 /// The allocator thread: runs [`Allocator::step`] every [`TICK`] while some port is toward
 /// an uplink (its rate is measured and allocated), else once a second (the per-second
 /// sample) and at once after a settings or port table change, until the switch stops. So
-/// a switch without uplinks wakes this thread once a second, however many ports it has.
-pub(crate) fn run(shared: &Shared) {
+/// a switch without uplinks wakes this thread once a second, however many ports it has,
+/// and while no worker moves a frame (`activity`: the switch's [`crate::Switch::activity`])
+/// that second costs nothing per port.
+pub(crate) fn run(shared: &Shared, activity: impl Fn() -> u64) {
     let mut allocator = Allocator::new(shared.now());
     while !shared.stopping() {
         if allocator.groups.measured.is_empty() {
@@ -144,7 +146,7 @@ pub(crate) fn run(shared: &Shared) {
         if shared.stopping() {
             break;
         }
-        allocator.step(shared, shared.now());
+        allocator.step(shared, shared.now(), activity());
     }
 }
 
@@ -162,6 +164,11 @@ pub(crate) struct Allocator {
     seen_table: std::sync::Weak<PortTable>,
     seen_gen: u64,
     groups: Groups,
+    /// The switch's activity ([`crate::Switch::activity`]) at the last one-second sample,
+    /// when it found every port's rate zero with no settings changed since: while the
+    /// activity stands still, no port's counters moved and the sample is skipped (each
+    /// port's history then misses zeros, which [`crate::qos::AllocState`] adds back).
+    quiet_at: Option<u64>,
 }
 
 /// The ports of a table by their part in the allocation (slot indices into the table).
@@ -215,8 +222,9 @@ impl Allocator {
         }
     }
 
-    /// One tick at `now` (one [`TICK`] after the previous one).
-    pub(crate) fn step(&mut self, shared: &Shared, now: u64) {
+    /// One tick at `now` (one [`TICK`] after the previous one); `activity` is the switch's
+    /// ([`crate::Switch::activity`]), read before the counters.
+    pub(crate) fn step(&mut self, shared: &Shared, now: u64, activity: u64) {
         let second = now >= self.next_second;
         if second {
             self.next_second += 1_000_000_000;
@@ -234,15 +242,24 @@ impl Allocator {
         }
         let fixed = fresh || gen != self.seen_gen || self.tick == 1;
         self.seen_gen = gen;
-        tick(
+        if fixed {
+            self.quiet_at = None;
+        }
+        // This second's number, as `seconds` counts it once the sample is taken.
+        let seconds = shared.qos.seconds.load(Ordering::Relaxed) + 1;
+        let sample = (second && self.quiet_at != Some(activity)).then_some(seconds);
+        let quiet = tick(
             &table,
             &self.groups,
             now,
             self.tick,
-            second,
+            sample,
             fixed,
             &mut self.scratch,
         );
+        if sample.is_some() {
+            self.quiet_at = quiet.then_some(activity);
+        }
         shared.qos.ticks.fetch_add(1, Ordering::Relaxed);
         if second {
             shared.qos.seconds.fetch_add(1, Ordering::Relaxed);
@@ -264,18 +281,19 @@ pub(crate) struct Scratch {
 }
 
 /// One allocator round over `table` (grouped as `g`) at time `now`, tick number `tick`;
-/// `second` closes a one-second sample; `fixed` redoes the rates that depend only on the
-/// settings. A tick costs O(ports under an uplink), plus O(all ports) once a second and on
-/// a change.
+/// `second` (its number) closes a one-second sample; `fixed` redoes the rates that depend
+/// only on the settings. A tick costs O(ports under an uplink), plus O(all ports) on a
+/// one-second sample and on a change. Returns whether the sample (if any) found every
+/// port's rate zero.
 fn tick(
     table: &PortTable,
     g: &Groups,
     now: u64,
     tick: u64,
-    second: bool,
+    second: Option<u64>,
     fixed: bool,
     s: &mut Scratch,
-) {
+) -> bool {
     let port = |slot: usize| table.get(slot).and_then(Option::as_ref);
     // Measure the ports that compete for an uplink.
     s.bps.resize(table.len(), (0.0, false));
@@ -299,11 +317,17 @@ fn tick(
         st.ewma_bps = 0.7 * st.ewma_bps + 0.3 * rate;
         s.bps[slot] = (st.ewma_bps, throttled);
     }
-    // Once a second, every port's sample.
-    if second {
+    // Once a second, every port's sample (unless skipped as idle: see `Allocator`).
+    let mut quiet = true;
+    if let Some(second) = second {
         for p in table.iter().flatten() {
             let mut st = p.qos.state.lock();
-            let dt = now.saturating_sub(st.second_at).max(1) as f64;
+            // Seconds skipped since its last sample moved nothing: what moved did in the
+            // last second.
+            let since = st
+                .second_at
+                .max(now.saturating_sub(1_000_000_000 + TICK.as_nanos() as u64));
+            let dt = now.saturating_sub(since).max(1) as f64;
             let b = if p.qos.capacity.is_some() {
                 p.counters.tx.iter().map(|t| t.tx_bytes.get()).sum()
             } else {
@@ -314,10 +338,8 @@ fn tick(
             st.second_at = now;
             st.alloc_last_second = p.qos.rate();
             let r = st.rate_bps;
-            if st.history.len() == HISTORY {
-                st.history.pop_front();
-            }
-            st.history.push_back(r);
+            quiet &= r == 0.0;
+            st.push_history(second, r);
         }
     }
     // Uplinks are not shaped; a port with no uplink has only its limit.
@@ -382,6 +404,7 @@ fn tick(
             p.qos.state.lock().alloc = Some(r);
         }
     }
+    quiet
 }
 
 /// The capacity a bond uplink with `capacity` configured shares while `up` of its `members`
@@ -407,6 +430,7 @@ pub(crate) fn report_configured(shared: &Shared) -> QosReport {
 }
 
 fn report_of(shared: &Shared, configured_only: bool) -> QosReport {
+    let seconds = shared.qos.seconds.load(Ordering::Relaxed);
     let table = shared.ports.load_full();
     let uplinks: Vec<&Arc<PortEntry>> = table
         .iter()
@@ -449,7 +473,7 @@ fn report_of(shared: &Shared, configured_only: bool) -> QosReport {
                 history: if configured_only {
                     Vec::new()
                 } else {
-                    st.history.iter().copied().collect()
+                    st.history_at(seconds)
                 },
                 bond_members_up: match (&p.dev, p.qos.capacity) {
                     (crate::port::Device::Bond(b), Some(_)) => {

@@ -108,7 +108,11 @@ pub(crate) struct VethDriver {
 }
 
 impl VethDriver {
-    /// The fast path's maps, made on first use.
+    /// The fast path's maps, made on first use. Its counter array is indexed by port id, so
+    /// it covers every id a port may have ([`MAX_PORTS`]): a veth port keeps its fast path
+    /// whatever slot it gets, at 40 bytes per slot and CPU (640 KiB per possible CPU, made
+    /// only once a veth port asks for the fast path). A smaller array would have left the
+    /// veth ports of a large switch on the slow path by the accident of their slot.
     pub(crate) fn fastpath(&self) -> std::io::Result<Arc<FastPath>> {
         let mut fp = self.fastpath.lock();
         if let Some(f) = fp.as_ref() {

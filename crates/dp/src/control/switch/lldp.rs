@@ -1,6 +1,8 @@
 //! LLDP in the running switch (see [`crate::lldp`]): the housekeeping thread ages each
 //! agent's neighbours and sends what is due; `qswitch lldp` and `/metrics` read the agents.
 
+use std::sync::Arc;
+
 use qswitch_api::config::LldpMode;
 use qswitch_api::request::LldpPort;
 
@@ -14,10 +16,28 @@ impl Core {
     /// Every housekeeping tick: each agent forgets the neighbours whose TTL ran out; an agent
     /// with `lldp = "both"` takes the current host name (a change is sent at once) and sends
     /// its LLDPDU when due, by the port's transmit path (as worker 0, under its queue lock).
-    pub(super) fn lldp_tick(&self, now: u64) {
-        let table = self.shared.ports.load();
+    /// Only the ports with an agent are looked at (listed once per port table).
+    pub(super) fn lldp_tick(&self, ctl: &mut super::runtime::Control, now: u64) {
+        let table = self.shared.ports.load_full();
+        if !std::ptr::eq(ctl.lldp_slots.0.as_ptr(), Arc::as_ptr(&table)) {
+            let slots = table
+                .iter()
+                .enumerate()
+                .filter_map(|(slot, p)| {
+                    let p = p.as_ref()?;
+                    let bond = matches!(&p.dev, crate::port::Device::Bond(_));
+                    (bond || p.lldp.is_some()).then_some(slot)
+                })
+                .collect();
+            ctl.lldp_slots = (Arc::downgrade(&table), slots);
+        }
         let mut name = None;
-        for p in table.iter().flatten() {
+        for p in ctl
+            .lldp_slots
+            .1
+            .iter()
+            .filter_map(|&s| table.get(s)?.as_ref())
+        {
             // A bond's members: each agent by its own member's device.
             if let crate::port::Device::Bond(bond) = &p.dev {
                 for (ifname, agent) in bond.lldp_agents() {

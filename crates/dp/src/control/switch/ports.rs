@@ -234,6 +234,8 @@ impl Switch {
             return Err(SwitchError::Full);
         }
         let mut taken = Taken::of(&new_table);
+        // Free slots are looked for from the last one taken: a batch of N ports is O(N).
+        let mut free_from = 0;
         for config in configs {
             for w in &ctl.waiting {
                 if w.name == config.name {
@@ -250,7 +252,8 @@ impl Switch {
                     });
                 }
             }
-            let id = self.prepare(&new_table, &taken, config)?;
+            let id = self.prepare(&new_table, &taken, config, free_from)?;
+            free_from = usize::from(id.0) + 1;
             if let Some(group) = config
                 .security_groups
                 .iter()
@@ -308,19 +311,22 @@ impl Switch {
     }
 
     /// Checks that `config` can join `table`, whose ports hold what `taken` lists, and
-    /// returns the id it gets.
+    /// returns the id it gets: the first free slot from `free_from` on (no slot before it
+    /// is free).
     fn prepare(
         &self,
         table: &PortTable,
         taken: &Taken,
         config: &PortConfig,
+        free_from: usize,
     ) -> Result<PortId, SwitchError> {
         config.validate()?;
         taken.check(config)?;
         let slot = table
             .iter()
+            .skip(free_from)
             .position(Option::is_none)
-            .unwrap_or(table.len());
+            .map_or(table.len(), |i| free_from + i);
         if slot >= MAX_PORTS {
             return Err(SwitchError::Full);
         }
@@ -358,7 +364,7 @@ impl Switch {
             kind: PortConfig::gen(&config.name).kind,
             ..config.clone()
         };
-        let id = self.prepare(&table, &Taken::of(&table), &config)?;
+        let id = self.prepare(&table, &Taken::of(&table), &config, 0)?;
         let port = Arc::new(crate::port::inject::InjectPort::new());
         let slot = usize::from(id.0);
         if slot == table.len() {

@@ -18,7 +18,7 @@ use crate::ids::{PortId, WorkerId};
 use crate::port::vxlan::{RemoteMac, TrafficStats, VxlanPort};
 use crate::port::{Device, Port};
 use crate::stats::{DropCounters, DropReason};
-use crate::table::PortEntry;
+use crate::table::{PortEntry, PortTable};
 
 impl Switch {
     /// QoS settings, allocations and measured rates of every port.
@@ -184,18 +184,55 @@ impl Switch {
     /// All counters now (rates are left to the caller, who keeps the previous report).
     pub fn stats(&self) -> StatsReport {
         let table = self.shared.ports.load_full();
-        let mut owners: BTreeMap<(PortId, u16), WorkerId> = BTreeMap::new();
-        for w in &self.workers {
-            for (e, q) in w.queues.load().iter() {
-                owners.insert((e.id, *q), w.id);
-            }
-        }
         let fast = self.drivers.veth.current();
         let ports = table
             .iter()
             .flatten()
             .map(|p| port_stats(p, fast.as_deref(), &self.shared.fdb))
             .collect();
+        StatsReport {
+            ports,
+            ..self.stats_of_workers(Some(&table))
+        }
+    }
+
+    /// [`Switch::stats`] without the ports, and without the workers' queue lists: for a
+    /// periodic sampler in a second when nothing moved ([`Core::activity`] stood still,
+    /// the same [`Switch::epoch`], no kernel forwarding), whose ports' counters are then
+    /// those of its last full report. Costs nothing per port.
+    pub fn stats_quiet(&self) -> StatsReport {
+        self.stats_of_workers(None)
+    }
+
+    /// The switch's epoch: it moves with every change published to the workers (a port
+    /// added or removed, a policy set, a queue moved).
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch()
+    }
+
+    /// A count that moves with every QoS settings change (`qos set`), which publishes
+    /// nothing to the workers and so leaves [`Switch::epoch`] alone.
+    pub fn qos_generation(&self) -> u64 {
+        self.shared.qos.settings_gen.load(Ordering::Acquire)
+    }
+
+    /// Whether the kernel forwards some ports' frames by itself (the veth fast path), which
+    /// [`Core::activity`] does not see.
+    pub fn kernel_forwards(&self) -> bool {
+        self.drivers.veth.current().is_some()
+    }
+
+    /// The report's switch-wide part: uptime, process CPU and the workers, with their queue
+    /// lists when `table` is given.
+    fn stats_of_workers(&self, table: Option<&PortTable>) -> StatsReport {
+        let mut owners: BTreeMap<(PortId, u16), WorkerId> = BTreeMap::new();
+        if table.is_some() {
+            for w in &self.workers {
+                for (e, q) in w.queues.load().iter() {
+                    owners.insert((e.id, *q), w.id);
+                }
+            }
+        }
         let workers = self
             .workers
             .iter()
@@ -215,7 +252,7 @@ impl Switch {
                         .iter()
                         .filter(|(_, &o)| o == w.id)
                         .filter_map(|((p, q), _)| {
-                            table
+                            table?
                                 .get(usize::from(p.0))?
                                 .as_ref()
                                 .map(|e| format!("{}/{q}", e.config.name))
@@ -241,7 +278,7 @@ impl Switch {
         StatsReport {
             uptime_ms: self.shared.now() / 1_000_000,
             process_cpu_ns: qswitch_sys::thread::process_cpu_ns(),
-            ports,
+            ports: Vec::new(),
             workers,
             rates: None,
         }

@@ -89,6 +89,15 @@ pub(super) struct Control {
     /// whose interface did not exist: listed, switching nothing, until it appears
     /// ([`Switch::attach_waiting`](super::Switch::attach_waiting)).
     pub(super) waiting: Vec<qswitch_api::PortConfig>,
+    /// [`Core::activity`] at the last evaluation, and whether every queue's load was zero
+    /// then: while both hold, an evaluation has nothing to measure ([`Core::rebalance`]).
+    pub(super) idle_at: Option<u64>,
+    /// A hand-off was postponed (a worker did not let go in time): housekeeping retries it.
+    pub(super) handoff_postponed: bool,
+    /// The slots of the ports housekeeping's LLDP tick looks at (an agent, or a bond's
+    /// members' agents), worked out once per port table (a weak reference: it keeps no
+    /// port open), so that a tick costs nothing per port without LLDP.
+    pub(super) lldp_slots: (std::sync::Weak<PortTable>, Vec<usize>),
     /// Mirror sessions, in the order they were added ([`crate::mirror`]).
     pub(super) mirrors: Vec<Arc<crate::mirror::Session>>,
     /// The firewall's groups; compiled with the ports' `security_groups` into the rules in
@@ -425,11 +434,13 @@ impl Core {
                 // could have two workers on it. Leave the queue unpolled; the next change
                 // retries.
                 tracing::error!("a worker did not release its queues; moves postponed");
+                ctl.handoff_postponed = true;
                 return;
             }
             self.publish(&table, &target);
             ctl.published = target;
         }
+        ctl.handoff_postponed = false;
     }
 
     /// Stores per-worker queue lists and the table, bumps the epoch, wakes the workers and
@@ -516,7 +527,7 @@ impl Core {
                 }
             }
         }
-        self.lldp_tick(now);
+        self.lldp_tick(&mut ctl, now);
         self.sync_fastpath(now);
         let due = ctl
             .last_eval
@@ -524,14 +535,19 @@ impl Core {
             .is_none_or(|(t, _)| now.saturating_sub(*t) >= BALANCE_EVERY_NS);
         if due && !self.shared.stopping() {
             self.rebalance(&mut ctl, now);
-            // Also retries a hand-off that a slow worker made us postpone.
-            self.apply(&mut ctl, None);
+            // Retries a hand-off that a slow worker made us postpone (a move publishes
+            // itself in `rebalance`).
+            if ctl.handoff_postponed {
+                self.apply(&mut ctl, None);
+            }
         }
     }
 
     /// Mirrors the fdb into the veth ports' kernel fast path, if there is one (see
     /// [`crate::port::veth`]): every housekeeping tick, and at once after a port is added or
-    /// removed (policy, QoS and capture changes take effect at the next tick).
+    /// removed, its policy set or a mirror session added or removed; QoS settings and
+    /// captures take a veth port off (or back onto) the fast path at the next tick, at most
+    /// [`super::start::HOUSEKEEP_EVERY`] later.
     pub(super) fn sync_fastpath(&self, now: u64) {
         self.drivers
             .veth
@@ -540,13 +556,32 @@ impl Core {
 
     /// Measures every queue's and worker's load since the last evaluation and, in dynamic
     /// mode, carries out what the balancer decides.
+    ///
+    /// Idle costs nothing per queue: when no worker moved a frame since an evaluation that
+    /// found every queue's load zero ([`Core::activity`] stood still), no queue's busy time
+    /// or transmit count can have moved either (a worker adds to them only for a burst that
+    /// moved frames), so the loads stay zero without being read; with every queue on one
+    /// worker the balancer could then only keep them there ([`Balancer::idle`]).
     fn rebalance(&self, ctl: &mut Control, now: u64) {
-        let table = self.shared.ports.load_full();
+        let activity = self.activity();
         let busy_now: Vec<u64> = self
             .workers
             .iter()
             .map(|w| w.counters.busy_ns.get())
             .collect();
+        let one_worker = ctl.published.iter().filter(|l| !l.is_empty()).count() <= 1;
+        if ctl.last_eval.is_some()
+            && ctl.idle_at == Some(activity)
+            && (one_worker || ctl.mode != PlacementMode::Dynamic)
+        {
+            ctl.last_eval = Some((now, busy_now));
+            ctl.worker_busy.iter_mut().for_each(|b| *b = 0.0);
+            if ctl.mode == PlacementMode::Dynamic {
+                ctl.balancer.idle();
+            }
+            return;
+        }
+        let table = self.shared.ports.load_full();
         let Some((then, busy_then)) = ctl.last_eval.replace((now, busy_now.clone())) else {
             for (&(p, q), st) in ctl.queues.iter_mut() {
                 st.prev_busy_ns = queue_busy(&table, p, q);
@@ -559,11 +594,15 @@ impl Core {
             .zip(&busy_then)
             .map(|(n, t)| (n.saturating_sub(*t) as f64 / dt).min(1.0))
             .collect();
+        let mut all_idle = true;
         for (&(p, q), st) in ctl.queues.iter_mut() {
             let b = queue_busy(&table, p, q);
             st.load = (b.saturating_sub(st.prev_busy_ns) as f64 / dt).min(1.0);
             st.prev_busy_ns = b;
+            all_idle &= st.load == 0.0;
         }
+        // The activity read before the counters: a burst after it shows at the next look.
+        ctl.idle_at = all_idle.then_some(activity);
         // What each worker sent to each port since the last evaluation.
         let mut sent: BTreeMap<(PortId, usize), u64> = BTreeMap::new();
         for e in table.iter().flatten() {

@@ -25,7 +25,7 @@ use crate::table::{Clock, Shared, WorkerShared};
 use crate::worker::Worker;
 
 /// How often the housekeeping thread wakes up.
-const HOUSEKEEP_EVERY: Duration = Duration::from_millis(100);
+pub(super) const HOUSEKEEP_EVERY: Duration = Duration::from_millis(100);
 
 /// A switch without threads: every worker's engine and the QoS allocator, stepped by
 /// [`Switch::poll_once`].
@@ -65,9 +65,11 @@ impl Switch {
             .map_err(err)?;
             sw.threads.lock().push(t);
         }
-        let s = shared.clone();
-        let t = spawn(&shared, "qs-qos".into(), &[], move |_| qos::ops::run(&s))
-            .map_err(SwitchError::QosThread)?;
+        let core = sw.core.clone();
+        let t = spawn(&shared, "qs-qos".into(), &[], move |_| {
+            qos::ops::run(&core.shared, || core.activity())
+        })
+        .map_err(SwitchError::QosThread)?;
         sw.threads.lock().push(t);
         let core = sw.core.clone();
         let housekeeper = spawn(&shared, "qs-housekeep".into(), &[], move |_| {
@@ -124,12 +126,23 @@ impl Switch {
         let mut m = manual.lock();
         if now >= m.next_tick {
             m.next_tick = now + qos::TICK.as_nanos() as u64;
-            m.allocator.step(&self.shared, now);
+            let activity = self.activity();
+            m.allocator.step(&self.shared, now, activity);
         }
-        m.workers
-            .iter_mut()
-            .map(|w| w.step(&self.shared, now))
-            .sum()
+        let mut moved = 0;
+        for w in m.workers.iter_mut() {
+            let n = w.step(&self.shared, now);
+            if n > 0 {
+                // As a worker thread's busy poll (one writer: under the manual lock).
+                let a = &self.manual_moves;
+                a.store(
+                    a.load(std::sync::atomic::Ordering::Relaxed) + 1,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+            moved += n;
+        }
+        moved
     }
 
     /// The switch without its threads: shared state, workers' shared halves, control state.
@@ -181,6 +194,9 @@ impl Switch {
                 moves_total: 0,
                 next_sweep: 0,
                 trips_seen: 0,
+                idle_at: None,
+                handoff_postponed: false,
+                lldp_slots: Default::default(),
                 waiting: Vec::new(),
                 mirrors: Vec::new(),
                 security_groups: options.security_groups.clone(),
@@ -190,6 +206,7 @@ impl Switch {
             reserved: options.reserved.clone(),
             manual: None,
             drivers: super::drivers::Drivers::new(options),
+            manual_moves: AtomicU64::new(0),
         });
         Ok(Switch {
             core,
