@@ -12,9 +12,10 @@
 //!   └───────────────────────────┘
 //! ```
 //!
-//! Everything is allocated when the table is made: `S × C` entries and `S × B` bucket heads,
-//! with `C` the switch-wide limit divided among the shards plus slack, so the memory is known
-//! in advance ([`CtTable::memory_bytes`]). A worker looking a frame up takes the lock of one
+//! Everything is reserved when the table is made: `S × C` entries (each shard's pushed as
+//! first used, never past `C`) and `S × B` bucket heads, with `C` the switch-wide limit
+//! divided among the shards plus slack, so the memory is known in advance
+//! ([`CtTable::memory_bytes`]). A worker looking a frame up takes the lock of one
 //! shard for the few tens of nanoseconds of a chain walk and a state update; the two directions
 //! of a connection meet in the same shard whichever worker polls them, and different
 //! connections rarely share a shard (256 shards by default). Listing, flushing and expiry go

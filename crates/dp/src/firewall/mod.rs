@@ -3,7 +3,8 @@
 //! [`Firewall::check`] gives the verdict on one frame crossing one filtered port in one
 //! direction (ingress: toward the port's VM; egress: from it). Each port is its own zone:
 //! a frame from port A to port B is checked by A's egress filter, then by B's ingress
-//! filter, and each tracks the connection in its own zone, as OVN and Neutron do.
+//! filter, as OVN and Neutron do; when both are filtered the connection is one entry both
+//! zones share ([`Entry::peer`], [`Seen`]), so the second check takes the first's lookup.
 //!
 //! A frame is, in order: not IP (ARP, ...) → allowed (spoofing is port security's job);
 //! malformed IP → `ct_invalid`; neighbour discovery, MLD and DHCP client traffic → allowed,
