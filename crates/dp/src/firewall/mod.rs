@@ -235,6 +235,12 @@ impl Seen {
         ))
     }
 
+    /// Whether the entry found covers `zone` (its check of the frame is done).
+    #[inline]
+    pub fn covers(&self, zone: u32) -> bool {
+        zone != NO_PEER && (self.zone == zone || self.peer == zone)
+    }
+
     /// Whether a zone other than the entry's own may join it.
     #[inline]
     fn joinable(&self) -> bool {
