@@ -18,7 +18,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use qswitch_api::config::{Config, RuleDirection};
-use qswitch_dp::firewall::Firewall;
+use qswitch_dp::firewall::{Firewall, Seen};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -150,6 +150,7 @@ fn measure(case: &str, fw: &Firewall, n: u32, f: &mut [u8]) -> u32 {
                     RuleDirection::Egress,
                     BURST,
                     |k| black_box(&frames[k]),
+                    |_| Seen::NONE,
                     SEC,
                     |_, v| allowed += u32::from(v.allowed()),
                 );

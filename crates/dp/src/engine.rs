@@ -214,6 +214,10 @@ pub struct Forwarder {
     /// Frames of this burst that the ingress port's egress firewall allowed (set by the
     /// policy path of a filtered port, added to its rx queue's `fw_allowed` once per burst).
     fw_allowed: u32,
+    /// What the ingress port's firewall found for each frame of this burst, for the
+    /// destinations' firewall (valid while `fw_seen_on`: the ingress is filtered).
+    fw_seen: [crate::firewall::Seen; BURST],
+    fw_seen_on: bool,
 }
 
 /// One-entry caches in front of the fdb.
@@ -237,6 +241,8 @@ impl Forwarder {
             accepted: 0,
             gated: false,
             fw_allowed: 0,
+            fw_seen: [crate::firewall::Seen::NONE; BURST],
+            fw_seen_on: false,
         }
     }
 
@@ -357,6 +363,7 @@ impl Forwarder {
         let pol = view.policy(ingress.id).filter(|p| {
             view.vlan_aware || p.active() || view.firewall.filtered(ingress.id.0.into())
         });
+        self.fw_seen_on = false;
         match pol {
             None => self.decide_plain(view, fdb, ingress, n, now, drops, t),
             Some(pol) => self.decide_policy(view, fdb, ingress, pol, n, now, drops, t),
@@ -453,6 +460,7 @@ impl Forwarder {
             .then_some(&*view.firewall);
         let mut rx_bytes = 0u64;
         let mut fw_allowed = 0u32;
+        self.fw_seen_on = fw.is_some();
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
             rx_bytes += frame.len() as u64;
@@ -475,7 +483,8 @@ impl Forwarder {
             }
             if let Some(fw) = fw {
                 let out = qswitch_api::config::RuleDirection::Egress;
-                if let Some(r) = stage::firewall::check(fw, id, out, frame, now, t) {
+                let seen = &mut self.fw_seen[i];
+                if let Some(r) = stage::firewall::check(fw, id, out, frame, now, t, seen) {
                     drops.count(r);
                     continue;
                 }
@@ -573,7 +582,9 @@ impl Forwarder {
                     if view.firewall.filtered(p.0.into()) {
                         let pkts = &self.burst.pkts;
                         let a = &tc.fw_allowed;
-                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td, a);
+                        let seen = self.fw_seen_on.then_some(&self.fw_seen);
+                        let fw = &view.firewall;
+                        stage::firewall::filter_out(fw, p, pkts, sel, seen, now, &mut td, a);
                     }
                     if dst.capture.on() {
                         dst.capture.tx(w, &self.burst.pkts, sel, now);
@@ -630,7 +641,9 @@ impl Forwarder {
                     let tc = &dst.counters.tx[w];
                     if view.firewall.filtered(p.0.into()) {
                         let a = &tc.fw_allowed;
-                        stage::firewall::filter_out(&view.firewall, p, pkts, sel, now, &mut td, a);
+                        let seen = self.fw_seen_on.then_some(&self.fw_seen);
+                        let fw = &view.firewall;
+                        stage::firewall::filter_out(fw, p, pkts, sel, seen, now, &mut td, a);
                     }
                     if dst.capture.on() {
                         dst.capture.tx(w, pkts, sel, now);

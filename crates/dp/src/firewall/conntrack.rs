@@ -12,9 +12,10 @@
 //!   └───────────────────────────┘
 //! ```
 //!
-//! Everything is allocated when the table is made: `S × C` entries and `S × B` bucket heads,
-//! with `C` the switch-wide limit divided among the shards plus slack, so the memory is known
-//! in advance ([`CtTable::memory_bytes`]). A worker looking a frame up takes the lock of one
+//! Everything is reserved when the table is made: `S × C` entries (each shard's pushed as
+//! first used, never past `C`) and `S × B` bucket heads, with `C` the switch-wide limit
+//! divided among the shards plus slack, so the memory is known in advance
+//! ([`CtTable::memory_bytes`]). A worker looking a frame up takes the lock of one
 //! shard for the few tens of nanoseconds of a chain walk and a state update; the two directions
 //! of a connection meet in the same shard whichever worker polls them, and different
 //! connections rarely share a shard (256 shards by default). Listing, flushing and expiry go
@@ -29,6 +30,9 @@ use qswitch_wire::ct::CtKey;
 use qswitch_wire::flow::IpPair;
 
 const NIL: u32 = u32::MAX;
+
+/// The `peer` of an entry that only one zone tracks.
+pub const NO_PEER: u32 = u32::MAX;
 
 /// The zone of an entry slot that holds no connection (on the free list, or never used):
 /// a slot scan ([`CtTable::visit`]) tells live entries by it.
@@ -115,10 +119,17 @@ pub struct TcpDir {
 }
 
 /// One tracked connection, as [`CtTable::for_each`] shows it.
+///
+/// A connection between two filtered ports of this switch is one entry for both: `zone`
+/// is the port whose filter tracked it first, `peer` the other (whose own rule allowed it,
+/// `peer_rule`), [`NO_PEER`] when only one port tracks it. Both zones see the same packets,
+/// so one state serves both, moved on once per frame (docs/firewall.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     /// The zone: the port whose filter tracks the connection.
     pub zone: u32,
+    /// The second zone sharing the connection, or [`NO_PEER`].
+    pub peer: u32,
     /// The key of the first packet (the original direction).
     pub key: CtKey,
     pub state: CtState,
@@ -126,6 +137,8 @@ pub struct Entry {
     pub expires: u64,
     /// The rule that allowed the first packet.
     pub rule: RuleRef,
+    /// The rule of `peer`'s groups that allowed it there.
+    pub peer_rule: RuleRef,
     /// TCP tracking: original direction, reply direction.
     pub tcp: [TcpDir; 2],
     next: u32,
@@ -143,10 +156,41 @@ impl Entry {
             ..EMPTY
         }
     }
+
+    /// Whether `zone` tracks this connection (as its first zone or its peer).
+    #[inline]
+    pub fn covers(&self, zone: u32) -> bool {
+        self.zone == zone || self.peer == zone
+    }
+
+    /// The rule that allowed the connection on `zone`'s port.
+    #[inline]
+    pub fn rule_for(&self, zone: u32) -> RuleRef {
+        if self.zone == zone {
+            self.rule
+        } else {
+            self.peer_rule
+        }
+    }
+
+    /// The entry as `zone` sees it: its zone and rule first (what `ct list --port` shows).
+    pub fn as_zone(&self, zone: u32) -> Entry {
+        if self.peer != zone {
+            return *self;
+        }
+        Entry {
+            zone,
+            peer: self.zone,
+            rule: self.peer_rule,
+            peer_rule: self.rule,
+            ..*self
+        }
+    }
 }
 
 const EMPTY: Entry = Entry {
     zone: FREE,
+    peer: NO_PEER,
     key: CtKey {
         ips: IpPair::V4 {
             src: [0; 4],
@@ -159,6 +203,7 @@ const EMPTY: Entry = Entry {
     state: CtState::SynSent,
     expires: 0,
     rule: RuleRef { group: 0, index: 0 },
+    peer_rule: RuleRef { group: 0, index: 0 },
     tcp: [TcpDir {
         end: 0,
         max_win: 0,
@@ -191,7 +236,12 @@ struct Shard {
     /// it only as a prefetch hint ([`CtTable::prefetch`]), hence atomics (relaxed: plain
     /// moves on x86).
     buckets: std::sync::Arc<[AtomicU32]>,
-    entries: Box<[Entry]>,
+    /// The entry slots handed out so far; its capacity (`cap`, reserved at start, never
+    /// grown past) is the shard's share. Slots are taken from the free list first, then
+    /// pushed, so the slots a scan walks ([`CtTable::visit`]) and the memory touched follow
+    /// the most sessions the shard has held, not `max_sessions`.
+    entries: Vec<Entry>,
+    cap: usize,
     free: u32,
     used: u32,
 }
@@ -255,14 +305,7 @@ impl CtTable {
         }
         let shard_vec = (0..shards)
             .map(|_| {
-                let mut entries = vec![EMPTY; per_shard].into_boxed_slice();
-                for (i, e) in entries.iter_mut().enumerate() {
-                    e.next = if i + 1 < per_shard {
-                        u32::try_from(i + 1).unwrap_or(NIL)
-                    } else {
-                        NIL
-                    };
-                }
+                let entries = Vec::with_capacity(per_shard);
                 let heads: std::sync::Arc<[AtomicU32]> =
                     (0..buckets).map(|_| AtomicU32::new(NIL)).collect();
                 let at = entries.as_ptr() as usize;
@@ -270,7 +313,8 @@ impl CtTable {
                     Mutex::new(Shard {
                         buckets: heads.clone(),
                         entries,
-                        free: 0,
+                        cap: per_shard,
+                        free: NIL,
                         used: 0,
                     }),
                     heads,
@@ -294,8 +338,7 @@ impl CtTable {
     pub fn memory_bytes(&self) -> usize {
         let per_shard = self.shards.first().map_or(0, |s| {
             let s = s.0.lock();
-            s.entries.len() * std::mem::size_of::<Entry>()
-                + s.buckets.len() * std::mem::size_of::<u32>()
+            s.cap * std::mem::size_of::<Entry>() + s.buckets.len() * std::mem::size_of::<u32>()
         });
         per_shard * self.shards.len() + self.shards.len() * std::mem::size_of::<Padded>()
     }
@@ -324,9 +367,38 @@ impl CtTable {
 
     fn gone(&self, zone: u32, n: u32) {
         self.count.fetch_sub(n, Ordering::Relaxed);
+        self.release(zone);
+    }
+
+    /// One zone's count less one (the entry stays: another zone still tracks it).
+    fn release(&self, zone: u32) {
         if let Some(z) = self.zones.get(zone as usize) {
-            z.fetch_sub(n, Ordering::Relaxed);
+            z.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// The counts of a removed entry: one entry, and each zone that tracked it.
+    fn gone_entry(&self, e: &Entry) {
+        self.gone(e.zone, 1);
+        if e.peer != NO_PEER {
+            self.release(e.peer);
+        }
+    }
+
+    /// Ends `zone`'s part of `e` (a flush of that port, a rule of it removed): the entry
+    /// stays, as the other zone's alone, when another zone shares it ([`Visit::Keep`]);
+    /// otherwise it is to be removed ([`Visit::Remove`], which counts it gone).
+    pub fn detach(&self, e: &mut Entry, zone: u32) -> Visit {
+        if e.peer == NO_PEER || !e.covers(zone) {
+            return Visit::Remove;
+        }
+        if e.zone == zone {
+            e.zone = e.peer;
+            e.rule = e.peer_rule;
+        }
+        e.peer = NO_PEER;
+        self.release(zone);
+        Visit::Keep
     }
 
     /// Whether no connection is tracked.
@@ -354,14 +426,16 @@ impl CtTable {
     }
 
     /// A hash of the connection the same for both directions: each endpoint is hashed on
-    /// its own and the two are added.
+    /// its own and the two are added. The zone is not in it: the entries of every zone
+    /// for one connection share a chain, so that the two ports of a connection inside the
+    /// switch find their one entry ([`Entry::peer`]) by one lookup from either side.
     #[inline]
-    pub fn hash(&self, zone: u32, key: &CtKey) -> u64 {
+    pub fn hash(&self, key: &CtKey) -> u64 {
         let (a, b) = match &key.ips {
             IpPair::V4 { src, dst } => (self.endpoint(src, key.src), self.endpoint(dst, key.dst)),
             IpPair::V6 { src, dst } => (self.endpoint(src, key.src), self.endpoint(dst, key.dst)),
         };
-        let z = (u64::from(zone) << 8) | u64::from(key.proto);
+        let z = u64::from(key.proto);
         fold(a.wrapping_add(b) ^ self.seeds[2], z ^ self.seeds[3])
     }
 
@@ -406,22 +480,23 @@ impl CtTable {
         }
     }
 
-    /// Finds the connection of `key` in `zone` and runs `f` on it under the shard's lock,
-    /// with the direction the key goes. An expired entry is removed and not shown.
-    /// `f` returns whether to remove the entry.
+    /// Finds the connection of `key` that `zone` tracks (as its zone or its peer) and runs
+    /// `f` on it under the shard's lock, with the direction the key goes and the entry's
+    /// slot. An expired entry is removed and not shown. `f` returns whether to remove the
+    /// entry.
     #[inline]
     pub fn with<R>(
         &self,
         zone: u32,
         key: &CtKey,
         now: u64,
-        f: impl FnOnce(&mut Entry, Dir) -> (R, bool),
+        f: impl FnOnce(&mut Entry, Dir, u32) -> (R, bool),
     ) -> Option<R> {
-        self.with_hash(self.hash(zone, key), zone, key, now, f)
+        self.with_hash(self.hash(key), zone, key, now, f)
     }
 
     /// [`CtTable::with`] with the key's hash already computed (`h` must be
-    /// [`CtTable::hash`] of `zone` and `key`).
+    /// [`CtTable::hash`] of `key`).
     #[inline]
     pub fn with_hash<R>(
         &self,
@@ -429,7 +504,7 @@ impl CtTable {
         zone: u32,
         key: &CtKey,
         now: u64,
-        f: impl FnOnce(&mut Entry, Dir) -> (R, bool),
+        f: impl FnOnce(&mut Entry, Dir, u32) -> (R, bool),
     ) -> Option<R> {
         let (shard, bucket) = self.locate(h);
         let mut s = shard.lock();
@@ -438,7 +513,7 @@ impl CtTable {
         while i != NIL {
             let e = &mut s.entries[i as usize];
             let next = e.next;
-            if e.zone == zone {
+            if e.covers(zone) {
                 let dir = if e.key == *key {
                     Some(Dir::Original)
                 } else if reverse_of(&e.key, key) {
@@ -448,14 +523,16 @@ impl CtTable {
                 };
                 if let Some(dir) = dir {
                     if e.expires <= now {
+                        let e = *e;
                         s.unlink(bucket, prev, i);
-                        self.gone(zone, 1);
+                        self.gone_entry(&e);
                         return None;
                     }
-                    let (r, remove) = f(e, dir);
+                    let (r, remove) = f(e, dir, i);
                     if remove {
+                        let e = *e;
                         s.unlink(bucket, prev, i);
-                        self.gone(zone, 1);
+                        self.gone_entry(&e);
                     }
                     return Some(r);
                 }
@@ -467,12 +544,17 @@ impl CtTable {
     }
 
     /// Adds a connection (look first: this is for keys [`CtTable::with`] did not find).
-    /// Returns `Ok(false)` and adds nothing when the connection is there after all, in
+    /// Returns its slot, or `Ok(None)` and adds nothing when the connection is there after all, in
     /// either direction: the other direction's worker added it between the look and this
     /// call (both directions hash to the same bucket, and the check runs under its lock).
     /// Fails when the switch-wide limit, the zone's `zone_max` or the shard is full;
     /// expired entries of the shard are reclaimed first in the last case.
-    pub fn insert(&self, entry: Entry, now: u64, zone_max: Option<u32>) -> Result<bool, Full> {
+    pub fn insert(
+        &self,
+        entry: Entry,
+        now: u64,
+        zone_max: Option<u32>,
+    ) -> Result<Option<u32>, Full> {
         if self.count.fetch_add(1, Ordering::Relaxed) >= self.max {
             self.count.fetch_sub(1, Ordering::Relaxed);
             return Err(Full::Switch);
@@ -485,20 +567,25 @@ impl CtTable {
             self.gone(entry.zone, 1);
             return Err(Full::Zone);
         }
-        let h = self.hash(entry.zone, &entry.key);
+        let h = self.hash(&entry.key);
         let (shard, bucket) = self.locate(h);
         let mut s = shard.lock();
         let reversed = entry.key.reversed();
         let mut i = s.head(bucket);
         while i != NIL {
             let e = &s.entries[i as usize];
-            if e.zone == entry.zone && e.expires > now && (e.key == entry.key || e.key == reversed)
+            if e.covers(entry.zone) && e.expires > now && (e.key == entry.key || e.key == reversed)
             {
                 drop(s);
                 self.gone(entry.zone, 1);
-                return Ok(false);
+                return Ok(None);
             }
             i = e.next;
+        }
+        if s.free == NIL && s.entries.len() < s.cap {
+            // A slot never used yet (within the capacity reserved: no reallocation).
+            s.free = u32::try_from(s.entries.len()).unwrap_or(NIL);
+            s.entries.push(EMPTY);
         }
         if s.free == NIL {
             s.sweep(now, None, self);
@@ -511,11 +598,57 @@ impl CtTable {
         s.free = s.entries[i as usize].next;
         s.entries[i as usize] = Entry {
             next: s.head(bucket),
+            peer: NO_PEER,
             ..entry
         };
         s.set_head(bucket, i);
         s.used += 1;
-        Ok(true)
+        Ok(Some(i))
+    }
+
+    /// Makes `peer` the second zone of the connection of `key` in slot `slot` of the shard
+    /// of hash `h` (the slot a check of the same frame by the entry's zone just found or
+    /// made: [`super::Seen`]), allowed there by `rule`, instead of a second entry. `None`
+    /// when that slot no longer holds it, it has a peer already, or another entry tracks
+    /// the connection for `peer` (then the caller inserts as usual); `Some(Err)` when
+    /// `peer`'s `zone_max` is reached.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attach(
+        &self,
+        h: u64,
+        slot: u32,
+        key: &CtKey,
+        peer: u32,
+        rule: RuleRef,
+        now: u64,
+        zone_max: Option<u32>,
+    ) -> Option<Result<(), Full>> {
+        let counter = self.zones.get(peer as usize)?;
+        let (shard, bucket) = self.locate(h);
+        let mut s = shard.lock();
+        let e = s.entries.get(slot as usize)?;
+        let same = e.key == *key || reverse_of(&e.key, key);
+        if e.zone == FREE || e.peer != NO_PEER || e.zone == peer || e.expires <= now || !same {
+            return None;
+        }
+        // No other entry of `peer` for the connection (one could have been added by
+        // another worker between the caller's look and this lock).
+        let mut i = s.head(bucket);
+        while i != NIL {
+            let o = &s.entries[i as usize];
+            if o.covers(peer) && o.expires > now && (o.key == *key || reverse_of(&o.key, key)) {
+                return None;
+            }
+            i = o.next;
+        }
+        if counter.fetch_add(1, Ordering::Relaxed) >= zone_max.unwrap_or(u32::MAX) {
+            counter.fetch_sub(1, Ordering::Relaxed);
+            return Some(Err(Full::Zone));
+        }
+        let e = &mut s.entries[slot as usize];
+        e.peer = peer;
+        e.peer_rule = rule;
+        Some(Ok(()))
     }
 
     /// Calls `f` on every live entry, one shard at a time; stops when `f` returns false.
@@ -591,10 +724,10 @@ impl CtTable {
                             break;
                         }
                         Visit::Remove => {
-                            let (zone, key) = (e.zone, e.key);
-                            let (_, bucket) = self.locate(self.hash(zone, &key));
+                            let e = *e;
+                            let (_, bucket) = self.locate(self.hash(&e.key));
                             if s.unlink_slot(bucket, i as u32) {
-                                self.gone(zone, 1);
+                                self.gone_entry(&e);
                                 removed += 1;
                             }
                         }
@@ -612,23 +745,35 @@ impl CtTable {
 
     /// Up to `limit` live entries of `zone` (of every zone: `None`), copied out with
     /// [`CtTable::visit`]. Stops early once it has them, or when the zone has no more
-    /// connections than it found, so a short listing of a large table costs little.
+    /// connections than it found, so a short listing of a large table costs little. An
+    /// entry two zones share is shown as each sees it ([`Entry::as_zone`]): once for
+    /// `zone`, twice for all.
     pub fn list(&self, now: u64, zone: Option<u32>, limit: usize) -> Vec<Entry> {
         let total = match zone {
-            Some(z) => self.zone_len(z),
-            None => self.len(),
-        } as usize;
+            Some(z) => self.zone_len(z) as usize,
+            // Each zone's view of the entries it tracks (a shared entry is two).
+            None => (self.zones.iter())
+                .map(|z| z.load(Ordering::Relaxed) as usize)
+                .sum(),
+        };
         let want = limit.min(total);
         let mut out = Vec::with_capacity(want);
         if want == 0 {
             return out;
         }
         self.visit(now, |e| {
-            if zone.is_none_or(|z| e.zone == z) {
-                out.push(*e);
-                if out.len() >= want {
-                    return Visit::Stop;
+            match zone {
+                Some(z) if e.covers(z) => out.push(e.as_zone(z)),
+                Some(_) => {}
+                None => {
+                    out.push(*e);
+                    if e.peer != NO_PEER && out.len() < want {
+                        out.push(e.as_zone(e.peer));
+                    }
                 }
+            }
+            if out.len() >= want {
+                return Visit::Stop;
             }
             Visit::Keep
         });
@@ -669,6 +814,7 @@ impl Shard {
         }
         self.entries[i as usize].next = self.free;
         self.entries[i as usize].zone = FREE;
+        self.entries[i as usize].peer = NO_PEER;
         self.free = i;
         self.used -= 1;
     }
@@ -698,7 +844,7 @@ impl Shard {
                 let e = &self.entries[i as usize];
                 let next = e.next;
                 if e.expires <= now || remove.is_some_and(|r| r(e)) {
-                    t.gone(e.zone, 1);
+                    t.gone_entry(e);
                     self.unlink(bucket, prev, i);
                     freed += 1;
                 } else {
@@ -740,21 +886,21 @@ mod tests {
     #[test]
     fn both_directions_find_one_entry() {
         let t = CtTable::new(100, 4, 3);
-        assert_eq!(t.hash(1, &key(1, 9)), t.hash(1, &key(1, 9).reversed()));
-        assert_ne!(t.hash(1, &key(1, 9)), t.hash(2, &key(1, 9)));
+        assert_eq!(t.hash(&key(1, 9)), t.hash(&key(1, 9).reversed()));
+        assert_ne!(t.hash(&key(1, 9)), t.hash(&key(1, 10)));
         t.insert(entry(1, key(1, 9), 100), 0, None).unwrap();
         assert_eq!(
-            t.with(1, &key(1, 9), 0, |_, d| (d, false)),
+            t.with(1, &key(1, 9), 0, |_, d, _| (d, false)),
             Some(Dir::Original)
         );
         assert_eq!(
-            t.with(1, &key(1, 9).reversed(), 0, |_, d| (d, false)),
+            t.with(1, &key(1, 9).reversed(), 0, |_, d, _| (d, false)),
             Some(Dir::Reply)
         );
-        assert_eq!(t.with(2, &key(1, 9), 0, |_, d| (d, false)), None);
-        assert_eq!(t.with(1, &key(1, 10), 0, |_, d| (d, false)), None);
+        assert_eq!(t.with(2, &key(1, 9), 0, |_, d, _| (d, false)), None);
+        assert_eq!(t.with(1, &key(1, 10), 0, |_, d, _| (d, false)), None);
         // Expired: gone.
-        assert_eq!(t.with(1, &key(1, 9), 100, |_, d| (d, false)), None);
+        assert_eq!(t.with(1, &key(1, 9), 100, |_, d, _| (d, false)), None);
         assert!(t.is_empty());
     }
 
@@ -770,7 +916,7 @@ mod tests {
         );
         assert_eq!(t.len(), 50);
         // Removing one makes room for one.
-        assert_eq!(t.with(0, &key(1, 3), 0, |_, _| ((), true)), Some(()));
+        assert_eq!(t.with(0, &key(1, 3), 0, |_, _, _| ((), true)), Some(()));
         t.insert(entry(0, key(2, 1), 10), 0, None).unwrap();
         let mut n = 0;
         t.for_each(0, |_| {

@@ -220,32 +220,60 @@ pub(super) fn revalidate(table: &CtTable, old: &RuleSet, new: &RuleSet) -> u32 {
         return 0;
     }
     let dirs = directions(old);
-    // Time 0: nothing counts as expired here; expiry has its own sweep.
-    table.visit(0, |e| {
-        if !changed.get(e.zone as usize).copied().unwrap_or(false) {
-            return Visit::Keep;
+    // What `zone`'s new rules say of the connection `e` it opened by `rule`: unchanged
+    // (its rules did not change), the rule that allows it now, or none.
+    let judge = |e: &Entry, zone: u32, rule: RuleRef| -> Option<Option<RuleRef>> {
+        if !changed.get(zone as usize).copied().unwrap_or(false) {
+            return None;
         }
-        let Some(port) = new.ports.get(e.zone as usize).and_then(Option::as_ref) else {
-            return Visit::Remove;
+        let Some(port) = new.ports.get(zone as usize).and_then(Option::as_ref) else {
+            return Some(None);
         };
         let p = opening_packet(e);
         // The direction it was opened in; both if its rule is unknown (it always is known).
-        let tried: &[RuleDirection] = match dirs.get(&e.rule) {
+        let tried: &[RuleDirection] = match dirs.get(&rule) {
             Some(RuleDirection::Ingress) => &[RuleDirection::Ingress],
             Some(RuleDirection::Egress) => &[RuleDirection::Egress],
             None => &[RuleDirection::Ingress, RuleDirection::Egress],
         };
-        let allowed = tried
-            .iter()
-            .find_map(|&d| port.first_match(d, &p).filter(|r| !r.stateless));
-        match allowed {
-            Some(rule) => {
-                e.rule = rule.id;
-                Visit::Keep
+        Some(
+            tried
+                .iter()
+                .find_map(|&d| port.first_match(d, &p).filter(|r| !r.stateless))
+                .map(|r| r.id),
+        )
+    };
+    let mut ended = 0;
+    // Time 0: nothing counts as expired here; expiry has its own sweep.
+    let removed = table.visit(0, |e| {
+        // An entry two ports share: each port's rules judge its own part.
+        let peer = (e.peer != super::NO_PEER).then(|| (e.peer, judge(e, e.peer, e.peer_rule)));
+        match judge(e, e.zone, e.rule) {
+            None => {}
+            Some(Some(rule)) => e.rule = rule,
+            Some(None) => {
+                if peer.is_none_or(|(_, p)| p == Some(None)) {
+                    // Each port's connection counts as one ended.
+                    ended += u32::from(peer.is_some());
+                    return Visit::Remove;
+                }
+                let zone = e.zone;
+                ended += 1;
+                table.detach(e, zone);
             }
-            None => Visit::Remove,
         }
-    })
+        match peer {
+            Some((zone, Some(None))) if e.covers(zone) => {
+                ended += 1;
+                table.detach(e, zone);
+            }
+            Some((zone, Some(Some(rule)))) if e.zone == zone => e.rule = rule,
+            Some((_, Some(Some(rule)))) => e.peer_rule = rule,
+            _ => {}
+        }
+        Visit::Keep
+    });
+    removed + ended
 }
 
 #[cfg(test)]
@@ -258,7 +286,7 @@ mod tests {
     use qswitch_wire::flow::IpPair;
 
     use super::*;
-    use crate::firewall::CtState;
+    use crate::firewall::{CtState, Dir};
 
     const S: u64 = 1_000_000_000;
     const VM: [u8; 4] = [10, 0, 0, 5];
@@ -412,6 +440,92 @@ rules = [
         assert!(fw.table().is_empty());
     }
 
+    /// A connection between two filtered ports of the switch (`vm` zone 0, `peer` zone 1)
+    /// is one entry both share: the destination's check of a frame the source's check
+    /// found is no second lookup; each port's own rules still decide its own part, and a
+    /// flush or a removed rule of one port leaves the other's.
+    #[test]
+    fn two_filtered_ports_share_one_entry() {
+        let g = r#"[[security_group]]
+name = "g"
+rules = [ { direction = "egress" }, { direction = "ingress", protocol = "udp" } ]
+[[security_group]]
+name = "h"
+rules = [ { direction = "egress" }, { direction = "ingress", protocol = "udp", ports = 53 } ]"#;
+        let fw = Firewall::from_config(&config(g, "\"h\"")).unwrap();
+        let allowed = |zone, f: &[u8], seen: crate::firewall::Seen| {
+            let mut out = None;
+            fw.check_burst(zone, Ingress, 1, |_| f, |_| seen, S, |_, v| out = Some(v));
+            out.unwrap()
+        };
+        let there = udp(VM, PEER, 4000, 53);
+        let back = udp(PEER, VM, 53, 4000);
+        let mut seen = crate::firewall::Seen::NONE;
+        // vm's egress opens, peer's ingress joins: one entry, one session on each port.
+        assert!(fw.check_seen(0, Egress, &there, S, &mut seen).allowed());
+        let v = allowed(1, &there, seen);
+        assert_eq!(
+            v,
+            crate::firewall::Verdict::Allow(
+                crate::firewall::Allowed::New(RuleRef { group: 1, index: 1 }),
+                Some(CtState::Unreplied)
+            )
+        );
+        assert_eq!(
+            (fw.table().len(), fw.sessions(0), fw.sessions(1)),
+            (1, 1, 1)
+        );
+        // The next frame: the source's lookup covers the destination.
+        assert!(fw.check_seen(0, Egress, &there, S, &mut seen).allowed());
+        assert!(matches!(
+            allowed(1, &there, seen),
+            crate::firewall::Verdict::Allow(crate::firewall::Allowed::Tracked(r, Dir::Original), _)
+                if r == RuleRef { group: 1, index: 1 }
+        ));
+        // The reply, from peer's egress, finds the same entry and moves it on once.
+        assert!(fw.check_seen(1, Egress, &back, S, &mut seen).allowed());
+        assert!(matches!(
+            allowed(0, &back, seen),
+            crate::firewall::Verdict::Allow(
+                crate::firewall::Allowed::Tracked(_, Dir::Reply),
+                Some(CtState::Replied)
+            )
+        ));
+        assert_eq!(fw.table().len(), 1);
+        // Listed once per port, each with its own rule.
+        let by_peer = fw.list(Some(1), 10, S);
+        assert_eq!(by_peer.len(), 1);
+        assert_eq!((by_peer[0].zone, by_peer[0].rule.group), (1, 1));
+        assert_eq!(fw.list(None, 10, S).len(), 2);
+        // vm's flush leaves peer's connection.
+        assert_eq!(fw.flush(Some(0), S), 1);
+        assert_eq!(
+            (fw.table().len(), fw.sessions(0), fw.sessions(1)),
+            (1, 0, 1)
+        );
+        assert_eq!(fw.list(Some(1), 10, S)[0].zone, 1);
+        // A new connection to another port of peer: peer's rule 53 no longer allows it
+        // once removed; vm's part stays.
+        let other = udp(VM, PEER, 4001, 5353);
+        let mut seen = crate::firewall::Seen::NONE;
+        assert!(fw.check_seen(0, Egress, &other, S, &mut seen).allowed());
+        assert!(!allowed(1, &other, seen).allowed());
+        let there2 = udp(VM, PEER, 4002, 53);
+        assert!(fw.check_seen(0, Egress, &there2, S, &mut seen).allowed());
+        assert!(allowed(1, &there2, seen).allowed());
+        assert_eq!((fw.sessions(0), fw.sessions(1)), (2, 2));
+        let closed = g.replace(
+            r#"{ direction = "ingress", protocol = "udp", ports = 53 }"#,
+            r#"{ direction = "ingress", protocol = "tcp" }"#,
+        );
+        assert_eq!(fw.set_rules(RuleSet::compile(&config(&closed, "\"h\""))), 2);
+        assert_eq!((fw.sessions(0), fw.sessions(1)), (2, 0));
+        assert_eq!(fw.table().len(), 2);
+        // peer's ingress judges anew: denied.
+        assert!(fw.check_seen(0, Egress, &there2, S, &mut seen).allowed());
+        assert!(!allowed(1, &there2, seen).allowed());
+    }
+
     /// The hits of the rule on port 80 and 22 of `vm` (zone 0), by the port the rule opens.
     fn hits_by_port(fw: &Firewall) -> Vec<(u16, u64)> {
         let rules = fw.rules();
@@ -517,7 +631,7 @@ rules = [{ direction = "egress" }]"#;
             };
             let zone = i % 64;
             let e = Entry::new(zone, key, CtState::Unreplied, 3600 * S, RuleRef::default());
-            added += u32::from(fw.table().insert(e, S, None) == Ok(true));
+            added += u32::from(matches!(fw.table().insert(e, S, None), Ok(Some(_))));
         }
         println!("filled {added} sessions in {:?}", t.elapsed());
         let time = |what: &str, f: &mut dyn FnMut() -> usize| {
@@ -554,7 +668,7 @@ rules = [{ direction = "egress" }]"#;
                 while !done.load(Ordering::Relaxed) {
                     i = i.wrapping_mul(2_654_435_761) % N;
                     let t = Instant::now();
-                    fw.table().with(i % 64, &key(i), S, |_, _| ((), false));
+                    fw.table().with(i % 64, &key(i), S, |_, _, _| ((), false));
                     let d = t.elapsed();
                     worst = worst.max(d);
                     n += 1;

@@ -3,7 +3,8 @@
 //! [`Firewall::check`] gives the verdict on one frame crossing one filtered port in one
 //! direction (ingress: toward the port's VM; egress: from it). Each port is its own zone:
 //! a frame from port A to port B is checked by A's egress filter, then by B's ingress
-//! filter, and each tracks the connection in its own zone, as OVN and Neutron do.
+//! filter, as OVN and Neutron do; when both are filtered the connection is one entry both
+//! zones share ([`Entry::peer`], [`Seen`]), so the second check takes the first's lookup.
 //!
 //! A frame is, in order: not IP (ARP, ...) → allowed (spoofing is port security's job);
 //! malformed IP → `ct_invalid`; neighbour discovery, MLD and DHCP client traffic → allowed,
@@ -30,7 +31,7 @@ use qswitch_api::config::{Config, FirewallConfig, RuleDirection};
 use qswitch_wire::ct::{self, CtError, CtPacket, Fragment, TcpInfo, L4};
 use qswitch_wire::tcp::{FLAG_ACK, FLAG_FIN, FLAG_RST, FLAG_SYN};
 
-pub use conntrack::{CtState, CtTable, Dir, Entry, RuleRef, TcpDir};
+pub use conntrack::{CtState, CtTable, Dir, Entry, RuleRef, TcpDir, NO_PEER};
 pub use rules::{Hits, PortRules, Rule, RuleSet};
 
 const SEC: u64 = 1_000_000_000;
@@ -165,6 +166,85 @@ impl Verdict {
     /// Whether the frame goes on.
     pub fn allowed(&self) -> bool {
         matches!(self, Verdict::Allow(..))
+    }
+}
+
+/// What one filter's check of a frame found in the table, for the next filter the same
+/// frame crosses (the destination's `firewall_out` after the source's `firewall_in`): the
+/// connection's entry and which zones it covers. When it covers the destination too
+/// ([`conntrack::Entry::peer`]), that check is done: the entry was found and moved on by
+/// the first; when it is the source's alone, the destination's rules may join it
+/// ([`CtTable::attach`]) instead of making a second entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    h: u64,
+    slot: u32,
+    zone: u32,
+    peer: u32,
+    rule: RuleRef,
+    peer_rule: RuleRef,
+    reply: bool,
+    state: CtState,
+}
+
+impl Seen {
+    /// Nothing found (not IP, stateless, denied, a dry run, ...).
+    pub const NONE: Seen = Seen {
+        h: 0,
+        slot: 0,
+        zone: NO_PEER,
+        peer: NO_PEER,
+        rule: RuleRef { group: 0, index: 0 },
+        peer_rule: RuleRef { group: 0, index: 0 },
+        reply: false,
+        state: CtState::SynSent,
+    };
+
+    fn of(e: &Entry, h: u64, slot: u32, dir: Dir) -> Seen {
+        Seen {
+            h,
+            slot,
+            zone: e.zone,
+            peer: e.peer,
+            rule: e.rule,
+            peer_rule: e.peer_rule,
+            reply: dir == Dir::Reply,
+            state: e.state,
+        }
+    }
+
+    /// The verdict of `zone`'s filter when the entry covers it.
+    #[inline]
+    fn covered(&self, zone: u32) -> Option<Verdict> {
+        if zone == NO_PEER || (self.zone != zone && self.peer != zone) {
+            return None;
+        }
+        let rule = if self.zone == zone {
+            self.rule
+        } else {
+            self.peer_rule
+        };
+        let dir = if self.reply {
+            Dir::Reply
+        } else {
+            Dir::Original
+        };
+        Some(Verdict::Allow(
+            Allowed::Tracked(rule, dir),
+            Some(self.state),
+        ))
+    }
+
+    /// Whether the entry found covers `zone` (its check of the frame is done).
+    #[inline]
+    pub fn covers(&self, zone: u32) -> bool {
+        zone != NO_PEER && (self.zone == zone || self.peer == zone)
+    }
+
+    /// Whether a zone other than the entry's own may join it.
+    #[inline]
+    fn joinable(&self) -> bool {
+        self.zone != NO_PEER && self.peer == NO_PEER
     }
 }
 
@@ -322,12 +402,25 @@ impl Firewall {
         self.sweep(now, None)
     }
 
-    /// Removes every connection of `zone`, or of every zone.
+    /// Removes every connection of `zone`, or of every zone; returns how many `zone` had.
+    /// A connection `zone` shares with another port ([`Entry::peer`]) stays that port's.
     pub fn flush(&self, zone: Option<u32>, now: u64) -> u32 {
-        self.sweep(
-            now,
-            Some(&move |e: &Entry| zone.is_none_or(|z| e.zone == z)),
-        )
+        let Some(z) = zone else {
+            return self.sweep(now, Some(&|_: &Entry| true));
+        };
+        let Some(t) = self.table.get() else {
+            return 0;
+        };
+        let mut detached = 0;
+        let removed = t.visit(now, |e| {
+            if !e.covers(z) {
+                return conntrack::Visit::Keep;
+            }
+            let v = t.detach(e, z);
+            detached += u32::from(v == conntrack::Visit::Keep);
+            v
+        });
+        removed + detached
     }
 
     /// Expired entries and those `remove` says to go, by [`CtTable::visit`]: a worker waits
@@ -351,7 +444,22 @@ impl Firewall {
 
     /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
     pub fn check(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
-        self.check_once(zone, direction, frame, now, true, false)
+        let mut seen = Seen::NONE;
+        self.check_once(zone, direction, frame, now, true, false, &mut seen)
+    }
+
+    /// [`Firewall::check`], also telling what it found in the table (`seen`), for the
+    /// check of the same frame by its destination's filter ([`Firewall::check_burst`]).
+    pub fn check_seen(
+        &self,
+        zone: u32,
+        direction: RuleDirection,
+        frame: &[u8],
+        now: u64,
+        seen: &mut Seen,
+    ) -> Verdict {
+        *seen = Seen::NONE;
+        self.check_once(zone, direction, frame, now, true, false, seen)
     }
 
     /// [`Firewall::check`] of `n` frames (`frame(i)` for `i` in `0..n`), in order, giving
@@ -361,12 +469,19 @@ impl Firewall {
     /// [`CtTable::prefetch_entry`]) before any is looked up, so that in a big table the
     /// cache misses of a burst overlap instead of coming one after the other. Frames the
     /// short parse does not take (IPv6, VLAN-tagged, ICMP, ...) are checked one by one.
+    ///
+    /// `seen(i)` is what the source port's filter found for frame `i` on its way in
+    /// ([`Firewall::check_seen`], [`Seen::NONE`] if nothing): a frame whose connection's
+    /// entry covers `zone` too is allowed as that entry's without a second lookup (the
+    /// first moved it on), and a new connection joins the source's entry when it can.
+    #[allow(clippy::too_many_arguments)]
     pub fn check_burst<'a>(
         &self,
         zone: u32,
         direction: RuleDirection,
         n: usize,
         frame: impl Fn(usize) -> &'a [u8],
+        seen: impl Fn(usize) -> Seen,
         now: u64,
         mut verdict: impl FnMut(usize, Verdict),
     ) {
@@ -380,14 +495,27 @@ impl Firewall {
         let table = self.table();
         let mut parsed: [Option<CtPacket>; BURST] = [None; BURST];
         let mut hashes = [0u64; BURST];
+        let mut prior = [Seen::NONE; BURST];
         for start in (0..n).step_by(BURST) {
             let len = BURST.min(n - start);
+            let mut rest = 0;
             for (k, (p, h)) in parsed.iter_mut().zip(&mut hashes).take(len).enumerate() {
+                let s = seen(start + k);
+                prior[k] = s;
+                *p = None;
+                if let Some(v) = s.covered(zone) {
+                    verdict(start + k, v);
+                    continue;
+                }
+                rest += 1;
                 *p = ct::parse_v4_fast(frame(start + k));
                 if let Some(p) = p {
-                    *h = table.hash(zone, &p.key);
+                    *h = table.hash(&p.key);
                     table.prefetch_bucket(*h);
                 }
+            }
+            if rest == 0 {
+                continue;
             }
             for (p, &h) in parsed.iter().zip(&hashes).take(len) {
                 if p.is_some() {
@@ -395,9 +523,16 @@ impl Firewall {
                 }
             }
             for (k, (p, &h)) in parsed.iter().zip(&hashes).take(len).enumerate() {
+                let join = &mut prior[k];
+                if join.covered(zone).is_some() {
+                    continue;
+                }
                 let v = match p {
-                    Some(p) => self.judge(zone, counters, direction, p, h, now, true, false),
-                    None => self.check(zone, direction, frame(start + k), now),
+                    Some(p) => self.judge(zone, counters, direction, p, h, now, true, false, join),
+                    None => {
+                        let f = frame(start + k);
+                        self.check_once(zone, direction, f, now, true, false, join)
+                    }
                 };
                 verdict(start + k, v);
             }
@@ -408,11 +543,13 @@ impl Firewall {
     /// now, changing no connection and no counter (a connection found expired is still
     /// removed, as any look would).
     pub fn peek(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
-        self.check_once(zone, direction, frame, now, false, true)
+        let mut seen = Seen::NONE;
+        self.check_once(zone, direction, frame, now, false, true, &mut seen)
     }
 
     /// [`Firewall::check`]: the frame parsed (the short path of [`ct::parse`] first, its
     /// packet judged in place: no copy of it), then [`Firewall::judge`]d.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn check_once(
         &self,
@@ -422,18 +559,19 @@ impl Firewall {
         now: u64,
         retry: bool,
         dry: bool,
+        seen: &mut Seen,
     ) -> Verdict {
         let Some(counters) = self.zones.get(zone as usize) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
         };
         if let Some(p) = &ct::parse_v4_fast(frame) {
-            let h = self.table().hash(zone, &p.key);
-            return self.judge(zone, counters, direction, p, h, now, retry, dry);
+            let h = self.table().hash(&p.key);
+            return self.judge(zone, counters, direction, p, h, now, retry, dry, seen);
         }
         match &ct::parse_general(frame) {
             Ok(p) => {
-                let h = self.table().hash(zone, &p.key);
-                self.judge(zone, counters, direction, p, h, now, retry, dry)
+                let h = self.table().hash(&p.key);
+                self.judge(zone, counters, direction, p, h, now, retry, dry, seen)
             }
             Err(CtError::NotIp) => Verdict::Allow(Allowed::NotIp, None),
             Err(_) => self.invalid(counters, None, dry),
@@ -443,7 +581,8 @@ impl Firewall {
     /// The verdict on packet `p` of `zone`, whose key hashes to `h` ([`CtTable::hash`]);
     /// `retry`: whether to look again when another
     /// worker added the connection (its other direction) between this one's look and its
-    /// insert.
+    /// insert. `seen`: in, what another zone's check of the same frame found (a new
+    /// connection joins that entry when it can); out, the entry this check found or made.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn judge(
@@ -456,7 +595,9 @@ impl Firewall {
         now: u64,
         retry: bool,
         dry: bool,
+        seen: &mut Seen,
     ) -> Verdict {
+        let join = std::mem::replace(seen, Seen::NONE);
         if always_allowed(p, direction) {
             return Verdict::Allow(Allowed::Always, None);
         }
@@ -468,13 +609,15 @@ impl Firewall {
         }
         let table = self.table();
         if let L4::IcmpError { inner, .. } = p.l4 {
-            let related = table.with(zone, &inner, now, |e, _| ((e.rule, e.state), false));
+            let related = table.with(zone, &inner, now, |e, _, _| {
+                ((e.rule_for(zone), e.state), false)
+            });
             if let Some((rule, state)) = related {
                 return Verdict::Allow(Allowed::Related(rule), Some(state));
             }
         }
         // A packet of a tracked connection.
-        let tracked = table.with_hash(h, zone, &p.key, now, |e, dir| {
+        let tracked = table.with_hash(h, zone, &p.key, now, |e, dir, slot| {
             // A dry run moves a copy (made only then).
             let mut copy;
             let e = if dry {
@@ -486,8 +629,14 @@ impl Firewall {
             let step = advance(e, dir, p);
             if let Step::Valid = step {
                 e.expires = now.saturating_add(self.timeouts.of(e.key.proto, e.state));
+                if !dry {
+                    *seen = Seen::of(e, h, slot, dir);
+                }
             }
-            ((step, e.rule, e.state, dir), step == Step::Reopen && !dry)
+            (
+                (step, e.rule_for(zone), e.state, dir),
+                step == Step::Reopen && !dry,
+            )
         });
         match tracked {
             Some((Step::Valid, rule, state, dir)) => {
@@ -521,6 +670,21 @@ impl Firewall {
             }
             return Verdict::Allow(Allowed::New(rule.id), Some(state));
         }
+        if join.joinable() && join.h == h {
+            // The source's filter tracks this frame's connection, alone: share its entry.
+            match table.attach(h, join.slot, &p.key, zone, rule.id, now, port.max_sessions) {
+                Some(Ok(())) => {
+                    counters.new.fetch_add(1, Ordering::Relaxed);
+                    rule.hits.hit();
+                    return Verdict::Allow(Allowed::New(rule.id), Some(join.state));
+                }
+                Some(Err(_)) => {
+                    counters.ct_limit.fetch_add(1, Ordering::Relaxed);
+                    return Verdict::Deny(Denied::Limit, None);
+                }
+                None => {}
+            }
+        }
         let expires = now.saturating_add(self.timeouts.of(p.key.proto, state));
         let mut entry = Entry::new(zone, p.key, state, expires, rule.id);
         if let L4::Tcp(t) = p.l4 {
@@ -532,15 +696,18 @@ impl Firewall {
             };
         }
         match table.insert(entry, now, port.max_sessions) {
-            Ok(true) => {
+            Ok(Some(slot)) => {
                 counters.new.fetch_add(1, Ordering::Relaxed);
                 rule.hits.hit();
+                *seen = Seen::of(&entry, h, slot, Dir::Original);
                 Verdict::Allow(Allowed::New(rule.id), Some(state))
             }
             // Another worker tracked it first (the other direction): this packet belongs
             // to that connection, so its state machine judges it.
-            Ok(false) if retry => self.judge(zone, counters, direction, p, h, now, false, false),
-            Ok(false) => Verdict::Allow(Allowed::New(rule.id), Some(state)),
+            Ok(None) if retry => {
+                self.judge(zone, counters, direction, p, h, now, false, false, seen)
+            }
+            Ok(None) => Verdict::Allow(Allowed::New(rule.id), Some(state)),
             Err(_) => {
                 counters.ct_limit.fetch_add(1, Ordering::Relaxed);
                 Verdict::Deny(Denied::Limit, None)

@@ -9,13 +9,14 @@
 use qswitch_api::config::RuleDirection;
 
 use super::Tracer;
-use crate::firewall::{Denied, Firewall, Verdict};
+use crate::firewall::{Denied, Firewall, Seen, Verdict};
 use crate::ids::PortId;
 use crate::stats::DropReason;
 
 /// Why the firewall of `port` refuses `frame` crossing it in `direction` (egress: from the
 /// port's VM; ingress: toward it), if it does. Called only for filtered ports. A tracer
-/// gets the verdict of a dry run ([`Firewall::peek`]): nothing is tracked.
+/// gets the verdict of a dry run ([`Firewall::peek`]): nothing is tracked. `seen` gets
+/// what the check found in the table, for [`filter_out`] of the same frame.
 #[inline]
 pub(crate) fn check<T: Tracer>(
     fw: &Firewall,
@@ -24,14 +25,16 @@ pub(crate) fn check<T: Tracer>(
     frame: &[u8],
     now: u64,
     t: &mut T,
+    seen: &mut Seen,
 ) -> Option<DropReason> {
     let zone = u32::from(port.0);
     let v = if T::ON {
         let v = fw.peek(zone, direction, frame, now);
         t.firewall(fw, port, direction, v);
+        *seen = Seen::NONE;
         v
     } else {
-        fw.check(zone, direction, frame, now)
+        fw.check_seen(zone, direction, frame, now, seen)
     };
     match v {
         Verdict::Allow(..) => None,
@@ -54,24 +57,44 @@ pub(crate) fn reason(d: Denied) -> DropReason {
 /// has security groups: those its ingress rules refuse leave `sel`, counted in `drops`;
 /// those they allow are added to `allowed` (the worker's own counter of that port).
 /// The frames are judged together ([`Firewall::check_burst`]: parsed, hashed and their
-/// connections prefetched before the first lookup).
+/// connections prefetched before the first lookup). `seen`: what the ingress port's
+/// filter found for each frame of the burst (by index), when the ingress is filtered: a
+/// connection both ports track in one entry is not looked up again.
+#[allow(clippy::too_many_arguments)]
 #[inline(never)]
 pub(crate) fn filter_out(
     fw: &Firewall,
     port: PortId,
     pkts: &[crate::packet::Pkt],
     sel: &mut Vec<u8>,
+    seen: Option<&[Seen; crate::packet::BURST]>,
     now: u64,
     drops: &mut crate::stats::DropTally,
     allowed: &crate::stats::Counter,
 ) {
+    // The usual burst between two filtered ports: every frame's connection already
+    // covers this port (one entry for both), so nothing is left to judge.
+    let zone = u32::from(port.0);
+    if seen.is_some_and(|s| sel.iter().all(|&i| s[usize::from(i)].covers(zone))) {
+        allowed.add(sel.len() as u64);
+        return;
+    }
     let mut denied = [None; crate::packet::BURST];
     if sel.len() > denied.len() {
         // Never with the engine's bursts; one by one then.
         sel.retain(|&i| {
             let frame = pkts[usize::from(i)].frame();
             let ingress = RuleDirection::Ingress;
-            match check(fw, port, ingress, frame, now, &mut super::NoTrace) {
+            let mut none = Seen::NONE;
+            match check(
+                fw,
+                port,
+                ingress,
+                frame,
+                now,
+                &mut super::NoTrace,
+                &mut none,
+            ) {
                 None => true,
                 Some(r) => {
                     drops.count(r);
@@ -87,6 +110,7 @@ pub(crate) fn filter_out(
         RuleDirection::Ingress,
         sel.len(),
         |k| pkts[usize::from(sel[k])].frame(),
+        |k| seen.map_or(Seen::NONE, |s| s[usize::from(sel[k])]),
         now,
         |k, v| {
             if let Verdict::Deny(d, _) = v {
