@@ -82,7 +82,7 @@ pub struct BenchArgs {
     pub out: PathBuf,
     /// Run only the contenders whose name contains one of these comma-separated parts
     /// (`qswitch`, `native-1,bridge-1`), for quick iterations; ratios only between contenders
-    /// that ran. pvp: one contender's exact name. Not for qos, rss, placement, soak, scale.
+    /// that ran. pvp: contenders' exact names (`qswitch,qswitch-fw`). Not for qos, rss, placement, soak, scale.
     #[arg(long, value_name = "NAME")]
     pub only: Option<String>,
     /// pvp: the load. `dpdk`: a DPDK virtio-user program (bench/dpdk-load/qsload.c, built

@@ -79,6 +79,11 @@ const CONTENDERS: [&str; 5] = [
 /// qswitch over each peer; with `--firewall` the firewall's cost on qswitch, qswitch-fw
 /// over OVS-DPDK's `ct()` table, and that table's cost on OVS-DPDK.
 const RATIOS: [(usize, usize); 5] = [(0, 1), (0, 2), (3, 0), (3, 4), (4, 1)];
+/// Whether `--only`'s comma-separated list names contender `name` (exactly).
+fn only_has(only: &str, name: &str) -> bool {
+    only.split(',').any(|o| o == name)
+}
+
 /// The contenders only `--firewall` runs.
 const FIREWALL: [usize; 2] = [3, 4];
 
@@ -253,7 +258,11 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         }
     }
     let ovs_wanted = |c: usize| {
-        skipped[c].is_none() && b.args.only.as_deref().is_none_or(|o| o == CONTENDERS[c])
+        skipped[c].is_none()
+            && b.args
+                .only
+                .as_deref()
+                .is_none_or(|o| only_has(o, CONTENDERS[c]))
     };
     let ovs_ok = if ovs_wanted(1) || ovs_wanted(4) {
         ovs_check(b).err().map(|e| format!("{e:#}"))
@@ -261,17 +270,17 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
         None
     };
     skipped[1] = match b.args.only.as_deref() {
-        Some(o) if o != CONTENDERS[1] => Some(format!("--only {o}")),
+        Some(o) if !only_has(o, CONTENDERS[1]) => Some(format!("--only {o}")),
         _ => ovs_ok.clone(),
     };
     if skipped[4].is_none() {
         skipped[4] = match b.args.only.as_deref() {
-            Some(o) if o != CONTENDERS[4] => Some(format!("--only {o}")),
+            Some(o) if !only_has(o, CONTENDERS[4]) => Some(format!("--only {o}")),
             _ => ovs_ok,
         };
     }
     skipped[2] = match b.args.only.as_deref() {
-        Some(o) if o != CONTENDERS[2] => Some(format!("--only {o}")),
+        Some(o) if !only_has(o, CONTENDERS[2]) => Some(format!("--only {o}")),
         _ => testpmd_check().err().map(|e| format!("{e:#}")),
     };
     let ovs_version = (skipped[1].is_none() || skipped[4].is_none()).then(ovs_version);
@@ -321,7 +330,7 @@ pub fn run(b: &Bench) -> anyhow::Result<()> {
             order.len(),
             round + 1
         );
-        if skipped[c].is_some() || b.args.only.as_deref().is_some_and(|o| o != name) {
+        if skipped[c].is_some() || b.args.only.as_deref().is_some_and(|o| !only_has(o, name)) {
             continue;
         }
         b.say_start(format_args!("{prefix} "));
