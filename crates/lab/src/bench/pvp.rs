@@ -844,7 +844,10 @@ fn summarise(names: &[&str], runs: &[PvpRun]) -> (Vec<PvpSummary>, Vec<PvpRatio>
             let q = mine.iter().find(|s| s.contender == CONTENDERS[num]);
             let o = mine.iter().find(|s| s.contender == CONTENDERS[den]);
             if let (Some(q), Some(o)) = (q, o) {
-                if o.mpps_median > 0.0 && o.mpps_per_cpu_s_median > 0.0 {
+                // Only where both moved frames: a side that moved none failed to measure
+                // (its runs say so), and 0× or ∞ would read as a result.
+                let moved = |s: &PvpSummary| s.mpps_median > 0.0 && s.mpps_per_cpu_s_median > 0.0;
+                if moved(q) && moved(o) {
                     ratio.push(PvpRatio {
                         frame_size: size,
                         load_pools: pools,
