@@ -266,7 +266,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if let Some((opt, _)) = pvp_only.iter().find(|(_, set)| *set) {
             bail!("{opt}: only bench pvp takes it");
         }
-    } else if (args.flows.is_some() || args.new_flows) && args.load != Load::Dpdk {
+    } else if let Some(o) = args.only.as_deref() {
+        pvp::check_only(o)?;
+    }
+    if scenario.name == "pvp" && (args.flows.is_some() || args.new_flows) && args.load != Load::Dpdk
+    {
         bail!("--flows and --new-flows need the DPDK load (--load dpdk)");
     } else if args.max_sessions.is_some() && !args.firewall {
         bail!("--max-sessions: only with --firewall (it sizes the firewall contenders' tables)");

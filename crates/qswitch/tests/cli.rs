@@ -312,6 +312,10 @@ fn wrong_cli_arguments_fail_clearly() {
             "has no contenders to choose from",
         ),
         (
+            &["bench", "pvp", "--only", "qswitch,bogus"],
+            "pvp has no contender 'bogus'",
+        ),
+        (
             &["bench", "pvp", "--queues", "2"],
             "only bench tap-tcp sets TAP queues",
         ),

@@ -79,6 +79,17 @@ const CONTENDERS: [&str; 5] = [
 /// qswitch over each peer; with `--firewall` the firewall's cost on qswitch, qswitch-fw
 /// over OVS-DPDK's `ct()` table, and that table's cost on OVS-DPDK.
 const RATIOS: [(usize, usize); 5] = [(0, 1), (0, 2), (3, 0), (3, 4), (4, 1)];
+/// Refuses an `--only` list that names a contender pvp does not have.
+pub(crate) fn check_only(only: &str) -> anyhow::Result<()> {
+    match only.split(',').find(|n| !CONTENDERS.contains(n)) {
+        Some(bad) => bail!(
+            "--only {only}: pvp has no contender '{bad}' (it has {})",
+            CONTENDERS.join(", ")
+        ),
+        None => Ok(()),
+    }
+}
+
 /// Whether `--only`'s comma-separated list names contender `name` (exactly).
 fn only_has(only: &str, name: &str) -> bool {
     only.split(',').any(|o| o == name)
