@@ -748,6 +748,11 @@ impl Port for VhostUserPort {
             let n = self.dev.take_injected(pkts);
             return n + rings::rx_burst(&self.dev, queue, &mut pkts[n..], drops);
         }
+        // No frontend: no ring is usable, so the ring's lock and lines stay untouched (a
+        // worker owning thousands of idle ports polls them all at each wake-up).
+        if !self.dev.connected.load(Ordering::Acquire) {
+            return 0;
+        }
         rings::rx_burst(&self.dev, queue, pkts, drops)
     }
 
@@ -770,6 +775,11 @@ impl Port for VhostUserPort {
     }
 
     fn rx_arm(&self, queue: u16) -> bool {
+        // No frontend: no kick fd and no usable ring to arm (see `rx_burst`); a frame still
+        // queued for injection keeps the worker polling until `rx_burst` takes it.
+        if !self.dev.connected.load(Ordering::Acquire) {
+            return !(queue == 0 && self.dev.inject_pending.load(Ordering::Acquire));
+        }
         let ready = rings::arm(&self.dev, queue);
         ready && !(queue == 0 && self.dev.inject_pending.load(Ordering::Acquire))
     }
