@@ -330,6 +330,8 @@ pub(crate) struct VhostState {
     pub(crate) max_guest_memory: u64,
     /// Where the workers announce their call writes to the event loop's watchdog.
     pub(crate) calls: Arc<reactor::CallSlots>,
+    /// Called when a ring starts ([`Reactor::on_ring_start`]).
+    pub(crate) ring_start: Arc<reactor::RingStartHook>,
 }
 
 impl VhostState {
@@ -362,6 +364,7 @@ impl VhostState {
             inject_wake,
             max_guest_memory: reactor.settings().max_guest_memory,
             calls: reactor.calls(),
+            ring_start: reactor.ring_start_hook(),
         })
     }
 
@@ -782,6 +785,13 @@ impl Port for VhostUserPort {
         }
         let ready = rings::arm(&self.dev, queue);
         ready && !(queue == 0 && self.dev.inject_pending.load(Ordering::Acquire))
+    }
+
+    fn rx_dormant(&self, queue: u16) -> bool {
+        // Woken when a ring starts (`Reactor::on_ring_start`), by a kick, or by a RARP to
+        // inject (pair 0's kick epoll).
+        let waiting = queue == 0 && self.dev.inject_pending.load(Ordering::Acquire);
+        !self.dev.connected.load(Ordering::Acquire) && !waiting
     }
 
     fn offloads(&self) -> Vec<&'static str> {
