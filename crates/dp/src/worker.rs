@@ -18,7 +18,9 @@
 //! [`SPIN_NS`] without a frame it sleeps in `epoll_wait` on the fds of its queues (level
 //! triggered, so a frame that arrived just before is not missed) and on its wake eventfd
 //! (used by the control plane). Gen ports have no fd: their next due time bounds the sleep.
-//! An idle switch therefore uses no CPU but a wake-up per [`MAX_SLEEP_MS`].
+//! An idle switch therefore uses no CPU but a wake-up per [`MAX_SLEEP_MS`], and none at all
+//! while every queue the worker owns is dormant ([`Port::rx_dormant`]: vhost-user ports with
+//! no frontend; the vhost-user event loop wakes the workers when a ring starts).
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
@@ -273,12 +275,19 @@ impl Spin {
     }
 }
 
-/// How long to sleep (ms), or None when some queue is due now. Arms every queue's wake-up
-/// source first; a queue that got work meanwhile cancels the sleep.
+/// How long to sleep (ms; -1: until woken), or None when some queue is due now. Arms every
+/// queue's wake-up source first; a queue that got work meanwhile cancels the sleep. Dormant
+/// queues ([`Port::rx_dormant`]: vhost-user ports with no frontend) are neither armed nor
+/// counted: when every queue is dormant there is no timed wake-up at all.
 fn sleep_timeout(v: &View, now: u64) -> Option<i32> {
     let mut timeout = MAX_SLEEP_MS;
     let mut ready = true;
+    let mut live = false;
     for (entry, q) in v.queues().iter() {
+        if entry.dev.rx_dormant(*q) {
+            continue;
+        }
+        live = true;
         // Out of QoS tokens: woken when the bucket refills, not by the queue.
         if let Some(ns) = entry.qos.wait_ns() {
             timeout = timeout.min(ns.div_ceil(1_000_000).clamp(1, MAX_SLEEP_MS as u64) as i32);
@@ -289,8 +298,11 @@ fn sleep_timeout(v: &View, now: u64) -> Option<i32> {
     if !ready {
         return None;
     }
+    if !live {
+        return Some(-1);
+    }
     for (entry, q) in v.queues().iter() {
-        if entry.qos.wait_ns().is_some() {
+        if entry.qos.wait_ns().is_some() || entry.dev.rx_dormant(*q) {
             continue;
         }
         if let Some(ns) = entry.dev.rx_due_in(*q, now) {

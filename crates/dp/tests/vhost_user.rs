@@ -1932,6 +1932,35 @@ fn idle_switch_sleeps() {
     sw.shutdown();
 }
 
+/// A worker whose queues all belong to vhost-user ports with no frontend sleeps without a
+/// timed wake-up (`Port::rx_dormant`); frontends that connect later wake it and are polled.
+#[test]
+fn unconnected_ports_cost_no_timed_wakeups() {
+    let dir = TestDir::new("dormant");
+    let sw = switch(1);
+    let (ma, mb) = (mac(0xa), mac(0xb));
+    let sa = add_server(&sw, &dir, "a");
+    let sb = add_server(&sw, &dir, "b");
+    wait_until("the worker to sleep", || sw.stats().workers[0].sleeps >= 1);
+    // Let the wake-ups of the port additions pass, then watch for longer than the timer.
+    std::thread::sleep(Duration::from_millis(300));
+    let w0 = sw.stats().workers.remove(0);
+    std::thread::sleep(Duration::from_millis(2500));
+    let w1 = sw.stats().workers.remove(0);
+    assert_eq!(
+        w1.wakeups, w0.wakeups,
+        "a worker with only unconnected ports woke up on a timer"
+    );
+    // Frontends that connect now are polled.
+    let mut a = connect(&sa, opts());
+    let mut b = connect(&sb, opts());
+    roundtrip(&mut a, &mut b, ma, mb, 10);
+    assert!(sw.stats().workers[0].wakeups > w1.wakeups);
+    a.close();
+    b.close();
+    sw.shutdown();
+}
+
 // ---------------------------------------------------------------------------------------
 // 11. Hostile frontends (issue 15): each attack on a port `p` while a well-behaved pair
 // a <-> b keeps forwarding on the same worker; afterwards `p` serves a new frontend.

@@ -110,6 +110,13 @@ pub trait Port: Send + Sync {
         false
     }
 
+    /// Whether `queue` cannot receive until something wakes its worker (its fd or the
+    /// worker's wake eventfd): a vhost-user port with no frontend, which wakes the workers
+    /// when a ring starts. A worker whose queues are all dormant sleeps without a timeout.
+    fn rx_dormant(&self, _queue: u16) -> bool {
+        false
+    }
+
     /// For ports that produce frames on their own schedule (gen): nanoseconds from `now` until
     /// `queue` has something to deliver; `None` when it never will (or is fd-driven).
     fn rx_due_in(&self, _queue: u16, _now: u64) -> Option<u64> {
@@ -176,6 +183,9 @@ impl Port for Device {
     }
     fn rx_dead(&self, queue: u16) -> bool {
         each_device!(self, d => d.rx_dead(queue))
+    }
+    fn rx_dormant(&self, queue: u16) -> bool {
+        each_device!(self, d => d.rx_dormant(queue))
     }
     #[inline]
     fn rx_learn(&self, queue: u16) -> RxLearn {

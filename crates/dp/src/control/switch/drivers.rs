@@ -23,7 +23,7 @@ use crate::port::veth::{FastPath, OverlayPort};
 use crate::port::vhost_user::{Reactor, Settings as VhostSettings};
 use crate::port::vxlan::VxlanGroups;
 use crate::port::Device;
-use crate::table::{PortEntry, PortTable, Shared};
+use crate::table::{PortEntry, PortTable, Shared, WorkerShared};
 
 /// Every driver of a switch.
 pub(crate) struct Drivers {
@@ -73,12 +73,23 @@ pub(crate) struct VhostDriver {
 impl VhostDriver {
     /// The event loop, started on first use (thread `qs-vhost`, through the switch's spawn
     /// helper: a panic in it stops the switch with a message naming the thread).
-    pub(crate) fn reactor(&self, shared: &Arc<Shared>) -> std::io::Result<Reactor> {
+    /// A ring that starts wakes `workers` (see `Port::rx_dormant`).
+    pub(crate) fn reactor(
+        &self,
+        shared: &Arc<Shared>,
+        workers: &[Arc<WorkerShared>],
+    ) -> std::io::Result<Reactor> {
         let mut running = self.running.lock();
         if let Some((r, _)) = running.as_ref() {
             return Ok(r.clone());
         }
         let (reactor, event_loop) = Reactor::new(self.settings.clone())?;
+        let workers = workers.to_vec();
+        reactor.on_ring_start(move || {
+            for w in &workers {
+                let _ = w.wake.notify();
+            }
+        });
         let t = super::spawn(shared, "qs-vhost".into(), &[], move |_| event_loop.run())?;
         *running = Some((reactor.clone(), t));
         Ok(reactor)

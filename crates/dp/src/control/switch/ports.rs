@@ -388,7 +388,7 @@ impl Switch {
                 &self
                     .drivers
                     .vhost
-                    .reactor(&self.shared)
+                    .reactor(&self.shared, &self.workers)
                     .map_err(VhostUserError::Setup)?,
             )?),
             PortKind::Vxlan(v) => Device::Vxlan(Arc::new(VxlanPort::open(

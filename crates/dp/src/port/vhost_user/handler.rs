@@ -188,6 +188,9 @@ impl Handler {
             v.notify = true;
             v.queue.set_ready(true);
             tracing::debug!(port = %self.dev.name, vring = index, size = v.queue.size(), "vring started");
+            // A worker whose queues were all dormant sleeps without a timeout, and a guest
+            // whose notifications were left off by an earlier connection never kicks.
+            self.dev.ring_start.call();
         }
         self.dev.note_ring(index as usize, v);
     }

@@ -330,6 +330,8 @@ pub(crate) struct VhostState {
     pub(crate) max_guest_memory: u64,
     /// Where the workers announce their call writes to the event loop's watchdog.
     pub(crate) calls: Arc<reactor::CallSlots>,
+    /// Called when a ring starts ([`Reactor::on_ring_start`]).
+    pub(crate) ring_start: Arc<reactor::RingStartHook>,
 }
 
 impl VhostState {
@@ -362,6 +364,7 @@ impl VhostState {
             inject_wake,
             max_guest_memory: reactor.settings().max_guest_memory,
             calls: reactor.calls(),
+            ring_start: reactor.ring_start_hook(),
         })
     }
 
@@ -748,6 +751,11 @@ impl Port for VhostUserPort {
             let n = self.dev.take_injected(pkts);
             return n + rings::rx_burst(&self.dev, queue, &mut pkts[n..], drops);
         }
+        // No frontend: no ring is usable, so the ring's lock and lines stay untouched (a
+        // worker owning thousands of idle ports polls them all at each wake-up).
+        if !self.dev.connected.load(Ordering::Acquire) {
+            return 0;
+        }
         rings::rx_burst(&self.dev, queue, pkts, drops)
     }
 
@@ -770,8 +778,20 @@ impl Port for VhostUserPort {
     }
 
     fn rx_arm(&self, queue: u16) -> bool {
+        // No frontend: no kick fd and no usable ring to arm (see `rx_burst`); a frame still
+        // queued for injection keeps the worker polling until `rx_burst` takes it.
+        if !self.dev.connected.load(Ordering::Acquire) {
+            return !(queue == 0 && self.dev.inject_pending.load(Ordering::Acquire));
+        }
         let ready = rings::arm(&self.dev, queue);
         ready && !(queue == 0 && self.dev.inject_pending.load(Ordering::Acquire))
+    }
+
+    fn rx_dormant(&self, queue: u16) -> bool {
+        // Woken when a ring starts (`Reactor::on_ring_start`), by a kick, or by a RARP to
+        // inject (pair 0's kick epoll).
+        let waiting = queue == 0 && self.dev.inject_pending.load(Ordering::Acquire);
+        !self.dev.connected.load(Ordering::Acquire) && !waiting
     }
 
     fn offloads(&self) -> Vec<&'static str> {

@@ -100,6 +100,7 @@ struct Shared {
     stop: AtomicBool,
     settings: Settings,
     calls: Arc<CallSlots>,
+    ring_start: Arc<RingStartHook>,
     /// Watchdog ticks, and ports looked at by them, so far.
     watchdog_looks: [AtomicU64; 2],
 }
@@ -108,6 +109,28 @@ struct Shared {
 enum Cmd {
     Add(Box<PortSetup>),
     Remove(u64, mpsc::Sender<()>),
+}
+
+/// What [`Reactor::on_ring_start`] set, if anything.
+#[derive(Default)]
+pub(crate) struct RingStartHook(std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>);
+
+impl RingStartHook {
+    pub(crate) fn call(&self) {
+        if let Some(f) = self.0.get() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for RingStartHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "RingStartHook(set)"
+        } else {
+            "RingStartHook"
+        })
+    }
 }
 
 /// What the loop needs to serve one port.
@@ -146,6 +169,7 @@ impl Reactor {
             stop: AtomicBool::new(false),
             settings,
             calls: Arc::new(CallSlots::default()),
+            ring_start: Arc::default(),
             watchdog_looks: [AtomicU64::new(0), AtomicU64::new(0)],
         });
         let epoll = Epoll::new()?;
@@ -173,6 +197,17 @@ impl Reactor {
     /// Where the workers announce their call writes to this loop's watchdog.
     pub(crate) fn calls(&self) -> Arc<CallSlots> {
         self.shared.calls.clone()
+    }
+
+    /// Has `f` called whenever a ring of one of the loop's ports starts (the switch wakes
+    /// its workers: one whose queues are all dormant, see `Port::rx_dormant`, sleeps without
+    /// a timeout). The first hook set stays.
+    pub fn on_ring_start(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.shared.ring_start.0.set(Box::new(f));
+    }
+
+    pub(crate) fn ring_start_hook(&self) -> Arc<RingStartHook> {
+        self.shared.ring_start.clone()
     }
 
     /// Asks the loop to end (it returns from [`EventLoop::run`] at once).
