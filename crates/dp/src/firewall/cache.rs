@@ -51,19 +51,11 @@ const EMPTY: Slot = Slot {
 
 /// One worker's cache. Empty (nothing allocated) until its first fill, so a switch
 /// without security groups holds none.
+#[derive(Default)]
 pub struct VerdictCache {
     slots: Vec<Slot>,
     /// The table's generation read at the start of this burst.
     generation: u64,
-}
-
-impl Default for VerdictCache {
-    fn default() -> VerdictCache {
-        VerdictCache {
-            slots: Vec::new(),
-            generation: 0,
-        }
-    }
 }
 
 /// The cache key of a frame the short parse takes as UDP (the same tests as
@@ -375,7 +367,7 @@ mod tests {
         let mut now = SEC;
         while now < SEC + 2 * fw.timeouts().udp_replied {
             now += SEC / 10;
-            if now % (10 * SEC) == 0 {
+            if now.is_multiple_of(10 * SEC) {
                 assert_eq!(fw.expire(now), 0);
             }
             cache.begin(&fw);
@@ -384,6 +376,11 @@ mod tests {
             assert!(v.allowed(), "at {now}");
         }
         assert!(hits > 2000, "{hits}");
+        assert_eq!(
+            std::mem::size_of::<Slot>(),
+            64,
+            "docs/firewall.md says 2 MiB"
+        );
         // A dry run neither asks nor fills the cache.
         let fresh = udp(VM, OUT, 6000, 53);
         assert!(fw.peek(0, Egress, &fresh, now).allowed());
