@@ -217,6 +217,8 @@ pub struct Forwarder {
     /// What the ingress port's firewall found for each frame of this burst, for the
     /// destinations' firewall (valid while `fw_seen_on`: the ingress is filtered).
     fw_seen: [crate::firewall::Seen; BURST],
+    /// This worker's verdict cache of established UDP connections (`firewall_in`).
+    fw_cache: crate::firewall::VerdictCache,
     fw_seen_on: bool,
 }
 
@@ -242,6 +244,7 @@ impl Forwarder {
             gated: false,
             fw_allowed: 0,
             fw_seen: [crate::firewall::Seen::NONE; BURST],
+            fw_cache: crate::firewall::VerdictCache::default(),
             fw_seen_on: false,
         }
     }
@@ -461,6 +464,9 @@ impl Forwarder {
         let mut rx_bytes = 0u64;
         let mut fw_allowed = 0u32;
         self.fw_seen_on = fw.is_some();
+        if let Some(fw) = fw {
+            self.fw_cache.begin(fw);
+        }
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
             rx_bytes += frame.len() as u64;
@@ -484,7 +490,8 @@ impl Forwarder {
             if let Some(fw) = fw {
                 let out = qswitch_api::config::RuleDirection::Egress;
                 let seen = &mut self.fw_seen[i];
-                if let Some(r) = stage::firewall::check(fw, id, out, frame, now, t, seen) {
+                let cache = &mut self.fw_cache;
+                if let Some(r) = stage::firewall::check(fw, id, out, frame, now, t, seen, cache) {
                     drops.count(r);
                     continue;
                 }

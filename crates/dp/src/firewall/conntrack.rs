@@ -23,7 +23,7 @@
 //! than one shard's walk. See docs/firewall.md for the argument for 16 workers.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use qswitch_wire::ct::CtKey;
@@ -276,6 +276,10 @@ pub struct CtTable {
     zones: Box<[AtomicU32]>,
     max: u32,
     capacity: usize,
+    /// Bumped on every change a worker's verdict cache could have seen: an entry removed
+    /// (expiry, flush, reopen), a zone detached from or attached to an entry, a rule set
+    /// put in force ([`CtTable::bump`]). Starts at 1 (0 is an empty cache slot).
+    generation: AtomicU64,
 }
 
 /// 64 × 64 → 128-bit multiply folded to 64 bits: the mixing step of foldhash/wyhash.
@@ -331,6 +335,7 @@ impl CtTable {
             zones: (0..zones).map(|_| AtomicU32::new(0)).collect(),
             max,
             capacity: per_shard * shards,
+            generation: AtomicU64::new(1),
         }
     }
 
@@ -365,7 +370,19 @@ impl CtTable {
             .map_or(0, |z| z.load(Ordering::Relaxed))
     }
 
+    /// The change generation ([`super::cache`]): read once per burst by each worker.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Ends every worker's cached verdicts (from their next burst on).
+    pub fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     fn gone(&self, zone: u32, n: u32) {
+        self.bump();
         self.count.fetch_sub(n, Ordering::Relaxed);
         self.release(zone);
     }
@@ -398,6 +415,7 @@ impl CtTable {
         }
         e.peer = NO_PEER;
         self.release(zone);
+        self.bump();
         Visit::Keep
     }
 
@@ -648,6 +666,7 @@ impl CtTable {
         let e = &mut s.entries[slot as usize];
         e.peer = peer;
         e.peer_rule = rule;
+        self.bump();
         Some(Ok(()))
     }
 

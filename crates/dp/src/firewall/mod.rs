@@ -19,6 +19,7 @@
 //! Time is passed in (`now`, nanoseconds of any monotonic clock); nothing here reads the
 //! clock. Not wired into the pipeline yet: see docs/firewall.md for what remains.
 
+pub mod cache;
 pub mod conntrack;
 pub mod control;
 pub mod rules;
@@ -31,6 +32,7 @@ use qswitch_api::config::{Config, FirewallConfig, RuleDirection};
 use qswitch_wire::ct::{self, CtError, CtPacket, Fragment, TcpInfo, L4};
 use qswitch_wire::tcp::{FLAG_ACK, FLAG_FIN, FLAG_RST, FLAG_SYN};
 
+pub use cache::VerdictCache;
 pub use conntrack::{CtState, CtTable, Dir, Entry, RuleRef, TcpDir, NO_PEER};
 pub use rules::{Hits, PortRules, Rule, RuleSet};
 
@@ -350,10 +352,15 @@ impl Firewall {
         for (flag, on) in self.filtered.iter().zip(filtered) {
             flag.store(on, Ordering::Release);
         }
-        match self.table.get() {
+        let ended = match self.table.get() {
             Some(table) if *old != *new => control::revalidate(table, &old, &new),
             _ => 0,
+        };
+        // Whatever the workers cached was judged by the old rules.
+        if let Some(table) = self.table.get() {
+            table.bump();
         }
+        ended
     }
 
     /// Whether port `zone` has security groups (its frames are checked).
@@ -626,7 +633,12 @@ impl Firewall {
             } else {
                 e
             };
+            let was = e.state;
             let step = advance(e, dir, p);
+            if was == CtState::Unreplied && e.state == CtState::Replied && !dry {
+                // Workers' caches ([`cache`]) may hold this connection as unreplied.
+                table.bump();
+            }
             if let Step::Valid = step {
                 e.expires = now.saturating_add(self.timeouts.of(e.key.proto, e.state));
                 if !dry {

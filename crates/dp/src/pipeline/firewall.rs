@@ -9,14 +9,17 @@
 use qswitch_api::config::RuleDirection;
 
 use super::Tracer;
-use crate::firewall::{Denied, Firewall, Seen, Verdict};
+use crate::firewall::{Denied, Firewall, Seen, Verdict, VerdictCache};
 use crate::ids::PortId;
 use crate::stats::DropReason;
 
 /// Why the firewall of `port` refuses `frame` crossing it in `direction` (egress: from the
 /// port's VM; ingress: toward it), if it does. Called only for filtered ports. A tracer
 /// gets the verdict of a dry run ([`Firewall::peek`]): nothing is tracked. `seen` gets
-/// what the check found in the table, for [`filter_out`] of the same frame.
+/// what the check found in the table, for [`filter_out`] of the same frame. `cache`: the
+/// worker's verdict cache ([`VerdictCache::begin`] called for this burst), which a dry
+/// run neither uses nor fills.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn check<T: Tracer>(
     fw: &Firewall,
@@ -26,6 +29,7 @@ pub(crate) fn check<T: Tracer>(
     now: u64,
     t: &mut T,
     seen: &mut Seen,
+    cache: &mut VerdictCache,
 ) -> Option<DropReason> {
     let zone = u32::from(port.0);
     let v = if T::ON {
@@ -34,7 +38,7 @@ pub(crate) fn check<T: Tracer>(
         *seen = Seen::NONE;
         v
     } else {
-        fw.check_seen(zone, direction, frame, now, seen)
+        fw.check_cached(cache, zone, direction, frame, now, seen)
     };
     match v {
         Verdict::Allow(..) => None,
@@ -84,20 +88,11 @@ pub(crate) fn filter_out(
         // Never with the engine's bursts; one by one then.
         sel.retain(|&i| {
             let frame = pkts[usize::from(i)].frame();
-            let ingress = RuleDirection::Ingress;
             let mut none = Seen::NONE;
-            match check(
-                fw,
-                port,
-                ingress,
-                frame,
-                now,
-                &mut super::NoTrace,
-                &mut none,
-            ) {
-                None => true,
-                Some(r) => {
-                    drops.count(r);
+            match fw.check_seen(zone, RuleDirection::Ingress, frame, now, &mut none) {
+                Verdict::Allow(..) => true,
+                Verdict::Deny(d, _) => {
+                    drops.count(reason(d));
                     false
                 }
             }
