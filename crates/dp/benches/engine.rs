@@ -16,6 +16,10 @@
 //! connection, checked by `a`'s egress filter on the way in and `b`'s ingress filter on
 //! the way out (docs/firewall.md).
 //!
+//! `engine/new_fw50` is `unicast_fw50` with every frame a new connection (its source
+//! address and port counted up; `max_sessions` 16 Mi, so nothing is refused within a run):
+//! the new-connection path of both filters, as `bench pvp --firewall --new-flows` drives it.
+//!
 //! Reported per burst of 32 frames (Criterion's throughput is frames/s).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -119,6 +123,15 @@ fn bench(c: &mut Criterion) {
 const FLOWS: u16 = 10_000;
 
 fn firewall_case(group: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>) {
+    firewall_case_with(group, false);
+    firewall_case_with(group, true);
+}
+
+/// `unicast_fw50`, or with `new_flows` `new_fw50`.
+fn firewall_case_with(
+    group: &mut criterion::BenchmarkGroup<criterion::measurement::WallTime>,
+    new_flows: bool,
+) {
     let mut rules = String::new();
     for direction in ["egress", "ingress"] {
         for i in 0..24 {
@@ -133,7 +146,9 @@ fn firewall_case(group: &mut criterion::BenchmarkGroup<criterion::measurement::W
     let text = format!(
         "[[security_group]]\nname = \"g\"\nrules = [\n{rules}]\n\
          [[port]]\nname = \"a\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n\
-         [[port]]\nname = \"b\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n"
+         [[port]]\nname = \"b\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n\
+         [firewall]\nmax_sessions = {}\n",
+        1u32 << 24
     );
     let config = qswitch_api::config::Config::from_toml(&text).unwrap();
     let options = Options {
@@ -152,6 +167,29 @@ fn firewall_case(group: &mut criterion::BenchmarkGroup<criterion::measurement::W
     while b.pending() > 0 {
         now += 1_000;
         sw.poll_once(now);
+    }
+    if new_flows {
+        // Source 10.128.0.0/9 and port 1024..=65535 counted up: a new 5-tuple a frame.
+        let mut f = udp_frame(mb, ma, 0);
+        let mut n: u64 = 0;
+        group.bench_function("new_fw50", |bench| {
+            bench.iter(|| {
+                for _ in 0..BURST {
+                    let port = 1024 + (n % 64_512) as u16;
+                    let host = 0x0a80_0000 | ((n / 64_512) as u32 & 0x7f_ffff);
+                    f[26..30].copy_from_slice(&host.to_be_bytes());
+                    f[34..36].copy_from_slice(&port.to_be_bytes());
+                    a.inject(&f);
+                    n += 1;
+                }
+                while a.pending() > 0 {
+                    now += 1;
+                    sw.poll_once(now);
+                }
+                b.take_captured();
+            })
+        });
+        return;
     }
     let frames: Vec<Vec<u8>> = (0..FLOWS).map(|i| udp_frame(mb, ma, i)).collect();
     let mut next = 0usize;

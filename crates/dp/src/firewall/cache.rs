@@ -19,7 +19,10 @@
 
 use qswitch_api::config::RuleDirection;
 
-use super::{Allowed, CtTable, Firewall, Seen, Verdict};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Allowed, CtTable, Firewall, RuleSet, Seen, Verdict};
 
 /// How long a slot answers before the full path refreshes the entry's expiry.
 pub const REFRESH: u64 = super::SEC;
@@ -56,6 +59,10 @@ pub struct VerdictCache {
     slots: Vec<Slot>,
     /// The table's generation read at the start of this burst.
     generation: u64,
+    /// The rules in force (with their [`Firewall`]'s version), for the checks that miss:
+    /// reloaded at the start of a burst only when a rule set was put in force since,
+    /// where loading them from the firewall costs a load per frame.
+    rules: Option<(u64, Arc<RuleSet>)>,
 }
 
 /// The cache key of a frame the short parse takes as UDP (the same tests as
@@ -91,6 +98,10 @@ impl VerdictCache {
     #[inline]
     pub fn begin(&mut self, fw: &Firewall) {
         self.generation = fw.table.get().map_or(0, CtTable::generation);
+        let version = fw.rules_version.load(Ordering::Acquire);
+        if self.rules.as_ref().map(|r| r.0) != Some(version) {
+            self.rules = Some((version, fw.rules.load_full()));
+        }
     }
 
     /// Empties the cache (tests; a worker's cache empties itself by generation).
@@ -112,8 +123,10 @@ impl Firewall {
         now: u64,
         seen: &mut Seen,
     ) -> Verdict {
+        let rules = cache.rules.as_ref().map(|r| &*r.1);
         let Some((addrs, rest)) = key(frame, zone, direction) else {
-            return self.check_seen(zone, direction, frame, now, seen);
+            *seen = Seen::NONE;
+            return self.check_once(zone, direction, frame, now, true, false, seen, rules);
         };
         let i = index(addrs, rest);
         if let Some(s) = cache.slots.get(i) {
@@ -129,7 +142,8 @@ impl Firewall {
                 }
             }
         }
-        let v = self.check_seen(zone, direction, frame, now, seen);
+        *seen = Seen::NONE;
+        let v = self.check_once(zone, direction, frame, now, true, false, seen, rules);
         if let Verdict::Allow(Allowed::Tracked(..), Some(state)) = v {
             if seen.covers(zone) && cache.generation != 0 {
                 if cache.slots.is_empty() {

@@ -573,6 +573,18 @@ impl CtTable {
         now: u64,
         zone_max: Option<u32>,
     ) -> Result<Option<u32>, Full> {
+        self.insert_hashed(self.hash(&entry.key), entry, now, zone_max)
+    }
+
+    /// [`CtTable::insert`] with the key's hash already computed (`h` must be
+    /// [`CtTable::hash`] of `entry.key`).
+    pub fn insert_hashed(
+        &self,
+        h: u64,
+        entry: Entry,
+        now: u64,
+        zone_max: Option<u32>,
+    ) -> Result<Option<u32>, Full> {
         if self.count.fetch_add(1, Ordering::Relaxed) >= self.max {
             self.count.fetch_sub(1, Ordering::Relaxed);
             return Err(Full::Switch);
@@ -585,7 +597,6 @@ impl CtTable {
             self.gone(entry.zone, 1);
             return Err(Full::Zone);
         }
-        let h = self.hash(&entry.key);
         let (shard, bucket) = self.locate(h);
         let mut s = shard.lock();
         let reversed = entry.key.reversed();
@@ -666,7 +677,10 @@ impl CtTable {
         let e = &mut s.entries[slot as usize];
         e.peer = peer;
         e.peer_rule = rule;
-        self.bump();
+        // No generation bump: a zone joining only adds what the entry covers, so a
+        // verdict cached before it is still right (a cached `Seen` without the peer sends
+        // the peer's filter to the table, which finds the entry; docs/firewall.md). A
+        // bump here would empty every worker's cache once per new connection.
         Some(Ok(()))
     }
 

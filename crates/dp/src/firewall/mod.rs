@@ -270,6 +270,10 @@ pub struct Firewall {
     max_sessions: u32,
     shards: usize,
     rules: ArcSwap<RuleSet>,
+    /// Bumped after each rule set put in force, so that a worker's verdict cache keeps
+    /// its own reference to the rules and reloads them only when this moves
+    /// ([`VerdictCache::begin`]).
+    rules_version: AtomicU64,
     /// Per zone: whether the port has rules, which the engine reads once per burst.
     filtered: Box<[AtomicBool]>,
     zones: Box<[ZoneCounters]>,
@@ -324,6 +328,7 @@ impl Firewall {
             max_sessions,
             shards,
             rules: ArcSwap::from_pointee(RuleSet::default()),
+            rules_version: AtomicU64::new(0),
             filtered: (0..zones).map(|_| AtomicBool::new(false)).collect(),
             zones: (0..zones).map(|_| ZoneCounters::default()).collect(),
             timeouts,
@@ -349,6 +354,7 @@ impl Firewall {
             .collect();
         let new = std::sync::Arc::new(rules);
         let old = self.rules.swap(new.clone());
+        self.rules_version.fetch_add(1, Ordering::AcqRel);
         for (flag, on) in self.filtered.iter().zip(filtered) {
             flag.store(on, Ordering::Release);
         }
@@ -452,7 +458,7 @@ impl Firewall {
     /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
     pub fn check(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
         let mut seen = Seen::NONE;
-        self.check_once(zone, direction, frame, now, true, false, &mut seen)
+        self.check_once(zone, direction, frame, now, true, false, &mut seen, None)
     }
 
     /// [`Firewall::check`], also telling what it found in the table (`seen`), for the
@@ -466,7 +472,7 @@ impl Firewall {
         seen: &mut Seen,
     ) -> Verdict {
         *seen = Seen::NONE;
-        self.check_once(zone, direction, frame, now, true, false, seen)
+        self.check_once(zone, direction, frame, now, true, false, seen, None)
     }
 
     /// [`Firewall::check`] of `n` frames (`frame(i)` for `i` in `0..n`), in order, giving
@@ -500,6 +506,9 @@ impl Firewall {
             return;
         }
         let table = self.table();
+        // The rules, loaded once for the burst (a change applies from the next burst).
+        let guard = self.rules.load();
+        let rules = Some(&**guard);
         let mut parsed: [Option<CtPacket>; BURST] = [None; BURST];
         let mut hashes = [0u64; BURST];
         let mut prior = [Seen::NONE; BURST];
@@ -518,14 +527,18 @@ impl Firewall {
                 *p = ct::parse_v4_fast(frame(start + k));
                 if let Some(p) = p {
                     *h = table.hash(&p.key);
-                    table.prefetch_bucket(*h);
+                    if !s.joinable() {
+                        // (The source's filter has just touched a joinable entry's
+                        // bucket and entry.)
+                        table.prefetch_bucket(*h);
+                    }
                 }
             }
             if rest == 0 {
                 continue;
             }
-            for (p, &h) in parsed.iter().zip(&hashes).take(len) {
-                if p.is_some() {
+            for ((p, &h), s) in parsed.iter().zip(&hashes).zip(&prior).take(len) {
+                if p.is_some() && !s.joinable() {
                     table.prefetch_entry(h);
                 }
             }
@@ -535,10 +548,13 @@ impl Firewall {
                     continue;
                 }
                 let v = match p {
-                    Some(p) => self.judge(zone, counters, direction, p, h, now, true, false, join),
+                    Some(p) => {
+                        let once = (true, false);
+                        self.judge(zone, counters, direction, p, h, now, once, join, rules)
+                    }
                     None => {
                         let f = frame(start + k);
-                        self.check_once(zone, direction, f, now, true, false, join)
+                        self.check_once(zone, direction, f, now, true, false, join, rules)
                     }
                 };
                 verdict(start + k, v);
@@ -551,7 +567,7 @@ impl Firewall {
     /// removed, as any look would).
     pub fn peek(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
         let mut seen = Seen::NONE;
-        self.check_once(zone, direction, frame, now, false, true, &mut seen)
+        self.check_once(zone, direction, frame, now, false, true, &mut seen, None)
     }
 
     /// [`Firewall::check`]: the frame parsed (the short path of [`ct::parse`] first, its
@@ -567,18 +583,19 @@ impl Firewall {
         retry: bool,
         dry: bool,
         seen: &mut Seen,
+        rules: Option<&RuleSet>,
     ) -> Verdict {
         let Some(counters) = self.zones.get(zone as usize) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
         };
         if let Some(p) = &ct::parse_v4_fast(frame) {
             let h = self.table().hash(&p.key);
-            return self.judge(zone, counters, direction, p, h, now, retry, dry, seen);
+            return self.judge(zone, counters, direction, p, h, now, (retry, dry), seen, rules);
         }
         match &ct::parse_general(frame) {
             Ok(p) => {
                 let h = self.table().hash(&p.key);
-                self.judge(zone, counters, direction, p, h, now, retry, dry, seen)
+                self.judge(zone, counters, direction, p, h, now, (retry, dry), seen, rules)
             }
             Err(CtError::NotIp) => Verdict::Allow(Allowed::NotIp, None),
             Err(_) => self.invalid(counters, None, dry),
@@ -600,10 +617,18 @@ impl Firewall {
         p: &CtPacket,
         h: u64,
         now: u64,
-        retry: bool,
-        dry: bool,
+        (retry, dry): (bool, bool),
         seen: &mut Seen,
+        rules: Option<&RuleSet>,
     ) -> Verdict {
+        let loaded;
+        let rules = match rules {
+            Some(r) => r,
+            None => {
+                loaded = self.rules.load();
+                &**loaded
+            }
+        };
         let join = std::mem::replace(seen, Seen::NONE);
         if always_allowed(p, direction) {
             return Verdict::Allow(Allowed::Always, None);
@@ -615,6 +640,15 @@ impl Firewall {
             return Verdict::Deny(Denied::Fragment, None);
         }
         let table = self.table();
+        if !dry && join.joinable() && join.h == h {
+            // The source's filter has just found or made this frame's connection, as
+            // its alone: this zone's rules, then a share of that entry, with no look of
+            // its own first (`attach` checks under the shard's lock that no other entry
+            // tracks the connection for this zone; when one does, the look below finds it).
+            if let Some(v) = self.join(zone, counters, direction, p, h, now, &join, rules) {
+                return v;
+            }
+        }
         if let L4::IcmpError { inner, .. } = p.l4 {
             let related = table.with(zone, &inner, now, |e, _, _| {
                 ((e.rule_for(zone), e.state), false)
@@ -658,7 +692,6 @@ impl Firewall {
             Some((Step::Reopen, ..)) | None => {}
         }
         // A new connection: the rules decide.
-        let rules = self.rules.load();
         let Some(port) = rules.ports.get(zone as usize).and_then(Option::as_ref) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
         };
@@ -682,21 +715,6 @@ impl Firewall {
             }
             return Verdict::Allow(Allowed::New(rule.id), Some(state));
         }
-        if join.joinable() && join.h == h {
-            // The source's filter tracks this frame's connection, alone: share its entry.
-            match table.attach(h, join.slot, &p.key, zone, rule.id, now, port.max_sessions) {
-                Some(Ok(())) => {
-                    counters.new.fetch_add(1, Ordering::Relaxed);
-                    rule.hits.hit();
-                    return Verdict::Allow(Allowed::New(rule.id), Some(join.state));
-                }
-                Some(Err(_)) => {
-                    counters.ct_limit.fetch_add(1, Ordering::Relaxed);
-                    return Verdict::Deny(Denied::Limit, None);
-                }
-                None => {}
-            }
-        }
         let expires = now.saturating_add(self.timeouts.of(p.key.proto, state));
         let mut entry = Entry::new(zone, p.key, state, expires, rule.id);
         if let L4::Tcp(t) = p.l4 {
@@ -707,7 +725,7 @@ impl Firewall {
                 fin: false,
             };
         }
-        match table.insert(entry, now, port.max_sessions) {
+        match table.insert_hashed(h, entry, now, port.max_sessions) {
             Ok(Some(slot)) => {
                 counters.new.fetch_add(1, Ordering::Relaxed);
                 rule.hits.hit();
@@ -717,7 +735,8 @@ impl Firewall {
             // Another worker tracked it first (the other direction): this packet belongs
             // to that connection, so its state machine judges it.
             Ok(None) if retry => {
-                self.judge(zone, counters, direction, p, h, now, false, false, seen)
+                let once = (false, false);
+                self.judge(zone, counters, direction, p, h, now, once, seen, Some(rules))
             }
             Ok(None) => Verdict::Allow(Allowed::New(rule.id), Some(state)),
             Err(_) => {
@@ -725,6 +744,46 @@ impl Firewall {
                 Verdict::Deny(Denied::Limit, None)
             }
         }
+    }
+
+    /// A new connection of `zone` joining the entry `join` of the source's filter
+    /// ([`CtTable::attach`]) when this zone's rules open it; `None` when they do not or the
+    /// entry cannot be shared (then [`Firewall::judge`] looks the connection up as usual).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn join(
+        &self,
+        zone: u32,
+        counters: &ZoneCounters,
+        direction: RuleDirection,
+        p: &CtPacket,
+        h: u64,
+        now: u64,
+        join: &Seen,
+        rules: &RuleSet,
+    ) -> Option<Verdict> {
+        if matches!(p.l4, L4::IcmpError { .. } | L4::IcmpOther { .. }) {
+            return None;
+        }
+        let port = rules.ports.get(zone as usize).and_then(Option::as_ref)?;
+        let rule = port.first_match(direction, p)?;
+        if rule.stateless || first_state(p).is_none() {
+            return None;
+        }
+        let joined = self
+            .table()
+            .attach(h, join.slot, &p.key, zone, rule.id, now, port.max_sessions)?;
+        Some(match joined {
+            Ok(()) => {
+                counters.new.fetch_add(1, Ordering::Relaxed);
+                rule.hits.hit();
+                Verdict::Allow(Allowed::New(rule.id), Some(join.state))
+            }
+            Err(_) => {
+                counters.ct_limit.fetch_add(1, Ordering::Relaxed);
+                Verdict::Deny(Denied::Limit, None)
+            }
+        })
     }
 
     fn invalid(&self, counters: &ZoneCounters, state: Option<CtState>, dry: bool) -> Verdict {
