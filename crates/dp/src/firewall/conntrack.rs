@@ -684,6 +684,74 @@ impl CtTable {
         Some(Ok(()))
     }
 
+    /// Removes the expired entries (the control thread's sweep, about once a second);
+    /// returns how many went. What [`CtTable::visit`] does for them, with as little as can
+    /// be under each shard's lock, because the sweeping thread may be preempted while it
+    /// holds one (its CPU is shared), stalling every worker that needs that shard until it
+    /// runs again: the lock is held once to find a chunk's expired slots (a compare per
+    /// slot), their buckets are hashed and asked of the CPU without it, and it is held
+    /// again to unlink them (each checked again: a packet may have renewed it meanwhile);
+    /// the counters and the generation are updated after, once per chunk.
+    pub fn expire(&self, now: u64) -> u32 {
+        let mut removed = 0;
+        let mut found: Vec<(u32, CtKey, usize)> = Vec::with_capacity(SCAN_CHUNK);
+        let mut zones: Vec<(u32, u32)> = Vec::with_capacity(SCAN_CHUNK);
+        for shard in self.shards.iter() {
+            let mut start = 0;
+            loop {
+                found.clear();
+                {
+                    let s = shard.0.lock();
+                    let end = (start + SCAN_CHUNK).min(s.entries.len());
+                    if start >= end {
+                        break;
+                    }
+                    for (i, e) in s.entries[start..end].iter().enumerate() {
+                        if e.zone != FREE && e.expires <= now {
+                            found.push(((start + i) as u32, e.key, 0));
+                        }
+                    }
+                    start = end;
+                }
+                if found.is_empty() {
+                    continue;
+                }
+                for (_, key, bucket) in found.iter_mut() {
+                    let h = self.hash(key);
+                    *bucket = self.locate(h).1;
+                    self.prefetch_bucket(h);
+                }
+                zones.clear();
+                {
+                    let mut s = shard.0.lock();
+                    for &(i, key, bucket) in &found {
+                        let e = s.entries[i as usize];
+                        if e.zone != FREE
+                            && e.key == key
+                            && e.expires <= now
+                            && s.unlink_slot(bucket, i)
+                        {
+                            zones.push((e.zone, e.peer));
+                        }
+                    }
+                }
+                if zones.is_empty() {
+                    continue;
+                }
+                self.count.fetch_sub(zones.len() as u32, Ordering::Relaxed);
+                for &(zone, peer) in &zones {
+                    self.release(zone);
+                    if peer != NO_PEER {
+                        self.release(peer);
+                    }
+                }
+                self.bump();
+                removed += zones.len() as u32;
+            }
+        }
+        removed
+    }
+
     /// Calls `f` on every live entry, one shard at a time; stops when `f` returns false.
     /// Each shard's lock is held while its entries are copied out, not while `f` runs.
     pub fn for_each(&self, now: u64, mut f: impl FnMut(&Entry) -> bool) {
@@ -935,6 +1003,50 @@ mod tests {
         // Expired: gone.
         assert_eq!(t.with(1, &key(1, 9), 100, |_, d, _| (d, false)), None);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn expire_removes_what_expired_and_keeps_counts() {
+        // More entries than a chunk of slots, over few shards, half of them expiring.
+        let t = CtTable::new(4 * SCAN_CHUNK as u32, 2, 3);
+        let n = 3 * SCAN_CHUNK as u16;
+        let rule = RuleRef { group: 0, index: 0 };
+        for i in 0..n {
+            let expires = if i % 2 == 0 { 10 } else { 100 };
+            let (h, k) = (t.hash(&key(1, i)), key(1, i));
+            let slot = t.insert(entry(1, k, expires), 0, None).unwrap().unwrap();
+            // A third of them shared with zone 2.
+            if i % 3 == 0 {
+                assert_eq!(t.attach(h, slot, &k, 2, rule, 0, None), Some(Ok(())));
+            }
+        }
+        let shared_even = (0..n).filter(|i| i % 6 == 0).count() as u32;
+        assert_eq!(t.len(), u32::from(n));
+        // One of the short ones renewed before the sweep: it stays.
+        t.with(1, &key(1, 0), 5, |e, _, _| {
+            e.expires = 100;
+            ((), false)
+        });
+        let before = t.generation();
+        assert_eq!(t.expire(50), u32::from(n) / 2 - 1);
+        assert!(t.generation() > before);
+        assert_eq!(t.len(), u32::from(n) / 2 + 1);
+        assert_eq!(t.zone_len(1), u32::from(n) / 2 + 1);
+        assert_eq!(
+            t.zone_len(2),
+            (0..n).filter(|i| i % 3 == 0).count() as u32 - shared_even + 1
+        );
+        // What is left is found, what went is not, and the slots are reused.
+        assert!(t.with(1, &key(1, 0), 50, |_, _, _| ((), false)).is_some());
+        assert!(t.with(1, &key(1, 1), 50, |_, _, _| ((), false)).is_some());
+        assert!(t.with(1, &key(1, 2), 50, |_, _, _| ((), false)).is_none());
+        assert_eq!(t.expire(50), 0);
+        assert_eq!(t.expire(100), u32::from(n) / 2 + 1);
+        assert_eq!((t.len(), t.zone_len(1), t.zone_len(2)), (0, 0, 0));
+        t.insert(entry(1, key(1, 2), 200), 100, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.len(), 1);
     }
 
     #[test]

@@ -412,7 +412,7 @@ impl Firewall {
     /// Removes expired connections; returns how many. The control thread calls it about
     /// once a second; it locks one shard at a time.
     pub fn expire(&self, now: u64) -> u32 {
-        self.sweep(now, None)
+        self.table.get().map_or(0, |t| t.expire(now))
     }
 
     /// Removes every connection of `zone`, or of every zone; returns how many `zone` had.
@@ -590,12 +590,32 @@ impl Firewall {
         };
         if let Some(p) = &ct::parse_v4_fast(frame) {
             let h = self.table().hash(&p.key);
-            return self.judge(zone, counters, direction, p, h, now, (retry, dry), seen, rules);
+            return self.judge(
+                zone,
+                counters,
+                direction,
+                p,
+                h,
+                now,
+                (retry, dry),
+                seen,
+                rules,
+            );
         }
         match &ct::parse_general(frame) {
             Ok(p) => {
                 let h = self.table().hash(&p.key);
-                self.judge(zone, counters, direction, p, h, now, (retry, dry), seen, rules)
+                self.judge(
+                    zone,
+                    counters,
+                    direction,
+                    p,
+                    h,
+                    now,
+                    (retry, dry),
+                    seen,
+                    rules,
+                )
             }
             Err(CtError::NotIp) => Verdict::Allow(Allowed::NotIp, None),
             Err(_) => self.invalid(counters, None, dry),
@@ -736,7 +756,17 @@ impl Firewall {
             // to that connection, so its state machine judges it.
             Ok(None) if retry => {
                 let once = (false, false);
-                self.judge(zone, counters, direction, p, h, now, once, seen, Some(rules))
+                self.judge(
+                    zone,
+                    counters,
+                    direction,
+                    p,
+                    h,
+                    now,
+                    once,
+                    seen,
+                    Some(rules),
+                )
             }
             Ok(None) => Verdict::Allow(Allowed::New(rule.id), Some(state)),
             Err(_) => {
@@ -770,9 +800,9 @@ impl Firewall {
         if rule.stateless || first_state(p).is_none() {
             return None;
         }
-        let joined = self
-            .table()
-            .attach(h, join.slot, &p.key, zone, rule.id, now, port.max_sessions)?;
+        let joined =
+            self.table()
+                .attach(h, join.slot, &p.key, zone, rule.id, now, port.max_sessions)?;
         Some(match joined {
             Ok(()) => {
                 counters.new.fetch_add(1, Ordering::Relaxed);
