@@ -19,15 +19,13 @@ use std::hint::black_box;
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use qswitch_api::config::{Config, RuleDirection};
 use qswitch_dp::firewall::{Firewall, Seen};
+use qswitch_test_support::frames::ipv4_udp;
 
 const SEC: u64 = 1_000_000_000;
 
-/// A UDP frame from the VM (10.0.0.5) to flow `i`'s address and source port.
+/// A 60-byte UDP frame from the VM (10.0.0.5) to port 53; [`set_flow`] makes it flow `i`'s.
 fn frame() -> Vec<u8> {
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
-    f.extend_from_slice(&[0x45, 0, 0, 32, 0, 1, 0, 0, 64, 17, 0, 0]);
-    f.extend_from_slice(&[10, 0, 0, 5, 198, 18, 0, 0]);
-    f.extend_from_slice(&[0, 0, 0, 53, 0, 12, 0, 0, 0, 0, 0, 0]);
+    let mut f = ipv4_udp([10, 0, 0, 5], [198, 18, 0, 0], 0, 53);
     f.resize(60, 0);
     f
 }
