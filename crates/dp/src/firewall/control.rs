@@ -594,20 +594,27 @@ rules = [{ direction = "egress" }]"#;
             ..Default::default()
         };
         let fw = Firewall::for_switch(Some(&config), 4096);
+        // Session `i`'s key (zone `i % 64`).
+        let key = |i: u32| CtKey {
+            ips: IpPair::V4 {
+                src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
+                dst: [192, 0, 2, 1],
+            },
+            proto: 17,
+            src: 1000 + (i % 7) as u16,
+            dst: 53,
+        };
         let t = Instant::now();
         let mut added = 0u32;
         for i in 0..N {
-            let key = CtKey {
-                ips: IpPair::V4 {
-                    src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
-                    dst: [192, 0, 2, 1],
-                },
-                proto: 17,
-                src: 1000 + (i % 7) as u16,
-                dst: 53,
-            };
             let zone = i % 64;
-            let e = Entry::new(zone, key, CtState::Unreplied, 3600 * S, RuleRef::default());
+            let e = Entry::new(
+                zone,
+                key(i),
+                CtState::Unreplied,
+                3600 * S,
+                RuleRef::default(),
+            );
             added += u32::from(matches!(fw.table().insert(e, S, None), Ok(Some(_))));
         }
         println!("filled {added} sessions in {:?}", t.elapsed());
@@ -627,15 +634,6 @@ rules = [{ direction = "egress" }]"#;
         time("ct list --limit 1000", &mut || fw.list(None, 1000, S).len());
         // A worker's lookups while a flush of one port walks the whole table: the
         // longest a lookup waited.
-        let key = |i: u32| CtKey {
-            ips: IpPair::V4 {
-                src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
-                dst: [192, 0, 2, 1],
-            },
-            proto: 17,
-            src: 1000 + (i % 7) as u16,
-            dst: 53,
-        };
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             let worker = s.spawn(|| {
