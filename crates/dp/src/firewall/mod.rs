@@ -1457,15 +1457,7 @@ mod tests {
 
     #[test]
     fn fifty_rules_only_the_last_matches() {
-        let mut rules = String::new();
-        for i in 0..49 {
-            rules.push_str(&format!(
-                "{{ direction = \"egress\", protocol = \"tcp\", ports = {} }},\n",
-                1000 + i
-            ));
-        }
-        rules.push_str(r#"{ direction = "egress", protocol = "udp", ports = 53 },"#);
-        let fw = firewall(&rules, "");
+        let fw = firewall(&qswitch_test_support::firewall::fifty_rules(), "");
         let v = fw.check(0, Egress, &v4(VM, OUT, 17, &udp(5000, 53)), S);
         assert_eq!(
             v,
