@@ -19,15 +19,14 @@ use std::hint::black_box;
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use qswitch_api::config::{Config, RuleDirection};
 use qswitch_dp::firewall::{Firewall, Seen};
+use qswitch_test_support::firewall::fifty_rules;
+use qswitch_test_support::frames::ipv4_udp;
 
 const SEC: u64 = 1_000_000_000;
 
-/// A UDP frame from the VM (10.0.0.5) to flow `i`'s address and source port.
+/// A 60-byte UDP frame from the VM (10.0.0.5) to port 53; [`set_flow`] makes it flow `i`'s.
 fn frame() -> Vec<u8> {
-    let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00];
-    f.extend_from_slice(&[0x45, 0, 0, 32, 0, 1, 0, 0, 64, 17, 0, 0]);
-    f.extend_from_slice(&[10, 0, 0, 5, 198, 18, 0, 0]);
-    f.extend_from_slice(&[0, 0, 0, 53, 0, 12, 0, 0, 0, 0, 0, 0]);
+    let mut f = ipv4_udp([10, 0, 0, 5], [198, 18, 0, 0], 0, 53);
     f.resize(60, 0);
     f
 }
@@ -82,7 +81,7 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    let rules50 = rules50();
+    let rules50 = fifty_rules();
     for (name, rules) in [
         ("new_1_rule", r#"{ direction = "egress" },"#),
         ("new_50_rules", &rules50),
@@ -113,19 +112,6 @@ const ITERS: u32 = 100_000;
 
 /// Frames per call of [`Firewall::check_burst`] in the burst cases (the engine's burst).
 const BURST: usize = 32;
-
-/// The 50-rule group: 49 TCP rules, then the UDP rule the frames match.
-fn rules50() -> String {
-    let mut rules = String::new();
-    for i in 0..49 {
-        rules.push_str(&format!(
-            "{{ direction = \"egress\", protocol = \"tcp\", ports = {} }},\n",
-            1000 + i
-        ));
-    }
-    rules.push_str(r#"{ direction = "egress", protocol = "udp", ports = 53 },"#);
-    rules
-}
 
 /// The counted part of a deterministic run: `ITERS` frames of the case.
 #[inline(never)]
@@ -180,7 +166,7 @@ fn deterministic(case: &str) {
             1 << 20,
             (1 << 20) + (1 << 18),
         ),
-        "new_50" => (rules50(), 0, 1 << 20),
+        "new_50" => (fifty_rules(), 0, 1 << 20),
         _ => (r#"{ direction = "egress" },"#.to_string(), 0, 1 << 20),
     };
     let fw = firewall(&rules, max);

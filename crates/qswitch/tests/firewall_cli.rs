@@ -36,6 +36,17 @@ fn refused(control: &Path, args: &[&str], want: &str) {
     );
 }
 
+/// The `sg rule add` arguments of an ingress rule with the fields `rest`.
+fn ingress_rule<'a>(rest: &[&'a str]) -> Vec<&'a str> {
+    [&["--direction", "ingress"], rest].concat()
+}
+
+/// `sg rule add db --direction ingress REST` is refused in one line containing `want`.
+fn refused_rule(control: &Path, rest: &[&str], want: &str) {
+    let args = [&["sg", "rule", "add", "db"][..], &ingress_rule(rest)].concat();
+    refused(control, &args, want);
+}
+
 fn group(control: &Path, name: &str) -> serde_json::Value {
     let v = qs_json(control, &["sg", "show", name, "--json"]);
     v[0]["group"].clone()
@@ -59,16 +70,14 @@ fn groups_change_live_persist_and_reload_and_ct_answers() {
         &control,
         "db",
         &[
-            &[
-                "--direction",
-                "ingress",
+            &ingress_rule(&[
                 "--protocol",
                 "tcp",
                 "--ports",
                 "5432",
                 "--remote-group",
                 "web",
-            ],
+            ]),
             &["--direction", "egress"],
         ],
         &[],
@@ -107,78 +116,21 @@ fn groups_change_live_persist_and_reload_and_ct_answers() {
         &["sg", "show", "nope"],
         "security group 'nope' does not exist",
     );
-    refused(
+    refused_rule(&control, &["--remote", "10.0.0.0/33"], "remote");
+    refused_rule(
         &control,
-        &[
-            "sg",
-            "rule",
-            "add",
-            "db",
-            "--direction",
-            "ingress",
-            "--remote",
-            "10.0.0.0/33",
-        ],
-        "remote",
-    );
-    refused(
-        &control,
-        &[
-            "sg",
-            "rule",
-            "add",
-            "db",
-            "--direction",
-            "ingress",
-            "--protocol",
-            "tcp",
-            "--ports",
-            "90-80",
-        ],
+        &["--protocol", "tcp", "--ports", "90-80"],
         "reversed",
     );
-    refused(
+    refused_rule(
         &control,
-        &[
-            "sg",
-            "rule",
-            "add",
-            "db",
-            "--direction",
-            "ingress",
-            "--remote",
-            "10.0.0.0/8",
-            "--remote-group",
-            "web",
-        ],
+        &["--remote", "10.0.0.0/8", "--remote-group", "web"],
         "exclusive",
     );
-    refused(
+    refused_rule(&control, &["--protocol", "300"], "out of range");
+    refused_rule(
         &control,
-        &[
-            "sg",
-            "rule",
-            "add",
-            "db",
-            "--direction",
-            "ingress",
-            "--protocol",
-            "300",
-        ],
-        "out of range",
-    );
-    refused(
-        &control,
-        &[
-            "sg",
-            "rule",
-            "add",
-            "db",
-            "--direction",
-            "ingress",
-            "--remote-group",
-            "nope",
-        ],
+        &["--remote-group", "nope"],
         "unknown remote_group 'nope'",
     );
     refused(&control, &["sg", "rule", "del", "db", "5"], "has no rule 5");

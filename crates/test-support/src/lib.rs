@@ -8,7 +8,9 @@
 //!   ([`harness::DaemonChild`]), raw control-socket requests, network namespaces, testpmd set-up.
 //! - [`guest`]: small QEMU/Linux guests with one virtio-net NIC (built by
 //!   `tests/guest/build.sh`), for the vhost-user tests.
-//! - [`frames`]: Ethernet/IPv4/TCP/UDP frame builders and checksum checks.
+//! - [`frames`]: Ethernet/IPv4/TCP/UDP frame builders and checksum checks; the firewall's
+//!   IPv4/IPv6 frames between any addresses.
+//! - [`firewall`]: security group rules the firewall's tests and benches share.
 //! - Real peers and collectors, one module per tool: [`lldpd`] (an LLDP partner in a
 //!   namespace), [`ovs`] (Open vSwitch's userspace datapath as a LACP partner), [`nfdump`]
 //!   (`nfcapd` + `nfdump` as the IPFIX collector), [`tshark`] (sFlow in a pcap, decoded).
@@ -16,6 +18,7 @@
 //! Everything cleans up after itself on drop (also when a test panics), and no wait is
 //! unbounded.
 
+pub mod firewall;
 pub mod frames;
 pub mod guest;
 pub mod harness;

@@ -168,38 +168,14 @@ mod tests {
     use super::*;
     use crate::firewall::{CtState, Denied, RuleSet, SEC};
     use qswitch_api::config::Config;
+    use qswitch_test_support::frames::{ipv4_packet as v4, ipv4_udp as udp, tcp_header};
     use RuleDirection::{Egress, Ingress};
 
     const VM: [u8; 4] = [10, 0, 0, 5];
     const OUT: [u8; 4] = [192, 0, 2, 1];
 
-    fn v4(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
-        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0];
-        f.extend_from_slice(&u16::try_from(20 + l4.len()).unwrap().to_be_bytes());
-        f.extend_from_slice(&[0, 1, 0, 0, 64, proto, 0, 0]);
-        f.extend_from_slice(&src);
-        f.extend_from_slice(&dst);
-        f.extend_from_slice(l4);
-        f
-    }
-
-    fn udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
-        let mut h = vec![0u8; 12];
-        h[0..2].copy_from_slice(&sport.to_be_bytes());
-        h[2..4].copy_from_slice(&dport.to_be_bytes());
-        h[4..6].copy_from_slice(&12u16.to_be_bytes());
-        v4(src, dst, 17, &h)
-    }
-
     fn tcp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, flags: u8, seq: u32) -> Vec<u8> {
-        let mut h = vec![0u8; 20];
-        h[0..2].copy_from_slice(&sport.to_be_bytes());
-        h[2..4].copy_from_slice(&dport.to_be_bytes());
-        h[4..8].copy_from_slice(&seq.to_be_bytes());
-        h[12] = 5 << 4;
-        h[13] = flags;
-        h[14..16].copy_from_slice(&1000u16.to_be_bytes());
-        v4(src, dst, 6, &h)
+        v4(src, dst, 6, &tcp_header(sport, dport, flags, seq, 0, 1000))
     }
 
     fn config(rules: &str) -> Config {

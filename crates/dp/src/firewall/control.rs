@@ -282,6 +282,7 @@ mod tests {
 
     use qswitch_api::config::Config;
     use qswitch_api::config::RuleDirection::{Egress, Ingress};
+    use qswitch_test_support::frames::{ipv4_packet as frame, ipv4_udp as udp, tcp_header};
     use qswitch_wire::ct::CtKey;
     use qswitch_wire::flow::IpPair;
 
@@ -314,32 +315,8 @@ security_groups = [{peer_groups}]
         .unwrap()
     }
 
-    fn frame(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
-        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0];
-        f.extend_from_slice(&u16::try_from(20 + l4.len()).unwrap().to_be_bytes());
-        f.extend_from_slice(&[0, 1, 0, 0, 64, proto, 0, 0]);
-        f.extend_from_slice(&src);
-        f.extend_from_slice(&dst);
-        f.extend_from_slice(l4);
-        f
-    }
-
-    fn udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
-        let mut h = [0u8; 12];
-        h[0..2].copy_from_slice(&sport.to_be_bytes());
-        h[2..4].copy_from_slice(&dport.to_be_bytes());
-        h[4..6].copy_from_slice(&12u16.to_be_bytes());
-        frame(src, dst, 17, &h)
-    }
-
     fn syn(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
-        let mut h = [0u8; 20];
-        h[0..2].copy_from_slice(&sport.to_be_bytes());
-        h[2..4].copy_from_slice(&dport.to_be_bytes());
-        h[12] = 5 << 4;
-        h[13] = FLAG_SYN;
-        h[14..16].copy_from_slice(&1000u16.to_be_bytes());
-        frame(src, dst, 6, &h)
+        frame(src, dst, 6, &tcp_header(sport, dport, FLAG_SYN, 0, 0, 1000))
     }
 
     #[test]
@@ -617,20 +594,27 @@ rules = [{ direction = "egress" }]"#;
             ..Default::default()
         };
         let fw = Firewall::for_switch(Some(&config), 4096);
+        // Session `i`'s key (zone `i % 64`).
+        let key = |i: u32| CtKey {
+            ips: IpPair::V4 {
+                src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
+                dst: [192, 0, 2, 1],
+            },
+            proto: 17,
+            src: 1000 + (i % 7) as u16,
+            dst: 53,
+        };
         let t = Instant::now();
         let mut added = 0u32;
         for i in 0..N {
-            let key = CtKey {
-                ips: IpPair::V4 {
-                    src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
-                    dst: [192, 0, 2, 1],
-                },
-                proto: 17,
-                src: 1000 + (i % 7) as u16,
-                dst: 53,
-            };
             let zone = i % 64;
-            let e = Entry::new(zone, key, CtState::Unreplied, 3600 * S, RuleRef::default());
+            let e = Entry::new(
+                zone,
+                key(i),
+                CtState::Unreplied,
+                3600 * S,
+                RuleRef::default(),
+            );
             added += u32::from(matches!(fw.table().insert(e, S, None), Ok(Some(_))));
         }
         println!("filled {added} sessions in {:?}", t.elapsed());
@@ -650,15 +634,6 @@ rules = [{ direction = "egress" }]"#;
         time("ct list --limit 1000", &mut || fw.list(None, 1000, S).len());
         // A worker's lookups while a flush of one port walks the whole table: the
         // longest a lookup waited.
-        let key = |i: u32| CtKey {
-            ips: IpPair::V4 {
-                src: [10, (i >> 16) as u8, (i >> 8) as u8, i as u8],
-                dst: [192, 0, 2, 1],
-            },
-            proto: 17,
-            src: 1000 + (i % 7) as u16,
-            dst: 53,
-        };
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             let worker = s.spawn(|| {

@@ -1013,6 +1013,10 @@ mod tests {
 
     use super::*;
     use qswitch_api::config::RuleDirection::{Egress, Ingress};
+    use qswitch_test_support::frames::{
+        eth_header as eth, icmp_message as icmp, ipv4_fragment as v4_frag, ipv4_packet as v4,
+        ipv6_packet as v6, tcp_header, udp_datagram,
+    };
     use qswitch_wire::tcp::FLAG_PSH;
 
     const VM: [u8; 4] = [10, 0, 0, 5];
@@ -1020,65 +1024,14 @@ mod tests {
     const OUT: [u8; 4] = [192, 0, 2, 1];
     const S: u64 = SEC;
 
-    fn eth(ethertype: [u8; 2]) -> Vec<u8> {
-        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
-        f.extend_from_slice(&ethertype);
-        f
-    }
-
-    fn v4_frag(src: [u8; 4], dst: [u8; 4], proto: u8, frag: u16, l4: &[u8]) -> Vec<u8> {
-        let mut f = eth([0x08, 0x00]);
-        let total = u16::try_from(20 + l4.len()).unwrap();
-        f.extend_from_slice(&[0x45, 0]);
-        f.extend_from_slice(&total.to_be_bytes());
-        f.extend_from_slice(&[0, 1]);
-        f.extend_from_slice(&frag.to_be_bytes());
-        f.extend_from_slice(&[64, proto, 0, 0]);
-        f.extend_from_slice(&src);
-        f.extend_from_slice(&dst);
-        f.extend_from_slice(l4);
-        f
-    }
-
-    fn v4(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
-        v4_frag(src, dst, proto, 0, l4)
-    }
-
-    fn v6(src: &str, dst: &str, proto: u8, l4: &[u8]) -> Vec<u8> {
-        let mut f = eth([0x86, 0xdd]);
-        f.extend_from_slice(&[0x60, 0, 0, 0]);
-        f.extend_from_slice(&u16::try_from(l4.len()).unwrap().to_be_bytes());
-        f.extend_from_slice(&[proto, 64]);
-        f.extend_from_slice(&src.parse::<std::net::Ipv6Addr>().unwrap().octets());
-        f.extend_from_slice(&dst.parse::<std::net::Ipv6Addr>().unwrap().octets());
-        f.extend_from_slice(l4);
-        f
-    }
-
     fn tcp(sport: u16, dport: u16, flags: u8, seq: u32, ack: u32, payload: usize) -> Vec<u8> {
-        let mut h = vec![0u8; 20 + payload];
-        h[0..2].copy_from_slice(&sport.to_be_bytes());
-        h[2..4].copy_from_slice(&dport.to_be_bytes());
-        h[4..8].copy_from_slice(&seq.to_be_bytes());
-        h[8..12].copy_from_slice(&ack.to_be_bytes());
-        h[12] = 5 << 4;
-        h[13] = flags;
-        h[14..16].copy_from_slice(&1000u16.to_be_bytes());
+        let mut h = tcp_header(sport, dport, flags, seq, ack, 1000);
+        h.resize(20 + payload, 0);
         h
     }
 
     fn udp(sport: u16, dport: u16) -> Vec<u8> {
-        let mut h = vec![0u8; 12];
-        h[0..2].copy_from_slice(&sport.to_be_bytes());
-        h[2..4].copy_from_slice(&dport.to_be_bytes());
-        h[4..6].copy_from_slice(&12u16.to_be_bytes());
-        h
-    }
-
-    fn icmp(ty: u8, code: u8, rest: &[u8]) -> Vec<u8> {
-        let mut h = vec![ty, code, 0, 0];
-        h.extend_from_slice(rest);
-        h
+        udp_datagram(sport, dport, &[0; 4])
     }
 
     /// Port `vm` (zone 0) in group `g` with `rules`; port `other` (zone 1) unfiltered.
@@ -1593,15 +1546,7 @@ mod tests {
 
     #[test]
     fn fifty_rules_only_the_last_matches() {
-        let mut rules = String::new();
-        for i in 0..49 {
-            rules.push_str(&format!(
-                "{{ direction = \"egress\", protocol = \"tcp\", ports = {} }},\n",
-                1000 + i
-            ));
-        }
-        rules.push_str(r#"{ direction = "egress", protocol = "udp", ports = 53 },"#);
-        let fw = firewall(&rules, "");
+        let fw = firewall(&qswitch_test_support::firewall::fifty_rules(), "");
         let v = fw.check(0, Egress, &v4(VM, OUT, 17, &udp(5000, 53)), S);
         assert_eq!(
             v,
