@@ -231,6 +231,10 @@ pub(crate) struct WorkerShared {
     pub(crate) wake: EventFd,
     pub(crate) queues: ArcSwap<QueueList>,
     pub(crate) seen_epoch: AtomicU64,
+    /// Set (before `wake` is written) when a port may have a wake-up fd it had not when the
+    /// worker loaded the port table (a vhost-user port's first connection): the worker
+    /// registers the fds of its queues that had none before it next sleeps.
+    pub(crate) rx_fds_changed: AtomicBool,
 }
 
 /// Why the switch stopped on its own: the first thread failure, for the daemon to report.

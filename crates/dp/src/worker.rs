@@ -21,6 +21,15 @@
 //! An idle switch therefore uses no CPU but a wake-up per [`MAX_SLEEP_MS`], and none at all
 //! while every queue the worker owns is dormant ([`Port::rx_dormant`]: vhost-user ports with
 //! no frontend; the vhost-user event loop wakes the workers when a ring starts).
+//!
+//! # Wake-up fds that come later
+//! A queue's fd ([`Port::rx_fd`]) is registered when the worker loads the port table. A
+//! vhost-user port makes its kick epolls only at its first connection (an idle port holds
+//! one descriptor), so a queue with no fd then is kept aside; the event loop flags the
+//! workers (`WorkerShared::rx_fds_changed`) and wakes them once the fds exist, and before
+//! its next sleep the worker registers them (one relaxed load per sleep, nothing per burst).
+//! No kick is lost in between: the worker is awake until it registers, the kick epoll is
+//! level-triggered, and `rx_arm` looks at the ring after enabling notifications.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
@@ -46,6 +55,8 @@ struct WorkerView {
     view: View,
     /// Fds registered in epoll, with the queue index they belong to.
     registered: Vec<(RawFd, usize)>,
+    /// Queues whose port had no fd at the reload (see "Wake-up fds that come later").
+    fdless: Vec<usize>,
 }
 
 pub(crate) struct Worker {
@@ -132,6 +143,11 @@ impl Worker {
             if now - last_busy < window {
                 continue;
             }
+            if me.rx_fds_changed.load(Ordering::Relaxed)
+                && me.rx_fds_changed.swap(false, Ordering::AcqRel)
+            {
+                self.register_late(v);
+            }
             let Some(timeout) = sleep_timeout(&v.view, now) else {
                 continue;
             };
@@ -170,10 +186,14 @@ impl Worker {
         }
         let mut registered = Vec::new();
         let mut added = Vec::new();
+        let mut fdless = Vec::new();
         for (i, (entry, q)) in view.queues.iter().enumerate() {
             match kept.remove(&(Arc::as_ptr(entry) as usize, *q)) {
                 Some(fd) => registered.push((fd, i)),
-                None => added.extend(entry.dev.rx_fd(*q).map(|fd| (fd, i))),
+                None => match entry.dev.rx_fd(*q) {
+                    Some(fd) => added.push((fd, i)),
+                    None => fdless.push(i),
+                },
             }
         }
         // What is left belongs to queues this worker no longer polls. They go first: a new
@@ -188,7 +208,29 @@ impl Worker {
             }
         }
         self.fwd.set_view(&view);
-        WorkerView { view, registered }
+        WorkerView {
+            view,
+            registered,
+            fdless,
+        }
+    }
+
+    /// Registers the fds that queues with none at the reload have now (a vhost-user port's
+    /// kick epoll, made at its first connection). Called awake, before arming and sleeping:
+    /// a kick already pending makes the new fd readable at once (level-triggered).
+    fn register_late(&self, v: &mut WorkerView) {
+        let queues = &v.view.queues;
+        let registered = &mut v.registered;
+        v.fdless.retain(|&i| {
+            let (entry, q) = &queues[i];
+            let Some(fd) = entry.dev.rx_fd(*q) else {
+                return true;
+            };
+            if self.epoll.add(fd, i as u64).is_ok() {
+                registered.push((fd, i));
+            }
+            false
+        });
     }
 
     /// Stops polling fds of queues that failed for good, so a deleted device cannot keep the

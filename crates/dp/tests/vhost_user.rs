@@ -22,8 +22,10 @@
 //!   sealable: sealed, the shrink fails), a memory table beyond the per-port cap, memory
 //!   left mapped after a disconnect, kick fds that block, are not eventfds or storm, a call
 //!   fd that blocks, silent and half-sent connections.
-//! - 200 idle ports cost one control thread (and an ignored measurement of idle CPU and
-//!   `port add` time at 10, 100 and 1000 ports).
+//! - 200 idle ports cost one control thread and one descriptor each (and an ignored
+//!   measurement of idle CPU and `port add` time at 10, 100 and 1000 ports); kicks wake a
+//!   sleeping worker through the kick epoll a port makes at its first connection, also
+//!   after a reconnect.
 //!
 //! Each test has its own switch (one worker on the first online CPU, two for MQ) and its own
 //! temporary directory for the sockets; every wait is bounded.
@@ -1956,6 +1958,94 @@ fn unconnected_ports_cost_no_timed_wakeups() {
     let mut b = connect(&sb, opts());
     roundtrip(&mut a, &mut b, ma, mb, 10);
     assert!(sw.stats().workers[0].wakeups > w1.wakeups);
+    a.close();
+    b.close();
+    sw.shutdown();
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A server-mode port with no frontend holds one descriptor, its listening socket (its kick
+/// epoll and inject eventfd come with the first frontend): 10 000 idle ports fit in an
+/// open-file limit of 20 000. Other tests run in this process meanwhile, hence the margin;
+/// the three descriptors an idle port held before would be 3N.
+#[test]
+fn an_idle_port_holds_one_descriptor() {
+    const N: usize = 200;
+    let dir = TestDir::new("one_fd");
+    let sw = switch(1);
+    // The event loop's own descriptors come with the first port.
+    add_server(&sw, &dir, "first");
+    let before = open_fds();
+    for i in 0..N {
+        add_server(&sw, &dir, &format!("i{i}"));
+    }
+    let added = open_fds() as isize - before as isize;
+    eprintln!("{N} idle ports: {added} more descriptors");
+    assert!(
+        (N - N / 4) as isize <= added && added <= (N + N / 4) as isize,
+        "{N} idle ports opened {added} descriptors (one each expected)"
+    );
+    // They still serve frontends.
+    let mut a = connect(&dir.sock("i0"), opts());
+    let mut b = connect(&dir.sock("i1"), opts());
+    roundtrip(&mut a, &mut b, mac(0xa), mac(0xb), 5);
+    a.close();
+    b.close();
+    sw.shutdown();
+}
+
+/// Sends 10 frames a -> b, each while the worker sleeps (with a connected port its timer
+/// fires each second): they must come by a kick, through the kick epoll the port made at
+/// its first connection and the worker registered after it loaded the port table.
+fn kicks_wake_the_worker(sw: &Switch, a: &mut Driver, b: &mut Driver, what: &str) {
+    let (ma, mb) = (mac(0xa), mac(0xb));
+    let hdr = plain_hdr(a);
+    let kicks = a.kicks(1).unwrap();
+    let mut took = Duration::ZERO;
+    for i in 0..10 {
+        // Asleep: the sleep is counted just before epoll_wait, the wake-up just after.
+        wait_until("the worker to sleep", || {
+            let w = &sw.stats().workers[0];
+            w.sleeps > w.wakeups
+        });
+        let t0 = Instant::now();
+        send_wait(a, 0, &hdr, &l2_frame(mb, ma, i, 60));
+        recv_from(b, 0, ma);
+        took += t0.elapsed();
+    }
+    let kicked = a.kicks(1).unwrap() - kicks;
+    eprintln!("{what}: 10 frames to a sleeping worker in {took:?}, {kicked} kicks");
+    assert!(kicked >= 10, "{what}: {kicked} kicks for 10 frames");
+    // Woken by the 1-s timer instead, they would take about 5 s.
+    assert!(
+        took < Duration::from_millis(2500),
+        "{what}: 10 frames to a sleeping worker took {took:?} (kicks did not wake it)"
+    );
+}
+
+/// Kicks wake a sleeping worker on ports whose wake-up fds were made after the worker loaded
+/// the port table (at the first connection), and still after the frontend reconnects.
+#[test]
+fn kicks_wake_the_worker_after_connect_and_reconnect() {
+    let dir = TestDir::new("late_fds");
+    let sw = switch(1);
+    let sa = add_server(&sw, &dir, "a");
+    let sb = add_server(&sw, &dir, "b");
+    wait_until("the worker to sleep", || sw.stats().workers[0].sleeps >= 1);
+    let mut a = connect(&sa, opts());
+    let mut b = connect(&sb, opts());
+    kicks_wake_the_worker(&sw, &mut a, &mut b, "after connect");
+    for round in 0..2 {
+        a.close();
+        wait_until("a to disconnect", || {
+            port_info(&sw, "a").connected == Some(false)
+        });
+        a = connect(&sa, opts());
+        kicks_wake_the_worker(&sw, &mut a, &mut b, &format!("after reconnect {round}"));
+    }
     a.close();
     b.close();
     sw.shutdown();

@@ -199,18 +199,11 @@ pub fn run(path: &Path) -> ExitCode {
     }
 }
 
-/// Descriptors a port holds at the least: an idle vhost-user server port, its listening
-/// socket and two eventfds (a connected one, or a multi-queue TAP port, holds more).
-const FDS_PER_PORT: u64 = 3;
-/// Descriptors the daemon holds besides its ports (control and HTTP sockets, epolls,
-/// workers' eventfds, the state file, clients).
-const FDS_BASE: u64 = 256;
-
 /// Raises the soft open-file limit to the hard one (a service starts with 1024 under
-/// systemd: about 300 idle vhost-user ports) and refuses to start, in one line, when even
+/// systemd: about 750 idle vhost-user ports) and refuses to start, in one line, when even
 /// that is below what `ports` ports need at the least.
 fn open_file_limit(ports: usize) -> Result<(), String> {
-    let need = FDS_BASE + FDS_PER_PORT * ports as u64;
+    let need = qswitch_sys::rlimit::nofile_for_ports(ports as u64);
     let (soft, hard) = match qswitch_sys::rlimit::raise_nofile() {
         Ok(l) => l,
         Err(e) => {

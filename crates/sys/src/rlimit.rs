@@ -1,11 +1,25 @@
 //! The open-file limit (`RLIMIT_NOFILE`): every port holds descriptors (an idle vhost-user
-//! server port three: its listening socket and two eventfds), and the soft limit a service
-//! starts with (1024 under systemd) is below what a thousand ports need. The hard limit is
-//! the ceiling an unprivileged process may raise its soft limit to.
+//! server port one, its listening socket), and the soft limit a service starts with (1024
+//! under systemd) is below what a thousand ports need. The hard limit is the ceiling an
+//! unprivileged process may raise its soft limit to.
 
 use std::io;
 
 use crate::cvt;
+
+/// Descriptors a port holds at the least: an idle vhost-user server port, its listening
+/// socket (its kick epolls and inject eventfd come with its first frontend; a connected
+/// port, or a multi-queue TAP port, holds more).
+pub const FDS_PER_PORT: u64 = 1;
+/// Descriptors the daemon holds besides its ports (control and HTTP sockets, epolls,
+/// workers' eventfds, the state file, clients).
+pub const FDS_BASE: u64 = 256;
+
+/// The open-file limit `ports` idle ports need at the least (`qswitch run` refuses to start
+/// below it).
+pub fn nofile_for_ports(ports: u64) -> u64 {
+    FDS_BASE + FDS_PER_PORT * ports
+}
 
 /// The soft and hard `RLIMIT_NOFILE` of this process (`u64::MAX`: unlimited).
 pub fn nofile() -> io::Result<(u64, u64)> {

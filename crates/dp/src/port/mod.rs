@@ -82,7 +82,9 @@ pub trait Port: Send + Sync {
     ) -> TxDone;
 
     /// A file descriptor that becomes readable when `queue` has frames, for sleeping in epoll.
-    /// `None` for ports that are not fd-driven.
+    /// `None` for ports that are not fd-driven, or not yet: a port whose fd comes later
+    /// (a vhost-user port's first connection) stays the same fd from then on and announces
+    /// it through `WorkerShared::rx_fds_changed` (see `worker.rs`).
     fn rx_fd(&self, queue: u16) -> Option<RawFd>;
 
     /// Called before the worker sleeps: enable the queue's wake-up source (guest kicks) and

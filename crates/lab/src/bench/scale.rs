@@ -13,7 +13,8 @@
 //! 1000 within 2× of its time at 10. Issue 30: median of the 1-s samples over 60 s
 //! (`--ports 1000,10000 --seconds 60`) ≤ 0.5 % at 1000 ports and ≤ 1 % at 10 000, each
 //! printed against its target. A switch holds up to 16 384 ports; the daemon raises its own
-//! open-file limit (three descriptors per idle port) and the sockets go in one directory
+//! open-file limit (one descriptor per idle port, see `qswitch_sys::rlimit::nofile_for_ports`;
+//! the bench refuses in one line an N the hard limit cannot hold) and the sockets go in one directory
 //! under the temporary directory (short paths, whatever N). The daemon's own CPU time is counted, not the machine's,
 //! so other load slows the measurement down without counting in it (it still perturbs the
 //! port add times).
@@ -251,14 +252,19 @@ fn measure(
             dir.0.join(format!("p{i}.sock")).display()
         );
     }
-    // The daemon raises its soft limit to the hard one, which may be too low for N ports
-    // (three descriptors each, 256 besides: `qswitch run`'s rule): raise the hard limit here,
-    // as root, for it to inherit.
-    let need = 256 + 3 * (n + ADDS) as u64;
-    if let Err(e) = qswitch_sys::rlimit::raise_nofile_to(need) {
-        b.say(format_args!(
-            "cannot raise RLIMIT_NOFILE to {need} for {n} ports: {e}"
-        ));
+    // The daemon inherits this process's limits and raises its soft limit to the hard one,
+    // which may be too low for N ports (`qswitch run`'s rule: one descriptor an idle port,
+    // 256 besides). Raise the soft limit here, and the hard one where allowed
+    // (CAP_SYS_RESOURCE); refuse in one line when even the hard limit is too low.
+    let need = qswitch_sys::rlimit::nofile_for_ports((n + ADDS) as u64);
+    let (soft, hard) = qswitch_sys::rlimit::raise_nofile_to(need)
+        .or_else(|_| qswitch_sys::rlimit::raise_nofile())
+        .context("cannot raise RLIMIT_NOFILE")?;
+    if soft < need {
+        anyhow::bail!(
+            "{n} ports need {need} open files, but RLIMIT_NOFILE is {soft} (hard limit {hard}; \
+             raising it takes CAP_SYS_RESOURCE)"
+        );
     }
     let started = Instant::now();
     let start_timeout = (START_PER_1000 * (n / 1000) as u32).max(Duration::from_secs(10));

@@ -12,6 +12,7 @@
 //! Tap, gen, inject and afxdp ports need nothing shared.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -73,7 +74,8 @@ pub(crate) struct VhostDriver {
 impl VhostDriver {
     /// The event loop, started on first use (thread `qs-vhost`, through the switch's spawn
     /// helper: a panic in it stops the switch with a message naming the thread).
-    /// A ring that starts wakes `workers` (see `Port::rx_dormant`).
+    /// A ring that starts wakes `workers` (see `Port::rx_dormant`); so does a port's first
+    /// connection, which makes its wake-up fds (flagged: the workers register them).
     pub(crate) fn reactor(
         &self,
         shared: &Arc<Shared>,
@@ -87,6 +89,7 @@ impl VhostDriver {
         let workers = workers.to_vec();
         reactor.on_ring_start(move || {
             for w in &workers {
+                w.rx_fds_changed.store(true, Ordering::Release);
                 let _ = w.wake.notify();
             }
         });

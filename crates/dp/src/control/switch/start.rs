@@ -3,7 +3,7 @@
 //! into a stopped switch with a message ([`Switch::failed`]).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -171,6 +171,7 @@ impl Switch {
                 wake,
                 queues: ArcSwap::from_pointee(Vec::new()),
                 seen_epoch: AtomicU64::new(u64::MAX),
+                rx_fds_changed: AtomicBool::new(false),
             }));
         }
         let topology = options.topology.clone().unwrap_or_else(|| {

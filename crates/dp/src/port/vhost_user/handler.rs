@@ -338,9 +338,7 @@ impl VhostUserBackendReqHandlerMut for Handler {
         v.queue.set_ready(false);
         let next_avail = v.queue.next_avail();
         if let Some(k) = v.kick.take() {
-            if index % 2 == 1 {
-                let _ = self.dev.kick_polls[index as usize / 2].delete(k.as_raw_fd());
-            }
+            self.dev.forget_kick(index as usize, k.as_raw_fd());
         }
         v.call = None;
         self.dev.note_ring(index as usize, &v);
@@ -352,9 +350,7 @@ impl VhostUserBackendReqHandlerMut for Handler {
         self.check_eventfd(&fd, "kick")?;
         let mut v = self.vring(i)?.lock();
         if let Some(old) = v.kick.take() {
-            if i % 2 == 1 {
-                let _ = self.dev.kick_polls[i as usize / 2].delete(old.as_raw_fd());
-            }
+            self.dev.forget_kick(i as usize, old.as_raw_fd());
         }
         // The kick fd is never read with read(2) (see `rings::arm`), so its O_NONBLOCK
         // flag, which the frontend shares and controls, does not matter.
@@ -365,7 +361,9 @@ impl VhostUserBackendReqHandlerMut for Handler {
         }
         if let Some(f) = &fd {
             if i % 2 == 1 {
-                self.dev.kick_polls[i as usize / 2]
+                // Made at the connection already (`Reactor::connected`).
+                let wake = self.dev.wake_fds().map_err(Error::ReqHandlerError)?;
+                wake.kicks[i as usize / 2]
                     .add(f.as_raw_fd(), 0)
                     .map_err(Error::ReqHandlerError)?;
             }

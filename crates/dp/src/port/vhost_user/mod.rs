@@ -21,6 +21,16 @@
 //! watches that instance, whose fd stays the same when the frontend reconnects and replaces
 //! the kick fd.
 //!
+//! # An idle port holds one descriptor
+//! A server-mode port with no frontend holds only its listening socket (a client-mode port
+//! none): the kick epolls and the inject eventfd ([`WakeFds`]) are made when the first
+//! frontend connects, so ten thousand idle ports fit in an open-file limit of 20 000. The
+//! workers register a port's wake-up fd when they load the port table; one made later is
+//! announced through the same hook as a ring start (wake the workers, flag them), and a
+//! worker registers it before it next sleeps (see `worker.rs`). They stay until the port
+//! goes, not released at a disconnect: the workers hold the fd's number in their own epoll,
+//! and closing it under them would let the number be reused by another file.
+//!
 //! # One event loop for every port
 //! [`Reactor`] (thread `qs-vhost`, see `reactor.rs`) listens, accepts, connects (client
 //! mode, on timers) and runs the protocol for all ports: a port costs no thread and an idle
@@ -292,8 +302,9 @@ pub(crate) struct VhostState {
     pub(crate) mem: GuestMemoryAtomic<GuestMem>,
     /// 2 × pairs vrings: receiveqK = 2K, transmitqK = 2K + 1.
     pub(crate) vrings: Box<[Mutex<Vring>]>,
-    /// Per pair: an epoll instance holding the transmitq's current kick fd (stable fd).
-    pub(crate) kick_polls: Box<[Epoll]>,
+    /// The kick epolls and the inject eventfd, made on the first connection
+    /// ([`VhostState::wake_fds`]) and kept until the port goes.
+    pub(crate) wake: std::sync::OnceLock<WakeFds>,
     /// Bit K: pair K's kick fd is out of its epoll for a kick storm (until the event
     /// loop's next watchdog tick).
     pub(crate) kicks_muted: AtomicU32,
@@ -324,29 +335,52 @@ pub(crate) struct VhostState {
     /// next `rx_burst` of queue 0.
     pub(crate) inject: Mutex<Vec<[u8; 60]>>,
     pub(crate) inject_pending: AtomicBool,
-    /// In pair 0's kick epoll: wakes the worker polling queue 0 for an injected frame.
-    pub(crate) inject_wake: EventFd,
     /// The most guest memory the frontend may map ([`Settings::max_guest_memory`]).
     pub(crate) max_guest_memory: u64,
     /// Where the workers announce their call writes to the event loop's watchdog.
     pub(crate) calls: Arc<reactor::CallSlots>,
-    /// Called when a ring starts ([`Reactor::on_ring_start`]).
+    /// Called when a ring starts or the port's [`WakeFds`] are made
+    /// ([`Reactor::on_ring_start`]).
     pub(crate) ring_start: Arc<reactor::RingStartHook>,
 }
 
-impl VhostState {
-    fn new(name: &str, pairs: u16, reactor: &Reactor) -> std::io::Result<VhostState> {
-        let kick_polls: Box<[Epoll]> = (0..pairs)
+/// What wakes a worker sleeping on a port's queues: per pair an epoll instance holding the
+/// transmitq's current kick fd (a stable fd the worker registers once), and the eventfd of
+/// injected frames in pair 0's. `pairs + 1` descriptors, made when a frontend first
+/// connects.
+#[derive(Debug)]
+pub(crate) struct WakeFds {
+    pub(crate) kicks: Box<[Epoll]>,
+    /// In pair 0's kick epoll: wakes the worker polling queue 0 for an injected frame.
+    pub(crate) inject: EventFd,
+}
+
+impl WakeFds {
+    fn new(pairs: u16) -> std::io::Result<WakeFds> {
+        let kicks: Box<[Epoll]> = (0..pairs.max(1))
             .map(|_| Epoll::new())
             .collect::<std::io::Result<_>>()?;
-        let inject_wake = EventFd::new()?;
-        kick_polls[0].add(inject_wake.as_raw_fd(), INJECT_TOKEN)?;
-        Ok(VhostState {
+        let inject = EventFd::new()?;
+        kicks[0].add(inject.as_raw_fd(), INJECT_TOKEN)?;
+        Ok(WakeFds { kicks, inject })
+    }
+
+    /// Takes kick fd `fd` of pair `q` out of its epoll.
+    pub(crate) fn forget_kick(&self, q: usize, fd: RawFd) {
+        if let Some(p) = self.kicks.get(q) {
+            let _ = p.delete(fd);
+        }
+    }
+}
+
+impl VhostState {
+    fn new(name: &str, pairs: u16, reactor: &Reactor) -> VhostState {
+        VhostState {
             name: name.to_string(),
             pairs,
             mem: GuestMemoryAtomic::new(GuestMem::new()),
             vrings: (0..pairs * 2).map(|_| Mutex::new(Vring::new())).collect(),
-            kick_polls,
+            wake: std::sync::OnceLock::new(),
             kicks_muted: AtomicU32::new(0),
             features: AtomicU64::new(0),
             rx_enabled: AtomicU32::new(0),
@@ -361,11 +395,41 @@ impl VhostState {
             rarps: AtomicU64::new(0),
             inject: Mutex::new(Vec::new()),
             inject_pending: AtomicBool::new(false),
-            inject_wake,
             max_guest_memory: reactor.settings().max_guest_memory,
             calls: reactor.calls(),
             ring_start: reactor.ring_start_hook(),
-        })
+        }
+    }
+
+    /// The port's wake-up fds, made on first use (a frontend's connection, see
+    /// `Reactor::connected`): an idle port holds none. Making them calls the ring-start hook,
+    /// which flags and wakes the workers so that each registers the new kick epoll before it
+    /// next sleeps. A kick that comes before that registration is not lost: the kick epoll
+    /// and the worker's epoll are level-triggered, so a kick fd still unread makes the kick
+    /// epoll readable when the worker adds it.
+    pub(crate) fn wake_fds(&self) -> std::io::Result<&WakeFds> {
+        if let Some(w) = self.wake.get() {
+            return Ok(w);
+        }
+        let made = WakeFds::new(self.pairs)?;
+        let fresh = std::cell::Cell::new(false);
+        let w = self.wake.get_or_init(|| {
+            fresh.set(true);
+            made
+        });
+        if fresh.get() {
+            self.ring_start.call();
+        }
+        Ok(w)
+    }
+
+    /// Takes ring `vi`'s kick fd `fd` out of its pair's epoll (transmit rings only).
+    pub(crate) fn forget_kick(&self, vi: usize, fd: RawFd) {
+        if vi % 2 == 1 {
+            if let Some(w) = self.wake.get() {
+                w.forget_kick(vi / 2, fd);
+            }
+        }
     }
 
     /// The dirty log while logging is on: one relaxed load when it is off (once per burst).
@@ -418,12 +482,22 @@ impl VhostState {
         }
         self.inject_pending.store(true, Ordering::Release);
         self.rarps.fetch_add(1, Ordering::Relaxed);
-        let _ = self.inject_wake.notify();
+        match self.wake_fds() {
+            Ok(w) => {
+                let _ = w.inject.notify();
+            }
+            // The frame waits for the worker's next poll of queue 0.
+            Err(e) => {
+                tracing::warn!(port = %self.name, error = %e, "cannot wake a worker for a RARP")
+            }
+        }
     }
 
     /// Moves queued injected frames into `pkts`; returns how many.
     fn take_injected(&self, pkts: &mut [Pkt]) -> usize {
-        let _ = self.inject_wake.drain();
+        if let Some(w) = self.wake.get() {
+            let _ = w.inject.drain();
+        }
         let mut q = self.inject.lock();
         let n = q.len().min(pkts.len());
         for (pkt, f) in pkts.iter_mut().zip(q.drain(..n)) {
@@ -467,10 +541,13 @@ impl VhostState {
     /// Puts the kick fds muted for a kick storm back into their epoll instances.
     pub(crate) fn unmute_kicks(&self) {
         let muted = self.kicks_muted.swap(0, Ordering::AcqRel);
+        let Some(w) = self.wake.get() else {
+            return;
+        };
         for q in (0..self.pairs).filter(|q| muted & (1 << q) != 0) {
             let v = self.vrings[usize::from(q) * 2 + 1].lock();
             if let Some(k) = &v.kick {
-                let _ = self.kick_polls[usize::from(q)].add(k.as_raw_fd(), 0);
+                let _ = w.kicks[usize::from(q)].add(k.as_raw_fd(), 0);
             }
         }
     }
@@ -493,9 +570,7 @@ impl VhostState {
         for (i, v) in self.vrings.iter().enumerate() {
             let mut v = v.lock();
             if let Some(k) = v.kick.take() {
-                if i % 2 == 1 {
-                    let _ = self.kick_polls[i / 2].delete(k.as_raw_fd());
-                }
+                self.forget_kick(i, k.as_raw_fd());
             }
             *v = Vring::new();
         }
@@ -580,10 +655,7 @@ impl VhostUserPort {
         pairs: u16,
         reactor: &Reactor,
     ) -> Result<VhostUserPort, VhostUserError> {
-        let dev = Arc::new(
-            VhostState::new(name, pairs.clamp(1, MAX_PAIRS), reactor)
-                .map_err(VhostUserError::Setup)?,
-        );
+        let dev = Arc::new(VhostState::new(name, pairs.clamp(1, MAX_PAIRS), reactor));
         let (listener, bound) = match mode {
             Mode::Server => {
                 let (l, bound) =
@@ -771,8 +843,11 @@ impl Port for VhostUserPort {
     }
 
     fn rx_fd(&self, queue: u16) -> Option<RawFd> {
+        // None until a frontend first connects (see `VhostState::wake_fds`).
         self.dev
-            .kick_polls
+            .wake
+            .get()?
+            .kicks
             .get(usize::from(queue))
             .map(AsRawFd::as_raw_fd)
     }

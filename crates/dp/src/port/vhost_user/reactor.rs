@@ -201,7 +201,9 @@ impl Reactor {
 
     /// Has `f` called whenever a ring of one of the loop's ports starts (the switch wakes
     /// its workers: one whose queues are all dormant, see `Port::rx_dormant`, sleeps without
-    /// a timeout). The first hook set stays.
+    /// a timeout), and when a port's wake-up fds are made at its first connection (the
+    /// workers register the new `Port::rx_fd` before they next sleep). The first hook set
+    /// stays.
     pub fn on_ring_start(&self, f: impl Fn() + Send + Sync + 'static) {
         let _ = self.shared.ring_start.0.set(Box::new(f));
     }
@@ -496,10 +498,18 @@ impl Loop {
         let Some(p) = self.ports.get_mut(&id) else {
             return;
         };
-        let ok = stream.try_clone().ok().filter(|peek| {
-            stream.set_nonblocking(true).is_ok()
-                && self.epoll.add(peek.as_raw_fd(), token(id, CONN)).is_ok()
+        // The port's kick epolls and inject eventfd are made now, not with the port (an idle
+        // port holds only its listening socket), and before the port shows as connected.
+        let wake = p.dev.wake_fds().map_err(|e| {
+            tracing::warn!(port = %p.dev.name, error = %e, "cannot make the port's wake-up fds");
         });
+        let ok = wake
+            .ok()
+            .and_then(|_| stream.try_clone().ok())
+            .filter(|peek| {
+                stream.set_nonblocking(true).is_ok()
+                    && self.epoll.add(peek.as_raw_fd(), token(id, CONN)).is_ok()
+            });
         let Some(peek) = ok else {
             tracing::warn!(port = %p.dev.name, "cannot serve a new connection");
             let client = p.listener.is_none();

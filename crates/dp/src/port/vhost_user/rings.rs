@@ -904,7 +904,7 @@ pub(crate) fn arm(dev: &VhostState, queue: u16) -> bool {
         if kicked && next == v.arm_avail && kick_storm(v) {
             // Kicks that bring nothing, faster than KICK_STORM a second: stop waking on
             // them until the event loop's next watchdog tick puts the fd back.
-            let _ = dev.kick_polls[usize::from(queue)].delete(fd);
+            dev.forget_kick(vi, fd);
             let first = dev.kicks_muted.fetch_or(1 << queue, Ordering::AcqRel) & (1 << queue) == 0;
             dev.guest_error(
                 "kick storm (kicks without frames); kicks muted briefly",
