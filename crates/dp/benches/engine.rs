@@ -17,8 +17,10 @@
 //! the way out (docs/firewall.md).
 //!
 //! `engine/new_fw50` is `unicast_fw50` with every frame a new connection (its source
-//! address and port counted up; `max_sessions` 16 Mi, so nothing is refused within a run):
-//! the new-connection path of both filters, as `bench pvp --firewall --new-flows` drives it.
+//! address and port counted up; `max_sessions` 16 Mi, so nothing is refused within a run)
+//! and `bench pvp --firewall`'s group (everything out; in, 49 TCP and UDP rules the load
+//! never matches before the UDP rule that does): the new-connection path of both filters,
+//! as `bench pvp --firewall --new-flows` drives it.
 //!
 //! Reported per burst of 32 frames (Criterion's throughput is frames/s).
 
@@ -133,16 +135,38 @@ fn firewall_case_with(
     new_flows: bool,
 ) {
     let mut rules = String::new();
-    for direction in ["egress", "ingress"] {
-        for i in 0..24 {
-            rules.push_str(&format!(
-                "{{ direction = \"{direction}\", protocol = \"tcp\", ports = {} }},\n",
-                1000 + i
-            ));
+    if new_flows {
+        // `bench pvp --firewall`'s group (crates/lab/src/bench/fw.rs): everything out, then
+        // 49 ingress rules the load never matches (TCP ports, and UDP ports from other
+        // networks), then UDP to the load's port.
+        rules.push_str("{ direction = \"egress\" },\n");
+        for i in 0..49 {
+            rules.push_str(&if i % 2 == 0 {
+                format!(
+                    "{{ direction = \"ingress\", protocol = \"tcp\", ports = \"{}\" }},\n",
+                    2000 + i
+                )
+            } else {
+                format!(
+                    "{{ direction = \"ingress\", protocol = \"udp\", ports = \"{}\", \
+                     remote = \"192.168.{i}.0/24\" }},\n",
+                    3000 + i
+                )
+            });
         }
+        rules.push_str("{ direction = \"ingress\", protocol = \"udp\", ports = \"9\" },\n");
+    } else {
+        for direction in ["egress", "ingress"] {
+            for i in 0..24 {
+                rules.push_str(&format!(
+                    "{{ direction = \"{direction}\", protocol = \"tcp\", ports = {} }},\n",
+                    1000 + i
+                ));
+            }
+        }
+        rules.push_str("{ direction = \"egress\", protocol = \"udp\" },\n");
+        rules.push_str("{ direction = \"ingress\", protocol = \"udp\" },\n");
     }
-    rules.push_str("{ direction = \"egress\", protocol = \"udp\" },\n");
-    rules.push_str("{ direction = \"ingress\", protocol = \"udp\" },\n");
     let text = format!(
         "[[security_group]]\nname = \"g\"\nrules = [\n{rules}]\n\
          [[port]]\nname = \"a\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n\
