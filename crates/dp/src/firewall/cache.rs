@@ -9,8 +9,8 @@
 //! and direction leaves the connection as it is (`Unreplied` stays so for the original
 //! direction, `Replied` for both); the one UDP state change, the first reply, and
 //! everything else that could change the verdict bump the table's generation
-//! ([`CtTable::bump`]: a connection replied, an entry removed, expired, flushed, joined
-//! or left by a zone, a rule set put in force), which a worker reads once per burst
+//! ([`CtTable::bump`]: a connection replied, an entry removed, expired, flushed or left
+//! by a zone, a rule set put in force), which a worker reads once per burst
 //! ([`VerdictCache::begin`]): a slot of an older generation is a miss. Expiry: a slot is
 //! good for at most [`REFRESH`] (and half the state's UDP timeout) after the full path last moved
 //! the entry's expiry on, so the entry is alive whenever the slot answers, and the full

@@ -277,8 +277,9 @@ pub struct CtTable {
     max: u32,
     capacity: usize,
     /// Bumped on every change a worker's verdict cache could have seen: an entry removed
-    /// (expiry, flush, reopen), a zone detached from or attached to an entry, a rule set
-    /// put in force ([`CtTable::bump`]). Starts at 1 (0 is an empty cache slot).
+    /// (expiry, flush, reopen), a zone detached from an entry (not one joining it:
+    /// [`CtTable::attach`]), a rule set put in force ([`CtTable::bump`]). Starts at 1 (0 is
+    /// an empty cache slot).
     generation: AtomicU64,
 }
 
