@@ -1,6 +1,7 @@
 //! Cost of the firewall's verdict (docs/firewall.md): a packet of an established connection
 //! with 1 k and 1 M connections in the table (keys visited in a scattered order, so the big
-//! table is not flattered by the cache), a new connection (each frame a new flow) with one
+//! table is not flattered by the cache), 1 k connections active among 1 M (the table's size
+//! alone, the working set that of 1 k), a new connection (each frame a new flow) with one
 //! rule and with 50 rules of which only the last matches, and `ct::parse` alone for
 //! reference. Prints the table's memory per session once.
 //!
@@ -80,6 +81,18 @@ fn bench(c: &mut Criterion) {
                 fw.check(0, RuleDirection::Egress, black_box(&f), SEC)
             })
         });
+        if n == 1 << 20 {
+            // The table's size alone: the same 1 k connections as `established/1024`
+            // (spread over the 1 M: every 1024th), the other sessions in the table idle.
+            let mut i = 0u32;
+            group.bench_function("established_1k_of_1M", |b| {
+                b.iter(|| {
+                    i = i.wrapping_add(1);
+                    set_flow(&mut f, scatter(i, 1 << 10) << 10);
+                    fw.check(0, RuleDirection::Egress, black_box(&f), SEC)
+                })
+            });
+        }
     }
     let rules50 = fifty_rules();
     for (name, rules) in [

@@ -116,6 +116,11 @@ pub struct BenchArgs {
     /// `ct-set-maxconns`); default 1 Mi, 16 Mi with --new-flows.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_sessions: Option<u32>,
+    /// pvp (with --firewall): qswitch's `udp_unreplied` in seconds (how long a UDP
+    /// connection no reply has come for lives); default its own 30 s, as OVS's. Shorter
+    /// makes qswitch expire connections during a run of --new-flows (OVS keeps its 30 s).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "S")]
+    pub udp_unreplied: Option<u32>,
 }
 
 /// The load of `bench pvp`.
@@ -261,6 +266,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ),
             ("--new-flows", args.new_flows),
             ("--max-sessions", args.max_sessions.is_some()),
+            ("--udp-unreplied", args.udp_unreplied.is_some()),
             ("--firewall", args.firewall && scenario.name != "fw-scale"),
         ];
         if let Some((opt, _)) = pvp_only.iter().find(|(_, set)| *set) {
@@ -274,6 +280,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--flows and --new-flows need the DPDK load (--load dpdk)");
     } else if args.max_sessions.is_some() && !args.firewall {
         bail!("--max-sessions: only with --firewall (it sizes the firewall contenders' tables)");
+    } else if args.udp_unreplied.is_some() && !args.firewall {
+        bail!("--udp-unreplied: only with --firewall (it sets qswitch-fw's UDP timeout)");
     }
     netns::require_root(&format!("qswitch bench {}", scenario.name))?;
     let bench = Bench::new(args)?;

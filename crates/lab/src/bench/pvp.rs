@@ -1125,11 +1125,11 @@ struct FwSettings {
     udp_unreplied: Option<u32>,
 }
 
-/// With `--firewall`: 1 Mi entries for a cycling load (qswitch keeps an entry per port's
-/// zone, two per connection); with `--new-flows` 16 Mi (1.7 GiB in qswitch) and qswitch's
-/// unreplied UDP connections expiring after 2 s, so that neither table is full within a run
-/// of a few seconds at a few million new connections per second (OVS keeps its 30 s and
-/// holds a whole run: a 5 s run at 2 Mpps makes 14 M).
+/// With `--firewall`: 1 Mi entries for a cycling load; with `--new-flows` 16 Mi (1.7 GiB in
+/// qswitch), so that neither table is full within a run of a few seconds at a couple of
+/// million new connections per second (a 5 s run and its 2 s warm-up at 2 Mpps make 14 M),
+/// each switch with its default UDP timeout (30 s: nothing expires within a run), unless
+/// `--udp-unreplied` shortens qswitch's (then it expires connections as it takes new ones).
 fn fw_settings(b: &Bench) -> Option<FwSettings> {
     b.args.firewall.then(|| FwSettings {
         max_sessions: b.args.max_sessions.unwrap_or(if b.args.new_flows {
@@ -1137,7 +1137,7 @@ fn fw_settings(b: &Bench) -> Option<FwSettings> {
         } else {
             1 << 20
         }),
-        udp_unreplied: b.args.new_flows.then_some(2),
+        udp_unreplied: b.args.udp_unreplied,
     })
 }
 
