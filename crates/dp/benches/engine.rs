@@ -172,7 +172,11 @@ fn firewall_case_with(
          [[port]]\nname = \"a\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n\
          [[port]]\nname = \"b\"\ntype = \"gen\"\nsecurity_groups = [\"g\"]\n\
          [firewall]\nmax_sessions = {}\n",
-        1u32 << 24
+        if new_flows {
+            1u32 << 24
+        } else {
+            qswitch_dp::firewall::DEFAULT_MAX_SESSIONS
+        }
     );
     let config = qswitch_api::config::Config::from_toml(&text).unwrap();
     let options = Options {
