@@ -588,35 +588,16 @@ impl Firewall {
         let Some(counters) = self.zones.get(zone as usize) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
         };
-        if let Some(p) = &ct::parse_v4_fast(frame) {
+        let mut judge = |p: &CtPacket| {
             let h = self.table().hash(&p.key);
-            return self.judge(
-                zone,
-                counters,
-                direction,
-                p,
-                h,
-                now,
-                (retry, dry),
-                seen,
-                rules,
-            );
+            let flags = (retry, dry);
+            self.judge(zone, counters, direction, p, h, now, flags, seen, rules)
+        };
+        if let Some(p) = &ct::parse_v4_fast(frame) {
+            return judge(p);
         }
         match &ct::parse_general(frame) {
-            Ok(p) => {
-                let h = self.table().hash(&p.key);
-                self.judge(
-                    zone,
-                    counters,
-                    direction,
-                    p,
-                    h,
-                    now,
-                    (retry, dry),
-                    seen,
-                    rules,
-                )
-            }
+            Ok(p) => judge(p),
             Err(CtError::NotIp) => Verdict::Allow(Allowed::NotIp, None),
             Err(_) => self.invalid(counters, None, dry),
         }
