@@ -397,9 +397,16 @@ impl CtTable {
 
     /// The counts of a removed entry: one entry, and each zone that tracked it.
     fn gone_entry(&self, e: &Entry) {
-        self.gone(e.zone, 1);
-        if e.peer != NO_PEER {
-            self.release(e.peer);
+        self.bump();
+        self.count.fetch_sub(1, Ordering::Relaxed);
+        self.release_zones(e.zone, e.peer);
+    }
+
+    /// The zone counts of a removed entry tracked by `zone` and `peer` ([`NO_PEER`]: none).
+    fn release_zones(&self, zone: u32, peer: u32) {
+        self.release(zone);
+        if peer != NO_PEER {
+            self.release(peer);
         }
     }
 
@@ -741,10 +748,7 @@ impl CtTable {
                 }
                 self.count.fetch_sub(zones.len() as u32, Ordering::Relaxed);
                 for &(zone, peer) in &zones {
-                    self.release(zone);
-                    if peer != NO_PEER {
-                        self.release(peer);
-                    }
+                    self.release_zones(zone, peer);
                 }
                 self.bump();
                 removed += zones.len() as u32;

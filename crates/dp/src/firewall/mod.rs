@@ -604,9 +604,10 @@ impl Firewall {
     }
 
     /// The verdict on packet `p` of `zone`, whose key hashes to `h` ([`CtTable::hash`]);
-    /// `retry`: whether to look again when another
-    /// worker added the connection (its other direction) between this one's look and its
-    /// insert. `seen`: in, what another zone's check of the same frame found (a new
+    /// `retry`: whether to look again when another worker added the connection (its other
+    /// direction) between this one's look and its insert; `dry`: a dry run (trace), which
+    /// changes nothing. `rules`: the rules in force, if the caller holds them for its burst
+    /// (`None`: loaded here). `seen`: in, what another zone's check of the same frame found (a new
     /// connection joins that entry when it can); out, the entry this check found or made.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
