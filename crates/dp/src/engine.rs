@@ -466,6 +466,10 @@ impl Forwarder {
         self.fw_seen_on = fw.is_some();
         if let Some(fw) = fw {
             self.fw_cache.begin(fw);
+            let pkts = &self.burst.pkts;
+            let out = qswitch_api::config::RuleDirection::Egress;
+            let zone = u32::from(id.0);
+            fw.prefetch_cached(&mut self.fw_cache, zone, out, n, |i| pkts[i].frame());
         }
         for i in 0..n {
             let frame = self.burst.pkts[i].frame();
@@ -491,7 +495,8 @@ impl Forwarder {
                 let out = qswitch_api::config::RuleDirection::Egress;
                 let seen = &mut self.fw_seen[i];
                 let cache = &mut self.fw_cache;
-                if let Some(r) = stage::firewall::check(fw, id, out, frame, now, t, seen, cache) {
+                let at = (frame, i);
+                if let Some(r) = stage::firewall::check(fw, id, out, at, now, t, seen, cache) {
                     drops.count(r);
                     continue;
                 }

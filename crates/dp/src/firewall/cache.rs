@@ -63,7 +63,19 @@ pub struct VerdictCache {
     /// reloaded at the start of a burst only when a rule set was put in force since,
     /// where loading them from the firewall costs a load per frame.
     rules: Option<(u64, Arc<RuleSet>)>,
+    /// Checks of this burst that missed (went to the table).
+    misses: u32,
+    /// Those of the burst before: [`Firewall::prefetch_cached`] looks ahead only when
+    /// they were many.
+    last_misses: u32,
+    /// The key hashes [`Firewall::prefetch_cached`] computed for this burst's frames (by
+    /// index), valid where `ahead_on` has the frame's bit: the check does not hash again.
+    ahead: [u64; super::BURST],
+    ahead_on: u32,
 }
+
+/// Misses in a burst from which the next burst's connections are prefetched.
+const PREFETCH_AFTER: u32 = 8;
 
 /// The cache key of a frame the short parse takes as UDP (the same tests as
 /// [`qswitch_wire::ct::parse_v4_fast`]), crossing `zone` in `direction`.
@@ -97,6 +109,8 @@ impl VerdictCache {
     /// At the start of a burst of a filtered port: the table's generation now.
     #[inline]
     pub fn begin(&mut self, fw: &Firewall) {
+        self.last_misses = std::mem::take(&mut self.misses);
+        self.ahead_on = 0;
         self.generation = fw.table.get().map_or(0, CtTable::generation);
         let version = fw.rules_version.load(Ordering::Acquire);
         if self.rules.as_ref().map(|r| r.0) != Some(version) {
@@ -111,9 +125,70 @@ impl VerdictCache {
 }
 
 impl Firewall {
+    /// Before the checks of a burst of `n` frames (`frame(i)`) through `cache`
+    /// ([`Firewall::check_cached`], [`VerdictCache::begin`] called): when the burst before
+    /// missed the cache often (new connections, more connections than it holds, TCP), asks
+    /// the CPU for the bucket heads, then the first entries, of this burst's connections
+    /// that miss it, as [`Firewall::check_burst`] does, so that in a big table their cache
+    /// misses overlap instead of stalling the checks one after another. A burst of cached
+    /// connections pays one comparison.
+    #[inline]
+    pub fn prefetch_cached<'a>(
+        &self,
+        cache: &mut VerdictCache,
+        zone: u32,
+        direction: RuleDirection,
+        n: usize,
+        frame: impl Fn(usize) -> &'a [u8],
+    ) {
+        if cache.last_misses < PREFETCH_AFTER {
+            return;
+        }
+        self.prefetch_misses(cache, zone, direction, n, frame);
+    }
+
+    #[inline(never)]
+    fn prefetch_misses<'a>(
+        &self,
+        cache: &mut VerdictCache,
+        zone: u32,
+        direction: RuleDirection,
+        n: usize,
+        frame: impl Fn(usize) -> &'a [u8],
+    ) {
+        let Some(table) = self.table.get() else {
+            return;
+        };
+        let mut on = 0u32;
+        for i in 0..n.min(super::BURST) {
+            let f = frame(i);
+            if let Some((addrs, rest)) = key(f, zone, direction) {
+                let s = cache.slots.get(index(addrs, rest));
+                if s.is_some_and(|s| {
+                    s.addrs == addrs && s.rest == rest && s.generation == cache.generation
+                }) {
+                    continue;
+                }
+            }
+            let Some(p) = qswitch_wire::ct::parse_v4_fast(f) else {
+                continue;
+            };
+            let h = table.hash(&p.key);
+            table.prefetch_bucket(h);
+            cache.ahead[i] = h;
+            on |= 1 << i;
+        }
+        cache.ahead_on = on;
+        let mut rest = on;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            table.prefetch_entry(cache.ahead[i]);
+        }
+    }
+
     /// [`Firewall::check_seen`] through a worker's `cache` ([`VerdictCache::begin`] called
     /// for this burst): the same verdict and `seen`.
-    #[inline]
     pub fn check_cached(
         &self,
         cache: &mut VerdictCache,
@@ -123,10 +198,30 @@ impl Firewall {
         now: u64,
         seen: &mut Seen,
     ) -> Verdict {
+        self.check_cached_at(cache, usize::MAX, zone, direction, frame, now, seen)
+    }
+
+    /// [`Firewall::check_cached`] of frame `at` of the burst [`Firewall::prefetch_cached`]
+    /// was given (the same bytes: nothing writes a frame between the two), whose key's
+    /// hash it may have computed already.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn check_cached_at(
+        &self,
+        cache: &mut VerdictCache,
+        at: usize,
+        zone: u32,
+        direction: RuleDirection,
+        frame: &[u8],
+        now: u64,
+        seen: &mut Seen,
+    ) -> Verdict {
         let rules = cache.rules.as_ref().map(|r| &*r.1);
+        let hint = (at < super::BURST && cache.ahead_on & (1 << at) != 0).then(|| cache.ahead[at]);
         let Some((addrs, rest)) = key(frame, zone, direction) else {
+            cache.misses += 1;
             *seen = Seen::NONE;
-            return self.check_once(zone, direction, frame, now, true, false, seen, rules);
+            return self.check_once(zone, direction, frame, now, true, false, seen, rules, hint);
         };
         let i = index(addrs, rest);
         if let Some(s) = cache.slots.get(i) {
@@ -142,8 +237,9 @@ impl Firewall {
                 }
             }
         }
+        cache.misses += 1;
         *seen = Seen::NONE;
-        let v = self.check_once(zone, direction, frame, now, true, false, seen, rules);
+        let v = self.check_once(zone, direction, frame, now, true, false, seen, rules, hint);
         if let Verdict::Allow(Allowed::Tracked(..), Some(state)) = v {
             if seen.covers(zone) && cache.generation != 0 {
                 if cache.slots.is_empty() {
@@ -276,6 +372,50 @@ mod tests {
         assert_eq!(counts(&fw), counts(&plain));
         assert_eq!(fw.stats().rules, plain.stats().rules);
         assert_eq!(fw.table().len(), plain.table().len());
+    }
+
+    #[test]
+    fn prefetched_bursts_answer_as_the_full_path() {
+        // Bursts of new connections (so each burst after the first looks ahead and hands
+        // its hashes to the checks), replies, TCP and ICMP among them.
+        let cfg = config(RULES);
+        let (fw, plain) = (
+            Firewall::from_config(&cfg).unwrap(),
+            Firewall::from_config(&cfg).unwrap(),
+        );
+        let mut cache = VerdictCache::default();
+        let mut looked_ahead = 0;
+        for round in 0..6u16 {
+            let now = SEC + u64::from(round) * SEC / 4;
+            let mut burst: Vec<(RuleDirection, Vec<u8>)> = (0..24)
+                .map(|k| (Egress, udp(VM, OUT, 1000 + round * 100 + k, 53)))
+                .collect();
+            burst.push((Egress, tcp(VM, OUT, 40000 + round, 80, 0x02, 100)));
+            burst.push((Egress, tcp(VM, OUT, 41000, 80, 0x10, 100)));
+            burst.push((Egress, v4(VM, OUT, 1, &[8, 0, 0, 0, 0, 1, 0, 1])));
+            burst.push((Egress, b"not even ethernet".to_vec()));
+            if round > 0 {
+                // The last round's first flows again (tracked now), twice.
+                for k in 0..2 {
+                    burst.push((Egress, udp(VM, OUT, 1000 + (round - 1) * 100 + k, 53)));
+                    burst.push((Egress, udp(VM, OUT, 1000 + (round - 1) * 100 + k, 53)));
+                }
+            }
+            cache.begin(&fw);
+            fw.prefetch_cached(&mut cache, 0, Egress, burst.len(), |i| &burst[i].1);
+            looked_ahead += cache.ahead_on.count_ones();
+            for (i, (dir, f)) in burst.iter().enumerate() {
+                let (mut s1, mut s2) = (Seen::NONE, Seen::NONE);
+                let v1 = fw.check_cached_at(&mut cache, i, 0, *dir, f, now, &mut s1);
+                let v2 = plain.check_seen(0, *dir, f, now, &mut s2);
+                assert_eq!(v1, v2, "round {round}, frame {i}");
+                assert_eq!(found(s1), found(s2), "round {round}, frame {i}");
+            }
+        }
+        // Rounds 1..6 looked ahead for their new UDP and TCP frames at least.
+        assert!(looked_ahead >= 5 * 26, "{looked_ahead}");
+        assert_eq!(fw.table().len(), plain.table().len());
+        assert_eq!(fw.stats().rules, plain.stats().rules);
     }
 
     #[test]

@@ -415,6 +415,13 @@ impl Firewall {
         self.table.get().map_or(0, |t| t.expire(now))
     }
 
+    /// Backs the entry slots the table is about to hand out ([`CtTable::prefault`]), so
+    /// that workers do not take their page faults; the control thread calls it every
+    /// housekeeping tick. Nothing when no port is filtered (no table).
+    pub fn prefault(&self) -> usize {
+        self.table.get().map_or(0, CtTable::prefault)
+    }
+
     /// Removes every connection of `zone`, or of every zone; returns how many `zone` had.
     /// A connection `zone` shares with another port ([`Entry::peer`]) stays that port's.
     pub fn flush(&self, zone: Option<u32>, now: u64) -> u32 {
@@ -458,7 +465,9 @@ impl Firewall {
     /// The verdict on `frame` crossing port `zone` in `direction` at `now`.
     pub fn check(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
         let mut seen = Seen::NONE;
-        self.check_once(zone, direction, frame, now, true, false, &mut seen, None)
+        self.check_once(
+            zone, direction, frame, now, true, false, &mut seen, None, None,
+        )
     }
 
     /// [`Firewall::check`], also telling what it found in the table (`seen`), for the
@@ -472,7 +481,7 @@ impl Firewall {
         seen: &mut Seen,
     ) -> Verdict {
         *seen = Seen::NONE;
-        self.check_once(zone, direction, frame, now, true, false, seen, None)
+        self.check_once(zone, direction, frame, now, true, false, seen, None, None)
     }
 
     /// [`Firewall::check`] of `n` frames (`frame(i)` for `i` in `0..n`), in order, giving
@@ -554,7 +563,7 @@ impl Firewall {
                     }
                     None => {
                         let f = frame(start + k);
-                        self.check_once(zone, direction, f, now, true, false, join, rules)
+                        self.check_once(zone, direction, f, now, true, false, join, rules, None)
                     }
                 };
                 verdict(start + k, v);
@@ -567,11 +576,15 @@ impl Firewall {
     /// removed, as any look would).
     pub fn peek(&self, zone: u32, direction: RuleDirection, frame: &[u8], now: u64) -> Verdict {
         let mut seen = Seen::NONE;
-        self.check_once(zone, direction, frame, now, false, true, &mut seen, None)
+        self.check_once(
+            zone, direction, frame, now, false, true, &mut seen, None, None,
+        )
     }
 
     /// [`Firewall::check`]: the frame parsed (the short path of [`ct::parse`] first, its
-    /// packet judged in place: no copy of it), then [`Firewall::judge`]d.
+    /// packet judged in place: no copy of it), then [`Firewall::judge`]d. `hint`: the
+    /// hash of the key [`ct::parse_v4_fast`] gives for this frame, if already computed
+    /// ([`Firewall::prefetch_cached`]).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn check_once(
@@ -584,20 +597,21 @@ impl Firewall {
         dry: bool,
         seen: &mut Seen,
         rules: Option<&RuleSet>,
+        hint: Option<u64>,
     ) -> Verdict {
         let Some(counters) = self.zones.get(zone as usize) else {
             return Verdict::Allow(Allowed::Unfiltered, None);
         };
-        let mut judge = |p: &CtPacket| {
-            let h = self.table().hash(&p.key);
+        let mut judge = |p: &CtPacket, hint: Option<u64>| {
+            let h = hint.unwrap_or_else(|| self.table().hash(&p.key));
             let flags = (retry, dry);
             self.judge(zone, counters, direction, p, h, now, flags, seen, rules)
         };
         if let Some(p) = &ct::parse_v4_fast(frame) {
-            return judge(p);
+            return judge(p, hint);
         }
         match &ct::parse_general(frame) {
-            Ok(p) => judge(p),
+            Ok(p) => judge(p, None),
             Err(CtError::NotIp) => Verdict::Allow(Allowed::NotIp, None),
             Err(_) => self.invalid(counters, None, dry),
         }

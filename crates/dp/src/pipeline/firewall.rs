@@ -18,14 +18,15 @@ use crate::stats::DropReason;
 /// gets the verdict of a dry run ([`Firewall::peek`]): nothing is tracked. `seen` gets
 /// what the check found in the table, for [`filter_out`] of the same frame. `cache`: the
 /// worker's verdict cache ([`VerdictCache::begin`] called for this burst), which a dry
-/// run neither uses nor fills.
+/// run neither uses nor fills. `at`: the frame's index in the burst
+/// ([`Firewall::prefetch_cached`]).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn check<T: Tracer>(
     fw: &Firewall,
     port: PortId,
     direction: RuleDirection,
-    frame: &[u8],
+    (frame, at): (&[u8], usize),
     now: u64,
     t: &mut T,
     seen: &mut Seen,
@@ -38,7 +39,7 @@ pub(crate) fn check<T: Tracer>(
         *seen = Seen::NONE;
         v
     } else {
-        fw.check_cached(cache, zone, direction, frame, now, seen)
+        fw.check_cached_at(cache, at, zone, direction, frame, now, seen)
     };
     match v {
         Verdict::Allow(..) => None,

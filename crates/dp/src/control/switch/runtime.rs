@@ -21,6 +21,8 @@ use crate::table::{PortEntry, PortTable};
 
 /// How often learned addresses are aged out.
 const SWEEP_EVERY_NS: u64 = 1_000_000_000;
+/// How often the connection table's next entry slots are backed ahead of the workers.
+const PREFAULT_EVERY_NS: u64 = 100_000_000;
 /// Queue moves kept for `placement` to show.
 const MOVES_KEPT: usize = 64;
 
@@ -83,6 +85,8 @@ pub(super) struct Control {
     pub(super) moves: VecDeque<MoveInfo>,
     pub(super) moves_total: u64,
     pub(super) next_sweep: u64,
+    /// When [`crate::firewall::Firewall::prefault`] next runs.
+    pub(super) next_prefault: u64,
     /// `Shared::bpdu_trips` at the last look for a tripped port.
     pub(super) trips_seen: u64,
     /// Ports added with [`Switch::add_ports_or_wait`](super::Switch::add_ports_or_wait)
@@ -511,6 +515,12 @@ impl Core {
             // Idle connections go (a shard locked at a time; nothing when no port is
             // filtered).
             self.shared.firewall.expire(now);
+        }
+        if now >= ctl.next_prefault {
+            // The connection table's next slots backed here rather than by a worker's
+            // page faults (nothing without a table or when it did not grow).
+            ctl.next_prefault = now + PREFAULT_EVERY_NS;
+            self.shared.firewall.prefault();
         }
         // Ports disabled by bpdu_guard since the last look, logged once; only looked for when
         // a port tripped, so an idle tick costs nothing per port.

@@ -194,6 +194,7 @@ impl Switch {
                 moves: VecDeque::new(),
                 moves_total: 0,
                 next_sweep: 0,
+                next_prefault: 0,
                 trips_seen: 0,
                 idle_at: None,
                 handoff_postponed: false,
