@@ -1,7 +1,8 @@
 //! Cost of the firewall's verdict (docs/firewall.md): a packet of an established connection
 //! with 1 k and 1 M connections in the table (keys visited in a scattered order, so the big
 //! table is not flattered by the cache), 1 k connections active among 1 M (the table's size
-//! alone, the working set that of 1 k), a new connection (each frame a new flow) with one
+//! alone, the working set that of 1 k), the same three a burst of 32 at a time as the data
+//! path looks them up (`established_burst*`: [`Firewall::check_burst`]), a new connection (each frame a new flow) with one
 //! rule and with 50 rules of which only the last matches, and `ct::parse` alone for
 //! reference. Prints the table's memory per session once.
 //!
@@ -92,6 +93,38 @@ fn bench(c: &mut Criterion) {
                     fw.check(0, RuleDirection::Egress, black_box(&f), SEC)
                 })
             });
+        }
+        // As the data path looks connections up: a burst of 32 frames at a time
+        // ([`Firewall::check_burst`]: parsed and hashed first, their buckets and entries
+        // prefetched, then judged), per frame.
+        let mut frames = vec![f.clone(); BURST];
+        let mut bursts = |name: String, active: u32, spread: u32| {
+            let mut i = 0u32;
+            group.throughput(Throughput::Elements(BURST as u64));
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    for g in frames.iter_mut() {
+                        i = i.wrapping_add(1);
+                        set_flow(g, scatter(i, active) << spread);
+                    }
+                    let mut allowed = 0u32;
+                    fw.check_burst(
+                        0,
+                        RuleDirection::Egress,
+                        BURST,
+                        |k| black_box(&frames[k]),
+                        |_| Seen::NONE,
+                        SEC,
+                        |_, v| allowed += u32::from(v.allowed()),
+                    );
+                    allowed
+                })
+            });
+            group.throughput(Throughput::Elements(1));
+        };
+        bursts(format!("established_burst/{n}"), n, 0);
+        if n == 1 << 20 {
+            bursts("established_burst_1k_of_1M".into(), 1 << 10, 10);
         }
     }
     let rules50 = fifty_rules();
