@@ -72,7 +72,6 @@ pub mod packet;
 pub mod placed;
 pub mod rlimit;
 pub mod rtnl;
-pub mod slab;
 pub mod tap;
 pub mod thread;
 pub mod udp;

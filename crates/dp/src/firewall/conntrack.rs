@@ -12,11 +12,8 @@
 //!   └───────────────────────────┘
 //! ```
 //!
-//! Everything is reserved when the table is made, in two mappings with transparent huge
-//! pages ([`qswitch_sys::slab`]: a walk of a big table at random then misses the TLB far
-//! less than over 4 KiB pages): `S × C` entries (each shard's pushed as first used, never
-//! past `C`, backed ahead of the workers by [`CtTable::prefault`]) and `S × B` bucket
-//! heads, with `C` the switch-wide limit
+//! Everything is reserved when the table is made: `S × C` entries (each shard's pushed as
+//! first used, never past `C`) and `S × B` bucket heads, with `C` the switch-wide limit
 //! divided among the shards plus slack, so the memory is known in advance
 //! ([`CtTable::memory_bytes`]). A worker looking a frame up takes the lock of one
 //! shard for the few tens of nanoseconds of a chain walk and a state update; the two directions
@@ -238,12 +235,12 @@ struct Shard {
     /// Bucket heads: written under the shard's lock, read under it too, and read without
     /// it only as a prefetch hint ([`CtTable::prefetch`]), hence atomics (relaxed: plain
     /// moves on x86).
-    buckets: qswitch_sys::slab::SlabSlice<AtomicU32>,
+    buckets: std::sync::Arc<[AtomicU32]>,
     /// The entry slots handed out so far; its capacity (`cap`, reserved at start, never
     /// grown past) is the shard's share. Slots are taken from the free list first, then
     /// pushed, so the slots a scan walks ([`CtTable::visit`]) and the memory touched follow
     /// the most sessions the shard has held, not `max_sessions`.
-    entries: qswitch_sys::slab::SlabVec<Entry>,
+    entries: Vec<Entry>,
     cap: usize,
     free: u32,
     used: u32,
@@ -254,12 +251,7 @@ struct Shard {
 /// bucket heads (shared with the shard) and where its entries are (an address, never
 /// dereferenced: only given to the CPU as a hint).
 #[repr(align(128))]
-struct Padded(
-    Mutex<Shard>,
-    qswitch_sys::slab::SlabSlice<AtomicU32>,
-    usize,
-    Ahead,
-);
+struct Padded(Mutex<Shard>, std::sync::Arc<[AtomicU32]>, usize, Ahead);
 
 /// How far a shard's entry slots are known backed by memory ([`CtTable::prefault`]).
 #[derive(Default)]
@@ -329,26 +321,13 @@ impl CtTable {
             h.write_usize(i);
             *s = h.finish() | 1;
         }
-        // Every shard's slots in one mapping with huge pages: a big table's entries then
-        // take a few dozen TLB entries, not one per 4 KiB (docs/firewall.md, "1 M sessions").
-        let slots = qswitch_sys::slab::slab::<Entry>(shards, per_shard).unwrap_or_else(|e| {
-            tracing::error!(
-                error = %e,
-                max_sessions = max,
-                "cannot reserve the connection table: every new connection is refused (ct_limit)"
-            );
-            // Maps nothing, so cannot fail: every shard, no slot.
-            qswitch_sys::slab::slab::<Entry>(shards, 0).unwrap_or_default()
-        });
-        let per_shard = slots.first().map_or(0, |s| s.capacity());
-        // The bucket heads likewise, all written now.
-        let heads = qswitch_sys::slab::shared(shards, buckets, || AtomicU32::new(NIL));
-        let mut slots = slots.into_iter().zip(heads);
         let shard_vec = (0..shards)
-            .map_while(|_| {
-                let (entries, heads) = slots.next()?;
+            .map(|_| {
+                let entries = Vec::with_capacity(per_shard);
+                let heads: std::sync::Arc<[AtomicU32]> =
+                    (0..buckets).map(|_| AtomicU32::new(NIL)).collect();
                 let at = entries.as_ptr() as usize;
-                Some(Padded(
+                Padded(
                     Mutex::new(Shard {
                         buckets: heads.clone(),
                         entries,
@@ -359,7 +338,7 @@ impl CtTable {
                     heads,
                     at,
                     Ahead::default(),
-                ))
+                )
             })
             .collect();
         CtTable {
@@ -658,8 +637,7 @@ impl CtTable {
         if s.free == NIL && s.entries.len() < s.cap {
             // A slot never used yet (within the capacity reserved: no reallocation).
             s.free = u32::try_from(s.entries.len()).unwrap_or(NIL);
-            // (Below the capacity: the push takes it.)
-            let _ = s.entries.push(EMPTY);
+            s.entries.push(EMPTY);
             padded
                 .3
                 .high
