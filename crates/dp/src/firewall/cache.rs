@@ -318,14 +318,16 @@ mod tests {
         (s.zone, s.peer, s.rule, s.peer_rule, s.reply, s.state)
     }
 
+    /// Two firewalls of [`RULES`]: one checked through a cache, one plainly.
+    fn twins() -> (Firewall, Firewall, VerdictCache) {
+        let cfg = config(RULES);
+        let fw = |c| Firewall::from_config(c).unwrap();
+        (fw(&cfg), fw(&cfg), VerdictCache::default())
+    }
+
     #[test]
     fn hits_answer_as_the_full_path() {
-        let cfg = config(RULES);
-        let (fw, plain) = (
-            Firewall::from_config(&cfg).unwrap(),
-            Firewall::from_config(&cfg).unwrap(),
-        );
-        let mut cache = VerdictCache::default();
+        let (fw, plain, mut cache) = twins();
         let mut frames = vec![
             // Unreplied for 10 rounds, then replied.
             (Egress, udp(VM, OUT, 6000, 53)),
@@ -378,12 +380,7 @@ mod tests {
     fn prefetched_bursts_answer_as_the_full_path() {
         // Bursts of new connections (so each burst after the first looks ahead and hands
         // its hashes to the checks), replies, TCP and ICMP among them.
-        let cfg = config(RULES);
-        let (fw, plain) = (
-            Firewall::from_config(&cfg).unwrap(),
-            Firewall::from_config(&cfg).unwrap(),
-        );
-        let mut cache = VerdictCache::default();
+        let (fw, plain, mut cache) = twins();
         let mut looked_ahead = 0;
         for round in 0..6u16 {
             let now = SEC + u64::from(round) * SEC / 4;
