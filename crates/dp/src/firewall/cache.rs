@@ -106,6 +106,18 @@ fn index(addrs: u64, rest: u64) -> usize {
 }
 
 impl VerdictCache {
+    /// The slot of key (`addrs`, `rest`) if it holds that key from this burst's generation
+    /// (whether it is still in time is the caller's test).
+    #[inline]
+    fn current(&self, addrs: u64, rest: u64) -> Option<&Slot> {
+        self.slots.get(index(addrs, rest)).filter(|s| {
+            s.addrs == addrs
+                && s.rest == rest
+                && s.generation == self.generation
+                && self.generation != 0
+        })
+    }
+
     /// At the start of a burst of a filtered port: the table's generation now.
     #[inline]
     pub fn begin(&mut self, fw: &Firewall) {
@@ -162,13 +174,8 @@ impl Firewall {
         let mut on = 0u32;
         for i in 0..n.min(super::BURST) {
             let f = frame(i);
-            if let Some((addrs, rest)) = key(f, zone, direction) {
-                let s = cache.slots.get(index(addrs, rest));
-                if s.is_some_and(|s| {
-                    s.addrs == addrs && s.rest == rest && s.generation == cache.generation
-                }) {
-                    continue;
-                }
+            if key(f, zone, direction).is_some_and(|(a, r)| cache.current(a, r).is_some()) {
+                continue;
             }
             let Some(p) = qswitch_wire::ct::parse_v4_fast(f) else {
                 continue;
@@ -188,7 +195,9 @@ impl Firewall {
     }
 
     /// [`Firewall::check_seen`] through a worker's `cache` ([`VerdictCache::begin`] called
-    /// for this burst): the same verdict and `seen`.
+    /// for this burst): the same verdict and `seen`. (The engine calls
+    /// [`Firewall::check_cached_at`].)
+    #[cfg(test)]
     pub fn check_cached(
         &self,
         cache: &mut VerdictCache,
@@ -223,18 +232,10 @@ impl Firewall {
             *seen = Seen::NONE;
             return self.check_once(zone, direction, frame, now, true, false, seen, rules, hint);
         };
-        let i = index(addrs, rest);
-        if let Some(s) = cache.slots.get(i) {
-            if s.addrs == addrs
-                && s.rest == rest
-                && s.generation == cache.generation
-                && cache.generation != 0
-                && now < s.until
-            {
-                if let Some(v) = s.seen.covered(zone) {
-                    *seen = s.seen;
-                    return v;
-                }
+        if let Some(s) = cache.current(addrs, rest).filter(|s| now < s.until) {
+            if let Some(v) = s.seen.covered(zone) {
+                *seen = s.seen;
+                return v;
             }
         }
         cache.misses += 1;
@@ -246,7 +247,7 @@ impl Firewall {
                     cache.slots = vec![EMPTY; SLOTS];
                 }
                 let life = REFRESH.min(self.timeouts.of(17, state) / 2);
-                cache.slots[i] = Slot {
+                cache.slots[index(addrs, rest)] = Slot {
                     addrs,
                     rest,
                     generation: cache.generation,
@@ -295,12 +296,9 @@ mod tests {
 
     /// Whether `frame` would be answered from `cache` now.
     fn cached(cache: &VerdictCache, frame: &[u8], dir: RuleDirection, now: u64) -> bool {
-        let Some((a, r)) = key(frame, 0, dir) else {
-            return false;
-        };
-        cache.slots.get(index(a, r)).is_some_and(|s| {
-            s.addrs == a && s.rest == r && s.generation == cache.generation && now < s.until
-        })
+        key(frame, 0, dir)
+            .and_then(|(a, r)| cache.current(a, r))
+            .is_some_and(|s| now < s.until)
     }
 
     /// What a check found, without the table's own slot and hash (which differ between

@@ -794,21 +794,21 @@ impl CtTable {
     /// tick; a shard that did not grow costs two loads. Returns the bytes asked for.
     pub fn prefault(&self) -> usize {
         const PAGE: u32 = 4096;
-        let size = std::mem::size_of::<Entry>();
-        let page_slots = (PAGE as usize).div_ceil(size) as u32;
-        let mut asked = 0;
         if self.prefault_off.load(Ordering::Relaxed) {
             return 0;
         }
+        let size = std::mem::size_of::<Entry>();
+        let page_slots = (PAGE as usize).div_ceil(size) as u32;
+        let cap = u32::try_from(self.capacity / self.shards.len()).unwrap_or(u32::MAX);
+        let mut asked = 0;
         for shard in self.shards.iter() {
             let ahead = &shard.3;
             let high = ahead.high.load(Ordering::Relaxed);
             let last = ahead.last.swap(high, Ordering::Relaxed);
             let done = ahead.faulted.load(Ordering::Relaxed);
-            let cap = self.capacity / self.shards.len();
             let want = high
                 .saturating_add(high.saturating_sub(last).saturating_mul(2).max(page_slots))
-                .min(u32::try_from(cap).unwrap_or(u32::MAX));
+                .min(cap);
             if want <= done.max(high) {
                 continue;
             }
